@@ -1,0 +1,211 @@
+/* fa_client.h - the client library of fa-daemon, the FlashAttention service.
+ *
+ * This is the only public header of libfaclient. Everything not declared here is internal.
+ *
+ * Model: a process opens one fa_client (a connection to the daemon and a session on it), allocates
+ * buffers that the daemon can reach (POSIX shared memory now; CUDA IPC device memory later),
+ * describes tensors as (buffer, byte offset, dtype, shape, strides) and asks for attention.
+ *
+ * Threads: every function taking an fa_client is safe to call from several threads at once on the
+ * same client; calls from different threads are in flight at the daemon at the same time (the
+ * library keeps one socket per in-flight call). fa_client_close() must not race with other calls
+ * on the same client. fa_buffer objects may be used by any thread; freeing one while a call that
+ * uses it is in flight is a bug in the caller.
+ *
+ * Ownership: pointers passed in are borrowed for the duration of the call unless a declaration
+ * says otherwise. Objects returned through `**out` are owned by the caller and released with the
+ * matching _close/_free. On failure `*out` is set to NULL and there is nothing to release.
+ */
+#ifndef FA_CLIENT_H
+#define FA_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Library version. Same major = ABI compatible; a minor release only adds API. The Makefile reads
+ * these three lines to name the shared object and to write libfaclient.pc. */
+#define FA_VERSION_MAJOR 0
+#define FA_VERSION_MINOR 1
+#define FA_VERSION_PATCH 0
+
+#if defined(__GNUC__)
+#define FA_API __attribute__((visibility("default")))
+#else
+#define FA_API
+#endif
+
+/* Status codes, shared by the API and the wire protocol. 0 is success. The numbers are part of the
+ * ABI and of the protocol: never renumber, never reuse a retired value. fa_strerror() gives the
+ * text; proto/fa_status.c holds the one table of names and texts. */
+typedef enum fa_status {
+	FA_OK = 0,         /* success */
+	FA_EINVAL = 1,     /* bad argument: NULL pointer, bad enum value, bad size */
+	FA_ENOMEM = 2,     /* host memory exhausted */
+	FA_EUNAVAIL = 3,   /* daemon not running or not reachable at the socket path */
+	FA_ETIMEDOUT = 4,  /* no reply within the client's timeout */
+	FA_EPROTO = 5,     /* malformed message (bad msgpack, wrong type, missing or unknown key) */
+	FA_EVERSION = 6,   /* protocol version mismatch between client and daemon */
+	FA_EBUSY = 7,      /* the session's queue is full; retry after earlier calls complete */
+	FA_ECLOSED = 8,    /* the daemon is shutting down, or the client was closed */
+	FA_ENOTSUP = 9,    /* a valid request this daemon cannot serve (backend, feature) */
+	FA_EDEVICE = 10,   /* a GPU fault while serving the request */
+	FA_ESESSION = 11,  /* unknown session: the daemon restarted (new epoch); re-open */
+	FA_EREGION = 12,   /* unknown region id, or a region of another session */
+	FA_ERANGE = 13,    /* a tensor's extent (offset, shape, strides) reaches outside its region */
+	FA_ESHAPE = 14,    /* shapes inconsistent: B/H/D mismatch, Hq not a multiple of Hkv, D not a multiple of 8 or > 256, a zero or negative size, head dim not contiguous */
+	FA_EALIGN = 15,    /* an offset or stride breaks the alignment the kernels need */
+	FA_EOVERLAP = 16,  /* the output overlaps an input */
+	FA_ETOOBIG = 17,   /* message larger than the protocol's limit */
+	FA_ENOFIT = 18,    /* no tile configuration fits the device's shared memory */
+	FA_EPERM = 19,     /* permission denied: foreign shared memory, events across users */
+	FA_ENOGPU = 20,    /* no usable GPU or CUDA driver where one is needed */
+	FA_ELIMIT = 21,    /* a session limit reached: too many regions or sessions */
+	FA_ESYS = 22,      /* an operating-system call failed (see errno in the daemon's log) */
+	FA_EIPC = 23,      /* memory not exportable by CUDA IPC (pool, managed or VMM memory) */
+	FA_EDTYPE = 24,    /* dtypes of Q, K, V, O disagree, or a dtype this call does not take */
+	FA_EINTERNAL = 99, /* a bug in fa: please report it with the daemon's log */
+} fa_status;
+
+/* Human-readable text for a status. Never NULL; static storage, never freed, thread-safe. An
+ * unknown value gives a fixed "unknown status" text. */
+FA_API const char *fa_strerror(fa_status st);
+
+/* The enum's name as a string ("FA_ERANGE"), for logs and tests. Never NULL, static storage. */
+FA_API const char *fa_status_name(fa_status st);
+
+/* The library's version, "MAJOR.MINOR.PATCH". Static storage. */
+FA_API const char *fa_version_string(void);
+
+/* Element types. Values travel on the wire: never renumber. */
+typedef enum fa_dtype {
+	FA_DTYPE_FP16 = 1, /* IEEE half */
+	FA_DTYPE_BF16 = 2, /* bfloat16 */
+	FA_DTYPE_FP32 = 3, /* IEEE single */
+} fa_dtype;
+
+/* Masks. Causal masks differ when Sq != Sk: bottom-right aligns the last query with the last key
+ * (FlashAttention >= 2.1: query i sees keys j <= i + Sk - Sq); top-left aligns the first query with
+ * the first key (PyTorch's is_causal: query i sees keys j <= i). A query row that sees no key gets
+ * O = 0 and logsumexp = -inf. Values travel on the wire: never renumber. */
+typedef enum fa_mask {
+	FA_MASK_NONE = 0,
+	FA_MASK_CAUSAL_BOTTOM_RIGHT = 1,
+	FA_MASK_CAUSAL_TOP_LEFT = 2,
+} fa_mask;
+
+/* How fp32 inputs are multiplied; ignored for fp16 and bf16 (always fp32 accumulation).
+ * Values travel on the wire: never renumber. */
+typedef enum fa_precision {
+	FA_PREC_DEFAULT = 0, /* FA_PREC_3XTF32 */
+	FA_PREC_IEEE = 1,    /* fp32 FFMA: exact fp32 products, slowest */
+	FA_PREC_3XTF32 = 2,  /* split tf32 on tensor cores: fp32-level error (<= 1e-5 relative) */
+	FA_PREC_TF32 = 3,    /* one tf32 product: ~1e-3 relative error, fast */
+	FA_PREC_BF16 = 4,    /* inputs staged as bf16: bf16-level error, fastest */
+} fa_precision;
+
+/* An open connection and session with the daemon. Opaque. */
+typedef struct fa_client fa_client;
+
+/* A buffer the daemon can reach, registered with the daemon under a region id. Opaque. */
+typedef struct fa_buffer fa_buffer;
+
+/* Connect to the daemon at `addr` and open a session (HELLO).
+ * addr: an nanomsg address such as "ipc:///run/fa-daemon/fa.sock", or NULL for the default: the
+ * environment variable FA_SOCKET if set, else "$XDG_RUNTIME_DIR/fa-daemon/fa.sock" if
+ * XDG_RUNTIME_DIR is set, else "/run/fa-daemon/fa.sock".
+ * Returns FA_OK; FA_EINVAL (address too long for a Unix socket, or malformed), FA_EUNAVAIL (no
+ * daemon answered within the timeout), FA_EVERSION, FA_ENOMEM, FA_ESYS. */
+FA_API fa_status fa_client_open(fa_client **out, const char *addr);
+
+/* Say BYE to the daemon (which frees the session's regions), close every socket, free `c`.
+ * Buffers of this client must be freed first; any left are freed here. Safe on NULL. */
+FA_API void fa_client_close(fa_client *c);
+
+/* Timeout in milliseconds for each later call's round trip to the daemon; 0 waits forever.
+ * The default is 30000, or FA_TIMEOUT_MS from the environment when set at open.
+ * Returns FA_OK or FA_EINVAL (negative). */
+FA_API fa_status fa_client_set_timeout(fa_client *c, int timeout_ms);
+
+/* The daemon's epoch: a random number fixed for the daemon's lifetime. A change means the daemon
+ * restarted and every registration was lost. Returns 0 on a NULL client. */
+FA_API uint64_t fa_client_epoch(const fa_client *c);
+
+/* Reconnect after the daemon restarted: open a new session and register every live buffer of this
+ * client again (their region ids change, their memory and contents do not). Calls that return
+ * FA_ESESSION can be retried after this returns FA_OK. Not safe while other calls on `c` run.
+ * Returns the statuses of fa_client_open() and fa_buffer_alloc_host(). */
+FA_API fa_status fa_client_reconnect(fa_client *c);
+
+/* Round trip a PING. Returns FA_OK, FA_ETIMEDOUT, FA_EUNAVAIL, FA_ESESSION. */
+FA_API fa_status fa_ping(fa_client *c);
+
+/* The daemon's statistics as text, INFO-style: "# section" lines and "key:value" lines.
+ * Writes at most `len` bytes including the terminating NUL into `buf` (truncating).
+ * Returns FA_OK, FA_EINVAL (NULL or len == 0), or a transport status. */
+FA_API fa_status fa_stats(fa_client *c, char *buf, size_t len);
+
+/* Allocate `size` bytes of host memory in POSIX shared memory, map it here, and register it with
+ * the daemon. The memory is zero-filled. The shared-memory object's group is set to the group of
+ * the daemon's socket file (mode 0660), so a daemon running as another user in that group can map
+ * it. Returns FA_OK, FA_EINVAL (size 0 or above the daemon's limit), FA_ESYS (shm_open, ftruncate
+ * or mmap failed), FA_ELIMIT, FA_EPERM, or a transport status. */
+FA_API fa_status fa_buffer_alloc_host(fa_client *c, size_t size, fa_buffer **out);
+
+/* Unregister the buffer from the daemon (after every kernel that used it finished), unmap it,
+ * unlink the shared-memory object and free `b`. Safe on NULL. Returns FA_OK or the daemon's
+ * status (the local resources are released either way). */
+FA_API fa_status fa_buffer_free(fa_buffer *b);
+
+/* The buffer's memory as mapped in this process. Valid until fa_buffer_free(). */
+FA_API void *fa_buffer_data(const fa_buffer *b);
+
+/* The buffer's size in bytes, as passed at allocation. */
+FA_API size_t fa_buffer_size(const fa_buffer *b);
+
+/* One tensor inside a registered buffer. Elements are addressed as
+ *     data + offset + sizeof(dtype) * (i0*stride[0] + i1*stride[1] + i2*stride[2] + i3*stride[3])
+ * For Q, K, V and O the dimensions are [B, S, H, D] (batch, sequence, head, head dim) and
+ * stride[3] must be 1 (the head dim is contiguous); any other strides work, so both BSHD and
+ * BHSD layouts are taken without copies. */
+typedef struct fa_tensor {
+	fa_buffer *buf;    /* borrowed; NULL only for an absent optional tensor */
+	uint64_t offset;   /* bytes from the start of the buffer */
+	fa_dtype dtype;    /* element type */
+	int64_t shape[4];  /* sizes, each >= 1 */
+	int64_t stride[4]; /* in elements, each >= 0 */
+} fa_tensor;
+
+/* Forward attention: O = softmax(scale * Q K^T + mask) V, per batch and query head; query head h
+ * uses key/value head h / (Hq / Hkv) (GQA, MQA).
+ * q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D], o [B, Sq, Hq, D]: one dtype for all four.
+ * lse: optional (lse.buf == NULL for none): fp32 [B, Hq, Sq, 1] logsumexp of each row's scaled,
+ * masked scores (natural log), shape[3] = 1.
+ * D is a multiple of 8 from 8 to 256. */
+typedef struct fa_attn_fwd_args {
+	fa_tensor q, k, v, o; /* as above */
+	fa_tensor lse;        /* optional */
+	double scale;         /* 0 means 1/sqrt(D) */
+	fa_mask mask;         /* FA_MASK_NONE or a causal alignment */
+	fa_precision precision; /* fp32 inputs only */
+} fa_attn_fwd_args;
+
+/* Compute forward attention in the daemon and return when O (and lse) are written.
+ * Returns FA_OK; FA_EINVAL, FA_ESHAPE, FA_EDTYPE, FA_ERANGE, FA_EALIGN, FA_EOVERLAP, FA_EREGION
+ * (arguments; nothing was computed and no output byte was written), FA_ENOFIT, FA_EBUSY,
+ * FA_ETIMEDOUT (the result may still be written later), FA_ESESSION, FA_ECLOSED, FA_EDEVICE,
+ * or a transport status. */
+FA_API fa_status fa_attn_fwd(fa_client *c, const fa_attn_fwd_args *args);
+
+/* The detail text the daemon sent with the last failed call on this thread ("q: extent ends at
+ * byte 4160, region has 4096"), or "" when it sent none. Static thread-local storage, valid until
+ * the next call on this thread. Never NULL. */
+FA_API const char *fa_last_error_detail(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FA_CLIENT_H */

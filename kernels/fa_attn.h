@@ -1,0 +1,92 @@
+/* fa_attn.h - what an attention problem is, independent of where it runs.
+ *
+ * One descriptor (struct fa_attn_fwd_desc) is shared by the CPU reference (attn_fwd_ref.c), the
+ * GPU launcher and the daemon's validation, so the three agree on shapes, strides and masks.
+ * Plain C; no CUDA, no I/O.
+ */
+#ifndef FA_ATTN_H
+#define FA_ATTN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fa/fa_client.h" /* fa_status, fa_dtype, fa_mask, fa_precision */
+
+#define FA_ATTN_MAX_HEAD_DIM 256
+
+/* A forward problem. Strides are in elements; the head dim is contiguous (stride 1).
+ * Q, O: [B, Sq, Hq, D] addressed by (q_stride[0]*b + q_stride[1]*s + q_stride[2]*h + d).
+ * K, V: [B, Sk, Hkv, D] likewise. LSE: fp32 [B, Hq, Sq] by (lse_stride[0]*b + lse_stride[1]*h +
+ * lse_stride[2]*s). */
+struct fa_attn_fwd_desc {
+	fa_dtype dtype;         /* of Q, K, V and O */
+	fa_precision precision; /* fp32 only; FA_PREC_DEFAULT resolved by the consumer */
+	fa_mask mask;
+	double scale;           /* already resolved: never 0 here */
+	int64_t B, Sq, Sk, Hq, Hkv, D;
+	int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3]; /* batch, seq, head */
+	int64_t lse_stride[3];  /* batch, head, seq */
+};
+
+/* Bytes per element of a dtype; 0 for an unknown one. */
+size_t fa_dtype_size(fa_dtype dt);
+
+/* Name of a dtype ("bf16"); "?" for an unknown one. Static storage. */
+const char *fa_dtype_name(fa_dtype dt);
+
+/* Parse "fp16" / "bf16" / "fp32" (also "f16", "half", "float", "float32"...). Returns false if
+ * unknown. */
+bool fa_dtype_parse(const char *s, fa_dtype *out);
+
+/* fp16 / bf16 conversions, round to nearest even, NaN and infinities preserved. */
+float fa_half_to_float(uint16_t h);
+uint16_t fa_float_to_half(float f);
+float fa_bf16_to_float(uint16_t h);
+uint16_t fa_float_to_bf16(float f);
+
+/* Element i (an element index, not bytes) of an array of dtype dt, as double. */
+double fa_load_elem(const void *base, fa_dtype dt, int64_t i);
+/* Store v (rounded to dt) at element index i. */
+void fa_store_elem(void *base, fa_dtype dt, int64_t i, double v);
+
+/* Does query row i (0-based, of Sq) see key j (of Sk) under mask m? */
+static inline bool fa_mask_allows(fa_mask m, int64_t Sq, int64_t Sk, int64_t i, int64_t j)
+{
+	switch (m) {
+	case FA_MASK_CAUSAL_BOTTOM_RIGHT: return j <= i + (Sk - Sq);
+	case FA_MASK_CAUSAL_TOP_LEFT: return j <= i;
+	default: return true;
+	}
+}
+
+/* The byte range [*lo, *hi) that a strided tensor of `ndim` dimensions touches, relative to its
+ * base, with overflow-checked arithmetic. Sizes must be >= 1 and strides >= 0. Returns false on
+ * overflow (past INT64_MAX) or a bad size. */
+bool fa_tensor_extent(int ndim, const int64_t *shape, const int64_t *stride, size_t elem_size,
+                      uint64_t *lo, uint64_t *hi);
+
+/* Check a descriptor's own consistency (not memory): dtype, mask and precision values; sizes >= 1;
+ * D a multiple of 8 in [8, 256]; Hq a multiple of Hkv; strides >= 0; scale finite and nonzero.
+ * Returns FA_OK, FA_EDTYPE, FA_EINVAL or FA_ESHAPE with the reason in err. */
+fa_status fa_attn_fwd_check(const struct fa_attn_fwd_desc *d, char *err, size_t errlen);
+
+/* The CPU reference: float64 accumulation, two passes over each row (max, then sum), exact
+ * softmax. Computes the (batch, query-head) pairs bh in [bh_begin, bh_end) of B*Hq, so a thread
+ * pool can split the work; pass 0 and B*Hq for all. Writes O in the descriptor's dtype and, when
+ * lse != NULL, the fp32 logsumexp. A fully masked row gets O = 0 and lse = -inf.
+ * The descriptor must have passed fa_attn_fwd_check(). */
+void fa_attn_fwd_ref(const struct fa_attn_fwd_desc *d, const void *q, const void *k, const void *v,
+                     void *o, float *lse, int64_t bh_begin, int64_t bh_end);
+
+/* The oracle for the GPU tests: like fa_attn_fwd_ref but writes float64 results, densely:
+ * o64 [B, Sq, Hq, D] and lse64 [B, Hq, Sq] (lse64 may be NULL). Inputs as in the descriptor. */
+void fa_attn_fwd_ref64(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
+                       const void *v, double *o64, double *lse64);
+
+/* Relative Frobenius error ||x - ref|| / ||ref|| of n values of x (dtype dt, element stride
+ * layout given by the same descriptor as o) against the dense float64 reference. Returns +inf if
+ * any value of x is NaN or infinite where ref is finite. */
+double fa_attn_fwd_rel_error(const struct fa_attn_fwd_desc *d, const void *o, const double *o64);
+
+#endif /* FA_ATTN_H */

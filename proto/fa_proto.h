@@ -1,0 +1,149 @@
+/* fa_proto.h - the wire contract between libfaclient and fa-daemon.
+ *
+ * Every message is one msgpack map with short string keys; `v` (protocol version) and `op` are in
+ * every message. PROTOCOL.md documents each message, key and status. This file is pure C: no I/O.
+ *
+ * Bump FA_PROTO_VERSION on any change to a message. Never renumber an op; retired numbers stay
+ * retired (tmux's rule).
+ */
+#ifndef FA_PROTO_H
+#define FA_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fa/fa_client.h" /* fa_status, fa_dtype, fa_mask, fa_precision */
+
+#define FA_PROTO_VERSION 1
+
+/* Hard limits of the decoder: a message larger than FA_PROTO_MAX_MSG, nested deeper than
+ * FA_PROTO_MAX_DEPTH, or declaring a container or string longer than the bytes left is rejected
+ * before msgpack-c sees it (msgpack-c trusts declared sizes: a 5-byte message made it reserve
+ * 4 GiB). */
+#define FA_PROTO_MAX_MSG 65536
+#define FA_PROTO_MAX_DEPTH 8
+
+#define FA_PROTO_SHM_NAME_MAX 64  /* incl. NUL; names are "/fa.<...>" with no other '/' */
+#define FA_PROTO_IPC_HANDLE_LEN 64 /* cudaIpcMemHandle_t */
+#define FA_PROTO_UUID_LEN 16
+#define FA_PROTO_DETAIL_MAX 256    /* incl. NUL */
+#define FA_PROTO_STATS_MAX 16384   /* incl. NUL */
+#define FA_PROTO_NAME_MAX 64       /* client name in HELLO, incl. NUL */
+
+/* Operations, grouped by tens. The reply to a request carries the request's op. */
+enum fa_op {
+	FA_OP_HELLO = 1,       /* open a session */
+	FA_OP_BYE = 2,         /* close the session, free its regions */
+	FA_OP_PING = 3,        /* liveness */
+	FA_OP_STATS = 4,       /* INFO-style statistics text */
+	FA_OP_REGISTER = 10,   /* register a buffer as a region */
+	FA_OP_UNREGISTER = 11, /* unregister a region */
+	FA_OP_ATTN_FWD = 20,   /* forward attention */
+	/* 21 is reserved for the backward pass */
+};
+
+/* Kinds of registered memory. Values travel on the wire. */
+enum fa_region_kind {
+	FA_REGION_HOST_SHM = 1, /* POSIX shared memory, by name */
+	FA_REGION_CUDA_IPC = 2, /* a cudaIpcMemHandle_t of a whole device allocation */
+};
+
+/* Which engine serves attention (in HELLO's reply). */
+enum fa_backend_kind {
+	FA_BACKEND_CPU = 1,
+	FA_BACKEND_GPU = 2,
+};
+
+/* A tensor on the wire: a region of the session, a byte offset, dtype, 4 sizes and 4 strides in
+ * elements (see fa_tensor in fa_client.h). */
+struct fa_proto_tensor {
+	uint64_t region;   /* region id from REGISTER; 0 = absent (only for the optional lse) */
+	uint64_t offset;   /* bytes */
+	uint8_t dtype;     /* enum fa_dtype */
+	int64_t shape[4];
+	int64_t stride[4];
+};
+
+/* A request, decoded. Which union member is valid depends on op. */
+struct fa_proto_req {
+	uint32_t v;       /* protocol version */
+	uint32_t op;      /* enum fa_op */
+	uint64_t session; /* 0 in HELLO; the session id everywhere else */
+	uint64_t seq;     /* client's sequence number, unique per session; replies echo it */
+	union {
+		struct {
+			uint32_t pid;                  /* the client's pid, as it claims (logs only) */
+			char name[FA_PROTO_NAME_MAX];  /* program name, for logs and stats; may be "" */
+		} hello;
+		struct {
+			uint8_t kind;                                  /* enum fa_region_kind */
+			uint64_t size;                                 /* bytes the client will address */
+			char shm_name[FA_PROTO_SHM_NAME_MAX];          /* FA_REGION_HOST_SHM */
+			uint8_t ipc_handle[FA_PROTO_IPC_HANDLE_LEN];   /* FA_REGION_CUDA_IPC */
+			uint8_t gpu_uuid[FA_PROTO_UUID_LEN];           /* FA_REGION_CUDA_IPC */
+		} reg;
+		struct {
+			uint64_t region;
+		} unreg;
+		struct {
+			struct fa_proto_tensor q, k, v, o;
+			struct fa_proto_tensor lse; /* lse.region == 0: not wanted */
+			double scale;               /* 0 = 1/sqrt(D) */
+			uint8_t mask;               /* enum fa_mask */
+			uint8_t precision;          /* enum fa_precision */
+		} fwd;
+	} u;
+};
+
+/* A reply, decoded. status != FA_OK replies carry detail and no op-specific part. */
+struct fa_proto_rep {
+	uint32_t v;
+	uint32_t op;      /* the request's op; 0 when the request could not be decoded */
+	int32_t status;   /* fa_status */
+	uint64_t seq;     /* the request's seq; 0 when it could not be decoded */
+	uint64_t epoch;   /* the daemon's epoch, in every reply */
+	char detail[FA_PROTO_DETAIL_MAX]; /* why, for errors; "" otherwise */
+	union {
+		struct {
+			uint64_t session;
+			uint32_t max_msg;      /* bytes */
+			uint32_t max_inflight; /* per session */
+			uint32_t max_regions;  /* per session */
+			uint8_t backend;       /* enum fa_backend_kind */
+		} hello;
+		struct {
+			uint64_t region;
+		} reg;
+		struct {
+			uint64_t compute_ns; /* time the backend spent on this request */
+		} fwd;
+		struct {
+			char text[FA_PROTO_STATS_MAX];
+		} stats;
+	} u;
+};
+
+/* Check the structure of untrusted bytes before any msgpack-c call: total size, nesting depth,
+ * every declared length and count against the bytes left, exactly one top-level object that
+ * consumes the whole buffer. Returns FA_OK, FA_ETOOBIG or FA_EPROTO (detail written to err). */
+fa_status fa_proto_prescan(const void *buf, size_t len, char *err, size_t errlen);
+
+/* Encode into buf (capacity cap); *len gets the encoded size. Returns FA_OK, FA_ETOOBIG (does not
+ * fit in cap or in FA_PROTO_MAX_MSG) or FA_EINVAL (a field out of range). */
+fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t cap, size_t *len);
+fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t cap, size_t *len);
+
+/* Decode untrusted bytes: pre-scan, unpack, require every key the op needs with the right type and
+ * range, reject unknown keys. On failure *out is zeroed except v, op and seq when they could be
+ * read (so the daemon can address its error reply), and err says why. Returns FA_OK, FA_EPROTO,
+ * FA_EVERSION (v differs from FA_PROTO_VERSION; out->v holds the peer's) or FA_ETOOBIG. */
+fa_status fa_proto_decode_req(const void *buf, size_t len, struct fa_proto_req *out, char *err,
+                              size_t errlen);
+fa_status fa_proto_decode_rep(const void *buf, size_t len, struct fa_proto_rep *out, char *err,
+                              size_t errlen);
+
+/* Name of an op for logs ("ATTN_FWD"); "UNKNOWN" for others. Static storage. */
+const char *fa_proto_op_name(uint32_t op);
+
+#endif /* FA_PROTO_H */
