@@ -15,6 +15,7 @@ CC      ?= cc
 PKG_CONFIG ?= pkg-config
 CUDA_HOME ?= /usr/local/cuda
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
+SYSTEMDUSERUNITDIR ?= $(PREFIX)/lib/systemd/user
 
 ifeq ($(V),1)
 Q :=
@@ -139,9 +140,10 @@ check-deps:
 	$(Q)sh tools/deps.sh check
 
 # ---- compile rules -------------------------------------------------------------------------------
+# proto/ objects go into libfaclient.so too: hidden, so the .so exports only FA_API declarations.
 $(BUILD)/proto/%.o: proto/%.c
 	$(call msg,CC,$<)
-	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) $(MSGPACK_CFLAGS) -MMD -MP -c $< -o $@
+	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) -fvisibility=hidden $(MSGPACK_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/kernels/%.o: kernels/%.c
 	$(call msg,CC,$<)
@@ -273,8 +275,9 @@ install: $(DAEMON_BIN) $(CTL_BIN) $(LIBCLIENT_SO) $(LIBCLIENT_A) $(CLIENT_PC)
 	install -m 644 $(CLIENT_PC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/
 
 install-systemd:
-	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d
+	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(SYSTEMDUSERUNITDIR) $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d
 	install -m 644 systemd/fa-daemon.service $(DESTDIR)$(SYSTEMDUNITDIR)/
+	install -m 644 systemd/fa-daemon-user.service $(DESTDIR)$(SYSTEMDUSERUNITDIR)/fa-daemon.service
 	install -m 644 systemd/fa-daemon.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/fa-daemon.conf
 	install -m 644 systemd/fa-daemon.tmpfiles $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/fa-daemon.conf
 

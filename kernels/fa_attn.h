@@ -75,18 +75,30 @@ fa_status fa_attn_fwd_check(const struct fa_attn_fwd_desc *d, char *err, size_t 
  * softmax. Computes the (batch, query-head) pairs bh in [bh_begin, bh_end) of B*Hq, so a thread
  * pool can split the work; pass 0 and B*Hq for all. Writes O in the descriptor's dtype and, when
  * lse != NULL, the fp32 logsumexp. A fully masked row gets O = 0 and lse = -inf.
- * The descriptor must have passed fa_attn_fwd_check(). */
-void fa_attn_fwd_ref(const struct fa_attn_fwd_desc *d, const void *q, const void *k, const void *v,
-                     void *o, float *lse, int64_t bh_begin, int64_t bh_end);
+ * Scratch memory is bounded by fa_attn_fwd_ref_scratch_limit(); nothing else is allocated.
+ * Thread-safe: calls on disjoint bh ranges may run at once.
+ * Returns FA_OK; FA_EINVAL (NULL pointer, bh range outside [0, B*Hq]), the statuses of
+ * fa_attn_fwd_check() (it is run first), FA_ENOMEM (scratch allocation failed, or the limit is
+ * too small for even one key). On failure O and lse may be partly written. */
+fa_status fa_attn_fwd_ref(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
+                          const void *v, void *o, float *lse, int64_t bh_begin, int64_t bh_end);
 
 /* The oracle for the GPU tests: like fa_attn_fwd_ref but writes float64 results, densely:
- * o64 [B, Sq, Hq, D] and lse64 [B, Hq, Sq] (lse64 may be NULL). Inputs as in the descriptor. */
-void fa_attn_fwd_ref64(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
-                       const void *v, double *o64, double *lse64);
+ * o64 [B, Sq, Hq, D] and lse64 [B, Hq, Sq] (lse64 may be NULL). Inputs as in the descriptor.
+ * Returns the statuses of fa_attn_fwd_ref. */
+fa_status fa_attn_fwd_ref64(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
+                            const void *v, double *o64, double *lse64);
 
-/* Relative Frobenius error ||x - ref|| / ||ref|| of n values of x (dtype dt, element stride
- * layout given by the same descriptor as o) against the dense float64 reference. Returns +inf if
- * any value of x is NaN or infinite where ref is finite. */
+/* The most scratch memory, in bytes, that one call of fa_attn_fwd_ref / _ref64 allocates (default
+ * 64 MiB). Within it, each (batch, kv-head) block's K and V are converted to float64 once; past
+ * it, keys are processed in chunks converted once per block of query rows (slower, same result).
+ * bytes == 0 leaves the limit as it is. Returns the previous limit. Process-wide, thread-safe. */
+size_t fa_attn_fwd_ref_scratch_limit(size_t bytes);
+
+/* Relative Frobenius error ||x - ref|| / ||ref|| of the values of x (dtype and element strides as
+ * the descriptor gives for o) against the dense float64 reference o64 [B, Sq, Hq, D]. Returns
+ * +inf if any value of x (or of ref) is NaN or infinite, if ref is all zeros while x is not, or
+ * on a NULL argument; 0 when both are all zeros. */
 double fa_attn_fwd_rel_error(const struct fa_attn_fwd_desc *d, const void *o, const double *o64);
 
 #endif /* FA_ATTN_H */

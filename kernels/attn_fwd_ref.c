@@ -1,0 +1,519 @@
+/* attn_fwd_ref.c - the CPU reference of forward attention, in float64.
+ *
+ * This is both the oracle the GPU kernels are checked against and the engine of the daemon's CPU
+ * backend, so it must be exact (float64 everywhere, a true two-pass softmax: the row max first,
+ * then exp(s - max) and the sum) and not slow. The work is organised like a flash-attention tile
+ * loop without the online rescaling:
+ *   - per (batch, kv-head) the visible K and V rows are converted to float64 once and shared by
+ *     every query head of the GQA group;
+ *   - query rows go in blocks of Br; loops run key-outer, row-inner so one K or V row is loaded
+ *     once per block and the Q block and accumulators stay in L1;
+ *   - one scratch allocation per call, bounded by fa_attn_fwd_ref_scratch_limit(). When K and V do
+ *     not fit, keys go in chunks that are converted once per row block in each pass, and scores
+ *     are recomputed in pass 2 instead of stored: the arithmetic, and so the result, is the same.
+ * The inner loops are small register tiles (2 query rows x 4 keys for Q K^T, 2 rows x 8 columns
+ * for P V) written with two-lane vectors; each output is summed in a fixed order whatever tile
+ * computes it, so the result does not depend on Br, chunking or the bh split.
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fa_attn.h"
+
+#define REF_DEFAULT_SCRATCH ((size_t)64 << 20)
+
+static _Atomic size_t ref_scratch_limit = REF_DEFAULT_SCRATCH;
+
+/* Set (bytes != 0) and return the scratch limit; see fa_attn.h. */
+size_t fa_attn_fwd_ref_scratch_limit(size_t bytes)
+{
+	if (bytes == 0)
+		return atomic_load(&ref_scratch_limit);
+	return atomic_exchange(&ref_scratch_limit, bytes);
+}
+
+/* Where results go: O in dtype with the descriptor's strides plus fp32 lse, or dense float64. */
+struct ref_out {
+	void *o;
+	float *lse;
+	double *o64;
+	double *lse64;
+};
+
+/* Everything one call needs, so helpers take one pointer. */
+struct ref_ctx {
+	const struct fa_attn_fwd_desc *d;
+	const void *q, *k, *v;
+	const struct ref_out *out;
+	int64_t br;      /* query rows per block */
+	int64_t kc;      /* keys per chunk */
+	bool one_chunk;  /* K and V of a whole (b, kv-head) fit: converted once, scores stored */
+	int64_t nvis;    /* keys any row of the problem can see: a prefix [0, nvis) */
+	/* scratch, all float64 except n */
+	double *kd, *vd; /* [kc][D] */
+	double *s;       /* [br][kc] scores, then probabilities */
+	double *qd;      /* [br][D] */
+	double *acc;     /* [br][D] unnormalised O */
+	double *m, *l;   /* [br] row max and sum */
+	int64_t *n;      /* [br] visible keys of each row (a prefix) */
+};
+
+/* Number of keys query row i sees: masks are prefixes, [0, n). Agrees with fa_mask_allows(). */
+static int64_t ref_visible(fa_mask m, int64_t Sq, int64_t Sk, int64_t i)
+{
+	int64_t n;
+	switch (m) {
+	case FA_MASK_CAUSAL_BOTTOM_RIGHT: n = i + (Sk - Sq) + 1; break;
+	case FA_MASK_CAUSAL_TOP_LEFT: n = i + 1; break;
+	default: n = Sk; break;
+	}
+	if (n < 0)
+		return 0;
+	return n < Sk ? n : Sk;
+}
+
+/* Convert one head row of D elements at element offset off to float64: one switch per row. */
+static void ref_load_row(const void *base, fa_dtype dt, int64_t off, int64_t D, double *dst)
+{
+	switch (dt) {
+	case FA_DTYPE_FP16: {
+		const uint16_t *p = (const uint16_t *)base + off;
+		for (int64_t x = 0; x < D; x++)
+			dst[x] = fa_half_to_float(p[x]);
+		break;
+	}
+	case FA_DTYPE_BF16: {
+		const uint16_t *p = (const uint16_t *)base + off;
+		for (int64_t x = 0; x < D; x++)
+			dst[x] = fa_bf16_to_float(p[x]);
+		break;
+	}
+	case FA_DTYPE_FP32: {
+		const float *p = (const float *)base + off;
+		for (int64_t x = 0; x < D; x++)
+			dst[x] = p[x];
+		break;
+	}
+	}
+}
+
+/* Convert keys [j0, j0 + cn) of (b, kvh) from K (and V when want_v) into kd / vd. */
+static void ref_load_kv(struct ref_ctx *c, int64_t b, int64_t kvh, int64_t j0, int64_t cn,
+                        bool want_v)
+{
+	const struct fa_attn_fwd_desc *d = c->d;
+	int64_t D = d->D;
+	for (int64_t j = 0; j < cn; j++) {
+		int64_t ko = d->k_stride[0] * b + d->k_stride[1] * (j0 + j) + d->k_stride[2] * kvh;
+		ref_load_row(c->k, d->dtype, ko, D, c->kd + j * D);
+		if (want_v) {
+			int64_t vo = d->v_stride[0] * b + d->v_stride[1] * (j0 + j) + d->v_stride[2] * kvh;
+			ref_load_row(c->v, d->dtype, vo, D, c->vd + j * D);
+		}
+	}
+}
+
+/* Two float64 lanes. GCC/clang vector extensions: SSE2 on any x86-64, NEON on arm64, scalar code
+ * elsewhere; the products and sums are the same IEEE operations in every case. */
+typedef double v2d __attribute__((vector_size(16)));
+
+static inline v2d ld2(const double *p)
+{
+	v2d v;
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+static inline void st2(double *p, v2d v)
+{
+	memcpy(p, &v, sizeof(v));
+}
+
+static inline v2d splat2(double x)
+{
+	return (v2d){x, x};
+}
+
+/* Every score is summed in one order, whichever tile computes it: even and odd x in two lanes,
+ * each in increasing x, then lane 0 + lane 1. So results do not depend on Br, on chunking or on
+ * which rows share a tile. This is the one-dot version, for tile edges. */
+static inline double ref_dot(const double *a, const double *b, int64_t D)
+{
+	v2d s = {0, 0};
+	for (int64_t x = 0; x < D; x += 2)
+		s += ld2(a + x) * ld2(b + x);
+	return s[0] + s[1];
+}
+
+/* Scores of query rows qa (and qb, unless NULL) against keys [0, jn) of kd: sa[j] = scale *
+ * qa . k_j. Four keys at a time share each Q load; with two rows that is 8 independent
+ * accumulators, enough to hide the add latency. */
+static void ref_qk_rows(const double *qa, const double *qb, const double *kd, int64_t D,
+                        int64_t jn, double scale, double *sa, double *sb)
+{
+	int64_t j = 0;
+	for (; j + 4 <= jn; j += 4) {
+		const double *k0 = kd + j * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
+		v2d a0 = {0, 0}, a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+		if (qb != NULL) {
+			for (int64_t x = 0; x < D; x += 2) {
+				v2d q0 = ld2(qa + x), q1 = ld2(qb + x), kv;
+				kv = ld2(k0 + x);
+				a0 += q0 * kv;
+				b0 += q1 * kv;
+				kv = ld2(k1 + x);
+				a1 += q0 * kv;
+				b1 += q1 * kv;
+				kv = ld2(k2 + x);
+				a2 += q0 * kv;
+				b2 += q1 * kv;
+				kv = ld2(k3 + x);
+				a3 += q0 * kv;
+				b3 += q1 * kv;
+			}
+			sb[j] = scale * (b0[0] + b0[1]);
+			sb[j + 1] = scale * (b1[0] + b1[1]);
+			sb[j + 2] = scale * (b2[0] + b2[1]);
+			sb[j + 3] = scale * (b3[0] + b3[1]);
+		} else {
+			for (int64_t x = 0; x < D; x += 2) {
+				v2d q0 = ld2(qa + x);
+				a0 += q0 * ld2(k0 + x);
+				a1 += q0 * ld2(k1 + x);
+				a2 += q0 * ld2(k2 + x);
+				a3 += q0 * ld2(k3 + x);
+			}
+		}
+		sa[j] = scale * (a0[0] + a0[1]);
+		sa[j + 1] = scale * (a1[0] + a1[1]);
+		sa[j + 2] = scale * (a2[0] + a2[1]);
+		sa[j + 3] = scale * (a3[0] + a3[1]);
+	}
+	for (; j < jn; j++) {
+		sa[j] = scale * ref_dot(qa, kd + j * D, D);
+		if (qb != NULL)
+			sb[j] = scale * ref_dot(qb, kd + j * D, D);
+	}
+}
+
+/* acca[x] += sum_j pa[j] * V_j[x] (and accb with pb, unless NULL) for keys [0, jn) of vd. Eight
+ * columns per row stay in registers across all keys; each element is summed in increasing j,
+ * whichever tile does it, so results do not depend on tiling. */
+static void ref_pv_rows(double *acca, double *accb, const double *pa, const double *pb,
+                        const double *vd, int64_t D, int64_t jn)
+{
+	if (jn <= 0)
+		return;
+	for (int64_t x = 0; x < D; x += 8) {
+		v2d a0 = ld2(acca + x), a1 = ld2(acca + x + 2), a2 = ld2(acca + x + 4),
+		    a3 = ld2(acca + x + 6);
+		if (accb != NULL) {
+			v2d b0 = ld2(accb + x), b1 = ld2(accb + x + 2), b2 = ld2(accb + x + 4),
+			    b3 = ld2(accb + x + 6);
+			for (int64_t j = 0; j < jn; j++) {
+				const double *vr = vd + j * D + x;
+				v2d p = splat2(pa[j]), pq = splat2(pb[j]);
+				v2d v0 = ld2(vr), v1 = ld2(vr + 2), v2 = ld2(vr + 4), v3 = ld2(vr + 6);
+				a0 += p * v0;
+				a1 += p * v1;
+				a2 += p * v2;
+				a3 += p * v3;
+				b0 += pq * v0;
+				b1 += pq * v1;
+				b2 += pq * v2;
+				b3 += pq * v3;
+			}
+			st2(accb + x, b0);
+			st2(accb + x + 2, b1);
+			st2(accb + x + 4, b2);
+			st2(accb + x + 6, b3);
+		} else {
+			for (int64_t j = 0; j < jn; j++) {
+				const double *vr = vd + j * D + x;
+				v2d p = splat2(pa[j]);
+				a0 += p * ld2(vr);
+				a1 += p * ld2(vr + 2);
+				a2 += p * ld2(vr + 4);
+				a3 += p * ld2(vr + 6);
+			}
+		}
+		st2(acca + x, a0);
+		st2(acca + x + 2, a1);
+		st2(acca + x + 4, a2);
+		st2(acca + x + 6, a3);
+	}
+}
+
+/* Keys of chunk [j0, j0 + cn) that row r sees. */
+static inline int64_t ref_chunk_vis(const struct ref_ctx *c, int64_t r, int64_t j0, int64_t cn)
+{
+	int64_t vis = c->n[r] - j0;
+	if (vis < 0)
+		return 0;
+	return vis < cn ? vis : cn;
+}
+
+/* Scaled scores of the block's nr rows against the chunk [j0, j0 + cn) held in kd, into s; only
+ * visible keys are computed. Rows go in pairs over the keys both see, then each row's tail. */
+static void ref_scores(struct ref_ctx *c, int64_t nr, int64_t j0, int64_t cn)
+{
+	int64_t D = c->d->D, kc = c->kc;
+	double scale = c->d->scale;
+	for (int64_t r = 0; r < nr; r += 2) {
+		const double *qa = c->qd + r * D;
+		double *sa = c->s + r * kc;
+		int64_t va = ref_chunk_vis(c, r, j0, cn);
+		if (r + 1 == nr) {
+			ref_qk_rows(qa, NULL, c->kd, D, va, scale, sa, NULL);
+			break;
+		}
+		const double *qb = qa + D;
+		double *sb = sa + kc;
+		int64_t vb = ref_chunk_vis(c, r + 1, j0, cn);
+		int64_t jc = va < vb ? va : vb;
+		ref_qk_rows(qa, qb, c->kd, D, jc, scale, sa, sb);
+		ref_qk_rows(qa, NULL, c->kd + jc * D, D, va - jc, scale, sa + jc, NULL);
+		ref_qk_rows(qb, NULL, c->kd + jc * D, D, vb - jc, scale, sb + jc, NULL);
+	}
+}
+
+/* acc += P V for the block's nr rows over the chunk [j0, j0 + cn), probabilities in s. */
+static void ref_pv(struct ref_ctx *c, int64_t nr, int64_t j0, int64_t cn)
+{
+	int64_t D = c->d->D, kc = c->kc;
+	for (int64_t r = 0; r < nr; r += 2) {
+		double *aa = c->acc + r * D;
+		const double *pa = c->s + r * kc;
+		int64_t va = ref_chunk_vis(c, r, j0, cn);
+		if (r + 1 == nr) {
+			ref_pv_rows(aa, NULL, pa, NULL, c->vd, D, va);
+			break;
+		}
+		double *ab = aa + D;
+		const double *pb = pa + kc;
+		int64_t vb = ref_chunk_vis(c, r + 1, j0, cn);
+		int64_t jc = va < vb ? va : vb;
+		ref_pv_rows(aa, ab, pa, pb, c->vd, D, jc);
+		ref_pv_rows(aa, NULL, pa + jc, NULL, c->vd + jc * D, D, va - jc);
+		ref_pv_rows(ab, NULL, pb + jc, NULL, c->vd + jc * D, D, vb - jc);
+	}
+}
+
+/* One block of query rows [i0, i0 + nr) of head h (kv head kvh) of batch b. */
+static void ref_block(struct ref_ctx *c, int64_t b, int64_t h, int64_t kvh, int64_t i0, int64_t nr)
+{
+	const struct fa_attn_fwd_desc *d = c->d;
+	int64_t D = d->D, kc = c->kc, nmax = 0;
+
+	for (int64_t r = 0; r < nr; r++) {
+		int64_t qo = d->q_stride[0] * b + d->q_stride[1] * (i0 + r) + d->q_stride[2] * h;
+		ref_load_row(c->q, d->dtype, qo, D, c->qd + r * D);
+		c->n[r] = ref_visible(d->mask, d->Sq, d->Sk, i0 + r);
+		c->m[r] = -INFINITY;
+		c->l[r] = 0;
+		if (c->n[r] > nmax)
+			nmax = c->n[r];
+	}
+	memset(c->acc, 0, (size_t)(nr * D) * sizeof(double));
+
+	/* pass 1: the row max */
+	for (int64_t j0 = 0; j0 < nmax; j0 += kc) {
+		int64_t cn = nmax - j0 < kc ? nmax - j0 : kc;
+		if (!c->one_chunk)
+			ref_load_kv(c, b, kvh, j0, cn, false);
+		ref_scores(c, nr, j0, cn);
+		for (int64_t r = 0; r < nr; r++) {
+			const double *sr = c->s + r * kc;
+			int64_t vis = ref_chunk_vis(c, r, j0, cn);
+			double mx = c->m[r];
+			for (int64_t j = 0; j < vis; j++)
+				mx = sr[j] > mx ? sr[j] : mx;
+			c->m[r] = mx;
+		}
+	}
+	/* pass 2: probabilities, their sum, and P V */
+	for (int64_t j0 = 0; j0 < nmax; j0 += kc) {
+		int64_t cn = nmax - j0 < kc ? nmax - j0 : kc;
+		if (!c->one_chunk) {
+			ref_load_kv(c, b, kvh, j0, cn, true);
+			ref_scores(c, nr, j0, cn);
+		}
+		for (int64_t r = 0; r < nr; r++) {
+			double *sr = c->s + r * kc;
+			int64_t vis = ref_chunk_vis(c, r, j0, cn);
+			double mx = c->m[r], sum = c->l[r];
+			for (int64_t j = 0; j < vis; j++) {
+				double p = exp(sr[j] - mx);
+				sr[j] = p;
+				sum += p;
+			}
+			c->l[r] = sum;
+		}
+		ref_pv(c, nr, j0, cn);
+	}
+
+	/* epilogue: normalise and store */
+	const struct ref_out *out = c->out;
+	for (int64_t r = 0; r < nr; r++) {
+		int64_t i = i0 + r;
+		double *ar = c->acc + r * D;
+		bool empty = c->n[r] == 0;
+		double lse = empty ? -INFINITY : c->m[r] + log(c->l[r]);
+		for (int64_t x = 0; x < D; x++)
+			ar[x] = empty ? 0.0 : ar[x] / c->l[r];
+		if (out->o64 != NULL) {
+			memcpy(out->o64 + ((b * d->Sq + i) * d->Hq + h) * D, ar, (size_t)D * sizeof(double));
+			if (out->lse64 != NULL)
+				out->lse64[(b * d->Hq + h) * d->Sq + i] = lse;
+		} else {
+			int64_t oo = d->o_stride[0] * b + d->o_stride[1] * i + d->o_stride[2] * h;
+			for (int64_t x = 0; x < D; x++)
+				fa_store_elem(out->o, d->dtype, oo + x, ar[x]);
+			if (out->lse != NULL)
+				out->lse[d->lse_stride[0] * b + d->lse_stride[1] * h + d->lse_stride[2] * i] =
+					(float)lse;
+		}
+	}
+}
+
+/* Choose Br and the key chunk within the scratch limit, and allocate. Words are 8 bytes (double
+ * or int64). Returns FA_ENOMEM if even one key does not fit or malloc fails. */
+static fa_status ref_scratch_alloc(struct ref_ctx *c, void **mem)
+{
+	const struct fa_attn_fwd_desc *d = c->d;
+	size_t D = (size_t)d->D;
+	size_t br = 2048 / D; /* Q block + accumulators ~32 KiB: an L1's worth */
+	if (br < 4)
+		br = 4;
+	if (br > 32)
+		br = 32;
+	if ((int64_t)br > d->Sq)
+		br = (size_t)d->Sq;
+	size_t limit_words = fa_attn_fwd_ref_scratch_limit(0) / 8;
+	size_t fixed = 2 * br * D + 3 * br; /* qd, acc, m, l, n */
+	size_t per_key = 2 * D + br;        /* kd, vd rows and a column of s */
+	size_t nvis = (size_t)c->nvis, kc, total;
+
+	*mem = NULL;
+	if (nvis == 0)
+		nvis = 1; /* every row masked: still run the epilogue */
+	if (!__builtin_mul_overflow(per_key, nvis, &total) &&
+	    !__builtin_add_overflow(total, fixed, &total) && total <= limit_words) {
+		kc = nvis;
+		c->one_chunk = true;
+	} else {
+		if (limit_words <= fixed || (limit_words - fixed) / per_key < 1)
+			return FA_ENOMEM;
+		kc = (limit_words - fixed) / per_key;
+		c->one_chunk = false;
+		total = fixed + per_key * kc;
+	}
+	double *w = malloc(total * 8);
+	if (w == NULL)
+		return FA_ENOMEM;
+	*mem = w;
+	c->br = (int64_t)br;
+	c->kc = (int64_t)kc;
+	c->kd = w;
+	c->vd = c->kd + kc * D;
+	c->s = c->vd + kc * D;
+	c->qd = c->s + br * kc;
+	c->acc = c->qd + br * D;
+	c->m = c->acc + br * D;
+	c->l = c->m + br;
+	c->n = (int64_t *)(void *)(c->l + br); /* malloc'd memory has no declared type */
+	return FA_OK;
+}
+
+/* The shared driver of fa_attn_fwd_ref and fa_attn_fwd_ref64. */
+static fa_status ref_run(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
+                         const void *v, const struct ref_out *out, int64_t bh_begin,
+                         int64_t bh_end)
+{
+	struct ref_ctx c = {.d = d, .q = q, .k = k, .v = v, .out = out};
+	void *mem;
+	fa_status st;
+
+	if (d == NULL || q == NULL || k == NULL || v == NULL)
+		return FA_EINVAL;
+	if ((st = fa_attn_fwd_check(d, NULL, 0)) != FA_OK)
+		return st;
+	int64_t nbh;
+	if (__builtin_mul_overflow(d->B, d->Hq, &nbh) || bh_begin < 0 || bh_end < bh_begin ||
+	    bh_end > nbh)
+		return FA_EINVAL;
+	if (bh_begin == bh_end)
+		return FA_OK;
+	c.nvis = ref_visible(d->mask, d->Sq, d->Sk, d->Sq - 1); /* the last row sees the most */
+	if ((st = ref_scratch_alloc(&c, &mem)) != FA_OK)
+		return st;
+
+	int64_t Hq = d->Hq, G = d->Hq / d->Hkv;
+	for (int64_t b = bh_begin / Hq; b <= (bh_end - 1) / Hq; b++) {
+		int64_t hlo = bh_begin - b * Hq > 0 ? bh_begin - b * Hq : 0;
+		int64_t hhi = bh_end - b * Hq < Hq ? bh_end - b * Hq : Hq;
+		for (int64_t kvh = hlo / G; kvh <= (hhi - 1) / G; kvh++) {
+			int64_t h0 = kvh * G > hlo ? kvh * G : hlo;
+			int64_t h1 = (kvh + 1) * G < hhi ? (kvh + 1) * G : hhi;
+			if (c.one_chunk)
+				ref_load_kv(&c, b, kvh, 0, c.nvis, true);
+			for (int64_t h = h0; h < h1; h++)
+				for (int64_t i0 = 0; i0 < d->Sq; i0 += c.br)
+					ref_block(&c, b, h, kvh, i0,
+					          d->Sq - i0 < c.br ? d->Sq - i0 : c.br);
+		}
+	}
+	free(mem);
+	return FA_OK;
+}
+
+/* The CPU reference: O in dtype, lse in fp32, for bh in [bh_begin, bh_end). See fa_attn.h. */
+fa_status fa_attn_fwd_ref(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
+                          const void *v, void *o, float *lse, int64_t bh_begin, int64_t bh_end)
+{
+	struct ref_out out = {.o = o, .lse = lse};
+	if (o == NULL)
+		return FA_EINVAL;
+	return ref_run(d, q, k, v, &out, bh_begin, bh_end);
+}
+
+/* The float64 oracle, dense outputs, all of B*Hq. See fa_attn.h. */
+fa_status fa_attn_fwd_ref64(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
+                            const void *v, double *o64, double *lse64)
+{
+	struct ref_out out = {.o64 = o64, .lse64 = lse64};
+	fa_status st;
+	if (d == NULL || o64 == NULL)
+		return FA_EINVAL;
+	if ((st = fa_attn_fwd_check(d, NULL, 0)) != FA_OK)
+		return st; /* B*Hq below cannot overflow once this passed */
+	return ref_run(d, q, k, v, &out, 0, d->B * d->Hq);
+}
+
+/* ||x - ref|| / ||ref|| over every element of O; see fa_attn.h for the +inf cases. */
+double fa_attn_fwd_rel_error(const struct fa_attn_fwd_desc *d, const void *o, const double *o64)
+{
+	double num = 0, den = 0;
+
+	if (d == NULL || o == NULL || o64 == NULL || fa_attn_fwd_check(d, NULL, 0) != FA_OK)
+		return INFINITY;
+	const double *ref = o64;
+	for (int64_t b = 0; b < d->B; b++)
+		for (int64_t i = 0; i < d->Sq; i++)
+			for (int64_t h = 0; h < d->Hq; h++) {
+				int64_t oo = d->o_stride[0] * b + d->o_stride[1] * i + d->o_stride[2] * h;
+				for (int64_t x = 0; x < d->D; x++, ref++) {
+					double xv = fa_load_elem(o, d->dtype, oo + x);
+					if (!isfinite(xv) || !isfinite(*ref))
+						return INFINITY;
+					num += (xv - *ref) * (xv - *ref);
+					den += *ref * *ref;
+				}
+			}
+	if (den == 0)
+		return num == 0 ? 0.0 : INFINITY;
+	return sqrt(num / den);
+}
