@@ -129,15 +129,21 @@ struct fa_proto_rep {
  * consumes the whole buffer. Returns FA_OK, FA_ETOOBIG or FA_EPROTO (detail written to err). */
 fa_status fa_proto_prescan(const void *buf, size_t len, char *err, size_t errlen);
 
-/* Encode into buf (capacity cap); *len gets the encoded size. Returns FA_OK, FA_ETOOBIG (does not
- * fit in cap or in FA_PROTO_MAX_MSG) or FA_EINVAL (a field out of range). */
+/* Encode into buf (capacity cap); *len gets the encoded size (0 on failure). Never allocates.
+ * `v` in the struct is ignored: this side's FA_PROTO_VERSION is written. Only the fields of the
+ * struct's op are written (a failure reply: the header and detail; lse only when lse.region != 0).
+ * Returns FA_OK, FA_ETOOBIG (does not fit in cap or in FA_PROTO_MAX_MSG) or FA_EINVAL (a NULL
+ * pointer, or a field the decoder would reject: unknown op, enum out of range, region 0, negative
+ * dimension, non-finite scale, a string not NUL-terminated inside its array, sid in HELLO). */
 fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t cap, size_t *len);
 fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t cap, size_t *len);
 
 /* Decode untrusted bytes: pre-scan, unpack, require every key the op needs with the right type and
- * range, reject unknown keys. On failure *out is zeroed except v, op and seq when they could be
- * read (so the daemon can address its error reply), and err says why. Returns FA_OK, FA_EPROTO,
- * FA_EVERSION (v differs from FA_PROTO_VERSION; out->v holds the peer's) or FA_ETOOBIG. */
+ * range, reject unknown keys. On failure *out is zeroed except v, op (only a known op; 0 otherwise),
+ * seq and, for requests, session when they could be read (so the daemon can address its error
+ * reply), and err says why (err may be NULL). Returns FA_OK, FA_EPROTO, FA_EVERSION (v differs
+ * from FA_PROTO_VERSION; out->v holds the peer's), FA_ETOOBIG, FA_ENOMEM (msgpack-c could not
+ * allocate its objects: at most ~48 bytes per input byte) or FA_EINVAL (out is NULL). */
 fa_status fa_proto_decode_req(const void *buf, size_t len, struct fa_proto_req *out, char *err,
                               size_t errlen);
 fa_status fa_proto_decode_rep(const void *buf, size_t len, struct fa_proto_rep *out, char *err,
@@ -145,5 +151,9 @@ fa_status fa_proto_decode_rep(const void *buf, size_t len, struct fa_proto_rep *
 
 /* Name of an op for logs ("ATTN_FWD"); "UNKNOWN" for others. Static storage. */
 const char *fa_proto_op_name(uint32_t op);
+
+/* Whether `code` is an fa_status of this version (proto/fa_status.c's table). Replies carrying
+ * any other status are rejected: a new status is a protocol change. */
+bool fa_proto_status_known(int64_t code);
 
 #endif /* FA_PROTO_H */

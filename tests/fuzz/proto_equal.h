@@ -1,0 +1,84 @@
+/* proto_equal.h - field-wise equality of decoded wire structs, for the proto tests and fuzzer.
+ *
+ * Field-wise rather than memcmp: padding and the union members an op does not use are not part of
+ * a message's meaning. Doubles compare by bits (so -0.0 differs from 0.0, as it does on the wire).
+ */
+#ifndef PROTO_EQUAL_H
+#define PROTO_EQUAL_H
+
+#include <stdbool.h>
+#include <string.h>
+
+#include "fa_proto.h"
+
+/* Two tensors with the same region, offset, dtype, shape and strides. */
+static inline bool proto_tensor_equal(const struct fa_proto_tensor *a,
+                                      const struct fa_proto_tensor *b)
+{
+	return a->region == b->region && a->offset == b->offset && a->dtype == b->dtype &&
+	       memcmp(a->shape, b->shape, sizeof a->shape) == 0 &&
+	       memcmp(a->stride, b->stride, sizeof a->stride) == 0;
+}
+
+/* Two requests that mean the same: header, then the op's own part. */
+static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa_proto_req *b)
+{
+	if (a->v != b->v || a->op != b->op || a->seq != b->seq || a->session != b->session)
+		return false;
+	switch (a->op) {
+	case FA_OP_HELLO:
+		return a->u.hello.pid == b->u.hello.pid &&
+		       strcmp(a->u.hello.name, b->u.hello.name) == 0;
+	case FA_OP_REGISTER:
+		if (a->u.reg.kind != b->u.reg.kind || a->u.reg.size != b->u.reg.size)
+			return false;
+		if (a->u.reg.kind == FA_REGION_HOST_SHM)
+			return strcmp(a->u.reg.shm_name, b->u.reg.shm_name) == 0;
+		return memcmp(a->u.reg.ipc_handle, b->u.reg.ipc_handle, FA_PROTO_IPC_HANDLE_LEN) == 0 &&
+		       memcmp(a->u.reg.gpu_uuid, b->u.reg.gpu_uuid, FA_PROTO_UUID_LEN) == 0;
+	case FA_OP_UNREGISTER:
+		return a->u.unreg.region == b->u.unreg.region;
+	case FA_OP_ATTN_FWD:
+		if (!proto_tensor_equal(&a->u.fwd.q, &b->u.fwd.q) ||
+		    !proto_tensor_equal(&a->u.fwd.k, &b->u.fwd.k) ||
+		    !proto_tensor_equal(&a->u.fwd.v, &b->u.fwd.v) ||
+		    !proto_tensor_equal(&a->u.fwd.o, &b->u.fwd.o))
+			return false;
+		if (a->u.fwd.lse.region != b->u.fwd.lse.region)
+			return false;
+		if (a->u.fwd.lse.region != 0 && !proto_tensor_equal(&a->u.fwd.lse, &b->u.fwd.lse))
+			return false;
+		return memcmp(&a->u.fwd.scale, &b->u.fwd.scale, sizeof(double)) == 0 &&
+		       a->u.fwd.mask == b->u.fwd.mask && a->u.fwd.precision == b->u.fwd.precision;
+	default:
+		return true;
+	}
+}
+
+/* Two replies that mean the same: header and detail, then (FA_OK only) the op's own part. */
+static inline bool proto_rep_equal(const struct fa_proto_rep *a, const struct fa_proto_rep *b)
+{
+	if (a->v != b->v || a->op != b->op || a->status != b->status || a->seq != b->seq ||
+	    a->epoch != b->epoch || strcmp(a->detail, b->detail) != 0)
+		return false;
+	if (a->status != FA_OK)
+		return true;
+	switch (a->op) {
+	case FA_OP_HELLO:
+		return a->u.hello.session == b->u.hello.session &&
+		       a->u.hello.max_msg == b->u.hello.max_msg &&
+		       a->u.hello.max_inflight == b->u.hello.max_inflight &&
+		       a->u.hello.max_regions == b->u.hello.max_regions &&
+		       a->u.hello.backend == b->u.hello.backend;
+	case FA_OP_REGISTER:
+		return a->u.reg.region == b->u.reg.region;
+	case FA_OP_ATTN_FWD:
+		return a->u.fwd.compute_ns == b->u.fwd.compute_ns;
+	case FA_OP_STATS:
+		return strcmp(a->u.stats.text, b->u.stats.text) == 0;
+	default:
+		return true;
+	}
+}
+
+#endif /* PROTO_EQUAL_H */
