@@ -1,0 +1,127 @@
+/* fa_client_int.h - libfaclient's private parts, shared by the client sources and never installed.
+ *
+ * Layers, bottom up:
+ *   fa_transport.c  nanomsg REQ sockets: a pool, one socket per in-flight call (the only file that
+ *                   includes <nanomsg/nn.h>, so the transport can change without touching the rest)
+ *   fa_client.c     sessions (HELLO/BYE/reconnect), sequence numbers, argument checks, the calls
+ *   fa_shm.c        host buffers in POSIX shared memory (one kind of buffer; CUDA IPC is another)
+ * Everything here is hidden: the Makefile compiles client/ with -fvisibility=hidden and only the
+ * FA_API declarations of fa/fa_client.h are exported.
+ */
+#ifndef FA_CLIENT_INT_H
+#define FA_CLIENT_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "fa/fa_client.h"
+#include "fa_proto.h"
+
+/* Unix socket paths hold at most 107 bytes and a NUL; nanomsg aborts on 108..127. */
+#define FA_SOCK_PATH_MAX 108
+#define FA_DEFAULT_TIMEOUT_MS 30000
+#define FA_DEFAULT_CONNECT_TIMEOUT_MS 2000
+/* At most this many sockets (= calls in flight) per client; a call beyond waits for one. */
+#define FA_TRANSPORT_MAX_SOCKETS 64
+
+/* ---- errors and time (fa_client.c) ------------------------------------------------------------ */
+
+/* Clear this thread's detail text (at the start of every public call). */
+void fa_detail_clear(void);
+/* Set this thread's detail text (printf-style) and return st, so `return fa_fail(...)` reads. */
+__attribute__((format(printf, 2, 3))) fa_status fa_fail(fa_status st, const char *fmt, ...);
+/* Print a line to stderr when FA_DEBUG is set in the environment; otherwise nothing. */
+__attribute__((format(printf, 1, 2))) void fa_debug(const char *fmt, ...);
+/* CLOCK_MONOTONIC in nanoseconds. */
+int64_t fa_now_ns(void);
+/* The deadline for a call of timeout_ms from now; 0 (wait forever) gives 0. */
+int64_t fa_deadline(int timeout_ms);
+
+/* ---- transport (fa_transport.c) ----------------------------------------------------------------- */
+
+struct fa_transport;
+struct fa_tslot; /* one REQ socket */
+
+/* Prepare a pool of REQ sockets for the daemon at `path` (a filesystem path, checked < 108 bytes
+ * by the caller). No socket is created yet. Returns FA_OK, FA_ENOMEM, FA_ESYS. */
+fa_status fa_transport_open(struct fa_transport **out, const char *path);
+/* Close every socket; no slot may be held. Safe on NULL. */
+void fa_transport_close(struct fa_transport *t);
+/* Close the idle sockets (reconnect: connections of an old session go, so the daemon ends it). */
+void fa_transport_drop_idle(struct fa_transport *t);
+/* Take a socket: an idle one, a new one while fewer than the cap are open, else wait for one until
+ * deadline_ns (0: forever). Returns FA_OK, FA_ETIMEDOUT, FA_ESYS, FA_ENOMEM. */
+fa_status fa_transport_acquire(struct fa_transport *t, int64_t deadline_ns, struct fa_tslot **out);
+/* Give a socket back: kept for reuse when its last round trip completed, closed otherwise (after a
+ * timeout a stale reply could still arrive on it). Safe on NULL. */
+void fa_transport_release(struct fa_transport *t, struct fa_tslot *s);
+/* One request and its reply on socket s, until deadline_ns (0: forever). Encodes req (the size is
+ * checked before nanomsg sees it), sends, receives, decodes into rep and checks that the reply
+ * answers this request (op and seq). Returns FA_OK when rep holds the daemon's reply (its own
+ * status is rep->status), else a transport status with this thread's detail set: FA_ETIMEDOUT,
+ * FA_ETOOBIG, FA_EPROTO, FA_EVERSION, FA_ECLOSED, FA_ESYS, FA_EINVAL. */
+fa_status fa_transport_roundtrip(struct fa_transport *t, struct fa_tslot *s,
+                                 const struct fa_proto_req *req, struct fa_proto_rep *rep,
+                                 int64_t deadline_ns);
+
+/* ---- client and buffers (fa_client.c) ------------------------------------------------------------ */
+
+/* What differs between kinds of buffers (host shared memory now, CUDA IPC device memory later).
+ * The client core only registers, re-registers and releases through this table. */
+struct fa_buffer_ops {
+	uint8_t kind;     /* enum fa_region_kind */
+	const char *name; /* "host", for messages */
+	/* Fill the REGISTER request's u.reg (kind, size and the kind's own fields). */
+	void (*describe)(const fa_buffer *b, struct fa_proto_req *req);
+	/* Before a re-registration (fa_client_reconnect): make sure the daemon can open the buffer
+	 * again, keeping its address and contents. A host buffer whose shm name is gone (the old
+	 * daemon unlinked it when the old session ended), or every one when `force`, is moved to a
+	 * new object. Returns FA_OK or the failure. May be NULL. */
+	fa_status (*revive)(fa_buffer *b, bool force);
+	/* Release the local resources (unmap, unlink) and free the kind's state; not b itself. */
+	void (*release)(fa_buffer *b);
+};
+
+struct fa_buffer {
+	fa_client *client;
+	const struct fa_buffer_ops *ops;
+	uint64_t region;         /* the daemon's id; 0 while not registered */
+	void *data;              /* mapped here */
+	size_t size;             /* bytes, as asked */
+	fa_buffer *prev, *next;  /* the client's list of live buffers, under client->lock */
+	union {
+		struct {
+			char name[FA_PROTO_SHM_NAME_MAX];
+			uint64_t dev, ino; /* identity of the object, to notice a replaced name */
+		} shm;
+	} u;
+};
+
+struct fa_client {
+	struct fa_transport *tr;
+	struct fa_tslot *anchor;  /* the HELLO socket, kept open (and idle) so the session lives */
+	char path[FA_SOCK_PATH_MAX];
+	char name[FA_PROTO_NAME_MAX];
+	uint64_t session;
+	uint64_t epoch;
+	uint32_t max_msg, max_inflight, max_regions;
+	uint8_t backend;
+	int connect_timeout_ms;
+	atomic_int timeout_ms;
+	atomic_uint_fast64_t seq;
+	pthread_mutex_t lock;     /* guards the buffer list */
+	fa_buffer *buffers;
+};
+
+/* Register b (its ops and fields filled, region 0) with the daemon and add it to the client's list.
+ * Returns the daemon's status or a transport status; on failure b is not in the list. */
+fa_status fa_buffer_register(fa_client *c, fa_buffer *b);
+
+/* The group id owning the daemon's socket file, or false if it cannot be read. */
+bool fa_client_socket_gid(const fa_client *c, gid_t *gid);
+
+#endif /* FA_CLIENT_INT_H */

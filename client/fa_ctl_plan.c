@@ -1,0 +1,179 @@
+/* fa_ctl_plan.c - `fa-ctl plan`: how much shared memory a shape needs and which tile is chosen,
+ * offline for a named architecture (--arch sm_89) or for the real device (--device N, or no
+ * --arch: the GPU if there is one).
+ *
+ *   fa-ctl plan --arch sm_89 --dtype fp32 --head-dim 128 --causal
+ *
+ * prints the chosen configuration, its shared memory against the limit, and the other candidates
+ * that fit; exits 1 with the planner's explanation when nothing fits (e.g. --head-dim 512).
+ */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fa_ctl.h"
+#include "fa_gpu.h"
+#include "fa_planner.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+	        "usage: fa-ctl plan [--arch sm_80|sm_86|sm_89|sm_90|h200...|--device N]\n"
+	        "                   --dtype fp16|bf16|fp32 --head-dim D [--precision P]\n"
+	        "                   [--causal|--causal-top-left] [--batch B --heads H --seq-q S\n"
+	        "                   --seq-k S] [--all]\n"
+	        "  precision (fp32): 3xtf32 (default), ieee, tf32, bf16\n"
+	        "  --causal is bottom-right aligned (FlashAttention >= 2.1); --causal-top-left is\n"
+	        "  PyTorch's is_causal. Shape arguments, when given, let the ranking account for waves.\n"
+	        "  --all prints every fitting candidate (default: the best 10).\n"
+	        "  Without --arch the real device is planned for (fa-ctl loads the CUDA driver).\n");
+}
+
+static long parse_long(const char *s, const char *what, int *bad)
+{
+	char *end;
+	long v = strtol(s, &end, 10);
+	if (*s == 0 || *end != 0 || v < 0) {
+		fprintf(stderr, "fa-ctl plan: bad %s '%s'\n", what, s);
+		*bad = 1;
+	}
+	return v;
+}
+
+int fa_ctl_plan_main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{"arch", required_argument, NULL, 'a'},
+		{"device", required_argument, NULL, 'g'},
+		{"dtype", required_argument, NULL, 't'},
+		{"head-dim", required_argument, NULL, 'd'},
+		{"precision", required_argument, NULL, 'p'},
+		{"causal", no_argument, NULL, 'c'},
+		{"causal-top-left", no_argument, NULL, 'C'},
+		{"batch", required_argument, NULL, 'B'},
+		{"heads", required_argument, NULL, 'H'},
+		{"seq-q", required_argument, NULL, 'q'},
+		{"seq-k", required_argument, NULL, 'k'},
+		{"all", no_argument, NULL, 'A'},
+		{"help", no_argument, NULL, 'h'},
+		{NULL, 0, NULL, 0},
+	};
+	const char *arch = NULL;
+	int device = -1, bad = 0, all = 0;
+	struct fa_plan_req r;
+	memset(&r, 0, sizeof r);
+	r.dtype = 0;
+	r.D = -1;
+	optind = 1;
+	int c;
+	while ((c = getopt_long(argc, argv, "a:g:t:d:p:cCB:H:q:k:Ah", opts, NULL)) != -1) {
+		switch (c) {
+		case 'a': arch = optarg; break;
+		case 'g': device = (int)parse_long(optarg, "device", &bad); break;
+		case 't':
+			if (strcmp(optarg, "fp16") == 0 || strcmp(optarg, "half") == 0)
+				r.dtype = FA_DTYPE_FP16;
+			else if (strcmp(optarg, "bf16") == 0 || strcmp(optarg, "bfloat16") == 0)
+				r.dtype = FA_DTYPE_BF16;
+			else if (strcmp(optarg, "fp32") == 0 || strcmp(optarg, "float") == 0 ||
+			         strcmp(optarg, "float32") == 0)
+				r.dtype = FA_DTYPE_FP32;
+			else {
+				fprintf(stderr, "fa-ctl plan: unknown dtype '%s' (fp16, bf16, fp32)\n", optarg);
+				bad = 1;
+			}
+			break;
+		case 'd': r.D = (int)parse_long(optarg, "head dim", &bad); break;
+		case 'p':
+			if (!fa_prec_parse(optarg, &r.precision)) {
+				fprintf(stderr, "fa-ctl plan: unknown precision '%s' (ieee, 3xtf32, tf32, bf16)\n",
+				        optarg);
+				bad = 1;
+			}
+			break;
+		case 'c': r.mask = FA_MASK_CAUSAL_BOTTOM_RIGHT; break;
+		case 'C': r.mask = FA_MASK_CAUSAL_TOP_LEFT; break;
+		case 'B': r.B = parse_long(optarg, "batch", &bad); break;
+		case 'H': r.H = parse_long(optarg, "heads", &bad); break;
+		case 'q': r.Sq = parse_long(optarg, "seq-q", &bad); break;
+		case 'k': r.Sk = parse_long(optarg, "seq-k", &bad); break;
+		case 'A': all = 1; break;
+		case 'h': usage(stdout); return 0;
+		default: bad = 1;
+		}
+	}
+	if (!bad && (r.dtype == 0 || r.D < 0)) {
+		fprintf(stderr, "fa-ctl plan: --dtype and --head-dim are required\n");
+		bad = 1;
+	}
+	if (bad || optind < argc) {
+		usage(stderr);
+		return 2;
+	}
+
+	struct fa_device_model model;
+	struct fa_gpu *g = NULL;
+	char err[1024];
+	if (arch) {
+		const struct fa_device_model *m = fa_device_model_find(arch);
+		if (!m) {
+			int n;
+			const struct fa_device_model *ms = fa_device_models(&n);
+			fprintf(stderr, "fa-ctl plan: unknown architecture '%s'; known:", arch);
+			for (int i = 0; i < n; i++)
+				fprintf(stderr, " %s", ms[i].name);
+			fprintf(stderr, "\n");
+			return 2;
+		}
+		model = *m;
+	} else {
+		fa_status st = fa_gpu_open(&g, device < 0 ? 0 : device, err, sizeof err);
+		if (st != FA_OK) {
+			fprintf(stderr, "fa-ctl plan: no device to plan for (%s); give --arch sm_XX to plan "
+			        "offline\n", err);
+			return 1;
+		}
+		model = *fa_gpu_model(g);
+	}
+
+	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+	int n = 0;
+	fa_status st = fa_plan(&model, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err);
+	fa_precision prec = fa_prec_resolve(r.dtype, r.precision);
+	const char *dtn = r.dtype == FA_DTYPE_FP16 ? "fp16" : r.dtype == FA_DTYPE_BF16 ? "bf16" : "fp32";
+	printf("device:    %s (sm_%d), opt-in shared memory %zu bytes per block, %zu per SM%s\n",
+	       model.name, model.sm, model.smem_optin, model.smem_per_sm, g ? " (read from the GPU)" : "");
+	printf("problem:   %s%s%s head dim %d, mask %s", dtn, r.dtype == FA_DTYPE_FP32 ? " " : "",
+	       r.dtype == FA_DTYPE_FP32 ? fa_prec_name(prec) : "", r.D, fa_mask_name(r.mask));
+	if (r.Sq > 0)
+		printf(", B=%lld H=%lld Sq=%lld Sk=%lld", (long long)r.B, (long long)r.H,
+		       (long long)r.Sq, (long long)r.Sk);
+	printf("\n");
+	if (st != FA_OK) {
+		fprintf(stderr, "fa-ctl plan: %s: %s\n", fa_status_name(st), err);
+		fa_gpu_close(g);
+		return 1;
+	}
+	if (model.sm < 80)
+		printf("note:      the kernels need sm_80 or newer (cp.async, bf16 mma.sync); sizes "
+		       "below are what the tiles would need\n");
+	char tb[48];
+	fa_tile_format(&t[0], tb, sizeof tb);
+	printf("chosen:    %s  (%d rows x %d keys per step, %d warps, %d row tiles per warp, %d "
+	       "stages, %s path)\n", tb, t[0].br, t[0].bc, t[0].nw, t[0].rt, t[0].stages,
+	       t[0].path == FA_KPATH_16 ? "16-bit" : "fp32");
+	printf("shared:    %zu of %zu bytes (%.0f%%), ~%d registers/thread, %d block(s)/SM\n",
+	       t[0].smem, model.smem_optin, 100.0 * (double)t[0].smem / (double)model.smem_optin,
+	       t[0].regs, t[0].blocks_per_sm);
+	int shown = all ? n : (n < 10 ? n : 10);
+	printf("candidates that fit: %d%s\n", n, shown < n ? " (best 10; --all for every one)" : "");
+	printf("  %-18s %10s %6s %5s %7s\n", "tile", "smem", "regs", "blk", "score");
+	for (int i = 0; i < shown; i++) {
+		fa_tile_format(&t[i], tb, sizeof tb);
+		printf("  %-18s %10zu %6d %5d %7.3f%s\n", tb, t[i].smem, t[i].regs, t[i].blocks_per_sm,
+		       t[i].score, i == 0 ? "  <- chosen" : "");
+	}
+	fa_gpu_close(g);
+	return 0;
+}
