@@ -1,0 +1,144 @@
+/* fa_gpu.h - the forward kernel on a GPU: NVRTC compilation, the CUDA driver, the launch API.
+ *
+ * Nothing here links CUDA: libcuda.so.1 and libnvrtc are loaded with dlopen on first use, so
+ * every program starts on machines without a driver and reports "no GPU" as a status
+ * (FA_ENOGPU) with the reason in err.
+ *
+ * Two layers:
+ *   fa_nvrtc_*   compile a kernel specialisation to a cubin and read ptxas' resource report
+ *                (registers, spills, stack); needs NVRTC only, no GPU (CI's compile checks).
+ *   fa_gpu_*     one device: primary context, kernel cache (specialisation -> CUfunction),
+ *                fa_gpu_attn_fwd() (the launch API the daemon calls), and small memory helpers
+ *                for tests and benchmarks.
+ */
+#ifndef FA_GPU_H
+#define FA_GPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fa_attn.h"
+#include "fa_planner.h"
+
+#ifdef FA_HAVE_CUDA_HEADERS
+#include <cuda.h>
+#else
+typedef unsigned long long CUdeviceptr;
+typedef struct CUstream_st *CUstream;
+#endif
+
+/* ---- compile-time specialisation --------------------------------------------------------- */
+
+/* Everything a kernel binary is specialised on. */
+struct fa_kernel_spec {
+	int sm;                 /* target architecture, e.g. 90 */
+	fa_dtype in;            /* element type the kernel reads (bf16 for fp32 staged as bf16) */
+	fa_dtype out;           /* element type of O */
+	fa_precision precision; /* fp32 path: IEEE, 3XTF32 or TF32; else FA_PREC_DEFAULT */
+	int D;                  /* head dim */
+	fa_mask mask;
+	struct fa_tile tile;    /* path, nw, rt, bc, stages (smem is recomputed) */
+};
+
+/* The specialisation that serves (dtype, precision, D, mask) with `tile` on architecture sm. */
+void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_precision prec, int D,
+                         fa_mask mask, const struct fa_tile *tile);
+
+/* A short unique name of a specialisation ("sm90 bf16>bf16 d128 none 128x64 w4r2 s2"). */
+void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len);
+
+/* What ptxas reported for the kernel fa_attn_fwd. -1 where the log said nothing. */
+struct fa_kernel_usage {
+	int regs;
+	int stack;        /* bytes of stack frame */
+	int spill_stores; /* bytes */
+	int spill_loads;  /* bytes */
+	double compile_s; /* wall time of the NVRTC call */
+};
+
+struct fa_nvrtc;
+
+/* Load NVRTC ($FA_CUDA_HOME/lib64/libnvrtc.so.13, then the loader path). FA_ENOGPU with the
+ * reason when it cannot be loaded. */
+fa_status fa_nvrtc_open(struct fa_nvrtc **out, char *err, size_t errlen);
+void fa_nvrtc_close(struct fa_nvrtc *n);
+/* NVRTC's version, e.g. 13.0. */
+void fa_nvrtc_version(const struct fa_nvrtc *n, int *major, int *minor);
+
+/* Compile a specialisation to a cubin (malloc'd, caller frees; cubin may be NULL to only check),
+ * with ptxas' resource report in *usage (may be NULL). FA_EINTERNAL with the compiler's log in
+ * err on a compile error. Thread-safe. */
+fa_status fa_nvrtc_compile(struct fa_nvrtc *n, const struct fa_kernel_spec *s, void **cubin,
+                           size_t *cubin_size, struct fa_kernel_usage *usage, char *err,
+                           size_t errlen);
+
+/* ---- a device ------------------------------------------------------------------------------ */
+
+struct fa_gpu;
+
+/* Open device `ordinal` (CUDA's numbering): load the driver and NVRTC, retain the primary
+ * context, read the device's limits. FA_ENOGPU with the reason when there is no usable GPU
+ * (no driver, no device, older than sm_80). */
+fa_status fa_gpu_open(struct fa_gpu **out, int ordinal, char *err, size_t errlen);
+/* Unload every cached module, release the context. Safe on NULL. */
+void fa_gpu_close(struct fa_gpu *g);
+
+/* The device as the planner sees it (opt-in shared memory read from the device). */
+const struct fa_device_model *fa_gpu_model(const struct fa_gpu *g);
+int fa_gpu_sm(const struct fa_gpu *g);
+size_t fa_gpu_smem_optin(const struct fa_gpu *g);
+const char *fa_gpu_name(const struct fa_gpu *g);
+/* The device's 16-byte UUID (stable across CUDA_VISIBLE_DEVICES orderings). */
+void fa_gpu_uuid(const struct fa_gpu *g, uint8_t uuid[16]);
+/* Make the device's context current on the calling thread (fa_gpu_* do it themselves). */
+fa_status fa_gpu_make_current(struct fa_gpu *g, char *err, size_t errlen);
+
+/* Forward attention on the device, enqueued on stream s (0: the legacy default stream).
+ * q, k, v, o: device pointers to the tensors as the descriptor describes them; lse: device
+ * pointer to fp32 [B, Hq, Sq] by d->lse_stride, or 0 for none. Requirements beyond
+ * fa_attn_fwd_check(): every pointer 16-byte aligned and every batch/seq/head stride a multiple
+ * of 16 bytes (FA_EALIGN), dimensions below 2^31 (FA_ESHAPE), a tile that fits (FA_ENOFIT, the
+ * planner's text). Compiles the specialisation on first use (cached in memory). Returns after
+ * enqueueing: synchronise the stream before reading O. FA_EDEVICE with the driver's text on a
+ * launch failure. */
+fa_status fa_gpu_attn_fwd(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, CUdeviceptr q,
+                          CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
+                          char *err, size_t errlen);
+
+/* The same with an explicit tile (one of fa_plan's candidates): for the tuner and benchmarks. */
+fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                               const struct fa_tile *tile, CUdeviceptr q, CUdeviceptr k,
+                               CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
+                               char *err, size_t errlen);
+
+/* Compile and load the kernel fa_gpu_attn_fwd(_tile) would use for d (tile NULL: the planner's
+ * choice) without launching: warms the cache; safe to call from several threads at once. */
+fa_status fa_gpu_prepare(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                         const struct fa_tile *tile, char *err, size_t errlen);
+
+/* The tile fa_gpu_attn_fwd would use for d (the planner's first choice for this device). */
+fa_status fa_gpu_plan(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, struct fa_tile *out,
+                      int max, int *n, char *err, size_t errlen);
+
+/* ---- helpers for tests and benchmarks (synchronous, on the device's context) ------------- */
+fa_status fa_gpu_alloc(struct fa_gpu *g, size_t bytes, CUdeviceptr *p, char *err, size_t errlen);
+void fa_gpu_free(struct fa_gpu *g, CUdeviceptr p);
+fa_status fa_gpu_upload(struct fa_gpu *g, CUdeviceptr dst, const void *src, size_t bytes,
+                        char *err, size_t errlen);
+fa_status fa_gpu_download(struct fa_gpu *g, void *dst, CUdeviceptr src, size_t bytes, char *err,
+                          size_t errlen);
+fa_status fa_gpu_memset8(struct fa_gpu *g, CUdeviceptr dst, uint8_t value, size_t bytes,
+                         char *err, size_t errlen);
+/* Wait for every queued kernel; reports an asynchronous fault as FA_EDEVICE. */
+fa_status fa_gpu_sync(struct fa_gpu *g, char *err, size_t errlen);
+
+/* Device-side timing with CUDA events on stream s. */
+struct fa_gpu_timer;
+fa_status fa_gpu_timer_start(struct fa_gpu *g, CUstream s, struct fa_gpu_timer **out, char *err,
+                             size_t errlen);
+/* Record the end, wait for it, and return the elapsed milliseconds; frees the timer. */
+fa_status fa_gpu_timer_stop(struct fa_gpu *g, struct fa_gpu_timer *t, CUstream s, float *ms,
+                            char *err, size_t errlen);
+
+#endif /* FA_GPU_H */

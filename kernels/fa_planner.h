@@ -1,0 +1,95 @@
+/* fa_planner.h - tile planning for the forward kernel (kernels/attn_fwd.cu), in plain C.
+ *
+ * The planner enumerates tile configurations (query rows per block, keys per step, warps,
+ * pipeline stages), computes each one's dynamic shared memory exactly as the kernel lays it out
+ * and a register estimate, keeps those that fit the device's opt-in shared-memory limit and
+ * ranks them by a heuristic. It needs no GPU: a device is a model (struct fa_device_model), either
+ * one of the named ones (fa_device_model_find) or read from the real device (fa_gpu.h).
+ */
+#ifndef FA_PLANNER_H
+#define FA_PLANNER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fa/fa_client.h"
+
+/* What the planner needs to know about a device. */
+struct fa_device_model {
+	const char *name;   /* "sm_89", "h200", ... */
+	int sm;             /* compute capability as major*10 + minor: 80, 86, 89, 90 */
+	size_t smem_optin;  /* bytes of dynamic shared memory one block may opt in to */
+	size_t smem_per_sm; /* bytes of shared memory per multiprocessor */
+	int regs_per_sm;    /* 32-bit registers per multiprocessor */
+	int sm_count;       /* multiprocessors (for wave quantisation); 0 if unknown */
+};
+
+/* The named models (sm_75, sm_80, sm_86, sm_89, sm_90 and card names). *n gets the count. */
+const struct fa_device_model *fa_device_models(int *n);
+
+/* A named model: "sm_80", "80", "a100", "sm_86", "sm_89", "l40s", "sm_90", "h100", "h200"...
+ * NULL if unknown. */
+const struct fa_device_model *fa_device_model_find(const char *name);
+
+/* The kernel's two data paths. */
+enum fa_kpath {
+	FA_KPATH_16 = 1, /* 16-bit shared memory, m16n8k16 (fp16, bf16, and fp32 staged as bf16) */
+	FA_KPATH_32 = 2, /* fp32 shared memory, m16n8k8 tf32 / 3xtf32, or FFMA for ieee */
+};
+
+/* One tile configuration and what it costs. */
+struct fa_tile {
+	int path;         /* enum fa_kpath */
+	int nw;           /* warps per block */
+	int rt;           /* row tiles of 16 query rows per warp */
+	int br;           /* query rows per block = 16 * nw * rt */
+	int bc;           /* keys per step */
+	int stages;       /* K/V pipeline depth */
+	size_t smem;      /* dynamic shared memory in bytes */
+	int regs;         /* estimated registers per thread */
+	int blocks_per_sm;/* resident blocks per multiprocessor by shared memory and registers */
+	double score;     /* heuristic rank, higher is better */
+};
+
+/* The problem as the planner sees it. B, H, Sq, Sk may be 0 when unknown (offline planning). */
+struct fa_plan_req {
+	fa_dtype dtype;
+	fa_precision precision; /* fp32 only; FA_PREC_DEFAULT resolved here */
+	int D;
+	fa_mask mask;
+	int64_t B, H, Sq, Sk;
+};
+
+/* FA_PREC_DEFAULT -> FA_PREC_3XTF32 for fp32; fp16/bf16 give FA_PREC_DEFAULT. */
+fa_precision fa_prec_resolve(fa_dtype dt, fa_precision p);
+/* "ieee", "3xtf32", "tf32", "bf16", "default". Static storage. */
+const char *fa_prec_name(fa_precision p);
+bool fa_prec_parse(const char *s, fa_precision *out);
+/* "none", "causal-bottom-right", "causal-top-left". */
+const char *fa_mask_name(fa_mask m);
+
+/* The data path a (dtype, precision) runs on. */
+int fa_plan_path(fa_dtype dt, fa_precision p);
+
+/* Head dim as the kernel pads it (16-bit path: next multiple of 16). */
+int fa_tile_padded_d(int path, int D);
+
+/* Bytes of dynamic shared memory of a configuration (path, nw, rt, bc, stages must be set). */
+size_t fa_tile_smem(const struct fa_tile *t, int D);
+
+/* Estimated registers per thread of a configuration. */
+int fa_tile_regs(const struct fa_tile *t, int D, fa_precision p);
+
+/* Plan: write up to `max` configurations that fit `dev`, best first, into out[] and their number
+ * into *n (all of them if max is large enough; FA_PLAN_MAX_CANDIDATES is). Returns FA_OK, FA_EINVAL
+ * (bad request: dtype, D not a multiple of 8 in [8, 256]...) or FA_ENOFIT, with err naming the
+ * shape, the smallest configuration's need in bytes and the device's limit. */
+#define FA_PLAN_MAX_CANDIDATES 128
+fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *req,
+                  struct fa_tile *out, int max, int *n, char *err, size_t errlen);
+
+/* A short text for a configuration: "128x64 w4r2 s2" (rows x keys, warps, row tiles, stages). */
+void fa_tile_format(const struct fa_tile *t, char *buf, size_t len);
+
+#endif /* FA_PLANNER_H */

@@ -1,0 +1,618 @@
+/* gpu_cuda.c - the CUDA driver (loaded with dlopen), the in-memory kernel cache and the launch
+ * API fa_gpu_attn_fwd().
+ *
+ * Entry points come from cuGetProcAddress with the CUDA 12.0 ABI, so the prototypes below are the
+ * 12.0 ones whatever the driver's version. The primary context is used (what the runtime and
+ * PyTorch use), so device pointers from other libraries in the process work here.
+ */
+#include "fa_gpu.h"
+
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int curesult;
+typedef int cudev;
+typedef void *cuctx;
+typedef void *cumod;
+typedef void *cufunc;
+typedef void *cuevent;
+typedef void *cupool;
+typedef void *custream;
+
+enum {
+	ATTR_SM_COUNT = 16,
+	ATTR_CC_MAJOR = 75,
+	ATTR_CC_MINOR = 76,
+	ATTR_SMEM_PER_SM = 81,
+	ATTR_REGS_PER_SM = 82,
+	ATTR_SMEM_OPTIN = 97,
+	FUNC_ATTR_MAX_DYN_SMEM = 8,
+	POOL_ATTR_RELEASE_THRESHOLD = 4,
+};
+
+/* The kernel's parameter block: the same fields, order and types as struct fa_kparams in
+ * attn_fwd.cu. */
+struct fa_kparams {
+	uint64_t q, k, v, o, lse;
+	long long qs[3], ks[3], vs[3], os[3], ls[3];
+	int B, Sq, Sk, Hq, Hkv, group;
+	float scale_log2;
+	int pad_;
+};
+_Static_assert(sizeof(struct fa_kparams) == 192, "kernel parameter block layout");
+
+struct cu_api {
+	void *lib;
+	curesult (*Init)(unsigned);
+	curesult (*GetErrorString)(curesult, const char **);
+	curesult (*DeviceGetCount)(int *);
+	curesult (*DeviceGet)(cudev *, int);
+	curesult (*DeviceGetAttribute)(int *, int, cudev);
+	curesult (*DeviceGetName)(char *, int, cudev);
+	curesult (*DeviceGetUuid)(uint8_t *, cudev);
+	curesult (*DevicePrimaryCtxRetain)(cuctx *, cudev);
+	curesult (*DevicePrimaryCtxRelease)(cudev);
+	curesult (*CtxSetCurrent)(cuctx);
+	curesult (*CtxSynchronize)(void);
+	curesult (*ModuleLoadData)(cumod *, const void *);
+	curesult (*ModuleUnload)(cumod);
+	curesult (*ModuleGetFunction)(cufunc *, cumod, const char *);
+	curesult (*FuncSetAttribute)(cufunc, int, int);
+	curesult (*LaunchKernel)(cufunc, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+	                         unsigned, custream, void **, void **);
+	curesult (*MemAlloc)(CUdeviceptr *, size_t);
+	curesult (*MemFree)(CUdeviceptr);
+	curesult (*MemAllocAsync)(CUdeviceptr *, size_t, custream);
+	curesult (*MemFreeAsync)(CUdeviceptr, custream);
+	curesult (*DeviceGetDefaultMemPool)(cupool *, cudev);
+	curesult (*MemPoolSetAttribute)(cupool, int, void *);
+	curesult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
+	curesult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
+	curesult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
+	curesult (*EventCreate)(cuevent *, unsigned);
+	curesult (*EventRecord)(cuevent, custream);
+	curesult (*EventSynchronize)(cuevent);
+	curesult (*EventElapsedTime)(float *, cuevent, cuevent);
+	curesult (*EventDestroy)(cuevent);
+};
+
+/* One compiled specialisation. */
+struct kcache_entry {
+	struct fa_kernel_spec spec;
+	cumod mod;
+	cufunc fwd, cvt;
+};
+
+struct fa_gpu {
+	struct cu_api cu;
+	struct fa_nvrtc *nvrtc;
+	cudev dev;
+	cuctx ctx;
+	int ordinal;
+	char name[128];
+	uint8_t uuid[16];
+	struct fa_device_model model;
+	pthread_mutex_t lock; /* guards the cache */
+	struct kcache_entry *cache;
+	int ncache, capcache;
+};
+
+static const char *cu_err(const struct fa_gpu *g, curesult r)
+{
+	const char *s = NULL;
+	if (g->cu.GetErrorString && g->cu.GetErrorString(r, &s) == 0 && s)
+		return s;
+	return "unknown CUDA error";
+}
+
+/* A status for a driver error: faults that poison the context are FA_EDEVICE, like the rest. */
+static fa_status cu_fail(const struct fa_gpu *g, curesult r, const char *what, char *err,
+                         size_t errlen)
+{
+	snprintf(err, errlen, "%s: CUDA error %d (%s)", what, r, cu_err(g, r));
+	return r == 2 ? FA_ENOMEM : FA_EDEVICE;
+}
+
+static fa_status load_driver(struct cu_api *cu, char *err, size_t errlen)
+{
+	typedef curesult (*getproc_t)(const char *, void **, int, uint64_t, int *);
+	cu->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!cu->lib) {
+		const char *e = dlerror();
+		snprintf(err, errlen, "no CUDA driver: libcuda.so.1 cannot be loaded (%s)", e ? e : "?");
+		return FA_ENOGPU;
+	}
+	getproc_t getproc = (getproc_t)dlsym(cu->lib, "cuGetProcAddress_v2");
+	if (!getproc) {
+		snprintf(err, errlen, "CUDA driver too old: no cuGetProcAddress_v2 (need CUDA 12+)");
+		dlclose(cu->lib);
+		cu->lib = NULL;
+		return FA_ENOGPU;
+	}
+#define SYM(field, name)                                                                        \
+	do {                                                                                       \
+		int st_ = 0;                                                                           \
+		if (getproc(name, (void **)&cu->field, 12000, 0, &st_) != 0 || !cu->field) {          \
+			snprintf(err, errlen, "CUDA driver lacks %s", name);                               \
+			dlclose(cu->lib);                                                                  \
+			cu->lib = NULL;                                                                    \
+			return FA_ENOGPU;                                                                  \
+		}                                                                                      \
+	} while (0)
+	SYM(Init, "cuInit");
+	SYM(GetErrorString, "cuGetErrorString");
+	SYM(DeviceGetCount, "cuDeviceGetCount");
+	SYM(DeviceGet, "cuDeviceGet");
+	SYM(DeviceGetAttribute, "cuDeviceGetAttribute");
+	SYM(DeviceGetName, "cuDeviceGetName");
+	SYM(DeviceGetUuid, "cuDeviceGetUuid");
+	SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+	SYM(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease");
+	SYM(CtxSetCurrent, "cuCtxSetCurrent");
+	SYM(CtxSynchronize, "cuCtxSynchronize");
+	SYM(ModuleLoadData, "cuModuleLoadData");
+	SYM(ModuleUnload, "cuModuleUnload");
+	SYM(ModuleGetFunction, "cuModuleGetFunction");
+	SYM(FuncSetAttribute, "cuFuncSetAttribute");
+	SYM(LaunchKernel, "cuLaunchKernel");
+	SYM(MemAlloc, "cuMemAlloc");
+	SYM(MemFree, "cuMemFree");
+	SYM(MemAllocAsync, "cuMemAllocAsync");
+	SYM(MemFreeAsync, "cuMemFreeAsync");
+	SYM(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
+	SYM(MemPoolSetAttribute, "cuMemPoolSetAttribute");
+	SYM(MemcpyHtoD, "cuMemcpyHtoD");
+	SYM(MemcpyDtoH, "cuMemcpyDtoH");
+	SYM(MemsetD8, "cuMemsetD8");
+	SYM(EventCreate, "cuEventCreate");
+	SYM(EventRecord, "cuEventRecord");
+	SYM(EventSynchronize, "cuEventSynchronize");
+	SYM(EventElapsedTime, "cuEventElapsedTime");
+	SYM(EventDestroy, "cuEventDestroy");
+#undef SYM
+	return FA_OK;
+}
+
+fa_status fa_gpu_open(struct fa_gpu **out, int ordinal, char *err, size_t errlen)
+{
+	*out = NULL;
+	struct fa_gpu *g = calloc(1, sizeof *g);
+	if (!g)
+		return FA_ENOMEM;
+	pthread_mutex_init(&g->lock, NULL);
+	fa_status st = load_driver(&g->cu, err, errlen);
+	if (st != FA_OK)
+		goto fail;
+	curesult r = g->cu.Init(0);
+	if (r != 0) {
+		snprintf(err, errlen, "no usable GPU: cuInit failed: CUDA error %d (%s)", r, cu_err(g, r));
+		st = FA_ENOGPU;
+		goto fail;
+	}
+	int count = 0;
+	g->cu.DeviceGetCount(&count);
+	if (ordinal < 0 || ordinal >= count) {
+		snprintf(err, errlen, "no GPU %d: the driver sees %d device(s)", ordinal, count);
+		st = FA_ENOGPU;
+		goto fail;
+	}
+	g->ordinal = ordinal;
+	g->cu.DeviceGet(&g->dev, ordinal);
+	int maj = 0, min = 0, v = 0;
+	g->cu.DeviceGetAttribute(&maj, ATTR_CC_MAJOR, g->dev);
+	g->cu.DeviceGetAttribute(&min, ATTR_CC_MINOR, g->dev);
+	g->cu.DeviceGetName(g->name, (int)sizeof g->name - 1, g->dev);
+	g->cu.DeviceGetUuid(g->uuid, g->dev);
+	g->model.name = g->name;
+	g->model.sm = maj * 10 + min;
+	g->cu.DeviceGetAttribute(&v, ATTR_SMEM_OPTIN, g->dev);
+	g->model.smem_optin = (size_t)v;
+	g->cu.DeviceGetAttribute(&v, ATTR_SMEM_PER_SM, g->dev);
+	g->model.smem_per_sm = (size_t)v;
+	g->cu.DeviceGetAttribute(&v, ATTR_REGS_PER_SM, g->dev);
+	g->model.regs_per_sm = v;
+	g->cu.DeviceGetAttribute(&v, ATTR_SM_COUNT, g->dev);
+	g->model.sm_count = v;
+	if (g->model.sm < 80) {
+		snprintf(err, errlen, "GPU %d (%s) is sm_%d: the kernels need sm_80 or newer (cp.async, "
+		         "bf16 mma.sync)", ordinal, g->name, g->model.sm);
+		st = FA_ENOGPU;
+		goto fail;
+	}
+	r = g->cu.DevicePrimaryCtxRetain(&g->ctx, g->dev);
+	if (r != 0) {
+		st = cu_fail(g, r, "cuDevicePrimaryCtxRetain", err, errlen);
+		goto fail;
+	}
+	g->cu.CtxSetCurrent(g->ctx);
+	/* Keep freed scratch (fp32 -> bf16 staging) in the pool instead of returning it at every
+	 * synchronisation. */
+	cupool pool = NULL;
+	if (g->cu.DeviceGetDefaultMemPool(&pool, g->dev) == 0 && pool) {
+		uint64_t thr = UINT64_MAX;
+		g->cu.MemPoolSetAttribute(pool, POOL_ATTR_RELEASE_THRESHOLD, &thr);
+	}
+	st = fa_nvrtc_open(&g->nvrtc, err, errlen);
+	if (st != FA_OK)
+		goto fail;
+	*out = g;
+	return FA_OK;
+fail:
+	fa_gpu_close(g);
+	return st;
+}
+
+void fa_gpu_close(struct fa_gpu *g)
+{
+	if (!g)
+		return;
+	if (g->ctx) {
+		g->cu.CtxSetCurrent(g->ctx);
+		for (int i = 0; i < g->ncache; i++)
+			g->cu.ModuleUnload(g->cache[i].mod);
+		g->cu.DevicePrimaryCtxRelease(g->dev);
+	}
+	free(g->cache);
+	fa_nvrtc_close(g->nvrtc);
+	if (g->cu.lib)
+		dlclose(g->cu.lib);
+	pthread_mutex_destroy(&g->lock);
+	free(g);
+}
+
+const struct fa_device_model *fa_gpu_model(const struct fa_gpu *g) { return &g->model; }
+int fa_gpu_sm(const struct fa_gpu *g) { return g->model.sm; }
+size_t fa_gpu_smem_optin(const struct fa_gpu *g) { return g->model.smem_optin; }
+const char *fa_gpu_name(const struct fa_gpu *g) { return g->name; }
+void fa_gpu_uuid(const struct fa_gpu *g, uint8_t uuid[16]) { memcpy(uuid, g->uuid, 16); }
+
+fa_status fa_gpu_make_current(struct fa_gpu *g, char *err, size_t errlen)
+{
+	curesult r = g->cu.CtxSetCurrent(g->ctx);
+	return r ? cu_fail(g, r, "cuCtxSetCurrent", err, errlen) : FA_OK;
+}
+
+/* The compiled function for a specialisation: from the cache, else NVRTC + module load (with
+ * the opt-in dynamic shared-memory attribute raised to the tile's need). */
+static fa_status get_kernel(struct fa_gpu *g, const struct fa_kernel_spec *s,
+                            struct kcache_entry **out, char *err, size_t errlen)
+{
+	fa_status st = FA_OK;
+	pthread_mutex_lock(&g->lock);
+	for (int i = 0; i < g->ncache; i++)
+		if (memcmp(&g->cache[i].spec, s, sizeof *s) == 0) {
+			*out = &g->cache[i];
+			pthread_mutex_unlock(&g->lock);
+			return FA_OK;
+		}
+	pthread_mutex_unlock(&g->lock);
+	/* Compile without the lock (seconds); two threads may race to compile the same
+	 * specialisation: the second one's module is dropped below. */
+	void *cubin = NULL;
+	size_t sz = 0;
+	struct fa_kernel_usage u;
+	st = fa_nvrtc_compile(g->nvrtc, s, &cubin, &sz, &u, err, errlen);
+	if (st != FA_OK)
+		return st;
+	struct kcache_entry e;
+	memset(&e, 0, sizeof e);
+	e.spec = *s;
+	curesult r = g->cu.ModuleLoadData(&e.mod, cubin);
+	free(cubin);
+	if (r)
+		return cu_fail(g, r, "cuModuleLoadData", err, errlen);
+	if ((r = g->cu.ModuleGetFunction(&e.fwd, e.mod, "fa_attn_fwd")) ||
+	    (r = g->cu.ModuleGetFunction(&e.cvt, e.mod, "fa_cvt_f32_bf16")) ||
+	    (r = g->cu.FuncSetAttribute(e.fwd, FUNC_ATTR_MAX_DYN_SMEM, (int)s->tile.smem))) {
+		st = cu_fail(g, r, "loading fa_attn_fwd", err, errlen);
+		g->cu.ModuleUnload(e.mod);
+		return st;
+	}
+	pthread_mutex_lock(&g->lock);
+	for (int i = 0; i < g->ncache; i++)
+		if (memcmp(&g->cache[i].spec, s, sizeof *s) == 0) {
+			*out = &g->cache[i];
+			pthread_mutex_unlock(&g->lock);
+			g->cu.ModuleUnload(e.mod);
+			return FA_OK;
+		}
+	if (!g->cache) {
+		/* Entries are handed out by pointer, so the table never moves: one fixed allocation. */
+		g->cache = calloc(4096, sizeof *g->cache);
+		g->capcache = g->cache ? 4096 : 0;
+	}
+	if (g->ncache == g->capcache) {
+		snprintf(err, errlen, "kernel cache full (%d specialisations)", g->capcache);
+		st = g->cache ? FA_ENOMEM : FA_ENOMEM;
+		pthread_mutex_unlock(&g->lock);
+		g->cu.ModuleUnload(e.mod);
+		return st;
+	}
+	g->cache[g->ncache] = e;
+	*out = &g->cache[g->ncache++];
+	pthread_mutex_unlock(&g->lock);
+	return FA_OK;
+}
+
+static void desc_to_req(const struct fa_attn_fwd_desc *d, struct fa_plan_req *r)
+{
+	memset(r, 0, sizeof *r);
+	r->dtype = d->dtype;
+	r->precision = d->precision;
+	r->D = (int)d->D;
+	r->mask = d->mask;
+	r->B = d->B;
+	r->H = d->Hq;
+	r->Sq = d->Sq;
+	r->Sk = d->Sk;
+}
+
+fa_status fa_gpu_plan(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, struct fa_tile *out,
+                      int max, int *n, char *err, size_t errlen)
+{
+	struct fa_plan_req r;
+	desc_to_req(d, &r);
+	return fa_plan(&g->model, &r, out, max, n, err, errlen);
+}
+
+/* Alignment the kernels need: 16-byte pointers and 16-byte strides (cp.async / float4). A stride
+ * of a dimension of size 1 is never used, so it may be anything. */
+static fa_status check_align(const char *name, CUdeviceptr p, const int64_t *stride,
+                             const int64_t *shape, size_t es, char *err, size_t errlen)
+{
+	if (p % 16) {
+		snprintf(err, errlen, "%s: device pointer 0x%llx is not 16-byte aligned", name,
+		         (unsigned long long)p);
+		return FA_EALIGN;
+	}
+	for (int i = 0; i < 3; i++)
+		if (shape[i] > 1 && ((uint64_t)stride[i] * es) % 16) {
+			snprintf(err, errlen, "%s: stride %d is %lld elements (%llu bytes), not a multiple "
+			         "of 16 bytes", name, i, (long long)stride[i],
+			         (unsigned long long)stride[i] * es);
+			return FA_EALIGN;
+		}
+	return FA_OK;
+}
+
+static fa_status launch_cvt(struct fa_gpu *g, cufunc f, CUdeviceptr src, const int64_t *st,
+                            int64_t B, int64_t S, int64_t H, int64_t D, CUdeviceptr dst,
+                            CUstream s, char *err, size_t errlen)
+{
+	long long sb = st[0], ss = st[1], sh = st[2];
+	int Si = (int)S, Hi = (int)H, Di = (int)D;
+	long long nq = (long long)(B * S * H * D / 4);
+	unsigned blocks = (unsigned)((nq + 255) / 256);
+	if (blocks > 132u * 32u)
+		blocks = 132u * 32u;
+	void *args[] = {&src, &sb, &ss, &sh, &Si, &Hi, &Di, &dst, &nq};
+	curesult r = g->cu.LaunchKernel(f, blocks, 1, 1, 256, 1, 1, 0, (custream)s, args, NULL);
+	return r ? cu_fail(g, r, "launching fa_cvt_f32_bf16", err, errlen) : FA_OK;
+}
+
+fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                               const struct fa_tile *tile, CUdeviceptr q, CUdeviceptr k,
+                               CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
+                               char *err, size_t errlen)
+{
+	fa_status st = fa_attn_fwd_check(d, err, errlen);
+	if (st != FA_OK)
+		return st;
+	if (d->B > 65535 || d->Hq > 65535 || d->Sq > INT32_MAX / 2 || d->Sk > INT32_MAX / 2) {
+		snprintf(err, errlen, "shape too large for the kernel's grid: B=%lld (max 65535), "
+		         "Hq=%lld (max 65535), Sq=%lld, Sk=%lld (max 2^30)", (long long)d->B,
+		         (long long)d->Hq, (long long)d->Sq, (long long)d->Sk);
+		return FA_ESHAPE;
+	}
+	size_t es = d->dtype == FA_DTYPE_FP32 ? 4 : 2;
+	int64_t qshape[3] = {d->B, d->Sq, d->Hq}, kshape[3] = {d->B, d->Sk, d->Hkv};
+	if ((st = check_align("q", q, d->q_stride, qshape, es, err, errlen)) ||
+	    (st = check_align("k", k, d->k_stride, kshape, es, err, errlen)) ||
+	    (st = check_align("v", v, d->v_stride, kshape, es, err, errlen)) ||
+	    (st = check_align("o", o, d->o_stride, qshape, es, err, errlen)))
+		return st;
+	if (lse % 4) {
+		snprintf(err, errlen, "lse: device pointer is not 4-byte aligned");
+		return FA_EALIGN;
+	}
+	struct fa_tile t;
+	if (tile) {
+		t = *tile;
+	} else {
+		int n = 0;
+		st = fa_gpu_plan(g, d, &t, 1, &n, err, errlen);
+		if (st != FA_OK)
+			return st;
+	}
+	struct fa_kernel_spec spec;
+	fa_kernel_spec_make(&spec, g->model.sm, d->dtype, d->precision, (int)d->D, d->mask, &t);
+	if (spec.tile.smem > g->model.smem_optin) {
+		char tb[48];
+		fa_tile_format(&spec.tile, tb, sizeof tb);
+		snprintf(err, errlen, "tile %s needs %zu bytes of shared memory, %s allows %zu", tb,
+		         spec.tile.smem, g->name, g->model.smem_optin);
+		return FA_ENOFIT;
+	}
+	if ((st = fa_gpu_make_current(g, err, errlen)))
+		return st;
+	struct kcache_entry *ke = NULL;
+	if ((st = get_kernel(g, &spec, &ke, err, errlen)))
+		return st;
+
+	struct fa_kparams p;
+	memset(&p, 0, sizeof p);
+	p.q = q;
+	p.k = k;
+	p.v = v;
+	p.o = o;
+	p.lse = lse;
+	for (int i = 0; i < 3; i++) {
+		p.qs[i] = d->q_stride[i];
+		p.ks[i] = d->k_stride[i];
+		p.vs[i] = d->v_stride[i];
+		p.os[i] = d->o_stride[i];
+		p.ls[i] = d->lse_stride[i];
+	}
+	p.B = (int)d->B;
+	p.Sq = (int)d->Sq;
+	p.Sk = (int)d->Sk;
+	p.Hq = (int)d->Hq;
+	p.Hkv = (int)d->Hkv;
+	p.group = (int)(d->Hq / d->Hkv);
+	p.scale_log2 = (float)(d->scale * 1.4426950408889634);
+
+	/* fp32 staged as bf16: convert Q, K, V into dense bf16 scratch (stream-ordered), run the
+	 * bf16 kernel writing fp32 O, free the scratch in stream order. */
+	CUdeviceptr scratch = 0;
+	if (d->dtype == FA_DTYPE_FP32 && spec.in == FA_DTYPE_BF16) {
+		size_t nq = (size_t)(d->B * d->Sq * d->Hq * d->D), nk = (size_t)(d->B * d->Sk * d->Hkv * d->D);
+		size_t bq = (nq * 2 + 255) / 256 * 256, bk = (nk * 2 + 255) / 256 * 256;
+		curesult r = g->cu.MemAllocAsync(&scratch, bq + 2 * bk, (custream)s);
+		if (r)
+			return cu_fail(g, r, "cuMemAllocAsync (bf16 staging)", err, errlen);
+		CUdeviceptr dq = scratch, dk = scratch + bq, dv = scratch + bq + bk;
+		if ((st = launch_cvt(g, ke->cvt, q, d->q_stride, d->B, d->Sq, d->Hq, d->D, dq, s, err, errlen)) ||
+		    (st = launch_cvt(g, ke->cvt, k, d->k_stride, d->B, d->Sk, d->Hkv, d->D, dk, s, err, errlen)) ||
+		    (st = launch_cvt(g, ke->cvt, v, d->v_stride, d->B, d->Sk, d->Hkv, d->D, dv, s, err, errlen))) {
+			g->cu.MemFreeAsync(scratch, (custream)s);
+			return st;
+		}
+		p.q = dq;
+		p.k = dk;
+		p.v = dv;
+		p.qs[0] = d->Sq * d->Hq * d->D;
+		p.qs[1] = d->Hq * d->D;
+		p.qs[2] = d->D;
+		p.ks[0] = p.vs[0] = d->Sk * d->Hkv * d->D;
+		p.ks[1] = p.vs[1] = d->Hkv * d->D;
+		p.ks[2] = p.vs[2] = d->D;
+	}
+	unsigned gx = (unsigned)((d->Sq + spec.tile.br - 1) / spec.tile.br);
+	void *args[] = {&p};
+	curesult r = g->cu.LaunchKernel(ke->fwd, gx, (unsigned)d->Hq, (unsigned)d->B,
+	                                (unsigned)(32 * spec.tile.nw), 1, 1, (unsigned)spec.tile.smem,
+	                                (custream)s, args, NULL);
+	if (scratch)
+		g->cu.MemFreeAsync(scratch, (custream)s);
+	if (r)
+		return cu_fail(g, r, "launching fa_attn_fwd", err, errlen);
+	return FA_OK;
+}
+
+fa_status fa_gpu_prepare(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                         const struct fa_tile *tile, char *err, size_t errlen)
+{
+	struct fa_tile t;
+	fa_status st;
+	if (tile) {
+		t = *tile;
+	} else {
+		int n = 0;
+		if ((st = fa_gpu_plan(g, d, &t, 1, &n, err, errlen)))
+			return st;
+	}
+	struct fa_kernel_spec spec;
+	fa_kernel_spec_make(&spec, g->model.sm, d->dtype, d->precision, (int)d->D, d->mask, &t);
+	if ((st = fa_gpu_make_current(g, err, errlen)))
+		return st;
+	struct kcache_entry *ke;
+	return get_kernel(g, &spec, &ke, err, errlen);
+}
+
+fa_status fa_gpu_attn_fwd(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, CUdeviceptr q,
+                          CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
+                          char *err, size_t errlen)
+{
+	return fa_gpu_attn_fwd_tile(g, d, NULL, q, k, v, o, lse, s, err, errlen);
+}
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+fa_status fa_gpu_alloc(struct fa_gpu *g, size_t bytes, CUdeviceptr *p, char *err, size_t errlen)
+{
+	g->cu.CtxSetCurrent(g->ctx);
+	curesult r = g->cu.MemAlloc(p, bytes ? bytes : 1);
+	return r ? cu_fail(g, r, "cuMemAlloc", err, errlen) : FA_OK;
+}
+
+void fa_gpu_free(struct fa_gpu *g, CUdeviceptr p)
+{
+	if (p) {
+		g->cu.CtxSetCurrent(g->ctx);
+		g->cu.MemFree(p);
+	}
+}
+
+fa_status fa_gpu_upload(struct fa_gpu *g, CUdeviceptr dst, const void *src, size_t bytes,
+                        char *err, size_t errlen)
+{
+	g->cu.CtxSetCurrent(g->ctx);
+	curesult r = g->cu.MemcpyHtoD(dst, src, bytes);
+	return r ? cu_fail(g, r, "cuMemcpyHtoD", err, errlen) : FA_OK;
+}
+
+fa_status fa_gpu_download(struct fa_gpu *g, void *dst, CUdeviceptr src, size_t bytes, char *err,
+                          size_t errlen)
+{
+	g->cu.CtxSetCurrent(g->ctx);
+	curesult r = g->cu.MemcpyDtoH(dst, src, bytes);
+	return r ? cu_fail(g, r, "cuMemcpyDtoH", err, errlen) : FA_OK;
+}
+
+fa_status fa_gpu_memset8(struct fa_gpu *g, CUdeviceptr dst, uint8_t value, size_t bytes,
+                         char *err, size_t errlen)
+{
+	g->cu.CtxSetCurrent(g->ctx);
+	curesult r = g->cu.MemsetD8(dst, value, bytes);
+	return r ? cu_fail(g, r, "cuMemsetD8", err, errlen) : FA_OK;
+}
+
+fa_status fa_gpu_sync(struct fa_gpu *g, char *err, size_t errlen)
+{
+	g->cu.CtxSetCurrent(g->ctx);
+	curesult r = g->cu.CtxSynchronize();
+	return r ? cu_fail(g, r, "cuCtxSynchronize", err, errlen) : FA_OK;
+}
+
+struct fa_gpu_timer {
+	cuevent a, b;
+};
+
+fa_status fa_gpu_timer_start(struct fa_gpu *g, CUstream s, struct fa_gpu_timer **out, char *err,
+                             size_t errlen)
+{
+	struct fa_gpu_timer *t = calloc(1, sizeof *t);
+	if (!t)
+		return FA_ENOMEM;
+	g->cu.CtxSetCurrent(g->ctx);
+	curesult r;
+	if ((r = g->cu.EventCreate(&t->a, 0)) || (r = g->cu.EventCreate(&t->b, 0)) ||
+	    (r = g->cu.EventRecord(t->a, (custream)s))) {
+		if (t->a)
+			g->cu.EventDestroy(t->a);
+		if (t->b)
+			g->cu.EventDestroy(t->b);
+		free(t);
+		return cu_fail(g, r, "cuEvent", err, errlen);
+	}
+	*out = t;
+	return FA_OK;
+}
+
+fa_status fa_gpu_timer_stop(struct fa_gpu *g, struct fa_gpu_timer *t, CUstream s, float *ms,
+                            char *err, size_t errlen)
+{
+	curesult r;
+	fa_status st = FA_OK;
+	g->cu.CtxSetCurrent(g->ctx);
+	if ((r = g->cu.EventRecord(t->b, (custream)s)) || (r = g->cu.EventSynchronize(t->b)) ||
+	    (r = g->cu.EventElapsedTime(ms, t->a, t->b)))
+		st = cu_fail(g, r, "cuEvent timing", err, errlen);
+	g->cu.EventDestroy(t->a);
+	g->cu.EventDestroy(t->b);
+	free(t);
+	return st;
+}

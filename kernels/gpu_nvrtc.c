@@ -1,0 +1,264 @@
+/* gpu_nvrtc.c - compiling kernel specialisations with NVRTC, loaded at run time.
+ *
+ * libnvrtc is dlopen'ed ($FA_CUDA_HOME/lib64 first, then the loader's path), never linked, so
+ * programs start where CUDA is absent. The compile asks ptxas for its resource report
+ * (--ptxas-options=-v) and parses it: the compile checks and the GPU launcher both read it.
+ */
+#include "fa_gpu.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#ifndef FA_CUDA_HOME
+#define FA_CUDA_HOME "/usr/local/cuda"
+#endif
+
+/* The kernel source, embedded by tools/embed.sh from kernels/attn_fwd.cu. */
+extern const char fa_src_attn_fwd[];
+extern const unsigned long fa_src_attn_fwd_len;
+
+typedef int nvrtcResult_t;
+typedef void *nvrtcProgram_t;
+
+struct fa_nvrtc {
+	void *lib;
+	int major, minor;
+	nvrtcResult_t (*Version)(int *, int *);
+	nvrtcResult_t (*CreateProgram)(nvrtcProgram_t *, const char *, const char *, int,
+	                               const char *const *, const char *const *);
+	nvrtcResult_t (*CompileProgram)(nvrtcProgram_t, int, const char *const *);
+	nvrtcResult_t (*GetProgramLogSize)(nvrtcProgram_t, size_t *);
+	nvrtcResult_t (*GetProgramLog)(nvrtcProgram_t, char *);
+	nvrtcResult_t (*GetCUBINSize)(nvrtcProgram_t, size_t *);
+	nvrtcResult_t (*GetCUBIN)(nvrtcProgram_t, char *);
+	nvrtcResult_t (*DestroyProgram)(nvrtcProgram_t *);
+	const char *(*GetErrorString)(nvrtcResult_t);
+};
+
+/* Try the toolkit's copy first (FA_CUDA_HOME), then whatever the loader finds. */
+fa_status fa_nvrtc_open(struct fa_nvrtc **out, char *err, size_t errlen)
+{
+	const char *home = getenv("CUDA_HOME");
+	char path[512];
+	const char *names[] = {NULL, NULL, "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
+	char p1[512];
+	void *lib = NULL;
+	*out = NULL;
+	snprintf(path, sizeof path, "%s/lib64/libnvrtc.so.13", FA_CUDA_HOME);
+	names[0] = path;
+	if (home && *home) {
+		snprintf(p1, sizeof p1, "%s/lib64/libnvrtc.so.13", home);
+		names[1] = p1;
+	}
+	const char *last = "";
+	for (size_t i = 0; i < sizeof names / sizeof names[0] && !lib; i++) {
+		if (!names[i])
+			continue;
+		lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+		if (!lib)
+			last = dlerror();
+	}
+	if (!lib) {
+		snprintf(err, errlen, "NVRTC not found (%s/lib64/libnvrtc.so.13 nor on the loader path): %s",
+		         FA_CUDA_HOME, last ? last : "");
+		return FA_ENOGPU;
+	}
+	struct fa_nvrtc *n = calloc(1, sizeof *n);
+	if (!n) {
+		dlclose(lib);
+		return FA_ENOMEM;
+	}
+	n->lib = lib;
+#define SYM(field, name)                                                                        \
+	do {                                                                                       \
+		*(void **)&n->field = dlsym(lib, name);                                                \
+		if (!n->field) {                                                                       \
+			snprintf(err, errlen, "NVRTC lacks %s", name);                                     \
+			dlclose(lib);                                                                      \
+			free(n);                                                                           \
+			return FA_ENOGPU;                                                                  \
+		}                                                                                      \
+	} while (0)
+	SYM(Version, "nvrtcVersion");
+	SYM(CreateProgram, "nvrtcCreateProgram");
+	SYM(CompileProgram, "nvrtcCompileProgram");
+	SYM(GetProgramLogSize, "nvrtcGetProgramLogSize");
+	SYM(GetProgramLog, "nvrtcGetProgramLog");
+	SYM(GetCUBINSize, "nvrtcGetCUBINSize");
+	SYM(GetCUBIN, "nvrtcGetCUBIN");
+	SYM(DestroyProgram, "nvrtcDestroyProgram");
+	SYM(GetErrorString, "nvrtcGetErrorString");
+#undef SYM
+	n->Version(&n->major, &n->minor);
+	*out = n;
+	return FA_OK;
+}
+
+void fa_nvrtc_close(struct fa_nvrtc *n)
+{
+	if (!n)
+		return;
+	dlclose(n->lib);
+	free(n);
+}
+
+void fa_nvrtc_version(const struct fa_nvrtc *n, int *major, int *minor)
+{
+	*major = n ? n->major : 0;
+	*minor = n ? n->minor : 0;
+}
+
+/* fp32 staged as bf16 is a bf16 kernel writing fp32; other fp32 precisions read fp32. */
+void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_precision prec, int D,
+                         fa_mask mask, const struct fa_tile *tile)
+{
+	memset(s, 0, sizeof *s);
+	s->sm = sm;
+	s->D = D;
+	s->mask = mask;
+	s->tile = *tile;
+	prec = fa_prec_resolve(dt, prec);
+	if (dt == FA_DTYPE_FP32 && prec == FA_PREC_BF16) {
+		s->in = FA_DTYPE_BF16;
+		s->out = FA_DTYPE_FP32;
+		s->precision = FA_PREC_DEFAULT;
+	} else {
+		s->in = dt;
+		s->out = dt;
+		s->precision = dt == FA_DTYPE_FP32 ? prec : FA_PREC_DEFAULT;
+	}
+	s->tile.path = s->in == FA_DTYPE_FP32 ? FA_KPATH_32 : FA_KPATH_16;
+	s->tile.br = 16 * s->tile.nw * s->tile.rt;
+	s->tile.smem = fa_tile_smem(&s->tile, D);
+}
+
+static const char *short_dt(fa_dtype d)
+{
+	return d == FA_DTYPE_FP16 ? "fp16" : d == FA_DTYPE_BF16 ? "bf16" : "fp32";
+}
+
+void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
+{
+	char tb[48];
+	fa_tile_format(&s->tile, tb, sizeof tb);
+	snprintf(buf, len, "sm%d %s>%s%s%s d%d %s %s", s->sm, short_dt(s->in), short_dt(s->out),
+	         s->in == FA_DTYPE_FP32 ? " " : "",
+	         s->in == FA_DTYPE_FP32 ? fa_prec_name(s->precision) : "", s->D,
+	         s->mask == FA_MASK_NONE ? "nomask" : s->mask == FA_MASK_CAUSAL_TOP_LEFT ? "causal-tl" : "causal-br",
+	         tb);
+}
+
+/* Read "<n> bytes stack frame, <n> bytes spill stores, <n> bytes spill loads" and "Used <n>
+ * registers" for the entry fa_attn_fwd from ptxas' verbose log. */
+static void parse_usage(const char *log, struct fa_kernel_usage *u)
+{
+	u->regs = u->stack = u->spill_stores = u->spill_loads = -1;
+	const char *p = strstr(log, "Function properties for fa_attn_fwd");
+	if (!p)
+		return;
+	const char *q = strstr(p, "bytes stack frame");
+	if (q) {
+		const char *r = q;
+		while (r > p && r[-1] == ' ')
+			r--;
+		while (r > p && r[-1] >= '0' && r[-1] <= '9')
+			r--;
+		u->stack = atoi(r);
+		sscanf(q, "bytes stack frame, %d bytes spill stores, %d bytes spill loads",
+		       &u->spill_stores, &u->spill_loads);
+	}
+	q = strstr(p, "Used ");
+	if (q)
+		sscanf(q, "Used %d registers", &u->regs);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+fa_status fa_nvrtc_compile(struct fa_nvrtc *n, const struct fa_kernel_spec *s, void **cubin,
+                           size_t *cubin_size, struct fa_kernel_usage *usage, char *err,
+                           size_t errlen)
+{
+	char o[16][48];
+	const char *opts[16];
+	int k = 0;
+	int in = s->in == FA_DTYPE_FP16 ? 1 : s->in == FA_DTYPE_BF16 ? 2 : 3;
+	int out = s->out == FA_DTYPE_FP16 ? 1 : s->out == FA_DTYPE_BF16 ? 2 : 3;
+	int prec = s->precision == FA_PREC_IEEE ? 1 : s->precision == FA_PREC_TF32 ? 3 : 2;
+
+	if (cubin)
+		*cubin = NULL;
+	if (cubin_size)
+		*cubin_size = 0;
+	snprintf(o[k++], sizeof o[0], "-arch=sm_%d", s->sm);
+	snprintf(o[k++], sizeof o[0], "-std=c++17");
+	snprintf(o[k++], sizeof o[0], "--ptxas-options=-v");
+	snprintf(o[k++], sizeof o[0], "-DFA_IN=%d", in);
+	snprintf(o[k++], sizeof o[0], "-DFA_OUT=%d", out);
+	snprintf(o[k++], sizeof o[0], "-DFA_PREC=%d", prec);
+	snprintf(o[k++], sizeof o[0], "-DFA_D=%d", s->D);
+	snprintf(o[k++], sizeof o[0], "-DFA_NW=%d", s->tile.nw);
+	snprintf(o[k++], sizeof o[0], "-DFA_RT=%d", s->tile.rt);
+	snprintf(o[k++], sizeof o[0], "-DFA_BC=%d", s->tile.bc);
+	snprintf(o[k++], sizeof o[0], "-DFA_STAGES=%d", s->tile.stages);
+	snprintf(o[k++], sizeof o[0], "-DFA_MASK=%d", (int)s->mask);
+	for (int i = 0; i < k; i++)
+		opts[i] = o[i];
+
+	nvrtcProgram_t prog = NULL;
+	nvrtcResult_t r = n->CreateProgram(&prog, fa_src_attn_fwd, "attn_fwd.cu", 0, NULL, NULL);
+	if (r != 0) {
+		snprintf(err, errlen, "nvrtcCreateProgram: %s", n->GetErrorString(r));
+		return FA_EINTERNAL;
+	}
+	double t0 = now_s();
+	r = n->CompileProgram(prog, k, opts);
+	double dt = now_s() - t0;
+	size_t lsz = 0;
+	n->GetProgramLogSize(prog, &lsz);
+	char *log = malloc(lsz + 1);
+	if (!log) {
+		n->DestroyProgram(&prog);
+		return FA_ENOMEM;
+	}
+	log[0] = 0;
+	if (lsz)
+		n->GetProgramLog(prog, log);
+	log[lsz] = 0;
+	if (r != 0) {
+		char name[128];
+		fa_kernel_spec_name(s, name, sizeof name);
+		snprintf(err, errlen, "NVRTC failed for %s: %s: %.1500s", name, n->GetErrorString(r), log);
+		free(log);
+		n->DestroyProgram(&prog);
+		return FA_EINTERNAL;
+	}
+	if (usage) {
+		parse_usage(log, usage);
+		usage->compile_s = dt;
+	}
+	free(log);
+	if (cubin) {
+		size_t sz = 0;
+		n->GetCUBINSize(prog, &sz);
+		void *buf = malloc(sz ? sz : 1);
+		if (!buf) {
+			n->DestroyProgram(&prog);
+			return FA_ENOMEM;
+		}
+		n->GetCUBIN(prog, buf);
+		*cubin = buf;
+		if (cubin_size)
+			*cubin_size = sz;
+	}
+	n->DestroyProgram(&prog);
+	return FA_OK;
+}

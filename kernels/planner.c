@@ -1,0 +1,310 @@
+/* planner.c - tile configurations for the forward kernel: shared memory, registers, fit, rank.
+ *
+ * The shared-memory formulas mirror the layout in attn_fwd.cu exactly (the compile checks in
+ * tests/unit/test_nvrtc_compile.c hold the two together); the register figure is an estimate
+ * (accumulators + scores + fragments + a fixed overhead), checked against ptxas there too.
+ */
+#include "fa_planner.h"
+#include "fa_attn.h" /* FA_ATTN_MAX_HEAD_DIM */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* Opt-in per-block limits and per-SM shared memory from the CUDA programming guide's table of
+ * compute capabilities. sm_count is the largest common part of that architecture. */
+static const struct fa_device_model models[] = {
+	{"sm_75", 75, 65536, 65536, 65536, 40},
+	{"sm_80", 80, 166912, 167936, 65536, 108},
+	{"sm_86", 86, 101376, 102400, 65536, 84},
+	{"sm_89", 89, 101376, 102400, 65536, 128},
+	{"sm_90", 90, 232448, 233472, 65536, 132},
+	{"t4", 75, 65536, 65536, 65536, 40},
+	{"a100", 80, 166912, 167936, 65536, 108},
+	{"a10", 86, 101376, 102400, 65536, 72},
+	{"rtx3090", 86, 101376, 102400, 65536, 82},
+	{"a6000", 86, 101376, 102400, 65536, 84},
+	{"l4", 89, 101376, 102400, 65536, 58},
+	{"l40s", 89, 101376, 102400, 65536, 142},
+	{"rtx4090", 89, 101376, 102400, 65536, 128},
+	{"h100", 90, 232448, 233472, 65536, 132},
+	{"h200", 90, 232448, 233472, 65536, 132},
+};
+
+/* dtype names without depending on the CPU reference's fa_dtype.c. */
+static const char *dt_name(fa_dtype dt)
+{
+	switch (dt) {
+	case FA_DTYPE_FP16: return "fp16";
+	case FA_DTYPE_BF16: return "bf16";
+	case FA_DTYPE_FP32: return "fp32";
+	}
+	return "?";
+}
+
+/* The table of named models. */
+const struct fa_device_model *fa_device_models(int *n)
+{
+	if (n)
+		*n = (int)(sizeof models / sizeof models[0]);
+	return models;
+}
+
+/* Look a model up by name; "80" and "sm80" mean "sm_80". */
+const struct fa_device_model *fa_device_model_find(const char *name)
+{
+	char buf[32];
+	if (!name)
+		return NULL;
+	if (strlen(name) < 3 && strspn(name, "0123456789") == strlen(name)) {
+		snprintf(buf, sizeof buf, "sm_%s", name);
+		name = buf;
+	} else if (strncasecmp(name, "sm", 2) == 0 && name[2] != '_') {
+		snprintf(buf, sizeof buf, "sm_%s", name + 2);
+		name = buf;
+	}
+	for (size_t i = 0; i < sizeof models / sizeof models[0]; i++)
+		if (strcasecmp(models[i].name, name) == 0)
+			return &models[i];
+	return NULL;
+}
+
+/* The default fp32 precision is 3xtf32 (fp32-level error on tensor cores). */
+fa_precision fa_prec_resolve(fa_dtype dt, fa_precision p)
+{
+	if (dt != FA_DTYPE_FP32)
+		return FA_PREC_DEFAULT;
+	return p == FA_PREC_DEFAULT ? FA_PREC_3XTF32 : p;
+}
+
+/* Names as fa-ctl spells them. */
+const char *fa_prec_name(fa_precision p)
+{
+	switch (p) {
+	case FA_PREC_DEFAULT: return "default";
+	case FA_PREC_IEEE: return "ieee";
+	case FA_PREC_3XTF32: return "3xtf32";
+	case FA_PREC_TF32: return "tf32";
+	case FA_PREC_BF16: return "bf16";
+	}
+	return "?";
+}
+
+/* Parse a precision name. */
+bool fa_prec_parse(const char *s, fa_precision *out)
+{
+	static const fa_precision all[] = {FA_PREC_DEFAULT, FA_PREC_IEEE, FA_PREC_3XTF32,
+	                                   FA_PREC_TF32, FA_PREC_BF16};
+	if (!s)
+		return false;
+	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+		if (strcasecmp(s, fa_prec_name(all[i])) == 0) {
+			*out = all[i];
+			return true;
+		}
+	if (strcasecmp(s, "fp32") == 0) {
+		*out = FA_PREC_IEEE;
+		return true;
+	}
+	return false;
+}
+
+/* Mask names. */
+const char *fa_mask_name(fa_mask m)
+{
+	switch (m) {
+	case FA_MASK_NONE: return "none";
+	case FA_MASK_CAUSAL_BOTTOM_RIGHT: return "causal-bottom-right";
+	case FA_MASK_CAUSAL_TOP_LEFT: return "causal-top-left";
+	}
+	return "?";
+}
+
+/* fp32 staged as bf16 runs on the 16-bit path (after a conversion pass). */
+int fa_plan_path(fa_dtype dt, fa_precision p)
+{
+	if (dt != FA_DTYPE_FP32)
+		return FA_KPATH_16;
+	return fa_prec_resolve(dt, p) == FA_PREC_BF16 ? FA_KPATH_16 : FA_KPATH_32;
+}
+
+/* 16-bit path: head dim padded to 16 (the k step of m16n8k16); fp32: none needed (k8). */
+int fa_tile_padded_d(int path, int D)
+{
+	return path == FA_KPATH_16 ? (D + 15) / 16 * 16 : D;
+}
+
+/* Mirrors SMEM_Q/K/V in attn_fwd.cu. */
+size_t fa_tile_smem(const struct fa_tile *t, int D)
+{
+	size_t br = (size_t)16 * t->nw * t->rt;
+	if (t->path == FA_KPATH_16) {
+		size_t ld = (size_t)fa_tile_padded_d(t->path, D) + 8;
+		return 2 * (br * ld + (size_t)t->stages * t->bc * 2 * ld);
+	}
+	size_t ldq = (size_t)D + (D % 16 == 0 ? 8 : 0), ldv = (size_t)D + 4;
+	return 4 * (br * ldq + (size_t)t->stages * t->bc * (ldq + ldv));
+}
+
+/* Accumulators (O and S, fp32) + exp'd scores and packed P + fragments and addressing. The
+ * constants were fitted to ptxas' reports for sm_90 (tests/unit/test_nvrtc_compile.c prints
+ * estimate against actual): configurations estimated above FA_PLAN_MAX_REGS spilled. */
+#define FA_PLAN_MAX_REGS 248
+int fa_tile_regs(const struct fa_tile *t, int D, fa_precision p)
+{
+	int dp = fa_tile_padded_d(t->path, D);
+	int acc = t->rt * dp / 2, s = t->rt * t->bc / 2;
+	if (t->path == FA_KPATH_16)
+		return 48 + acc + 2 * s;
+	/* 3xtf32 keeps P split (big + small) for a whole step: one more register per score */
+	return (p == FA_PREC_3XTF32 ? 72 + s : 64) + acc + 2 * s;
+}
+
+/* The heuristic: tensor-core operand reuse (row tiles per warp), per-step overhead (keys per
+ * step), latency hiding (resident warps), register risk, and, when the shape is known, how well
+ * the blocks fill the waves of the device and the last query tile. */
+static double tile_score(const struct fa_device_model *dev, const struct fa_plan_req *r,
+                         const struct fa_tile *t)
+{
+	double f_rt = t->rt == 2 ? 1.0 : (t->path == FA_KPATH_16 ? 0.78 : 0.88);
+	double f_bc = (double)t->bc / (t->bc + 20.0);
+	double warps = (double)t->blocks_per_sm * t->nw;
+	double f_occ = sqrt(warps >= 8 ? 1.0 : warps / 8.0);
+	/* measured on the H200 (kernels/RESULTS.md, tile sweep): estimates above FA_PLAN_MAX_REGS are
+	 * already gone; two stages were as fast as three, so the tie goes to less shared memory */
+	double f_reg = 1.0;
+	double f_st = 1.0;
+	/* very wide key steps inflate the score registers for long head dims */
+	double f_wide = (t->bc >= 128 && r->D > 64) ? 0.85 : 1.0;
+	double f_wave = 1.0, f_tail = 1.0;
+	if (r->Sq > 0 && r->B > 0 && r->H > 0 && dev->sm_count > 0) {
+		double nq = ceil((double)r->Sq / t->br);
+		double nblk = nq * (double)r->B * (double)r->H;
+		double slots = (double)dev->sm_count * t->blocks_per_sm;
+		double waves = ceil(nblk / slots);
+		f_wave = nblk / (waves * slots);
+		if (f_wave < 0.05)
+			f_wave = 0.05;
+		f_tail = (double)r->Sq / (nq * t->br);
+	}
+	return f_rt * f_bc * f_occ * f_reg * f_st * f_wide * (0.5 + 0.5 * f_wave) * (0.6 + 0.4 * f_tail);
+}
+
+/* Sort best first; ties go to the smaller shared memory. */
+static int cmp_tile(const void *a, const void *b)
+{
+	const struct fa_tile *x = a, *y = b;
+	if (x->score != y->score)
+		return x->score < y->score ? 1 : -1;
+	if (x->smem != y->smem)
+		return x->smem < y->smem ? -1 : 1;
+	return 0;
+}
+
+/* Threads one SM can hold: 1536 on sm_86/sm_89, 1024 on sm_75, 2048 otherwise. */
+static int max_threads_per_sm(int sm)
+{
+	if (sm == 86 || sm == 89)
+		return 1536;
+	if (sm == 75)
+		return 1024;
+	return 2048;
+}
+
+fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *req,
+                  struct fa_tile *out, int max, int *n, char *err, size_t errlen)
+{
+	static const int nws[] = {2, 4, 8}, rts[] = {1, 2}, bcs[] = {16, 32, 64, 128},
+	                 stgs[] = {2, 3};
+	struct fa_tile all[FA_PLAN_MAX_CANDIDATES];
+	int nall = 0;
+	size_t min_smem = (size_t)-1;
+	struct fa_tile smallest = {0};
+
+	if (n)
+		*n = 0;
+	if (!dev || !req || (!out && max > 0) || !n) {
+		snprintf(err, errlen, "planner: NULL argument");
+		return FA_EINVAL;
+	}
+	if (req->dtype != FA_DTYPE_FP16 && req->dtype != FA_DTYPE_BF16 &&
+	    req->dtype != FA_DTYPE_FP32) {
+		snprintf(err, errlen, "planner: unknown dtype %d", (int)req->dtype);
+		return FA_EDTYPE;
+	}
+	if (req->D < 8 || req->D % 8 != 0) {
+		snprintf(err, errlen, "head dim %d: must be a multiple of 8 from 8 to 256", req->D);
+		return FA_ESHAPE;
+	}
+	fa_precision prec = fa_prec_resolve(req->dtype, req->precision);
+	int path = fa_plan_path(req->dtype, prec);
+	for (size_t a = 0; a < sizeof nws / sizeof nws[0]; a++)
+		for (size_t b = 0; b < sizeof rts / sizeof rts[0]; b++)
+			for (size_t c = 0; c < sizeof bcs / sizeof bcs[0]; c++)
+				for (size_t d = 0; d < sizeof stgs / sizeof stgs[0]; d++) {
+					struct fa_tile t = {0};
+					t.path = path;
+					t.nw = nws[a];
+					t.rt = rts[b];
+					t.br = 16 * t.nw * t.rt;
+					t.bc = bcs[c];
+					t.stages = stgs[d];
+					/* 2-warp blocks only where fp32 needs them to fit at all */
+					if (t.nw == 2 && path == FA_KPATH_16)
+						continue;
+					if (t.br > 128)
+						continue;
+					t.smem = fa_tile_smem(&t, req->D);
+					t.regs = fa_tile_regs(&t, req->D, prec);
+					if (t.smem < min_smem) {
+						min_smem = t.smem;
+						smallest = t;
+					}
+					if (t.regs > FA_PLAN_MAX_REGS || t.smem > dev->smem_optin)
+						continue;
+					if (req->D > FA_ATTN_MAX_HEAD_DIM)
+						continue;
+					int nt = 32 * t.nw;
+					int by_smem = (int)(dev->smem_per_sm / (t.smem + 1024));
+					int by_regs = dev->regs_per_sm / (((t.regs + 7) / 8 * 8) * nt);
+					int by_thr = max_threads_per_sm(dev->sm) / nt;
+					int bps = by_smem < by_regs ? by_smem : by_regs;
+					bps = bps < by_thr ? bps : by_thr;
+					t.blocks_per_sm = bps < 1 ? 1 : bps;
+					t.score = tile_score(dev, req, &t);
+					if (nall < FA_PLAN_MAX_CANDIDATES)
+						all[nall++] = t;
+				}
+	if (nall == 0) {
+		char tb[48];
+		fa_tile_format(&smallest, tb, sizeof tb);
+		if (req->D > FA_ATTN_MAX_HEAD_DIM)
+			snprintf(err, errlen,
+			         "no tile fits: %s head dim %d (precision %s) is above the kernels' maximum "
+			         "of %d; the smallest configuration (%s) would need %zu bytes of shared "
+			         "memory, the device (%s) allows %zu",
+			         dt_name(req->dtype), req->D, fa_prec_name(prec),
+			         FA_ATTN_MAX_HEAD_DIM, tb, min_smem, dev->name, dev->smem_optin);
+		else
+			snprintf(err, errlen,
+			         "no tile fits: %s head dim %d (precision %s): the smallest configuration "
+			         "(%s) needs %zu bytes of shared memory, the device (%s) allows %zu per block",
+			         dt_name(req->dtype), req->D, fa_prec_name(prec), tb, min_smem,
+			         dev->name, dev->smem_optin);
+		return FA_ENOFIT;
+	}
+	qsort(all, (size_t)nall, sizeof all[0], cmp_tile);
+	int k = nall < max ? nall : max;
+	if (k > 0)
+		memcpy(out, all, (size_t)k * sizeof all[0]);
+	*n = k;
+	return FA_OK;
+}
+
+/* "128x64 w4r2 s2". */
+void fa_tile_format(const struct fa_tile *t, char *buf, size_t len)
+{
+	snprintf(buf, len, "%dx%d w%dr%d s%d", t->br, t->bc, t->nw, t->rt, t->stages);
+}

@@ -1,0 +1,210 @@
+/* test_planner.c - the tile planner on device models, without a GPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fa_planner.h"
+
+static struct fa_plan_req req(fa_dtype dt, fa_precision p, int D, fa_mask m)
+{
+	struct fa_plan_req r;
+	memset(&r, 0, sizeof r);
+	r.dtype = dt;
+	r.precision = p;
+	r.D = D;
+	r.mask = m;
+	return r;
+}
+
+static void test_planner_knows_the_named_device_models(void **state)
+{
+	(void)state;
+	const struct fa_device_model *m;
+	assert_non_null(m = fa_device_model_find("sm_75"));
+	assert_int_equal(m->smem_optin, 64 * 1024);
+	assert_non_null(m = fa_device_model_find("sm_80"));
+	assert_int_equal(m->smem_optin, 163 * 1024);
+	assert_non_null(m = fa_device_model_find("sm_86"));
+	assert_int_equal(m->smem_optin, 99 * 1024);
+	assert_non_null(m = fa_device_model_find("sm_89"));
+	assert_int_equal(m->smem_optin, 99 * 1024);
+	assert_non_null(m = fa_device_model_find("sm_90"));
+	assert_int_equal(m->smem_optin, 227 * 1024);
+	assert_non_null(m = fa_device_model_find("h200"));
+	assert_int_equal(m->sm, 90);
+	assert_non_null(m = fa_device_model_find("89"));
+	assert_int_equal(m->sm, 89);
+	assert_null(fa_device_model_find("sm_42"));
+}
+
+/* Every candidate fits, is sorted best first, and its bytes are the formula's. */
+static void check_plan(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask mask)
+{
+	const struct fa_device_model *m = fa_device_model_find(arch);
+	struct fa_plan_req r = req(dt, p, D, mask);
+	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+	int n = 0;
+	char err[512];
+	fa_status st = fa_plan(m, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err);
+	if (st != FA_OK)
+		fail_msg("%s dtype %d prec %d D %d: %s", arch, (int)dt, (int)p, D, err);
+	assert_true(n > 0);
+	for (int i = 0; i < n; i++) {
+		assert_true(t[i].smem <= m->smem_optin);
+		assert_int_equal(t[i].smem, fa_tile_smem(&t[i], D));
+		assert_int_equal(t[i].br, 16 * t[i].nw * t[i].rt);
+		assert_true(t[i].regs <= 255);
+		assert_true(t[i].blocks_per_sm >= 1);
+		if (i > 0)
+			assert_true(t[i - 1].score >= t[i].score);
+	}
+}
+
+static void test_planner_fits_every_head_dim_on_every_sm80_plus_model(void **state)
+{
+	(void)state;
+	const char *archs[] = {"sm_80", "sm_86", "sm_89", "sm_90"};
+	const fa_dtype dts[] = {FA_DTYPE_FP16, FA_DTYPE_BF16, FA_DTYPE_FP32};
+	const fa_precision precs[] = {FA_PREC_IEEE, FA_PREC_3XTF32, FA_PREC_TF32, FA_PREC_BF16};
+	for (size_t a = 0; a < 4; a++)
+		for (int D = 8; D <= 256; D += 8)
+			for (size_t d = 0; d < 3; d++)
+				for (size_t p = 0; p < (dts[d] == FA_DTYPE_FP32 ? 4u : 1u); p++)
+					check_plan(archs[a], dts[d], precs[p], D, FA_MASK_CAUSAL_BOTTOM_RIGHT);
+}
+
+/* The issue's case: fp32 D=128 on the 99 KiB parts needs tiles the 48 KiB static limit cannot
+ * hold; the shared memory is the kernel's layout, row strides padded. */
+static void test_planner_fp32_d128_fits_sm89_above_48k(void **state)
+{
+	(void)state;
+	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+	int n = 0;
+	char err[512];
+	struct fa_plan_req r = req(FA_DTYPE_FP32, FA_PREC_DEFAULT, 128, FA_MASK_CAUSAL_BOTTOM_RIGHT);
+	assert_int_equal(fa_plan(fa_device_model_find("sm_89"), &r, t, FA_PLAN_MAX_CANDIDATES, &n,
+	                         err, sizeof err),
+	                 FA_OK);
+	assert_int_equal(t[0].path, FA_KPATH_32);
+	bool above48k = false;
+	for (int i = 0; i < n; i++)
+		above48k |= t[i].smem > 48 * 1024;
+	assert_true(above48k);
+	/* 64 rows x (128 + 8) words + 2 stages x 32 keys x ((128 + 8) + (128 + 4)) words */
+	struct fa_tile x = {.path = FA_KPATH_32, .nw = 4, .rt = 1, .bc = 32, .stages = 2};
+	assert_int_equal(fa_tile_smem(&x, 128), 4 * (64 * 136 + 2 * 32 * (136 + 132)));
+	struct fa_tile y = {.path = FA_KPATH_16, .nw = 4, .rt = 2, .bc = 64, .stages = 2};
+	assert_int_equal(fa_tile_smem(&y, 40), 2 * (128 * 56 + 2 * 64 * 2 * 56));
+}
+
+/* A bigger device never offers fewer configurations. */
+static void test_planner_larger_devices_offer_more_tiles(void **state)
+{
+	(void)state;
+	const char *archs[] = {"sm_75", "sm_86", "sm_80", "sm_90"};
+	int prev = 0;
+	for (size_t a = 0; a < 4; a++) {
+		struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+		int n = 0;
+		char err[512];
+		struct fa_plan_req r = req(FA_DTYPE_FP32, FA_PREC_3XTF32, 256, FA_MASK_NONE);
+		fa_status st = fa_plan(fa_device_model_find(archs[a]), &r, t, FA_PLAN_MAX_CANDIDATES, &n,
+		                       err, sizeof err);
+		assert_true(st == FA_OK || st == FA_ENOFIT);
+		assert_true(n >= prev);
+		prev = n;
+	}
+	assert_true(prev > 0);
+}
+
+/* Nothing fits: the error names the shape, the smallest need in bytes and the limit. */
+static void test_planner_nofit_names_shape_need_and_limit(void **state)
+{
+	(void)state;
+	struct fa_tile t[4];
+	int n = 7;
+	char err[512];
+	struct fa_plan_req r = req(FA_DTYPE_FP32, FA_PREC_IEEE, 256, FA_MASK_NONE);
+	fa_status st = fa_plan(fa_device_model_find("sm_75"), &r, t, 4, &n, err, sizeof err);
+	assert_int_equal(st, FA_ENOFIT);
+	assert_int_equal(n, 0);
+	assert_non_null(strstr(err, "fp32 head dim 256"));
+	assert_non_null(strstr(err, "65536"));
+	struct fa_tile small = {.path = FA_KPATH_32, .nw = 2, .rt = 1, .bc = 16, .stages = 2};
+	char need[32];
+	snprintf(need, sizeof need, "%zu bytes", fa_tile_smem(&small, 256));
+	assert_non_null(strstr(err, need));
+
+	r = req(FA_DTYPE_BF16, FA_PREC_DEFAULT, 512, FA_MASK_NONE);
+	st = fa_plan(fa_device_model_find("sm_90"), &r, t, 4, &n, err, sizeof err);
+	assert_int_equal(st, FA_ENOFIT);
+	assert_non_null(strstr(err, "head dim 512"));
+	assert_non_null(strstr(err, "232448"));
+	assert_non_null(strstr(err, "bytes"));
+}
+
+static void test_planner_rejects_bad_head_dims_and_dtypes(void **state)
+{
+	(void)state;
+	struct fa_tile t[4];
+	int n;
+	char err[256];
+	struct fa_plan_req r = req(FA_DTYPE_BF16, FA_PREC_DEFAULT, 12, FA_MASK_NONE);
+	assert_int_equal(fa_plan(fa_device_model_find("sm_90"), &r, t, 4, &n, err, sizeof err),
+	                 FA_ESHAPE);
+	r = req((fa_dtype)9, FA_PREC_DEFAULT, 64, FA_MASK_NONE);
+	assert_int_equal(fa_plan(fa_device_model_find("sm_90"), &r, t, 4, &n, err, sizeof err),
+	                 FA_EDTYPE);
+}
+
+/* The default fp32 precision is 3xtf32; bf16 staging runs on the 16-bit path. */
+static void test_planner_resolves_precisions(void **state)
+{
+	(void)state;
+	assert_int_equal(fa_prec_resolve(FA_DTYPE_FP32, FA_PREC_DEFAULT), FA_PREC_3XTF32);
+	assert_int_equal(fa_prec_resolve(FA_DTYPE_BF16, FA_PREC_TF32), FA_PREC_DEFAULT);
+	assert_int_equal(fa_plan_path(FA_DTYPE_FP32, FA_PREC_BF16), FA_KPATH_16);
+	assert_int_equal(fa_plan_path(FA_DTYPE_FP32, FA_PREC_TF32), FA_KPATH_32);
+	fa_precision p;
+	assert_true(fa_prec_parse("3xtf32", &p));
+	assert_int_equal(p, FA_PREC_3XTF32);
+	assert_false(fa_prec_parse("fp8", &p));
+}
+
+/* Short, many-head problems prefer tiles that fill the machine's waves. */
+static void test_planner_prefers_short_tiles_for_short_queries(void **state)
+{
+	(void)state;
+	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+	int n;
+	char err[256];
+	struct fa_plan_req r = req(FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, FA_MASK_NONE);
+	r.B = 1;
+	r.H = 8;
+	r.Sq = 17;
+	r.Sk = 4096;
+	assert_int_equal(fa_plan(fa_device_model_find("sm_90"), &r, t, FA_PLAN_MAX_CANDIDATES, &n,
+	                         err, sizeof err),
+	                 FA_OK);
+	assert_int_equal(t[0].br, 64);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_planner_knows_the_named_device_models),
+		cmocka_unit_test(test_planner_fits_every_head_dim_on_every_sm80_plus_model),
+		cmocka_unit_test(test_planner_fp32_d128_fits_sm89_above_48k),
+		cmocka_unit_test(test_planner_larger_devices_offer_more_tiles),
+		cmocka_unit_test(test_planner_nofit_names_shape_need_and_limit),
+		cmocka_unit_test(test_planner_rejects_bad_head_dims_and_dtypes),
+		cmocka_unit_test(test_planner_resolves_precisions),
+		cmocka_unit_test(test_planner_prefers_short_tiles_for_short_queries),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
