@@ -5,7 +5,7 @@
 #   proto/    -> $(BUILD)/libfaproto.a     wire contract (msgpack-c)
 #   kernels/  -> $(BUILD)/libfakernels.a   CPU reference, planner, GPU launcher (CUDA loaded at run time)
 #   client/   -> libfaclient.so.$(MAJOR), libfaclient.a, libfaclient.pc, fa-ctl (nanomsg)
-#   daemon/   -> fa-daemon (libuv, NNG)
+#   daemon/   -> fa-daemon (libuv; its own SP/IPC transport: daemon/README.md says why not NNG)
 #   tests/    -> unit, daemon, integ, gpu, bench, fuzz programs
 
 BUILD   ?= build
@@ -33,6 +33,7 @@ VPATCH := $(shell awk '/define FA_VERSION_PATCH/{print $$3}' $(HDR))
 VERSION := $(VMAJOR).$(VMINOR).$(VPATCH)
 
 # ---- libraries through pkg-config (NNG 1.5 ships no .pc: fall back to -lnng) -------------------
+# NNG is linked only by tests/daemon, as an independent SP implementation talking to the daemon.
 pc_cflags = $(shell $(PKG_CONFIG) --cflags $(1) 2>/dev/null)
 pc_libs   = $(shell $(PKG_CONFIG) --libs $(1) 2>/dev/null)
 MSGPACK_PC := $(shell $(PKG_CONFIG) --exists msgpack-c 2>/dev/null && echo msgpack-c || echo msgpack)
@@ -82,6 +83,7 @@ PROTO_OBJ   := $(call obj,$(PROTO_SRC))
 # The CUDA sources are embedded as C strings for NVRTC (kernels/*.cu -> $(BUILD)/gen/*_cu.c).
 KERNELS_GEN := $(patsubst kernels/%.cu,$(BUILD)/gen/%_cu.c,$(KERNELS_CU))
 KERNELS_OBJ := $(call obj,$(KERNELS_SRC)) $(KERNELS_GEN:.c=.o)
+.SECONDARY: $(KERNELS_GEN)
 CLIENT_OBJ  := $(call obj,$(CLIENT_SRC))
 CTL_OBJ     := $(call obj,$(CTL_SRC))
 DAEMON_OBJ  := $(call obj,$(DAEMON_SRC))
@@ -163,7 +165,7 @@ $(BUILD)/client/%.o: client/%.c
 
 $(BUILD)/daemon/%.o: daemon/%.c
 	$(call msg,CC,$<)
-	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) $(UV_CFLAGS) $(NNG_CFLAGS) $(SYSTEMD_CFLAGS) $(CUDA_CFLAGS) -Idaemon -MMD -MP -c $< -o $@
+	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) $(UV_CFLAGS) $(SYSTEMD_CFLAGS) $(CUDA_CFLAGS) -Idaemon -MMD -MP -c $< -o $@
 
 $(BUILD)/tests/%.o: tests/%.c
 	$(call msg,CC,$<)
@@ -195,7 +197,7 @@ $(CLIENT_PC): client/libfaclient.pc.in $(HDR)
 
 $(DAEMON_BIN): $(DAEMON_OBJ) $(LIBKERNELS) $(LIBPROTO)
 	$(call msg,LD,$@)
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBKERNELS) $(LIBPROTO) $(UV_LIBS) $(NNG_LIBS) \
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBKERNELS) $(LIBPROTO) $(UV_LIBS) \
 		$(MSGPACK_LIBS) $(SYSTEMD_LIBS) $(SYS_LIBS)
 
 $(CTL_BIN): $(CTL_OBJ) $(LIBCLIENT_A) $(LIBKERNELS)
@@ -207,7 +209,7 @@ $(UNIT_BIN): %: %.o $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO)
 	$(call msg,LD,$@)
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(MSGPACK_LIBS) $(SYS_LIBS)
 
-# tests/daemon: the daemon's own parts without main(), NNG side
+# tests/daemon: the daemon's own parts without main(); NNG as their client (never nanomsg here)
 $(DTEST_BIN): %: %.o $(DAEMON_LIBOBJ) $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO)
 	$(call msg,LD,$@)
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(UV_LIBS) $(NNG_LIBS) $(MSGPACK_LIBS) $(SYSTEMD_LIBS) $(SYS_LIBS)

@@ -1,0 +1,116 @@
+/* backend.h - where attention runs: a table of operations each engine implements.
+ *
+ * The CPU backend (backend_cpu.c) serves host memory on a worker pool; the GPU backend will plug
+ * into the same table. The loop thread submits jobs; a backend runs them on its own threads and
+ * hands each finished job back on the loop thread through the done callback (it uses a uv_async
+ * for that), exactly once per submitted job, cancelled or not.
+ */
+#ifndef FA_DAEMON_BACKEND_H
+#define FA_DAEMON_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "config.h"
+#include "fa_attn.h"
+#include "fa_proto.h"
+
+#define BACKEND_MAX_RANGES 5
+
+/* A mapping a job's pointers lie in. A client can shrink its shm object under the daemon: the
+ * CPU backend then replaces the vanished pages (SIGBUS handler) and sets *broken, so the job
+ * and every later one on that mapping fail with FA_ERANGE instead of the daemon dying. */
+struct backend_range {
+	char *base;
+	uint64_t size;
+	atomic_int *broken;
+};
+
+/* One forward pass. The caller fills the inputs and keeps the memory they point to mapped until
+ * done() is called. */
+struct backend_job {
+	/* inputs */
+	struct fa_attn_fwd_desc desc; /* validated */
+	const void *q, *k, *v;
+	void *o;
+	float *lse;                   /* NULL: not wanted */
+	const void *owner;            /* whose job (the session), for backend_cancel */
+	struct backend_range ranges[BACKEND_MAX_RANGES]; /* the mappings of q, k, v, o, lse */
+	unsigned nranges;
+	/* outputs, valid in done() */
+	fa_status status;
+	uint64_t compute_ns;          /* first chunk started .. last chunk finished */
+	char detail[FA_PROTO_DETAIL_MAX];
+	/* the backend's own bookkeeping */
+	struct backend_job *next;
+	int64_t bh_next, bh_total,
+	    bh_chunk; /* (batch, head) pairs: next to start, all, per chunk */
+	unsigned chunks_running;
+	uint64_t t_start;
+};
+
+/* Called on the loop thread when a job is finished (computed, failed or cancelled). */
+typedef void (*backend_done_fn)(struct backend_job *job, void *arg);
+
+struct backend;
+
+struct backend_ops {
+	const char *name;              /* "cpu": the --backend value and the STATS "backend" */
+	enum fa_backend_kind kind;     /* for HELLO's reply */
+	/* Start the engine. FA_ENOGPU and the like mean "not here": auto tries the next one. */
+	fa_status (*open)(struct backend **out, uv_loop_t *loop, const struct config *cfg,
+	                  backend_done_fn done, void *arg, char *err, size_t errlen);
+	/* Queue a job. FA_OK, or a status with job untouched (no done() call). */
+	fa_status (*submit)(struct backend *b, struct backend_job *job);
+	/* Finish every queued job of `owner` (all jobs when NULL) that has not started, with
+	 * FA_ECLOSED and `why` as detail, through done() later. Started jobs run to the end.
+	 * Returns how many were cancelled. */
+	unsigned (*cancel)(struct backend *b, const void *owner, const char *why);
+	/* Stop the threads (after every job was handed back), close the loop handles; `closed`
+	 * runs from the loop when the memory is gone. */
+	void (*close)(struct backend *b, void (*closed)(void *arg), void *arg);
+};
+
+/* What every backend exposes; implementations embed it first. */
+struct backend {
+	const struct backend_ops *ops;
+	unsigned threads;     /* workers (CPU) or streams (GPU), for STATS */
+	size_t align;         /* offset and stride alignment in bytes beyond the element size */
+	bool host_memory;     /* serves FA_REGION_HOST_SHM regions */
+	bool device_memory;   /* serves FA_REGION_CUDA_IPC regions */
+	atomic_uint running;  /* jobs started and not finished (set by the backend's threads) */
+};
+
+extern const struct backend_ops backend_cpu_ops;
+
+/* Open the backend named `which` ("auto": the first of the table that opens). Returns FA_OK, or
+ * FA_EINVAL (unknown name) or the backend's failure, with err saying why. */
+fa_status backend_open(const char *which, struct backend **out, uv_loop_t *loop,
+                       const struct config *cfg, backend_done_fn done, void *arg, char *err,
+                       size_t errlen);
+
+static inline fa_status backend_submit(struct backend *b, struct backend_job *job)
+{
+	return b->ops->submit(b, job);
+}
+
+static inline unsigned backend_cancel(struct backend *b, const void *owner, const char *why)
+{
+	return b->ops->cancel(b, owner, why);
+}
+
+static inline void backend_close(struct backend *b, void (*closed)(void *arg), void *arg)
+{
+	b->ops->close(b, closed, arg);
+}
+
+static inline const char *backend_name(const struct backend *b)
+{
+	return b->ops->name;
+}
+
+#endif /* FA_DAEMON_BACKEND_H */

@@ -1,0 +1,527 @@
+/* dispatch.c - the op table and its handlers.
+ *
+ * Synchronous ops (HELLO, BYE, PING, STATS, REGISTER, UNREGISTER) are answered before the
+ * handler returns. ATTN_FWD is validated, then handed to the backend with references on its
+ * session and regions; dispatch_fwd_done answers it when the backend is finished. Each request
+ * with a session passes through the session's dedupe ring first (not STATS, whose reply is large
+ * and harmless to recompute, nor BYE, which ends the ring's session).
+ */
+#include "dispatch.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dedupe.h"
+#include "log.h"
+#include "region.h"
+#include "session.h"
+#include "util.h"
+#include "validate.h"
+
+/* One ATTN_FWD between validation and its reply. The job comes first: the backend hands back
+ * the job pointer. */
+struct request {
+	struct backend_job job;
+	struct session *session;          /* referenced */
+	struct dedupe_entry *dd; /* its dedupe entry (decides where the reply goes), or NULL */
+	struct ipc_hdr hdr;               /* where the reply goes without a dedupe entry */
+	struct region *regions[VALIDATE_NTENSORS]; /* referenced, distinct */
+	unsigned nregions;
+	uint64_t seq;
+	uint64_t t_recv;
+	uint32_t pipe;                    /* the connection it arrived on, for the log */
+};
+
+struct dispatch_ctx {
+	struct server *srv;
+	const struct ipc_peer *peer;
+	const struct ipc_hdr *hdr;
+	const struct fa_proto_req *req;
+	struct session *session;  /* NULL for HELLO */
+	struct dedupe_entry *dd;
+	struct fa_proto_rep *rep; /* op, seq, epoch set; the handler fills u and detail */
+	bool async;               /* the handler will answer later */
+	uint64_t t_recv;
+};
+
+typedef fa_status (*dispatch_fn)(struct dispatch_ctx *c);
+
+struct dispatch_op {
+	uint32_t op;
+	bool needs_session;
+	bool dedupe;
+	dispatch_fn fn;
+};
+
+/* ---- replying -------------------------------------------------------------------------------- */
+
+/* Statuses that are the client's doing: answered, logged at warning once per session. */
+static bool dispatch_client_fault(fa_status st)
+{
+	switch (st) {
+	case FA_ENOMEM:
+	case FA_ESYS:
+	case FA_EINTERNAL:
+	case FA_EDEVICE:
+	case FA_EBUSY:
+	case FA_ECLOSED:
+		return false;
+	default:
+		return true;
+	}
+}
+
+/* One log line per reply: info when fine, warning for a session's first client error. */
+static void dispatch_log_reply(struct server *srv, struct session *s,
+                               const struct fa_proto_rep *rep, uint32_t pipe, uint64_t t_recv)
+{
+	double us = (double)(util_now_ns() - t_recv) / 1000.0;
+	const char *op = fa_proto_op_name(rep->op);
+
+	(void)srv;
+	if (rep->status == FA_OK) {
+		log_info("request %s session %016" PRIx64 " seq %" PRIu64 ": ok in %.1f us", op,
+		         s ? s->id : 0, rep->seq, us);
+		return;
+	}
+	fa_status st = (fa_status)rep->status;
+	if (!dispatch_client_fault(st)) {
+		if (st == FA_EBUSY || st == FA_ECLOSED)
+			log_info("request %s session %016" PRIx64 " seq %" PRIu64 ": %s: %s", op,
+			         s ? s->id : 0, rep->seq, fa_status_name(st), rep->detail);
+		else
+			log_err("request %s session %016" PRIx64 " seq %" PRIu64 ": %s: %s", op,
+			        s ? s->id : 0, rep->seq, fa_status_name(st), rep->detail);
+		return;
+	}
+	if (s != NULL && !s->warned) {
+		s->warned = true;
+		log_warn("request %s session %016" PRIx64 " seq %" PRIu64
+		         " (connection %u): %s: %s "
+		         "(further client errors of this session are logged at info)",
+		         op, s->id, rep->seq, pipe, fa_status_name(st), rep->detail);
+	} else {
+		log_info("request %s session %016" PRIx64 " seq %" PRIu64
+		         " (connection %u): %s: %s",
+		         op, s ? s->id : 0, rep->seq, pipe, fa_status_name(st), rep->detail);
+	}
+}
+
+/* Encode rep, count it, remember it for duplicates, send it. */
+static void dispatch_send(struct server *srv, struct session *s, struct dedupe_entry *dd,
+                          const struct ipc_hdr *hdr, struct fa_proto_rep *rep)
+{
+	size_t len;
+	fa_status st;
+
+	rep->epoch = srv->epoch;
+	st = fa_proto_encode_rep(rep, srv->rep_buf, sizeof srv->rep_buf, &len);
+	if (st != FA_OK) {
+		/* A reply the encoder refuses is a bug here; still answer something. */
+		log_err("dispatch: cannot encode the %s reply (status %d): %s; answering "
+		        "FA_EINTERNAL", fa_proto_op_name(rep->op), rep->status, fa_status_name(st));
+		struct fa_proto_rep r = {.op = rep->op, .seq = rep->seq, .epoch = srv->epoch,
+		                         .status = FA_EINTERNAL};
+		snprintf(r.detail, sizeof r.detail, "the daemon could not encode its reply");
+		if (fa_proto_encode_rep(&r, srv->rep_buf, sizeof srv->rep_buf, &len) != FA_OK)
+			return;
+		rep->status = FA_EINTERNAL;
+	}
+	if (rep->status == FA_OK) {
+		srv->stats.requests_ok++;
+	} else {
+		srv->stats.requests_failed++;
+		if (rep->status == FA_EBUSY)
+			srv->stats.requests_busy++;
+	}
+	/* With a dedupe entry, the newest copy of the request is the one waiting. */
+	struct ipc_hdr to = dd != NULL ? dd->hdr : *hdr;
+	if (dd != NULL) {
+		/* Transient refusals are not replayed: a resent copy deserves another try. */
+		if (rep->status == FA_EBUSY || rep->status == FA_ECLOSED)
+			dedupe_drop(&s->dedupe, dd);
+		else
+			dedupe_finish(&s->dedupe, dd, srv->rep_buf, len);
+	}
+	if (srv->ipc != NULL && ipc_reply(srv->ipc, &to, srv->rep_buf, len) != FA_OK)
+		log_err("dispatch: out of memory sending a reply");
+}
+
+/* Clear the reply scratch for a new reply (the STATS text is written whole by its handler). */
+static void dispatch_rep_reset(struct fa_proto_rep *rep, uint32_t op, uint64_t seq)
+{
+	memset(rep, 0, offsetof(struct fa_proto_rep, u));
+	memset(&rep->u, 0, sizeof(rep->u.hello));
+	rep->u.stats.text[0] = '\0';
+	rep->op = op;
+	rep->seq = seq;
+}
+
+/* An error reply to a request that may not even have decoded; logged unless peer is NULL. */
+static void dispatch_fail(struct server *srv, struct session *s, struct dedupe_entry *dd,
+                          const struct ipc_peer *peer, const struct ipc_hdr *hdr, uint32_t op,
+                          uint64_t seq, fa_status st, const char *detail)
+{
+	struct fa_proto_rep *rep = &srv->rep;
+
+	dispatch_rep_reset(rep, op, seq);
+	rep->status = st;
+	snprintf(rep->detail, sizeof rep->detail, "%s", detail);
+	if (peer != NULL)
+		dispatch_log_reply(srv, s, rep, peer->pipe, util_now_ns());
+	dispatch_send(srv, s, dd, hdr, rep);
+}
+
+/* ---- handlers -------------------------------------------------------------------------------- */
+
+static fa_status dispatch_hello(struct dispatch_ctx *c)
+{
+	struct server *srv = c->srv;
+	struct session *s;
+	fa_status st;
+
+	st = session_open(&srv->sessions, c->peer, c->req->u.hello.name, &s, c->rep->detail,
+	                  sizeof c->rep->detail);
+	if (st != FA_OK)
+		return st;
+	if (c->req->u.hello.pid != c->peer->pid)
+		log_debug("session %016" PRIx64 ": client says pid %u, the socket says %u", s->id,
+		          c->req->u.hello.pid, c->peer->pid);
+	c->session = s;
+	session_ref(s); /* dispatch_request drops it with the others */
+	s->requests++;
+	c->rep->u.hello.session = s->id;
+	c->rep->u.hello.max_msg = FA_PROTO_MAX_MSG;
+	c->rep->u.hello.max_inflight = (uint32_t)srv->cfg->max_inflight;
+	c->rep->u.hello.max_regions = (uint32_t)srv->cfg->max_regions;
+	c->rep->u.hello.backend = (uint8_t)srv->backend->ops->kind;
+	return FA_OK;
+}
+
+/* BYE: close the session; its regions are unmapped and unlinked. */
+static fa_status dispatch_bye(struct dispatch_ctx *c)
+{
+	session_close(&c->srv->sessions, c->session, true, "bye");
+	return FA_OK;
+}
+
+/* PING: nothing to do but answer. */
+static fa_status dispatch_ping(struct dispatch_ctx *c)
+{
+	(void)c;
+	return FA_OK;
+}
+
+/* STATS: the INFO-style text. */
+static fa_status dispatch_stats(struct dispatch_ctx *c)
+{
+	struct server *srv = c->srv;
+	struct stats_info in = {
+		.version = server_version(),
+		.epoch = srv->epoch,
+		.pid = (long)getpid(),
+		.uptime_s = (util_now_ns() - srv->start_ns) / 1000000000u,
+		.backend = srv->backend ? backend_name(srv->backend) : "none",
+		.threads = srv->backend ? srv->backend->threads : 0,
+		.sessions = session_count(&srv->sessions),
+		.sessions_total = srv->sessions.opened_total,
+		.connections = srv->ipc ? ipc_pipe_count(srv->ipc) : 0,
+		.regions = region_count(),
+		.region_bytes = region_bytes(),
+		.inflight = srv->inflight,
+		.running = srv->backend ? atomic_load(&srv->backend->running) : 0,
+	};
+
+	stats_format(&srv->stats, &in, c->rep->u.stats.text, sizeof c->rep->u.stats.text);
+	return FA_OK;
+}
+
+/* REGISTER: map a host shm object under a new region id of this session. */
+static fa_status dispatch_register(struct dispatch_ctx *c)
+{
+	struct server *srv = c->srv;
+	struct session *s = c->session;
+	char *err = c->rep->detail;
+	size_t errlen = sizeof c->rep->detail;
+	struct region *r;
+	fa_status st;
+
+	switch (c->req->u.reg.kind) {
+	case FA_REGION_HOST_SHM:
+		if (!srv->backend->host_memory)
+			return util_fail(err, errlen, FA_ENOTSUP,
+			                 "the %s backend does not serve host shared memory",
+			                 backend_name(srv->backend));
+		break;
+	case FA_REGION_CUDA_IPC:
+		if (!srv->backend->device_memory)
+			return util_fail(
+			    err, errlen, FA_ENOTSUP,
+			    "CUDA IPC regions need the gpu backend; this daemon runs the %s "
+			    "backend (host shared memory only)",
+			    backend_name(srv->backend));
+		return util_fail(err, errlen, FA_ENOTSUP,
+		                 "CUDA IPC regions are not implemented yet");
+	default:
+		return util_fail(err, errlen, FA_EINVAL, "unknown region kind %u",
+		                 c->req->u.reg.kind);
+	}
+	/* The limit before the mapping, so a flood of REGISTERs maps nothing. */
+	if (idmap_len(&s->regions) >= srv->sessions.max_regions)
+		return util_fail(err, errlen, FA_ELIMIT,
+		                 "the session has %zu regions, its limit (--max-regions)",
+		                 idmap_len(&s->regions));
+	st = region_open_shm(&r, c->req->u.reg.shm_name, c->req->u.reg.size, s->uid,
+	                     srv->cfg->max_region_bytes, err, errlen);
+	if (st != FA_OK)
+		return st;
+	if ((st = session_region_add(s, r, err, errlen)) != FA_OK) {
+		region_unref(r);
+		return st;
+	}
+	log_info("session %016" PRIx64 ": region %016" PRIx64 " is %s, %" PRIu64 " bytes", s->id,
+	         r->id, r->name, r->size);
+	c->rep->u.reg.region = r->id;
+	return FA_OK;
+}
+
+/* UNREGISTER: forget the id; the mapping goes when no request uses it. */
+static fa_status dispatch_unregister(struct dispatch_ctx *c)
+{
+	uint64_t id = c->req->u.unreg.region;
+
+	if (session_region_remove(c->session, id) != FA_OK)
+		return util_fail(c->rep->detail, sizeof c->rep->detail, FA_EREGION,
+		                 "region %016" PRIx64 " is not registered in this session", id);
+	log_info("session %016" PRIx64 ": region %016" PRIx64 " unregistered", c->session->id, id);
+	return FA_OK;
+}
+
+/* Release what a finished ATTN_FWD held: its regions and its session. */
+static void dispatch_request_free(struct request *r)
+{
+	for (unsigned i = 0; i < r->nregions; i++)
+		region_unref(r->regions[i]);
+	session_unref(r->session);
+	free(r);
+}
+
+/* ATTN_FWD: check the in-flight limit, validate, take references, hand to the backend. */
+static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
+{
+	struct server *srv = c->srv;
+	struct session *s = c->session;
+	char *err = c->rep->detail;
+	size_t errlen = sizeof c->rep->detail;
+	struct validate_result vr;
+	struct request *r;
+	fa_status st;
+
+	if (s->inflight >= (unsigned)srv->cfg->max_inflight)
+		return util_fail(
+		    err, errlen, FA_EBUSY,
+		    "the session has %u requests in flight, its limit (--max-inflight); "
+		    "retry when one has finished",
+		    s->inflight);
+	st = validate_attn_fwd(s, c->req, srv->backend->align, &vr, err, errlen);
+	if (st != FA_OK)
+		return st;
+	if ((r = calloc(1, sizeof(*r))) == NULL)
+		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+	r->job.desc = vr.desc;
+	r->job.q = vr.q;
+	r->job.k = vr.k;
+	r->job.v = vr.v;
+	r->job.o = vr.o;
+	r->job.lse = vr.lse;
+	r->job.owner = s;
+	r->session = s;
+	session_ref(s);
+	for (int i = 0; i < VALIDATE_NTENSORS; i++) {
+		bool seen = vr.region[i] == NULL;
+		for (unsigned j = 0; j < r->nregions && !seen; j++)
+			seen = r->regions[j] == vr.region[i];
+		if (!seen) {
+			struct region *rg = vr.region[i];
+			region_ref(rg);
+			r->regions[r->nregions++] = rg;
+			r->job.ranges[r->job.nranges++] = (struct backend_range){
+				.base = rg->base, .size = rg->size, .broken = &rg->broken};
+		}
+	}
+	r->dd = c->dd;
+	r->hdr = *c->hdr;
+	r->seq = c->req->seq;
+	r->t_recv = c->t_recv;
+	r->pipe = c->peer->pipe;
+	if ((st = backend_submit(srv->backend, &r->job)) != FA_OK) {
+		dispatch_request_free(r);
+		return util_fail(err, errlen, st, "the backend did not take the request");
+	}
+	s->inflight++;
+	srv->inflight++;
+	c->async = true;
+	return FA_OK;
+}
+
+static const struct dispatch_op dispatch_ops[] = {
+	{FA_OP_HELLO, false, false, dispatch_hello},
+	{FA_OP_BYE, true, false, dispatch_bye},
+	{FA_OP_PING, true, true, dispatch_ping},
+	{FA_OP_STATS, true, false, dispatch_stats},
+	{FA_OP_REGISTER, true, true, dispatch_register},
+	{FA_OP_UNREGISTER, true, true, dispatch_unregister},
+	{FA_OP_ATTN_FWD, true, true, dispatch_attn_fwd},
+};
+
+/* The table entry of an op, or NULL. */
+static const struct dispatch_op *dispatch_find(uint32_t op)
+{
+	for (size_t i = 0; i < sizeof(dispatch_ops) / sizeof(dispatch_ops[0]); i++)
+		if (dispatch_ops[i].op == op)
+			return &dispatch_ops[i];
+	return NULL;
+}
+
+/* ---- entry points ---------------------------------------------------------------------------- */
+
+void dispatch_request(struct server *srv, const struct ipc_peer *peer, const struct ipc_hdr *hdr,
+                      const void *body, size_t len)
+{
+	struct fa_proto_req req;
+	char err[FA_PROTO_DETAIL_MAX];
+	const struct dispatch_op *op;
+	uint64_t t_recv = util_now_ns();
+	fa_status st;
+
+	srv->stats.requests_total++;
+	/* fa_proto_decode_req pre-scans the bytes (size, depth, declared lengths) before msgpack-c
+	 * sees them; oversize comes back as FA_ETOOBIG. */
+	st = fa_proto_decode_req(body, len, &req, err, sizeof err);
+	if (st != FA_OK) {
+		if (st == FA_EPROTO || st == FA_ETOOBIG)
+			srv->stats.requests_malformed++;
+		log_info("dispatch: connection %u (pid %u): %zu-byte request refused: %s: %s",
+		         peer->pipe, peer->pid, len, fa_status_name(st), err);
+		dispatch_fail(srv, NULL, NULL, NULL, hdr, req.op, req.seq, st, err);
+		return;
+	}
+	if ((op = dispatch_find(req.op)) == NULL) {
+		snprintf(err, sizeof err, "op %s is not served by this daemon",
+		         fa_proto_op_name(req.op));
+		dispatch_fail(srv, NULL, NULL, peer, hdr, req.op, req.seq, FA_ENOTSUP, err);
+		return;
+	}
+
+	struct session *s = NULL;
+	struct dedupe_entry *dd = NULL;
+	if (op->needs_session) {
+		s = session_find(&srv->sessions, req.session);
+		if (s == NULL || session_attach(s, peer) != FA_OK) {
+			snprintf(err, sizeof err,
+			         "session %016" PRIx64
+			         " is not open on this daemon (epoch %016" PRIx64
+			         "); open a new session",
+			         req.session, srv->epoch);
+			dispatch_fail(srv, NULL, NULL, peer, hdr, req.op, req.seq, FA_ESESSION,
+			              err);
+			return;
+		}
+		session_ref(s); /* BYE closes it under our feet */
+		s->requests++;
+		if (op->dedupe) {
+			switch (dedupe_check(&s->dedupe, req.seq, req.op, hdr, &dd)) {
+			case DEDUPE_IN_PROGRESS:
+				srv->stats.requests_deduped++;
+				log_info(
+				    "request %s session %016" PRIx64 " seq %" PRIu64
+				    ": repeated while running; the reply goes to the newest copy",
+				    fa_proto_op_name(req.op), s->id, req.seq);
+				session_unref(s);
+				return;
+			case DEDUPE_REPLAY:
+				srv->stats.requests_deduped++;
+				log_info("request %s session %016" PRIx64 " seq %" PRIu64
+				         ": repeated; answered from the cache",
+				         fa_proto_op_name(req.op), s->id, req.seq);
+				if (srv->ipc != NULL)
+					ipc_reply(srv->ipc, hdr, dd->reply, dd->reply_len);
+				session_unref(s);
+				return;
+			case DEDUPE_CONFLICT:
+				snprintf(err, sizeof err,
+				         "seq %" PRIu64
+				         " was already used by another op in this session",
+				         req.seq);
+				dispatch_fail(srv, s, NULL, peer, hdr, req.op, req.seq, FA_EPROTO,
+				              err);
+				session_unref(s);
+				return;
+			case DEDUPE_NEW:
+				break;
+			}
+		}
+	}
+	if (srv->state != SERVER_RUNNING) {
+		dispatch_fail(srv, s, dd, peer, hdr, req.op, req.seq, FA_ECLOSED,
+		              "the daemon is shutting down");
+		if (s != NULL)
+			session_unref(s);
+		return;
+	}
+
+	struct fa_proto_rep *rep = &srv->rep;
+	dispatch_rep_reset(rep, req.op, req.seq);
+	struct dispatch_ctx c = {
+		.srv = srv,
+		.peer = peer,
+		.hdr = hdr,
+		.req = &req,
+		.session = s,
+		.dd = dd,
+		.rep = rep,
+		.t_recv = t_recv,
+	};
+	st = op->fn(&c);
+	if (!c.async) {
+		rep->status = st;
+		if (st == FA_OK)
+			rep->detail[0] = '\0';
+		dispatch_log_reply(srv, c.session, rep, peer->pipe, t_recv);
+		dispatch_send(srv, c.session, dd, hdr, rep);
+	}
+	if (c.session != NULL)
+		session_unref(c.session);
+}
+
+/* The backend finished a job: answer it; see dispatch.h. */
+void dispatch_fwd_done(struct server *srv, struct backend_job *job)
+{
+	struct request *r = (struct request *)job; /* job is the first member */
+	struct session *s = r->session;
+	struct fa_proto_rep *rep = &srv->rep;
+
+	dispatch_rep_reset(rep, FA_OP_ATTN_FWD, r->seq);
+	rep->status = job->status;
+	if (job->status == FA_OK) {
+		rep->u.fwd.compute_ns = job->compute_ns;
+		srv->stats.fwd_total++;
+		srv->stats.fwd_compute_ns += job->compute_ns;
+	} else {
+		snprintf(rep->detail, sizeof rep->detail, "%s", job->detail);
+	}
+	s->inflight--;
+	srv->inflight--;
+	dispatch_log_reply(srv, s, rep, r->pipe, r->t_recv);
+	if (job->status == FA_OK)
+		log_debug(
+		    "request ATTN_FWD seq %" PRIu64 ": B %" PRId64 " Sq %" PRId64 " Sk %" PRId64
+		    " Hq %" PRId64 " Hkv %" PRId64 " D %" PRId64 " %s, compute %.1f us",
+		    r->seq, job->desc.B, job->desc.Sq, job->desc.Sk, job->desc.Hq, job->desc.Hkv,
+		    job->desc.D, fa_dtype_name(job->desc.dtype), (double)job->compute_ns / 1000.0);
+	dispatch_send(srv, s, r->dd, &r->hdr, rep);
+	dispatch_request_free(r);
+	server_check_drained(srv);
+}

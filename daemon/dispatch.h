@@ -1,0 +1,21 @@
+/* dispatch.h - one request in, one reply out: decode, find the session, dedupe, run the op's
+ * handler, encode, reply. Errors are answered with a status and a detail text (v, op and seq
+ * echoed when the decoder could read them); nothing a client sends makes the daemon stop.
+ */
+#ifndef FA_DAEMON_DISPATCH_H
+#define FA_DAEMON_DISPATCH_H
+
+#include <stddef.h>
+
+#include "backend.h"
+#include "ipc.h"
+#include "server.h"
+
+/* A request arrived (loop thread). */
+void dispatch_request(struct server *srv, const struct ipc_peer *peer, const struct ipc_hdr *hdr,
+                      const void *body, size_t len);
+
+/* The backend finished an ATTN_FWD job: answer it and release what it held (loop thread). */
+void dispatch_fwd_done(struct server *srv, struct backend_job *job);
+
+#endif /* FA_DAEMON_DISPATCH_H */

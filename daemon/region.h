@@ -1,0 +1,55 @@
+/* region.h - client memory the daemon maps: host POSIX shared memory, by name.
+ *
+ * A client creates "/fa.<uid>.<pid>.<16 hex>" (mode 0660), registers it, and then names
+ * (region id, byte offset) in requests. The daemon opens it only if the name has that shape, the
+ * object's owner is the connection's peer uid and it is at least the declared size; it maps the
+ * declared size shared and read-write.
+ *
+ * Lifetime: a region is reference-counted: one reference for the session's table, one for each
+ * request that uses it. Unregistering or closing the session drops the table's reference; the
+ * mapping goes away when the last request using it has finished (unmapping under a running
+ * computation would fault). Whether the shm object is also unlinked is decided at close: yes when
+ * the session ended (a killed client leaks nothing), no on UNREGISTER (the client unlinks its own)
+ * and no on the daemon's clean shutdown (clients keep their objects and register them again with
+ * the next daemon).
+ */
+#ifndef FA_DAEMON_REGION_H
+#define FA_DAEMON_REGION_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "fa/fa_client.h"
+#include "fa_proto.h"
+
+struct region {
+	uint64_t id;        /* random, nonzero; set by the session that holds it */
+	unsigned refs;
+	bool unlink;        /* shm_unlink the object when the last reference goes */
+	atomic_int broken;  /* pages vanished under a computation (the object shrank): unusable */
+	void *base;         /* the mapping */
+	uint64_t size;      /* bytes mapped = the size the client declared */
+	char name[FA_PROTO_SHM_NAME_MAX];
+};
+
+/* Is `name` of the form "/fa.<uid>.<pid>.<16 hex digits>" (decimal uid and pid, no other '/')? */
+bool region_name_valid(const char *name);
+
+/* Open, check and map a host shm object for a peer. The reference count starts at 1.
+ * Returns FA_OK; FA_EINVAL (bad name, size 0 or above max_bytes, not a regular file, no such
+ * object), FA_EPERM (owned by another uid, or the daemon may not open it), FA_ERANGE (the object
+ * is smaller than `size`), FA_ENOMEM, FA_ESYS; err says why in words a client can act on. */
+fa_status region_open_shm(struct region **out, const char *name, uint64_t size, uint32_t peer_uid,
+                          uint64_t max_bytes, char *err, size_t errlen);
+
+/* Take / drop a reference. The last drop unmaps (and unlinks when r->unlink) and frees. */
+void region_ref(struct region *r);
+void region_unref(struct region *r);
+
+/* Process-wide totals of live mappings (the STATS "regions" and "region_bytes"). Loop thread. */
+unsigned region_count(void);
+uint64_t region_bytes(void);
+
+#endif /* FA_DAEMON_REGION_H */

@@ -1,0 +1,214 @@
+/* server.c - start, glue and stop: wires ipc, sessions, dispatch and the backend together. */
+#include "server.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dispatch.h"
+#include "log.h"
+#include "notify.h"
+#include "region.h"
+#include "util.h"
+
+#define SERVER_RECV_MAX (1u << 20)     /* a larger message closes its connection */
+#define SERVER_LINGER_POLL_MS 5
+#define SERVER_LINGER_MAX_NS (1000 * 1000000ull)  /* however busy the socket is */
+#define SERVER_DEDUPE_EXTRA 32   /* ring entries beyond --max-inflight: recent finished requests */
+#define SERVER_DEDUPE_MAX 1024   /* past this, scans cost more than rare unprotected repeats */
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+/* The version from the public header's three macros. */
+const char *server_version(void)
+{
+	return STR(FA_VERSION_MAJOR) "." STR(FA_VERSION_MINOR) "." STR(FA_VERSION_PATCH);
+}
+
+/* ---- glue ------------------------------------------------------------------------------------ */
+
+static void server_on_recv(void *arg, const struct ipc_peer *peer, const struct ipc_hdr *hdr,
+                           const void *body, size_t len)
+{
+	dispatch_request(arg, peer, hdr, body, len);
+}
+
+/* A connection closed: sessions that used only it close too. */
+static void server_on_pipe_closed(void *arg, const struct ipc_peer *peer)
+{
+	struct server *srv = arg;
+
+	session_pipe_closed(&srv->sessions, peer->pipe);
+}
+
+/* The backend finished a job (on the loop). */
+static void server_on_job_done(struct backend_job *job, void *arg)
+{
+	dispatch_fwd_done(arg, job);
+}
+
+/* A session is closing: its queued work will never be wanted. */
+static void server_on_session_close(struct session *s, void *arg)
+{
+	struct server *srv = arg;
+
+	if (srv->backend != NULL && s->inflight > 0)
+		backend_cancel(srv->backend, s, "the session closed before this request started");
+}
+
+/* ---- start ----------------------------------------------------------------------------------- */
+
+static void server_part_closed(void *arg);
+
+/* Start the backend, then the socket, then tell systemd; see server.h. */
+fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *cfg, char *err,
+                      size_t errlen)
+{
+	char desc[8192];
+	fa_status st;
+
+	memset(srv, 0, sizeof(*srv));
+	srv->cfg = cfg;
+	srv->loop = loop;
+	srv->start_ns = util_now_ns();
+	srv->state = SERVER_RUNNING;
+	if ((st = util_random_u64(&srv->epoch)) != FA_OK)
+		return util_fail(err, errlen, st, "no randomness for the epoch");
+	unsigned ring = (unsigned)cfg->max_inflight + SERVER_DEDUPE_EXTRA;
+	session_table_init(&srv->sessions, (unsigned)cfg->max_sessions, (unsigned)cfg->max_regions,
+	                   ring < SERVER_DEDUPE_MAX ? ring : SERVER_DEDUPE_MAX);
+	srv->sessions.on_close = server_on_session_close;
+	srv->sessions.on_close_arg = srv;
+
+	config_describe(cfg, desc, sizeof desc);
+	log_notice("fa-daemon %s (protocol %d) pid %ld starting", server_version(),
+	           FA_PROTO_VERSION, (long)getpid());
+	log_notice("config: %s", desc);
+
+	/* The backend before the socket: a daemon that cannot compute should not accept. */
+	st = backend_open(cfg->backend, &srv->backend, loop, cfg, server_on_job_done, srv, err,
+	                  errlen);
+	if (st != FA_OK) {
+		srv->backend = NULL;
+		return st;
+	}
+	struct ipc_params p = {
+		.path = cfg->socket,
+		.mode = cfg->socket_mode,
+		.recv_max = SERVER_RECV_MAX,
+		.on_recv = server_on_recv,
+		.on_pipe_closed = server_on_pipe_closed,
+		.arg = srv,
+	};
+	if ((st = ipc_open(&srv->ipc, loop, &p, err, errlen)) != FA_OK) {
+		srv->ipc = NULL;
+		srv->state = SERVER_CLOSING;
+		srv->closing = 1;
+		backend_close(srv->backend, server_part_closed, srv);
+		srv->backend = NULL;
+		return st;
+	}
+	log_notice("server: ready on %s (mode %04o), backend %s with %u threads, epoch %016" PRIx64,
+	           cfg->socket, cfg->socket_mode, backend_name(srv->backend), srv->backend->threads,
+	           srv->epoch);
+	notify_sendf("READY=1\nSTATUS=serving on %s, backend %s, %u threads", cfg->socket,
+	             backend_name(srv->backend), srv->backend->threads);
+	return FA_OK;
+}
+
+/* ---- stop ------------------------------------------------------------------------------------ */
+
+static void server_part_closed(void *arg)
+{
+	struct server *srv = arg;
+
+	if (--srv->closing > 0)
+		return;
+	srv->state = SERVER_CLOSED;
+	log_notice("server: stopped");
+	if (srv->closed != NULL)
+		srv->closed(srv->closed_arg);
+}
+
+/* The linger timer is closed. */
+static void server_timer_closed(uv_handle_t *h)
+{
+	server_part_closed(h->data);
+}
+
+/* Everything answered: close the socket, unmap every region, stop the backend. */
+static void server_teardown(struct server *srv)
+{
+	srv->state = SERVER_CLOSING;
+	srv->closing = 1; /* this function's own reference, dropped at the end */
+	if (srv->timer_open) {
+		srv->closing++;
+		srv->timer_open = false;
+		uv_close((uv_handle_t *)&srv->timer, server_timer_closed);
+	}
+	if (srv->ipc != NULL) {
+		srv->closing++;
+		ipc_close(srv->ipc, server_part_closed, srv);
+		srv->ipc = NULL;
+	}
+	/* Unmap only: a clean restart keeps the clients' shm objects for the next daemon. */
+	session_table_fini(&srv->sessions, false);
+	if (srv->backend != NULL) {
+		srv->closing++;
+		backend_close(srv->backend, server_part_closed, srv);
+		srv->backend = NULL;
+	}
+	server_part_closed(srv);
+}
+
+/* Linger until every reply is written to its socket (then the peer reads it even after we
+ * close), bounded: a client that does not read cannot hold the shutdown. */
+static void server_linger_cb(uv_timer_t *t)
+{
+	struct server *srv = t->data;
+	uint64_t now = util_now_ns();
+	bool quiet = srv->ipc == NULL || ipc_sends_pending(srv->ipc) == 0;
+
+	if (quiet || now - srv->linger_start_ns >= SERVER_LINGER_MAX_NS) {
+		uv_timer_stop(t);
+		server_teardown(srv);
+	}
+}
+
+/* When shutting down and nothing is in flight, start the linger. */
+void server_check_drained(struct server *srv)
+{
+	if (srv->state != SERVER_DRAINING || srv->inflight > 0)
+		return;
+	srv->state = SERVER_LINGER;
+	srv->linger_start_ns = util_now_ns();
+	log_info("server: every request answered; closing the socket");
+	if (uv_timer_init(srv->loop, &srv->timer) != 0) {
+		server_teardown(srv);
+		return;
+	}
+	srv->timer.data = srv;
+	srv->timer_open = true;
+	uv_timer_start(&srv->timer, server_linger_cb, 0, SERVER_LINGER_POLL_MS);
+}
+
+/* Stop taking work, cancel what has not started, wait for the rest; see server.h. */
+void server_shutdown(struct server *srv, void (*closed)(void *arg), void *arg)
+{
+	srv->closed = closed;
+	srv->closed_arg = arg;
+	if (srv->state != SERVER_RUNNING)
+		return;
+	srv->state = SERVER_DRAINING;
+	log_notice("server: shutting down: %u requests in flight, %u sessions", srv->inflight,
+	           session_count(&srv->sessions));
+	notify_send("STOPPING=1\nSTATUS=stopping");
+	if (srv->backend != NULL) {
+		unsigned n = backend_cancel(srv->backend, NULL, "the daemon is shutting down");
+		if (n > 0)
+			log_info("server: %u queued requests will be answered FA_ECLOSED", n);
+	}
+	server_check_drained(srv);
+}

@@ -1,0 +1,72 @@
+/* server.h - the daemon's state and lifecycle: one struct, owned by the loop thread.
+ *
+ * server_open starts the backend, binds the socket and says READY=1; requests flow
+ * ipc -> dispatch -> (backend ->) dispatch -> ipc. server_shutdown stops: queued requests are
+ * answered FA_ECLOSED, running ones finish and are answered, new ones get FA_ECLOSED, then the
+ * socket closes, regions are unmapped (not unlinked: clients own their shm names and register
+ * them with the next daemon), the backend's threads stop, and `closed` runs.
+ */
+#ifndef FA_DAEMON_SERVER_H
+#define FA_DAEMON_SERVER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "backend.h"
+#include "config.h"
+#include "fa_proto.h"
+#include "ipc.h"
+#include "session.h"
+#include "stats.h"
+
+enum server_state {
+	SERVER_RUNNING,
+	SERVER_DRAINING, /* shutting down: waiting for running requests */
+	SERVER_LINGER,   /* all answered: waiting for the last replies to be written */
+	SERVER_CLOSING,  /* handles closing */
+	SERVER_CLOSED,
+};
+
+struct server {
+	const struct config *cfg;
+	uv_loop_t *loop;
+	struct ipc *ipc;          /* NULL once closed */
+	struct backend *backend;  /* NULL once closed */
+	struct session_table sessions;
+	struct stats stats;
+	uint64_t epoch;           /* random per start; in every reply */
+	uint64_t start_ns;
+	unsigned inflight;        /* ATTN_FWD requests accepted and not answered, all sessions */
+	enum server_state state;
+	uv_timer_t timer;         /* the linger poll */
+	bool timer_open;
+	uint64_t linger_start_ns;
+	int closing;              /* handles / parts still closing */
+	void (*closed)(void *arg);
+	void *closed_arg;
+	int exit_code;
+
+	/* Scratch for the loop thread: one reply is built and encoded at a time. */
+	struct fa_proto_rep rep;
+	uint8_t rep_buf[FA_PROTO_MAX_MSG];
+};
+
+/* Start everything on `loop`: backend, socket, READY=1. cfg must outlive the server. On failure
+ * whatever was started is being closed: run the loop until it returns, then stop. Returns FA_OK
+ * or the failing part's status, with err saying why. */
+fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *cfg, char *err,
+                      size_t errlen);
+
+/* Begin the graceful stop (idempotent). `closed` is called from the loop once every handle of
+ * the server is closed and its memory released. */
+void server_shutdown(struct server *srv, void (*closed)(void *arg), void *arg);
+
+/* A forward request was answered: shutdown may proceed when none is left. (dispatch.c) */
+void server_check_drained(struct server *srv);
+
+/* "0.1.0" */
+const char *server_version(void);
+
+#endif /* FA_DAEMON_SERVER_H */

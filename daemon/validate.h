@@ -1,0 +1,38 @@
+/* validate.h - turn an ATTN_FWD request into a descriptor and pointers, or say exactly why not.
+ *
+ * Everything a client sends is checked before any byte of its memory is touched: the regions
+ * belong to this session, dtypes agree (lse is fp32), shapes are consistent (GQA, lse
+ * [B, Hq, Sq, 1]), the head dim is contiguous, every tensor's extent (offset + strided span,
+ * overflow-checked) lies inside its region, offsets are aligned, and the outputs (O, lse) overlap
+ * no other tensor. A bad request gets a status and a detail text naming the tensor and numbers.
+ */
+#ifndef FA_DAEMON_VALIDATE_H
+#define FA_DAEMON_VALIDATE_H
+
+#include <stddef.h>
+
+#include "fa_attn.h"
+#include "fa_proto.h"
+#include "region.h"
+#include "session.h"
+
+enum { VALIDATE_Q, VALIDATE_K, VALIDATE_V, VALIDATE_O, VALIDATE_LSE, VALIDATE_NTENSORS };
+
+struct validate_result {
+	struct fa_attn_fwd_desc desc;              /* scale and precision resolved */
+	struct region
+	    *region[VALIDATE_NTENSORS]; /* borrowed from the session; lse NULL if absent */
+	const void *q, *k, *v;
+	void *o;
+	float *lse;                                /* NULL when not wanted */
+};
+
+/* Validate req (op ATTN_FWD) against session s. `align`: byte alignment the backend needs for
+ * every offset and every batch/seq/head stride in bytes, beyond the element size (0: the element
+ * size only, enough for the CPU backend). On FA_OK, out is filled; the regions are not referenced
+ * (the caller takes references). Returns FA_OK, FA_EREGION, FA_EDTYPE, FA_ESHAPE, FA_EINVAL,
+ * FA_ERANGE, FA_EALIGN or FA_EOVERLAP, with the detail in err. */
+fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *req, size_t align,
+                            struct validate_result *out, char *err, size_t errlen);
+
+#endif /* FA_DAEMON_VALIDATE_H */

@@ -1,0 +1,298 @@
+/* test_config.c - the option table: defaults, flags, environment, config file, precedence, and
+ * every kind of bad value refused with a message that names the option. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "config.h"
+
+static const char *const env_names[] = {
+	"FA_SOCKET",  "FA_SOCKET_MODE", "FA_THREADS",   "FA_MAX_INFLIGHT",     "FA_MAX_REGIONS",
+	"FA_MAX_SESSIONS", "FA_MAX_REGION_BYTES", "FA_BACKEND", "FA_CACHE_DIR", "FA_CONFIG",
+	"FA_VERBOSE",
+};
+
+/* Every test starts from an environment without FA_* settings. */
+static int clean_env(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < sizeof(env_names) / sizeof(env_names[0]); i++)
+		unsetenv(env_names[i]);
+	return 0;
+}
+
+static fa_status parse(struct config *c, enum config_action *action, char *err, size_t errlen,
+                       ...)
+{
+	char *argv[32] = {"fa-daemon"};
+	int argc = 1;
+	va_list ap;
+
+	va_start(ap, errlen);
+	for (char *a; argc < 31 && (a = va_arg(ap, char *)) != NULL;)
+		argv[argc++] = a;
+	va_end(ap);
+	return config_load(c, argc, argv, action, err, errlen);
+}
+
+static void get(const struct config *c, const char *name, char *buf, size_t cap)
+{
+	assert_true(config_get(c, name, buf, cap));
+}
+
+static void test_config_defaults_are_the_documented_values(void **state)
+{
+	struct config c;
+	enum config_action a;
+	char err[256], v[256];
+	(void)state;
+
+	assert_int_equal(parse(&c, &a, err, sizeof err, NULL), FA_OK);
+	assert_int_equal(a, CONFIG_RUN);
+	assert_int_equal(c.socket_mode, 0660);
+	assert_int_equal(c.max_inflight, 64);
+	assert_int_equal(c.max_regions, 256);
+	assert_int_equal(c.max_sessions, 1024);
+	assert_true(c.max_region_bytes == (uint64_t)64 << 30);
+	assert_string_equal(c.backend, "auto");
+	assert_int_equal(c.verbose, 0);
+	assert_true(c.threads >= 1); /* 0 resolved to the CPU count */
+	get(&c, "socket-mode", v, sizeof v);
+	assert_string_equal(v, "0660");
+	get(&c, "max-region-bytes", v, sizeof v);
+	assert_string_equal(v, "64G");
+}
+
+static void test_config_default_socket_follows_xdg_runtime_dir(void **state)
+{
+	struct config c;
+	(void)state;
+
+	setenv("XDG_RUNTIME_DIR", "/run/user/1234", 1);
+	config_defaults(&c);
+	assert_string_equal(c.socket, "/run/user/1234/fa-daemon/fa.sock");
+	unsetenv("XDG_RUNTIME_DIR");
+	config_defaults(&c);
+	assert_string_equal(c.socket, "/run/fa-daemon/fa.sock");
+}
+
+static void test_config_flags_take_both_spellings(void **state)
+{
+	struct config c;
+	enum config_action a;
+	char err[256];
+	(void)state;
+
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--threads", "3", "--max-inflight=7",
+	                       "--socket", "ipc:///tmp/fa-t.sock", "--socket-mode", "600",
+	                       "--max-region-bytes", "2M", "--backend=cpu", "-vv", NULL),
+	                 FA_OK);
+	assert_int_equal(c.threads, 3);
+	assert_int_equal(c.max_inflight, 7);
+	assert_string_equal(c.socket, "/tmp/fa-t.sock"); /* the URL prefix is stripped */
+	assert_int_equal(c.socket_mode, 0600);
+	assert_true(c.max_region_bytes == 2u << 20);
+	assert_string_equal(c.backend, "cpu");
+	assert_int_equal(c.verbose, 2);
+}
+
+static void test_config_environment_is_read(void **state)
+{
+	struct config c;
+	enum config_action a;
+	char err[256];
+	(void)state;
+
+	setenv("FA_THREADS", "5", 1);
+	setenv("FA_SOCKET", "/tmp/fa-env.sock", 1);
+	setenv("FA_MAX_SESSIONS", "9", 1);
+	assert_int_equal(parse(&c, &a, err, sizeof err, NULL), FA_OK);
+	assert_int_equal(c.threads, 5);
+	assert_int_equal(c.max_sessions, 9);
+	assert_string_equal(c.socket, "/tmp/fa-env.sock");
+}
+
+/* Write a config file into a fresh temporary path. */
+static void write_file(char *path, size_t cap, const char *text)
+{
+	snprintf(path, cap, "/tmp/fa-config-XXXXXX");
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	close(fd);
+}
+
+static void test_config_file_then_env_then_flags(void **state)
+{
+	struct config c;
+	enum config_action a;
+	char err[256], path[64];
+	(void)state;
+
+	write_file(path, sizeof path,
+	           "# a comment\n"
+	           "\n"
+	           "threads = 2\n"
+	           "max-regions=11   # trailing comment\n"
+	           "max-inflight = 3\n"
+	           "socket = \"/tmp/fa-file.sock\"\n");
+	setenv("FA_MAX_INFLIGHT", "4", 1);
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--config", path, "--threads", "6", NULL),
+	                 FA_OK);
+	assert_int_equal(c.max_regions, 11);       /* file */
+	assert_int_equal(c.max_inflight, 4);       /* env beats file */
+	assert_int_equal(c.threads, 6);            /* flag beats file */
+	assert_string_equal(c.socket, "/tmp/fa-file.sock");
+	assert_string_equal(c.config_file, path);
+
+	/* FA_CONFIG names the file when no flag does. */
+	setenv("FA_CONFIG", path, 1);
+	assert_int_equal(parse(&c, &a, err, sizeof err, NULL), FA_OK);
+	assert_int_equal(c.max_regions, 11);
+	unlink(path);
+}
+
+static void expect_refused(const char *needle, ...)
+{
+	struct config c;
+	enum config_action a;
+	char err[512] = "";
+	char *argv[16] = {"fa-daemon"};
+	int argc = 1;
+	va_list ap;
+
+	va_start(ap, needle);
+	for (char *x; argc < 15 && (x = va_arg(ap, char *)) != NULL;)
+		argv[argc++] = x;
+	va_end(ap);
+	assert_int_not_equal(config_load(&c, argc, argv, &a, err, sizeof err), FA_OK);
+	if (strstr(err, needle) == NULL)
+		fail_msg("message '%s' does not mention '%s'", err, needle);
+}
+
+static void test_config_rejects_bad_values_with_a_message(void **state)
+{
+	char longpath[200];
+	(void)state;
+
+	expect_refused("--threads: 'abc' is not an integer", "--threads", "abc", NULL);
+	expect_refused("--threads: 5000 is out of range 0..1024", "--threads", "5000", NULL);
+	expect_refused("--max-inflight: 0 is out of range", "--max-inflight", "0", NULL);
+	expect_refused("--threads: '3x' is not an integer", "--threads=3x", NULL);
+	expect_refused("--socket-mode: '0999' is not an octal mode", "--socket-mode", "0999", NULL);
+	expect_refused("--socket-mode: 01777 is out of range", "--socket-mode", "01777", NULL);
+	expect_refused("--max-region-bytes: '12Q' is not a size", "--max-region-bytes", "12Q",
+	               NULL);
+	expect_refused("--max-region-bytes: '-1' is not a size", "--max-region-bytes", "-1", NULL);
+	expect_refused("--backend: 'gpux' is not one of: auto, cpu", "--backend", "gpux", NULL);
+	expect_refused("unknown option '--frobnicate'", "--frobnicate", "1", NULL);
+	expect_refused("unknown option '-x'", "-x", NULL);
+	expect_refused("--threads needs a value", "--threads", NULL);
+	expect_refused("unexpected argument 'stray'", "stray", NULL);
+	expect_refused("--socket: the socket path is empty", "--socket", "", NULL);
+	memset(longpath, 'a', sizeof longpath);
+	longpath[0] = '/';
+	longpath[120] = '\0';
+	expect_refused("a Unix socket path must be shorter than 108 bytes", "--socket", longpath,
+	               NULL);
+	expect_refused("--config /nonexistent/fa.conf", "--config", "/nonexistent/fa.conf", NULL);
+
+	setenv("FA_MAX_REGIONS", "many", 1);
+	expect_refused("FA_MAX_REGIONS: 'many' is not an integer", NULL);
+	unsetenv("FA_MAX_REGIONS");
+}
+
+static void test_config_file_errors_name_the_line(void **state)
+{
+	char path[64], needle[128];
+	(void)state;
+
+	write_file(path, sizeof path, "threads = 2\nbogus = 1\n");
+	snprintf(needle, sizeof needle, "%s:2: unknown option 'bogus'", path);
+	expect_refused(needle, "--config", path, NULL);
+	unlink(path);
+
+	write_file(path, sizeof path, "threads 2\n");
+	snprintf(needle, sizeof needle, "%s:1: expected name = value", path);
+	expect_refused(needle, "--config", path, NULL);
+	unlink(path);
+
+	write_file(path, sizeof path, "max-sessions = -4\n");
+	snprintf(needle, sizeof needle, "%s:1: -4 is out of range 1..65536", path);
+	expect_refused(needle, "--config", path, NULL);
+	unlink(path);
+
+	write_file(path, sizeof path, "config = /etc/other\n");
+	expect_refused("'config' cannot be set in a file", "--config", path, NULL);
+	unlink(path);
+}
+
+static void test_config_help_and_version_win_over_errors(void **state)
+{
+	struct config c;
+	enum config_action a;
+	char err[256];
+	(void)state;
+
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--help", NULL), FA_OK);
+	assert_int_equal(a, CONFIG_HELP);
+	assert_int_equal(parse(&c, &a, err, sizeof err, "-h", NULL), FA_OK);
+	assert_int_equal(a, CONFIG_HELP);
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--version", NULL), FA_OK);
+	assert_int_equal(a, CONFIG_VERSION);
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--threads", "bad", "--help", NULL),
+	                 FA_OK);
+	assert_int_equal(a, CONFIG_HELP);
+}
+
+static void test_config_help_and_describe_list_every_option(void **state)
+{
+	static const char *const names[] = {"socket",       "socket-mode",      "threads",
+	                                    "max-inflight", "max-regions",      "max-sessions",
+	                                    "max-region-bytes", "backend",      "cache-dir",
+	                                    "config",       "verbose"};
+	struct config c;
+	char desc[8192], *help = NULL, key[64];
+	size_t helplen = 0;
+	(void)state;
+
+	config_defaults(&c);
+	config_finish(&c);
+	config_describe(&c, desc, sizeof desc);
+	FILE *f = open_memstream(&help, &helplen);
+	assert_non_null(f);
+	config_print_help(f, "fa-daemon");
+	fclose(f);
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		snprintf(key, sizeof key, "%s=", names[i]);
+		assert_non_null(strstr(desc, key));
+		snprintf(key, sizeof key, "--%s ", names[i]);
+		assert_non_null(strstr(help, key));
+	}
+	assert_non_null(strstr(help, "FA_MAX_INFLIGHT"));
+	assert_non_null(strstr(help, "-vv"));
+	free(help);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup(test_config_defaults_are_the_documented_values, clean_env),
+		cmocka_unit_test_setup(test_config_default_socket_follows_xdg_runtime_dir, clean_env),
+		cmocka_unit_test_setup(test_config_flags_take_both_spellings, clean_env),
+		cmocka_unit_test_setup(test_config_environment_is_read, clean_env),
+		cmocka_unit_test_setup(test_config_file_then_env_then_flags, clean_env),
+		cmocka_unit_test_setup(test_config_rejects_bad_values_with_a_message, clean_env),
+		cmocka_unit_test_setup(test_config_file_errors_name_the_line, clean_env),
+		cmocka_unit_test_setup(test_config_help_and_version_win_over_errors, clean_env),
+		cmocka_unit_test_setup(test_config_help_and_describe_list_every_option, clean_env),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
