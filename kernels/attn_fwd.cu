@@ -42,8 +42,8 @@ struct fa_kparams {
 	long long qs[3], ks[3], vs[3], os[3]; /* batch, seq, head strides in elements */
 	long long ls[3];                      /* lse: batch, head, seq */
 	int B, Sq, Sk, Hq, Hkv, group;        /* group = Hq / Hkv */
-	float scale_log2;                     /* scale * log2(e) */
-	int pad_;
+	float scale_log2;                     /* |scale| * log2(e) */
+	int neg_scale;                        /* scale < 0: Q is negated in shared memory */
 };
 
 #define NEG_INF (__int_as_float(0xff800000))
@@ -121,6 +121,21 @@ __device__ __forceinline__ u32 pack_f16(float lo, float hi)
 #endif
 #ifndef FA_MASK
 #define FA_MASK 0
+#endif
+
+#ifndef FA_SKIP_RESCALE /* skip O's rescale in steps where no row max of the warp grew */
+/* measured (PERF-NOTES.md v2): +2% at d128 128x64 w4r2, -7% at d64 w4r2 and d256 w8r1; fp32: the
+ * FMULs are cheap next to 3 MMAs and the registers are not */
+#define FA_SKIP_RESCALE (FA_IN != 3 && FA_RT == 2 && DP == 128)
+#endif
+#ifndef FA_FOLD /* fold the scale into the FFMA that feeds ex2 (0: multiply the scores first) */
+#define FA_FOLD 1
+#endif
+#ifndef FA_NEGQ
+#define FA_NEGQ 1
+#endif
+#ifndef FA_KUNROLL
+#define FA_KUNROLL 4 /* fp32 path: k steps of Q K^T unrolled together */
 #endif
 
 #define NT (FA_NW * 32)
@@ -203,12 +218,6 @@ __device__ __forceinline__ u32 pack_in(float lo, float hi)
 #endif
 }
 #else
-__device__ __forceinline__ u32 to_tf32(float x)
-{
-	u32 r;
-	asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-	return r;
-}
 __device__ __forceinline__ void mma_tf32(float *c, const u32 *a, u32 b0, u32 b1)
 {
 	asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
@@ -232,11 +241,20 @@ __device__ __forceinline__ op32 make_op(float x)
 #if FA_PREC == 1
 	o.f = x;
 	o.big = 0;
+#elif FA_PREC == 3
+	/* The tensor cores read the top 19 bits of a tf32 operand and drop the other 13
+	 * (CUTLASS's round_half_ulp_truncate relies on the same): adding half a tf32 ulp rounds
+	 * to nearest (ties away) in one integer add, where cvt.rna.tf32.f32 costs about five
+	 * instructions on sm_90. Non-finite inputs may come out as NaN. */
+	o.big = __float_as_uint(x) + 0x1000u;
+#elif defined(FA_OLDSPLIT)
+	asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(o.big) : "f"(x));
+	asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(o.small) : "f"(x - __uint_as_float(o.big)));
 #else
-	o.big = to_tf32(x);
-#if FA_PREC == 2
-	o.small = to_tf32(x - __uint_as_float(o.big));
-#endif
+	/* 3xtf32: big = x truncated to tf32 (exact), small = x - big (exact in fp32, |small| <
+	 * 2^-10 |x|) rounded to tf32 as above: three instructions instead of about twelve. */
+	o.big = __float_as_uint(x) & 0xffffe000u;
+	o.small = __float_as_uint(x - __uint_as_float(o.big)) + 0x1000u;
 #endif
 	return o;
 }
@@ -321,6 +339,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 		cp_async_commit();
 	}
 
+	/* A negative scale: negate Q in shared memory (exact), so that the row max of the raw
+	 * scores is the max of the scaled ones. The barrier at the top of the first step
+	 * publishes the flipped words. */
+#if FA_FOLD
+	const float sl = p.scale_log2;
+#else
+	const float sl_in = p.scale_log2, sl = 1.f;
+#endif
+	if (FA_NEGQ && p.neg_scale) {
+		cp_async_wait<2 * (FA_STAGES - 1)>(); /* Q has landed (this thread's part) */
+		__syncthreads();                      /* ... everyone's */
+		u32 *w = (u32 *)sQ;
+#pragma unroll 1
+		for (int i = tid; i < SMEM_Q * ES / 4; i += NT)
+			w[i] ^= ES == 2 ? 0x80008000u : 0x80000000u;
+	}
+
 	float acc[FA_RT][ND][4];
 	float mrow[FA_RT][2], lrow[FA_RT][2];
 #pragma unroll
@@ -380,7 +415,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 			}
 		}
 #else
-#pragma unroll 4
+#pragma unroll FA_KUNROLL
 		for (int kk = 0; kk < FA_D / 8; kk++) {
 			op32 a[FA_RT][4];
 #pragma unroll
@@ -403,16 +438,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 		}
 #endif
 
-		/* Scale into the log2 domain; mask tails and the causal edge (only where needed). */
-		const int kv0 = j * FA_BC;
-		const bool need_mask = kv0 + FA_BC > p.Sk || (FA_MASK && kv0 + FA_BC - 1 > q0 + off);
+#if !FA_FOLD
 #pragma unroll
 		for (int r = 0; r < FA_RT; r++)
 #pragma unroll
 			for (int n = 0; n < NJ; n++)
 #pragma unroll
 				for (int e = 0; e < 4; e++)
-					s[r][n][e] *= p.scale_log2;
+					s[r][n][e] *= sl_in;
+#endif
+		/* Mask tails and the causal edge on the raw scores (only where needed). */
+		const int kv0 = j * FA_BC;
+		const bool need_mask = kv0 + FA_BC > p.Sk || (FA_MASK && kv0 + FA_BC - 1 > q0 + off);
 		if (need_mask) {
 #pragma unroll
 			for (int r = 0; r < FA_RT; r++)
@@ -428,7 +465,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 					}
 		}
 
-		/* Online softmax: new row max, rescale the running sum and O, P = exp2(s - m). */
+		/* Online softmax on raw scores (sl > 0: a negative scale negated Q): new row max,
+		 * P = exp2(s sl - m sl) with one FFMA per score, the running sum rescaled. O is
+		 * rescaled only when some row max of the warp grew (alpha is exactly 1 otherwise:
+		 * m sl - m sl with the product rounded once, not contracted into an FFMA). */
+		float alpha[FA_RT][2];
+		bool grew = false;
+		(void)grew;
 #pragma unroll
 		for (int r = 0; r < FA_RT; r++) {
 #pragma unroll
@@ -439,24 +482,41 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 					mx = fmaxf(mx, fmaxf(s[r][n][2 * hh], s[r][n][2 * hh + 1]));
 				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
 				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-				const float ms = mx == NEG_INF ? 0.f : mx;
-				const float alpha = fast_exp2(mrow[r][hh] - ms);
+				const float mo = mrow[r][hh];
+				grew |= mx != mo;
+				const float ms = mx == NEG_INF ? 0.f : __fmul_rn(mx, sl);
+				alpha[r][hh] = fast_exp2(__fmul_rn(mo, sl) - ms);
 				mrow[r][hh] = mx;
 				float sum = 0.f;
 #pragma unroll
 				for (int n = 0; n < NJ; n++) {
-					s[r][n][2 * hh] = fast_exp2(s[r][n][2 * hh] - ms);
-					s[r][n][2 * hh + 1] = fast_exp2(s[r][n][2 * hh + 1] - ms);
+					s[r][n][2 * hh] = fast_exp2(fmaf(s[r][n][2 * hh], sl, -ms));
+					s[r][n][2 * hh + 1] = fast_exp2(fmaf(s[r][n][2 * hh + 1], sl, -ms));
 					sum += s[r][n][2 * hh] + s[r][n][2 * hh + 1];
 				}
-				lrow[r][hh] = lrow[r][hh] * alpha + sum;
+				lrow[r][hh] = lrow[r][hh] * alpha[r][hh] + sum;
+#if !FA_SKIP_RESCALE
 #pragma unroll
 				for (int n = 0; n < ND; n++) {
-					acc[r][n][2 * hh] *= alpha;
-					acc[r][n][2 * hh + 1] *= alpha;
+					acc[r][n][2 * hh] *= alpha[r][hh];
+					acc[r][n][2 * hh + 1] *= alpha[r][hh];
 				}
+#endif
 			}
 		}
+#if FA_SKIP_RESCALE
+		if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+			for (int r = 0; r < FA_RT; r++)
+#pragma unroll
+				for (int n = 0; n < ND; n++) {
+					acc[r][n][0] *= alpha[r][0];
+					acc[r][n][1] *= alpha[r][0];
+					acc[r][n][2] *= alpha[r][1];
+					acc[r][n][3] *= alpha[r][1];
+				}
+		}
+#endif
 
 		cp_async_wait<2 * FA_STAGES - 2>(); /* V_j has landed */
 		__syncthreads();
@@ -486,7 +546,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 				}
 			}
 		}
-#elif FA_PREC == 1
+#elif FA_PREC != 2
+		/* ieee, and tf32 (whose 2e-3 tolerance does not notice the tensor cores' truncating
+		 * accumulation): P V chained straight into O. */
 #pragma unroll
 		for (int kk = 0; kk < NJ; kk++) {
 			op32 a[FA_RT][4];
@@ -560,7 +622,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 				continue;
 			if (p.lse && t == 0)
 				p.lse[b * p.ls[0] + h * p.ls[1] + row * p.ls[2]] =
-				    l > 0.f ? (mrow[r][hh] + fast_log2(l)) * 0.69314718055994531f : NEG_INF;
+				    l > 0.f ? (mrow[r][hh] * sl + fast_log2(l)) * 0.69314718055994531f : NEG_INF;
 			const long long ob = b * p.os[0] + h * p.os[2] + (long long)row * p.os[1];
 #pragma unroll
 			for (int n = 0; n < ND; n++) {

@@ -40,8 +40,8 @@ struct fa_kparams {
 	uint64_t q, k, v, o, lse;
 	long long qs[3], ks[3], vs[3], os[3], ls[3];
 	int B, Sq, Sk, Hq, Hkv, group;
-	float scale_log2;
-	int pad_;
+	float scale_log2; /* |scale| * log2(e) */
+	int neg_scale;    /* scale < 0: the kernel negates Q (exactly) in shared memory */
 };
 _Static_assert(sizeof(struct fa_kparams) == 192, "kernel parameter block layout");
 
@@ -463,7 +463,8 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	p.Hq = (int)d->Hq;
 	p.Hkv = (int)d->Hkv;
 	p.group = (int)(d->Hq / d->Hkv);
-	p.scale_log2 = (float)(d->scale * 1.4426950408889634);
+	p.scale_log2 = (float)(fabs(d->scale) * 1.4426950408889634);
+	p.neg_scale = d->scale < 0;
 
 	/* fp32 staged as bf16: convert Q, K, V into dense bf16 scratch (stream-ordered), run the
 	 * bf16 kernel writing fp32 O, free the scratch in stream order. */

@@ -98,11 +98,13 @@ fa_status fa_nvrtc_open(struct fa_nvrtc **out, char *err, size_t errlen)
 	return FA_OK;
 }
 
+/* The library stays loaded: NVRTC keeps C++ runtime state (its exception pool, thread-local
+ * data) that is not released by dlclose, and unloading it while another fa_nvrtc handle or a
+ * thread still uses it is undefined. dlopen counts references, so reopening is cheap. */
 void fa_nvrtc_close(struct fa_nvrtc *n)
 {
 	if (!n)
 		return;
-	dlclose(n->lib);
 	free(n);
 }
 
@@ -210,6 +212,28 @@ fa_status fa_nvrtc_compile(struct fa_nvrtc *n, const struct fa_kernel_spec *s, v
 	snprintf(o[k++], sizeof o[0], "-DFA_BC=%d", s->tile.bc);
 	snprintf(o[k++], sizeof o[0], "-DFA_STAGES=%d", s->tile.stages);
 	snprintf(o[k++], sizeof o[0], "-DFA_MASK=%d", (int)s->mask);
+	/* Experiments only (tools/gpu-run.sh variants, kernels/PERF-NOTES.md): extra -D options
+	 * from FA_NVRTC_EXTRA ("-DX=1 -DY=2"). Never set it for a daemon with a disk cache. */
+	const char *extra = getenv("FA_NVRTC_EXTRA");
+	char ebuf[4][48];
+	int ne = 0;
+	if (extra) {
+		const char *q = extra;
+		while (*q && ne < 4 && k < 16) {
+			while (*q == ' ')
+				q++;
+			size_t len = strcspn(q, " ");
+			if (len == 0)
+				break;
+			if (len >= sizeof ebuf[0])
+				len = sizeof ebuf[0] - 1;
+			memcpy(ebuf[ne], q, len);
+			ebuf[ne][len] = 0;
+			memcpy(o[k++], ebuf[ne], len + 1);
+			ne++;
+			q += strcspn(q, " ");
+		}
+	}
 	for (int i = 0; i < k; i++)
 		opts[i] = o[i];
 

@@ -4,7 +4,7 @@
  * BHSD layout, random inputs).
  *
  * Prints "no GPU: skipped" and exits 0 without a GPU. Environment:
- *   FA_BENCH_QUICK=1   only the headline shapes (D=128, S=4096)
+ *   FA_BENCH_QUICK=1   only the headline shapes (D=128, S=4096; FA_BENCH_D=64 another head dim)
  *   FA_BENCH_SWEEP=1   also time every fitting tile of the headline shapes (tuning data)
  *   FA_BENCH_TSV=path  append one tab-separated line per measurement
  */
@@ -207,6 +207,8 @@ int main(void)
 	printf("GPU %s sm_%d, opt-in shared memory %zu bytes\n", fa_gpu_name(g), fa_gpu_sm(g),
 	       fa_gpu_smem_optin(g));
 	bool quick = getenv("FA_BENCH_QUICK") != NULL, sweep = getenv("FA_BENCH_SWEEP") != NULL;
+	/* FA_BENCH_D=64: the quick set at another head dim */
+	const int qd = getenv("FA_BENCH_D") ? atoi(getenv("FA_BENCH_D")) : 128;
 	struct shape list[256];
 	int n = 0;
 	const struct {
@@ -215,16 +217,20 @@ int main(void)
 	} kinds[] = {{FA_DTYPE_BF16, FA_PREC_DEFAULT}, {FA_DTYPE_FP32, FA_PREC_3XTF32},
 	             {FA_DTYPE_FP32, FA_PREC_TF32}, {FA_DTYPE_FP32, FA_PREC_BF16}};
 	const int Ds[] = {64, 128, 256}, Ss[] = {1024, 4096, 16384};
-	for (int k = 0; k < 4; k++)
+	/* FA_BENCH_BF16=1: bf16 shapes only (variant timing) */
+	const int nk = getenv("FA_BENCH_BF16") ? 1 : 4;
+	for (int k = 0; k < nk; k++)
 		for (int a = 0; a < 3; a++)
 			for (int b = 0; b < 3; b++)
 				for (int c = 0; c < 2; c++) {
-					if (quick && (Ds[a] != 128 || Ss[b] != 4096))
+					if (quick && (Ds[a] != qd || Ss[b] != 4096))
 						continue;
 					list[n++] = (struct shape){kinds[k].dt, kinds[k].p, Ds[a], Ss[b], c};
 				}
-	list[n++] = (struct shape){FA_DTYPE_FP16, FA_PREC_DEFAULT, 128, 4096, 0};
-	list[n++] = (struct shape){FA_DTYPE_FP32, FA_PREC_IEEE, 128, 4096, 0};
+	if (nk == 4) {
+		list[n++] = (struct shape){FA_DTYPE_FP16, FA_PREC_DEFAULT, 128, 4096, 0};
+		list[n++] = (struct shape){FA_DTYPE_FP32, FA_PREC_IEEE, 128, 4096, 0};
+	}
 	/* compile everything first (NVRTC, one thread per kernel would be faster; keep it simple) */
 	for (int i = 0; i < n; i++) {
 		struct fa_attn_fwd_desc d;

@@ -32,6 +32,7 @@ struct gcase {
 	fa_mask mask;
 	int B, Hq, Hkv;
 	int bhsd; /* layout: 0 BSHD, 1 BHSD */
+	int neg;  /* negative scale (-1/sqrt(D)): the kernel negates Q instead */
 };
 
 static struct fa_gpu *gpu;
@@ -70,7 +71,7 @@ static void make_desc(const struct gcase *c, struct fa_attn_fwd_desc *d)
 	d->dtype = c->dt;
 	d->precision = c->prec;
 	d->mask = c->mask;
-	d->scale = 1.0 / sqrt((double)c->D);
+	d->scale = (c->neg ? -1.0 : 1.0) / sqrt((double)c->D);
 	d->B = c->B;
 	d->Sq = c->Sq;
 	d->Sk = c->Sk;
@@ -480,6 +481,15 @@ static void test_attn_fwd_gpu_matches_the_float64_reference(void **state)
 					cases[n++] = c;
 				}
 			}
+	/* A negative scale (the kernel negates Q in shared memory), every dtype and precision,
+	 * ragged lengths, both causal alignments. */
+	for (int a = 0; a < 6; a++)
+		for (int i = 0; i < 2; i++) {
+			struct gcase c = {G_DT[a], G_PR[a], i ? 128 : 72, i ? 4097 : 129, i ? 4097 : 300,
+			                  i ? FA_MASK_CAUSAL_TOP_LEFT : FA_MASK_CAUSAL_BOTTOM_RIGHT,
+			                  1, 4, 2, i, 1};
+			cases[n++] = c;
+		}
 	uint64_t t0 = fa_test_now_ms();
 	struct prep p = {.cases = cases, .n = n};
 	pthread_mutex_init(&p.lock, NULL);
