@@ -73,6 +73,10 @@ struct backend_ops {
 	/* Stop the threads (after every job was handed back), close the loop handles; `closed`
 	 * runs from the loop when the memory is gone. */
 	void (*close)(struct backend *b, void (*closed)(void *arg), void *arg);
+	/* Whether the engine can still compute (the watchdog feeds systemd only while it can).
+	 * NULL: always (the CPU backend: a stuck loop already starves the watchdog). The GPU
+	 * backend answers from its canary kernel. Called on the loop thread; must not block. */
+	bool (*healthy)(struct backend *b);
 };
 
 /* What every backend exposes; implementations embed it first. */

@@ -62,6 +62,17 @@ static void server_on_session_close(struct session *s, void *arg)
 
 static void server_part_closed(void *arg);
 
+/* The watchdog's check: the backend can still compute (also while draining: a graceful stop
+ * is bounded by systemd's TimeoutStopSec, not by the watchdog). */
+static bool server_is_healthy(void *arg)
+{
+	struct server *srv = arg;
+
+	if (srv->backend == NULL)
+		return false;
+	return srv->backend->ops->healthy == NULL || srv->backend->ops->healthy(srv->backend);
+}
+
 /* Start the backend, then the socket, then tell systemd; see server.h. */
 fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *cfg, char *err,
                       size_t errlen)
@@ -115,6 +126,8 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 	           srv->epoch);
 	notify_sendf("READY=1\nSTATUS=serving on %s, backend %s, %u threads", cfg->socket,
 	             backend_name(srv->backend), srv->backend->threads);
+	if (watchdog_start(&srv->watchdog, loop, server_is_healthy, srv) != FA_OK)
+		log_warn("server: cannot start the watchdog timer: systemd will restart us");
 	return FA_OK;
 }
 
@@ -143,6 +156,8 @@ static void server_teardown(struct server *srv)
 {
 	srv->state = SERVER_CLOSING;
 	srv->closing = 1; /* this function's own reference, dropped at the end */
+	srv->closing++;
+	watchdog_stop(&srv->watchdog, server_part_closed, srv);
 	if (srv->timer_open) {
 		srv->closing++;
 		srv->timer_open = false;

@@ -20,6 +20,7 @@
 #include "ipc.h"
 #include "session.h"
 #include "stats.h"
+#include "watchdog.h"
 
 enum server_state {
 	SERVER_RUNNING,
@@ -41,6 +42,7 @@ struct server {
 	unsigned inflight;        /* ATTN_FWD requests accepted and not answered, all sessions */
 	enum server_state state;
 	uv_timer_t timer;         /* the linger poll */
+	struct watchdog watchdog; /* systemd's WatchdogSec, fed while the backend is healthy */
 	bool timer_open;
 	uint64_t linger_start_ns;
 	int closing;              /* handles / parts still closing */

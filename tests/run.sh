@@ -5,6 +5,10 @@
 set -u
 build=$1; shift
 logs=$build/test-logs
+# Sanitizer builds: suppress only third-party leaks (tests/lsan.supp says which), fail on UBSan.
+here=$(cd "$(dirname "$0")" && pwd)
+export LSAN_OPTIONS="suppressions=$here/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 mkdir -p "$logs"
 pass=0; fail=0; skip=0; failed=""
 for t in "$@"; do
