@@ -73,6 +73,22 @@ fa_status fa_nvrtc_compile(struct fa_nvrtc *n, const struct fa_kernel_spec *s, v
                            size_t *cubin_size, struct fa_kernel_usage *usage, char *err,
                            size_t errlen);
 
+/* The NVRTC option list of a specialisation, in the order the compile passes it: -arch, the
+ * -D specialisation macros, and FA_NVRTC_EXTRA's tokens (experiments). The disk cache hashes
+ * exactly this list (fa_diskcache.h). */
+#define FA_NVRTC_MAX_OPTS 16
+struct fa_nvrtc_opts {
+	int n;
+	char v[FA_NVRTC_MAX_OPTS][48];
+};
+void fa_nvrtc_options(const struct fa_kernel_spec *s, struct fa_nvrtc_opts *o);
+
+/* fa_nvrtc_compile with a given option list (from fa_nvrtc_options): what the disk cache uses,
+ * so that the options it hashed are the ones compiled. Same statuses. Thread-safe. */
+fa_status fa_nvrtc_compile_opts(struct fa_nvrtc *n, const struct fa_kernel_spec *s,
+                                const struct fa_nvrtc_opts *o, void **cubin, size_t *cubin_size,
+                                struct fa_kernel_usage *usage, char *err, size_t errlen);
+
 /* ---- a device ------------------------------------------------------------------------------ */
 
 struct fa_gpu;
@@ -120,6 +136,44 @@ fa_status fa_gpu_prepare(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
 /* The tile fa_gpu_attn_fwd would use for d (the planner's first choice for this device). */
 fa_status fa_gpu_plan(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, struct fa_tile *out,
                       int max, int *n, char *err, size_t errlen);
+
+/* ---- the kernel caches (memory and disk) and their counters ---------------------------- */
+
+/* Keep compiled kernels on disk under `dir` ("<dir>/kernels/<32 hex>.cubin", fa_diskcache.h,
+ * kernels/README.md "Kernel cache"), so a restarted daemon loads instead of compiling. The
+ * directories are created (0750) if missing. dir NULL or "": no disk cache (the default after
+ * fa_gpu_open). The cache is bounded at 512 MiB (oldest entries pruned), or at
+ * $FA_KERNEL_CACHE_MAX_MB MiB. Returns FA_OK; FA_ESYS or FA_EPERM with the reason in err when
+ * the directory is unusable: the disk cache is then disabled and everything else works as
+ * before (the caller logs err and carries on). Call it before other threads use g (not
+ * concurrently with fa_gpu_attn_fwd / fa_gpu_prepare). */
+fa_status fa_gpu_set_cache_dir(struct fa_gpu *g, const char *dir, char *err, size_t errlen);
+
+/* Where the kernels library reports what it does not return: a bad disk-cache entry that was
+ * removed (and recompiled), a cubin that could not be stored. level is syslog's (4 warning,
+ * 6 info); msg is one line without a newline, valid during the call only. Called from whatever
+ * thread compiled. Default (fn NULL): warnings as "kernels: <msg>" on stderr, info dropped.
+ * Set before other threads use g. */
+typedef void (*fa_gpu_log_fn)(void *ctx, int level, const char *msg);
+void fa_gpu_set_log(struct fa_gpu *g, fa_gpu_log_fn fn, void *ctx);
+
+/* Counters since fa_gpu_open, for the daemon's STATS. */
+struct fa_gpu_cache_stats {
+	uint64_t mem_hits;         /* kernel requests served by an already loaded kernel */
+	uint64_t disk_loads;       /* kernels loaded from a cubin in the disk cache */
+	uint64_t compiled;         /* kernels compiled by NVRTC (disk miss or no disk cache) */
+	uint64_t disk_stores;      /* cubins written to the disk cache */
+	uint64_t disk_errors;      /* bad entries removed, failed reads and writes (logged) */
+	uint64_t kernels;          /* kernels loaded in memory now */
+	double compile_ms_total;   /* wall time in NVRTC, all compiles */
+	double compile_ms_last;    /* the last compile's */
+	char compile_last[96];     /* the last compile's specialisation (fa_kernel_spec_name), or "" */
+	bool disk_enabled;         /* a disk cache is in use */
+	char disk_dir[256];        /* its "<dir>/kernels" (truncated), or "" */
+};
+
+/* A consistent snapshot of the counters. Thread-safe. */
+void fa_gpu_cache_stats(const struct fa_gpu *g, struct fa_gpu_cache_stats *out);
 
 /* ---- helpers for tests and benchmarks (synchronous, on the device's context) ------------- */
 fa_status fa_gpu_alloc(struct fa_gpu *g, size_t bytes, CUdeviceptr *p, char *err, size_t errlen);

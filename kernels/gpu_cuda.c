@@ -6,6 +6,7 @@
  * PyTorch use), so device pointers from other libraries in the process work here.
  */
 #include "fa_gpu.h"
+#include "fa_diskcache.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -96,9 +97,13 @@ struct fa_gpu {
 	char name[128];
 	uint8_t uuid[16];
 	struct fa_device_model model;
-	pthread_mutex_t lock; /* guards the cache */
+	pthread_mutex_t lock; /* guards the cache and the counters */
 	struct kcache_entry *cache;
 	int ncache, capcache;
+	struct fa_diskcache *disk; /* NULL: no disk cache */
+	fa_gpu_log_fn log_fn;
+	void *log_ctx;
+	struct fa_gpu_cache_stats stats; /* under lock; kernels, disk_* filled by the reader */
 };
 
 static const char *cu_err(const struct fa_gpu *g, curesult r)
@@ -257,6 +262,7 @@ void fa_gpu_close(struct fa_gpu *g)
 		g->cu.DevicePrimaryCtxRelease(g->dev);
 	}
 	free(g->cache);
+	fa_diskcache_close(g->disk);
 	fa_nvrtc_close(g->nvrtc);
 	if (g->cu.lib)
 		dlclose(g->cu.lib);
@@ -276,16 +282,28 @@ fa_status fa_gpu_make_current(struct fa_gpu *g, char *err, size_t errlen)
 	return r ? cu_fail(g, r, "cuCtxSetCurrent", err, errlen) : FA_OK;
 }
 
-/* The compiled function for a specialisation: from the cache, else NVRTC + module load (with
- * the opt-in dynamic shared-memory attribute raised to the tile's need). */
-static fa_status get_kernel(struct fa_gpu *g, const struct fa_kernel_spec *s,
-                            struct kcache_entry **out, char *err, size_t errlen)
+/* A line for the daemon's log (fa_gpu_set_log), stderr by default. */
+static void gpu_log(const struct fa_gpu *g, int level, const char *msg)
+{
+	if (g->log_fn)
+		g->log_fn(g->log_ctx, level, msg);
+	else if (level <= 4) /* tests and benchmarks: problems only, not every compile */
+		fprintf(stderr, "kernels: %s\n", msg);
+}
+
+/* The compiled function for a specialisation: from the in-memory cache, else a cubin from
+ * fa_kernel_cubin (the disk cache, or NVRTC) loaded as a module, with the opt-in dynamic
+ * shared-memory attribute raised to the tile's need. A cubin from disk and a fresh one take the
+ * same path from here on, so the GPU tests exercise the disk cache's load too. */
+static fa_status get_kernel_try(struct fa_gpu *g, const struct fa_kernel_spec *s,
+                                struct kcache_entry **out, bool retry, char *err, size_t errlen)
 {
 	fa_status st = FA_OK;
 	pthread_mutex_lock(&g->lock);
 	for (int i = 0; i < g->ncache; i++)
 		if (memcmp(&g->cache[i].spec, s, sizeof *s) == 0) {
 			*out = &g->cache[i];
+			g->stats.mem_hits++;
 			pthread_mutex_unlock(&g->lock);
 			return FA_OK;
 		}
@@ -294,15 +312,49 @@ static fa_status get_kernel(struct fa_gpu *g, const struct fa_kernel_spec *s,
 	 * specialisation: the second one's module is dropped below. */
 	void *cubin = NULL;
 	size_t sz = 0;
-	struct fa_kernel_usage u;
-	st = fa_nvrtc_compile(g->nvrtc, s, &cubin, &sz, &u, err, errlen);
+	struct fa_cubin_info info;
+	st = fa_kernel_cubin(g->nvrtc, g->disk, s, &cubin, &sz, &info, err, errlen);
+	char name[96];
+	fa_kernel_spec_name(s, name, sizeof name);
+	pthread_mutex_lock(&g->lock);
+	g->stats.disk_errors += (uint64_t)info.disk_errors;
+	g->stats.disk_stores += info.stored;
+	g->stats.disk_loads += info.from_disk;
+	if (info.compiled) {
+		g->stats.compiled++;
+		g->stats.compile_ms_total += info.compile_ms;
+		g->stats.compile_ms_last = info.compile_ms;
+		snprintf(g->stats.compile_last, sizeof g->stats.compile_last, "%s", name);
+	}
+	pthread_mutex_unlock(&g->lock);
+	if (info.disk_errors)
+		gpu_log(g, 4, info.disk_msg);
 	if (st != FA_OK)
 		return st;
+	if (info.compiled) {
+		char line[256];
+		snprintf(line, sizeof line, "compiled %s in %.0f ms (%d registers)%s", name,
+		         info.compile_ms, info.usage.regs, info.stored ? ", stored on disk" : "");
+		gpu_log(g, 6, line);
+	}
 	struct kcache_entry e;
 	memset(&e, 0, sizeof e);
 	e.spec = *s;
 	curesult r = g->cu.ModuleLoadData(&e.mod, cubin);
 	free(cubin);
+	if (r && info.from_disk && g->disk && retry) {
+		/* A whole, checksummed cubin the driver still refuses (written by a buggy build, or
+		 * a driver change): drop it and compile afresh, once. */
+		char line[512], e2[256];
+		snprintf(line, sizeof line, "kernel cache: the driver refused the cached cubin of %s "
+		         "(CUDA error %d, %s): removed, recompiling", name, r, cu_err(g, r));
+		gpu_log(g, 4, line);
+		fa_diskcache_remove(g->disk, &info.key, e2, sizeof e2);
+		pthread_mutex_lock(&g->lock);
+		g->stats.disk_errors++;
+		pthread_mutex_unlock(&g->lock);
+		return get_kernel_try(g, s, out, false, err, errlen);
+	}
 	if (r)
 		return cu_fail(g, r, "cuModuleLoadData", err, errlen);
 	if ((r = g->cu.ModuleGetFunction(&e.fwd, e.mod, "fa_attn_fwd")) ||
@@ -336,6 +388,52 @@ static fa_status get_kernel(struct fa_gpu *g, const struct fa_kernel_spec *s,
 	*out = &g->cache[g->ncache++];
 	pthread_mutex_unlock(&g->lock);
 	return FA_OK;
+}
+
+static fa_status get_kernel(struct fa_gpu *g, const struct fa_kernel_spec *s,
+                            struct kcache_entry **out, char *err, size_t errlen)
+{
+	return get_kernel_try(g, s, out, true, err, errlen);
+}
+
+fa_status fa_gpu_set_cache_dir(struct fa_gpu *g, const char *dir, char *err, size_t errlen)
+{
+	uint64_t max = 0;
+	const char *e = getenv("FA_KERNEL_CACHE_MAX_MB");
+	if (e && *e) {
+		char *end;
+		unsigned long long mb = strtoull(e, &end, 10);
+		if (*end == 0 && mb > 0 && mb < (1ull << 40))
+			max = (uint64_t)mb << 20;
+	}
+	struct fa_diskcache *dc = NULL;
+	fa_status st = FA_OK;
+	if (dir && *dir)
+		st = fa_diskcache_open(&dc, dir, max, err, errlen);
+	pthread_mutex_lock(&g->lock);
+	struct fa_diskcache *old = g->disk;
+	g->disk = dc;
+	pthread_mutex_unlock(&g->lock);
+	fa_diskcache_close(old);
+	return st;
+}
+
+void fa_gpu_set_log(struct fa_gpu *g, fa_gpu_log_fn fn, void *ctx)
+{
+	g->log_fn = fn;
+	g->log_ctx = ctx;
+}
+
+void fa_gpu_cache_stats(const struct fa_gpu *g, struct fa_gpu_cache_stats *out)
+{
+	struct fa_gpu *mg = (struct fa_gpu *)g; /* the lock is not part of the value */
+	pthread_mutex_lock(&mg->lock);
+	*out = g->stats;
+	out->kernels = (uint64_t)g->ncache;
+	out->disk_enabled = g->disk != NULL;
+	if (g->disk)
+		snprintf(out->disk_dir, sizeof out->disk_dir, "%s", fa_diskcache_path(g->disk));
+	pthread_mutex_unlock(&mg->lock);
 }
 
 static void desc_to_req(const struct fa_attn_fwd_desc *d, struct fa_plan_req *r)

@@ -185,57 +185,74 @@ static double now_s(void)
 	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-fa_status fa_nvrtc_compile(struct fa_nvrtc *n, const struct fa_kernel_spec *s, void **cubin,
-                           size_t *cubin_size, struct fa_kernel_usage *usage, char *err,
-                           size_t errlen)
+/* The options are built in one place so that the disk cache's key (gpu_diskcache.c) hashes
+ * exactly what the compile is given, FA_NVRTC_EXTRA included. */
+void fa_nvrtc_options(const struct fa_kernel_spec *s, struct fa_nvrtc_opts *o)
 {
-	char o[16][48];
-	const char *opts[16];
 	int k = 0;
 	int in = s->in == FA_DTYPE_FP16 ? 1 : s->in == FA_DTYPE_BF16 ? 2 : 3;
 	int out = s->out == FA_DTYPE_FP16 ? 1 : s->out == FA_DTYPE_BF16 ? 2 : 3;
 	int prec = s->precision == FA_PREC_IEEE ? 1 : s->precision == FA_PREC_TF32 ? 3 : 2;
 
-	if (cubin)
-		*cubin = NULL;
-	if (cubin_size)
-		*cubin_size = 0;
-	snprintf(o[k++], sizeof o[0], "-arch=sm_%d", s->sm);
-	snprintf(o[k++], sizeof o[0], "-std=c++17");
-	snprintf(o[k++], sizeof o[0], "--ptxas-options=-v");
-	snprintf(o[k++], sizeof o[0], "-DFA_IN=%d", in);
-	snprintf(o[k++], sizeof o[0], "-DFA_OUT=%d", out);
-	snprintf(o[k++], sizeof o[0], "-DFA_PREC=%d", prec);
-	snprintf(o[k++], sizeof o[0], "-DFA_D=%d", s->D);
-	snprintf(o[k++], sizeof o[0], "-DFA_NW=%d", s->tile.nw);
-	snprintf(o[k++], sizeof o[0], "-DFA_RT=%d", s->tile.rt);
-	snprintf(o[k++], sizeof o[0], "-DFA_BC=%d", s->tile.bc);
-	snprintf(o[k++], sizeof o[0], "-DFA_STAGES=%d", s->tile.stages);
-	snprintf(o[k++], sizeof o[0], "-DFA_MASK=%d", (int)s->mask);
+	memset(o, 0, sizeof *o);
+	snprintf(o->v[k++], sizeof o->v[0], "-arch=sm_%d", s->sm);
+	snprintf(o->v[k++], sizeof o->v[0], "-std=c++17");
+	snprintf(o->v[k++], sizeof o->v[0], "--ptxas-options=-v");
+	snprintf(o->v[k++], sizeof o->v[0], "-DFA_IN=%d", in);
+	snprintf(o->v[k++], sizeof o->v[0], "-DFA_OUT=%d", out);
+	snprintf(o->v[k++], sizeof o->v[0], "-DFA_PREC=%d", prec);
+	snprintf(o->v[k++], sizeof o->v[0], "-DFA_D=%d", s->D);
+	snprintf(o->v[k++], sizeof o->v[0], "-DFA_NW=%d", s->tile.nw);
+	snprintf(o->v[k++], sizeof o->v[0], "-DFA_RT=%d", s->tile.rt);
+	snprintf(o->v[k++], sizeof o->v[0], "-DFA_BC=%d", s->tile.bc);
+	snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
+	snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
 	/* Experiments only (tools/gpu-run.sh variants, kernels/PERF-NOTES.md): extra -D options
-	 * from FA_NVRTC_EXTRA ("-DX=1 -DY=2"). Never set it for a daemon with a disk cache. */
+	 * from FA_NVRTC_EXTRA ("-DX=1 -DY=2"), at most 4, each cut to 47 bytes. They are part of
+	 * the option list, hence of the disk cache's key. */
 	const char *extra = getenv("FA_NVRTC_EXTRA");
-	char ebuf[4][48];
 	int ne = 0;
 	if (extra) {
 		const char *q = extra;
-		while (*q && ne < 4 && k < 16) {
+		while (*q && ne < 4 && k < FA_NVRTC_MAX_OPTS) {
 			while (*q == ' ')
 				q++;
 			size_t len = strcspn(q, " ");
 			if (len == 0)
 				break;
-			if (len >= sizeof ebuf[0])
-				len = sizeof ebuf[0] - 1;
-			memcpy(ebuf[ne], q, len);
-			ebuf[ne][len] = 0;
-			memcpy(o[k++], ebuf[ne], len + 1);
+			if (len >= sizeof o->v[0])
+				len = sizeof o->v[0] - 1;
+			memcpy(o->v[k], q, len);
+			o->v[k++][len] = 0;
 			ne++;
 			q += strcspn(q, " ");
 		}
 	}
+	o->n = k;
+}
+
+fa_status fa_nvrtc_compile(struct fa_nvrtc *n, const struct fa_kernel_spec *s, void **cubin,
+                           size_t *cubin_size, struct fa_kernel_usage *usage, char *err,
+                           size_t errlen)
+{
+	struct fa_nvrtc_opts o;
+	fa_nvrtc_options(s, &o);
+	return fa_nvrtc_compile_opts(n, s, &o, cubin, cubin_size, usage, err, errlen);
+}
+
+fa_status fa_nvrtc_compile_opts(struct fa_nvrtc *n, const struct fa_kernel_spec *s,
+                                const struct fa_nvrtc_opts *o, void **cubin, size_t *cubin_size,
+                                struct fa_kernel_usage *usage, char *err, size_t errlen)
+{
+	const char *opts[FA_NVRTC_MAX_OPTS];
+	int k = o->n < FA_NVRTC_MAX_OPTS ? o->n : FA_NVRTC_MAX_OPTS;
+
+	if (cubin)
+		*cubin = NULL;
+	if (cubin_size)
+		*cubin_size = 0;
 	for (int i = 0; i < k; i++)
-		opts[i] = o[i];
+		opts[i] = o->v[i];
 
 	nvrtcProgram_t prog = NULL;
 	nvrtcResult_t r = n->CreateProgram(&prog, fa_src_attn_fwd, "attn_fwd.cu", 0, NULL, NULL);
