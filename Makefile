@@ -32,8 +32,7 @@ VMINOR := $(shell awk '/define FA_VERSION_MINOR/{print $$3}' $(HDR))
 VPATCH := $(shell awk '/define FA_VERSION_PATCH/{print $$3}' $(HDR))
 VERSION := $(VMAJOR).$(VMINOR).$(VPATCH)
 
-# ---- libraries through pkg-config (NNG 1.5 ships no .pc: fall back to -lnng) -------------------
-# NNG is linked only by tests/daemon, as an independent SP implementation talking to the daemon.
+# ---- libraries through pkg-config (plain -l fallbacks) -------------------------------------------
 pc_cflags = $(shell $(PKG_CONFIG) --cflags $(1) 2>/dev/null)
 pc_libs   = $(shell $(PKG_CONFIG) --libs $(1) 2>/dev/null)
 MSGPACK_PC := $(shell $(PKG_CONFIG) --exists msgpack-c 2>/dev/null && echo msgpack-c || echo msgpack)
@@ -43,8 +42,6 @@ UV_CFLAGS   := $(call pc_cflags,libuv)
 UV_LIBS     := $(or $(call pc_libs,libuv),-luv)
 NN_CFLAGS   := $(call pc_cflags,nanomsg)
 NN_LIBS     := $(or $(call pc_libs,nanomsg),-lnanomsg)
-NNG_CFLAGS  := $(call pc_cflags,nng)
-NNG_LIBS    := $(or $(call pc_libs,nng),-lnng)
 CMOCKA_CFLAGS := $(call pc_cflags,cmocka)
 CMOCKA_LIBS   := $(or $(call pc_libs,cmocka),-lcmocka)
 SYSTEMD_CFLAGS := $(shell $(PKG_CONFIG) --exists libsystemd 2>/dev/null && echo -DFA_HAVE_SYSTEMD $(call pc_cflags,libsystemd))
@@ -99,7 +96,8 @@ CLIENT_PC  := $(BUILD)/libfaclient.pc
 DAEMON_BIN := $(BUILD)/fa-daemon
 CTL_BIN    := $(BUILD)/fa-ctl
 
-# Tests: one program per file; the folder decides what it links (never nanomsg and NNG together).
+# Tests: one program per file; the folder decides what it links. Nothing links NNG any more; keep
+# it that way: libnng exports nn_* symbols too, so nanomsg and NNG in one binary break each other.
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 DTEST_SRC  := $(wildcard tests/daemon/test_*.c)
 INTEG_SRC  := $(wildcard tests/integ/test_*.c)
@@ -116,7 +114,7 @@ BENCH_BIN := $(call prog,$(BENCH_SRC))
 DEMO_BIN  := $(call prog,$(DEMO_SRC))
 TEST_BINS := $(UNIT_BIN) $(DTEST_BIN) $(INTEG_BIN) $(GPU_BIN)
 
-.PHONY: all deps check-deps test test-quick test-san test-gpu test-gpu-full bench demo fuzz \
+.PHONY: all deps check-deps test test-quick test-san test-gpu test-gpu-full bench demo fuzz fuzz-run \
         install install-systemd uninstall clean help
 .DEFAULT_GOAL := all
 
@@ -169,7 +167,7 @@ $(BUILD)/daemon/%.o: daemon/%.c
 
 $(BUILD)/tests/%.o: tests/%.c
 	$(call msg,CC,$<)
-	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) $(CMOCKA_CFLAGS) $(CUDA_CFLAGS) -Idaemon -Itests/helpers -MMD -MP -c $< -o $@
+	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) $(CMOCKA_CFLAGS) $(NN_CFLAGS) $(UV_CFLAGS) $(CUDA_CFLAGS) -Idaemon -Itests/helpers -MMD -MP -c $< -o $@
 
 # ---- libraries and programs ---------------------------------------------------------------------
 $(LIBPROTO): $(PROTO_OBJ)
@@ -209,10 +207,10 @@ $(UNIT_BIN): %: %.o $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO)
 	$(call msg,LD,$@)
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(MSGPACK_LIBS) $(SYS_LIBS)
 
-# tests/daemon: the daemon's own parts without main(); NNG as their client (never nanomsg here)
+# tests/daemon: the daemon's own parts without main(), spoken to by nanomsg REQ clients
 $(DTEST_BIN): %: %.o $(DAEMON_LIBOBJ) $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO)
 	$(call msg,LD,$@)
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(UV_LIBS) $(NNG_LIBS) $(MSGPACK_LIBS) $(SYSTEMD_LIBS) $(SYS_LIBS)
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(UV_LIBS) $(NN_LIBS) $(MSGPACK_LIBS) $(SYSTEMD_LIBS) $(SYS_LIBS)
 
 # tests/integ, bench, demo: real client processes (nanomsg side) against the real fa-daemon binary
 $(INTEG_BIN): %: %.o $(HELPER_OBJ) $(LIBCLIENT_A) $(LIBKERNELS) | $(DAEMON_BIN) $(CTL_BIN)
@@ -234,7 +232,10 @@ $(GPU_BIN): %: %.o $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO)
 
 # ---- tests ---------------------------------------------------------------------------------------
 # test-quick: every test program once. test: that, then the sanitizer build's tests and the fuzzer.
-test-quick: check-deps all
+# The dependency check runs first and the build is a sub-make: pkg-config's answers are read when
+# a Makefile is parsed, so they must be read after a fresh machine installed the libraries.
+test-quick: check-deps
+	$(Q)$(MAKE) --no-print-directory all
 	$(Q)sh tests/run.sh $(BUILD) $(TEST_BINS)
 
 test: test-quick
@@ -250,14 +251,26 @@ test-gpu-full: all
 bench: all
 	$(Q)for b in $(BENCH_BIN); do echo "== $$b"; $$b || exit 1; done
 
-demo: check-deps all
+demo: check-deps
+	$(Q)$(MAKE) --no-print-directory all
 	$(Q)sh tests/demo/run-demo.sh $(BUILD)
 
 # libFuzzer needs clang; the decoder is built with its own objects, never with the SAN build's.
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_BIN := $(call prog,$(FUZZ_SRC))
-fuzz: $(FUZZ_BIN)
+# Without clang's libFuzzer (a host with no package registry) fuzzing is skipped, loudly; under
+# CI=true that is a failure.
+fuzz:
+	$(Q)if sh tools/have-fuzzer.sh; then \
+		$(MAKE) --no-print-directory fuzz-run; \
+	elif [ "$(CI)" = true ]; then \
+		echo "fuzz: clang with libFuzzer is missing (make deps installs it)"; exit 1; \
+	else \
+		echo "  SKIP    fuzzing: clang with libFuzzer is not installed here (make deps)"; \
+	fi
+
+fuzz-run: $(FUZZ_BIN)
 	$(Q)for f in $(FUZZ_BIN); do sh tests/fuzz/run-fuzz.sh $$f $(FUZZ_SECONDS) || exit 1; done
 
 $(FUZZ_BIN): $(BUILD)/tests/fuzz/%: tests/fuzz/%.c $(PROTO_SRC) $(wildcard proto/*.h)

@@ -5,8 +5,8 @@
 
 #define IDMAP_MIN_CAP 16
 
-/* Fibonacci hashing: session and region ids are random already, but connection ids are
- * sequential, and this spreads those too. */
+/* Fibonacci hashing: session and region ids are random already, but the transport's connection
+ * ids count up one by one (ipc.c), and this spreads those too. */
 static size_t idmap_slot(const struct idmap *m, uint64_t key)
 {
 	return (size_t)((key * UINT64_C(0x9E3779B97F4A7C15)) >> 32) & (m->cap - 1);

@@ -1,21 +1,32 @@
-/* ipc.c - the REP side of the scalability protocols over a Unix socket, on the libuv loop.
+/* ipc.c - the SP REP role over a Unix socket (nanomsg's ipc:// transport), on the libuv loop.
  *
- * The wire (nanomsg's sipc, NNG's ipc transport): after connect each side sends 8 bytes
- * "\0SP\0", its protocol (u16 big-endian: REQ 0x30, REP 0x31) and two zero bytes. Then every
- * message is a frame: type byte 1, u64 big-endian length, payload. A request's payload starts
- * with its backtrace: 4-byte words, the last one (the REQ socket's request id) with its top bit
- * set; earlier ones are hops added by devices. A reply carries the same backtrace in front of
- * its body.
+ * Why not a library: NNG 1.5.2 (Debian 12's only version) stops accepting for good once any
+ * process connects and hangs up before the SP handshake (nanomsg/nng#1518), and nanomsg's own
+ * server asserts on one bad frame byte. Either lets one local process take the service down.
  *
- * Each connection has a small state machine (handshake, frame header, payload) fed by uv_read.
- * The peer's uid and pid come from SO_PEERCRED at accept. Replies are uv_writes of one
- * allocation each; a peer that stops reading its replies is disconnected once 64 MiB are queued
- * for it. A frame above recv_max closes its connection (the client refuses to send one).
+ * The wire (sp-ipc-mapping-01 as nanomsg and NNG implement it; checked against real nanomsg REQ
+ * sockets, tests/daemon/test_ipc.c):
+ *   handshake, both sides at once:  0x00 'S' 'P' 0x00, protocol (u16 BE: REQ 48, REP 49), 0, 0
+ *   then every message:            0x01, payload length (u64 BE), payload
+ *   request payload (sp-request-reply-01): backtrace words (u32 BE; the last, the REQ's request
+ *   id, has the top bit set), then the body. A reply carries the same words, then its body.
+ *
+ * Everything runs on the loop thread. A connection is a small state machine (handshake, frame
+ * header, body) fed by whatever the kernel returns, so messages split across reads or packed
+ * several to a read come out the same. A body that did not fit one read is read straight into its
+ * own buffer (alloc_cb hands that buffer to libuv), so big messages are copied once.
+ *
+ * Anything a peer sends can only close that peer's connection. Memory a peer can pin is bounded:
+ * a body buffer only up to recv_max, and all of them together up to IPC_PARTIAL_MAX; unread
+ * replies up to send_max per connection and IPC_UNSENT_MAX together; connections (fds) up to
+ * max_conns, and a connection that does not finish the handshake in handshake_ms is closed.
  */
 #include "ipc.h"
 
 #include <errno.h>
 #include <libgen.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -27,414 +38,570 @@
 #include "log.h"
 #include "util.h"
 
-#define IPC_BACKLOG 128
-#define IPC_HANDSHAKE_MS 10000          /* a peer that does not say "SP" by then is dropped */
-#define IPC_MAX_CONNS 4096              /* more are accepted and closed at once */
-#define IPC_SEND_QUEUE_MAX (64u << 20)  /* queued reply bytes to one peer that does not read */
-#define IPC_MAX_HOPS 15
-#define IPC_KEEP_BUF 65536              /* a connection keeps a receive buffer up to this size */
-#define SP_PROTO_REQ 0x30
-#define SP_PROTO_REP 0x31
+#define IPC_PROTO_REQ 48
+#define IPC_PROTO_REP 49
+#define IPC_MSG_NORMAL 1 /* the only message type nanomsg and NNG send (the draft says 0) */
+#define IPC_FRAME_HDR 9
 
-enum ipc_conn_state {
-	IPC_CONN_HANDSHAKE,
-	IPC_CONN_OPEN,
-	IPC_CONN_CLOSING,
+#define IPC_DEFAULT_RECV_MAX (1u << 20)
+#define IPC_DEFAULT_HANDSHAKE_MS 5000
+#define IPC_DEFAULT_MAX_CONNS 4096
+#define IPC_DEFAULT_SEND_MAX ((size_t)16 << 20)
+#define IPC_RECV_MAX_LIMIT ((size_t)1 << 30) /* libuv buffers are sized by unsigned int */
+#define IPC_PARTIAL_MAX ((size_t)256 << 20)  /* all half-received bodies together */
+#define IPC_UNSENT_MAX ((size_t)256 << 20)   /* all unread replies together */
+#define IPC_READ_BUF (64 * 1024)
+#define IPC_WARN_EVERY_MS 10000
+
+/* Connection ids for the whole process, so that a header kept across ipc_close and ipc_open
+ * (a dedupe entry, say) can never reach a newer connection. The first ipc_open starts them at a
+ * random point: they appear in the logs of several daemons. */
+static atomic_uint_least32_t ipc_next_id;
+static atomic_flag ipc_ids_seeded = ATOMIC_FLAG_INIT;
+
+/* What we send on every connection: the REP side of the handshake. */
+static const uint8_t ipc_hello[8] = {0x00, 'S', 'P', 0x00, 0x00, IPC_PROTO_REP, 0x00, 0x00};
+
+enum ipc_state {
+	IPC_HANDSHAKE, /* head[] collects the peer's 8-byte header */
+	IPC_FRAME,     /* head[] collects a 9-byte frame header */
+	IPC_BODY,      /* msg collects a body that did not arrive in one read */
 };
 
 struct ipc_conn {
+	uv_pipe_t pipe;    /* data = this */
+	uv_timer_t timer;  /* the handshake deadline */
+	uv_write_t hello;  /* our header */
 	struct ipc *ipc;
-	uv_pipe_t pipe;
-	uv_timer_t timer;            /* the handshake deadline */
-	int handles;                 /* of pipe and timer, not closed yet */
-	enum ipc_conn_state state;
 	struct ipc_peer peer;
-	bool announced;              /* carried a request: the upper layer hears of its close */
-	uint8_t hs[8];               /* the peer's handshake */
-	size_t hs_got;
-	uint8_t fh[9];               /* the current frame's header */
-	size_t fh_got;
-	uint8_t *msg;                /* the current frame's payload */
-	size_t msg_len, msg_got, msg_cap;
-	size_t queued;               /* reply bytes handed to uv_write, not completed */
+	enum ipc_state state;
+	bool announced;    /* handshake done: counted, may deliver, gets on_pipe_closed */
+	bool closing;      /* uv_close called: no more reads, replies dropped */
+	int handles;       /* pipe and timer not yet closed */
+	uint8_t head[IPC_FRAME_HDR];
+	size_t head_got;
+	uint8_t *msg;      /* IPC_BODY: the body being assembled */
+	size_t msg_len, msg_got;
+	size_t unsent;     /* reply bytes queued in libuv, not yet in the kernel */
+};
+
+/* A reply (or its tail) that the kernel did not take at once. */
+struct ipc_write {
+	uv_write_t req;
+	size_t len;
+	uint8_t data[];
 };
 
 struct ipc {
 	uv_loop_t *loop;
 	struct ipc_params p;
 	char path[108];
-	uv_pipe_t server;
-	dev_t dev;                   /* our socket file, so we never remove another daemon's */
+	uv_pipe_t server;     /* data = this */
+	bool bound;           /* the socket file is ours: dev and ino say which file that is */
+	dev_t dev;
 	ino_t ino;
-	bool bound;
-	struct idmap conns;          /* connection id -> struct ipc_conn* (not closing) */
-	uint32_t next_id;
-	unsigned nopen;              /* handshake done */
-	unsigned nconns;             /* all, handshaking included */
-	size_t pending;              /* reply bytes queued, all connections */
+	uv_pipe_t refuse;     /* accepts a connection only to close it (limit reached) */
+	bool refuse_busy;     /* refuse is closing */
+	bool refuse_stalled;  /* a connection is waiting to be refused: the listener is paused */
 	bool closing;
-	int handles;                 /* the server handle + every connection not yet freed */
+	int handles;          /* server, refuse while busy, and each connection: not yet closed */
 	void (*done)(void *arg);
 	void *done_arg;
-	char rbuf[65536];            /* every read lands here first (the loop is one thread) */
+
+	struct idmap conns;   /* id -> struct ipc_conn *, every connection not closing */
+	unsigned nconns;      /* connections whose handles are not closed (they hold an fd) */
+	unsigned announced;
+	size_t unsent;        /* bytes of the struct ipc_write in flight */
+	size_t partial;       /* bytes of body buffers being assembled */
+	uint64_t refused, warn_ms; /* connections refused; when that was last logged */
+	uint8_t rbuf[IPC_READ_BUF]; /* every read that is not into a body buffer (loop thread) */
 };
 
-struct ipc_write {
-	uv_write_t req;
-	struct ipc_conn *conn;
-	size_t len;
-	uint8_t data[];
-};
+/* ---- byte order --------------------------------------------------------------------------------- */
 
-static const uint8_t ipc_handshake[8] = {0, 'S', 'P', 0, 0, SP_PROTO_REP, 0, 0};
-
-/* One handle (the server, or a whole connection) is gone; the last frees the ipc. */
-static void ipc_handle_released(struct ipc *ipc)
+static uint32_t ipc_get32(const uint8_t *p)
 {
-	if (--ipc->handles > 0)
+	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static uint64_t ipc_get64(const uint8_t *p)
+{
+	return (uint64_t)ipc_get32(p) << 32 | ipc_get32(p + 4);
+}
+
+static void ipc_put32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)(v >> 24);
+	p[1] = (uint8_t)(v >> 16);
+	p[2] = (uint8_t)(v >> 8);
+	p[3] = (uint8_t)v;
+}
+
+static void ipc_put64(uint8_t *p, uint64_t v)
+{
+	ipc_put32(p, (uint32_t)(v >> 32));
+	ipc_put32(p + 4, (uint32_t)v);
+}
+
+/* ---- closing ------------------------------------------------------------------------------------ */
+
+/* One of the things ipc_close waits for has closed; the last one ends the ipc. */
+static void ipc_release(struct ipc *ipc)
+{
+	if (--ipc->handles > 0 || !ipc->closing)
 		return;
 	if (ipc->done != NULL)
 		ipc->done(ipc->done_arg);
-	idmap_fini(&ipc->conns);
 	free(ipc);
 }
 
-/* The listening handle is closed. */
-static void ipc_server_closed(uv_handle_t *h)
+static void ipc_handle_closed(uv_handle_t *h)
 {
-	ipc_handle_released(h->data);
+	ipc_release(h->data);
 }
 
-/* ---- connections ----------------------------------------------------------------------------- */
-
-static void ipc_conn_handle_closed(uv_handle_t *h)
+/* Both handles are closed and every write callback has run (libuv calls those first): report
+ * the connection and free it. Reporting here, never inside conn_close, keeps on_pipe_closed out
+ * of whatever ipc_* call decided to close (ipc_reply runs inside the daemon's dispatch). */
+static void conn_handle_closed(uv_handle_t *h)
 {
 	struct ipc_conn *c = h->data;
 	struct ipc *ipc = c->ipc;
 
 	if (--c->handles > 0)
 		return;
-	/* Reported only now, from a callback of its own: the upper layer may do anything. */
 	if (c->announced && !ipc->closing)
 		ipc->p.on_pipe_closed(ipc->p.arg, &c->peer);
-	free(c->msg);
+	if (c->msg != NULL) {
+		ipc->partial -= c->msg_len;
+		free(c->msg);
+	}
+	ipc->nconns--;
 	free(c);
-	ipc_handle_released(ipc);
+	ipc_release(ipc);
 }
 
-/* Close a connection once: out of the table now, handles closed, memory freed later. */
-static void ipc_conn_close(struct ipc_conn *c, const char *why)
+/* Stop reading and writing on c at once, release it on a later turn. level/why: the log line
+ * (why NULL: not logged). */
+static void conn_close(struct ipc_conn *c, int level, const char *why)
 {
 	struct ipc *ipc = c->ipc;
 
-	if (c->state == IPC_CONN_CLOSING)
+	if (c->closing)
 		return;
-	if (c->state == IPC_CONN_OPEN)
-		ipc->nopen--;
-	c->state = IPC_CONN_CLOSING;
-	ipc->nconns--;
+	c->closing = true;
+	if (why != NULL)
+		LOG_AT(level, "ipc: closing connection %u (pid %u): %s", c->peer.pipe, c->peer.pid,
+		       why);
 	idmap_del(&ipc->conns, c->peer.pipe);
-	log_debug("ipc: connection %u (pid %u) closed: %s", c->peer.pipe, c->peer.pid, why);
-	uv_read_stop((uv_stream_t *)&c->pipe);
-	/* Pending writes complete with UV_ECANCELED before the close callback. */
-	uv_close((uv_handle_t *)&c->pipe, ipc_conn_handle_closed);
-	uv_close((uv_handle_t *)&c->timer, ipc_conn_handle_closed);
+	if (c->announced)
+		ipc->announced--;
+	uv_close((uv_handle_t *)&c->pipe, conn_handle_closed);
+	uv_close((uv_handle_t *)&c->timer, conn_handle_closed);
 }
 
-/* A write finished (or was cancelled by a close): account and release it. */
-static void ipc_write_cb(uv_write_t *req, int status)
-{
-	struct ipc_write *w = (struct ipc_write *)req;
-	struct ipc_conn *c = w->conn;
+/* ---- receiving ---------------------------------------------------------------------------------- */
 
-	c->queued -= w->len;
-	c->ipc->pending -= w->len;
-	free(w);
-	if (status < 0 && status != UV_ECANCELED)
-		ipc_conn_close(c, uv_strerror(status));
-}
-
-/* Queue bytes on a connection: prefix (not copied if NULL) then body. */
-static fa_status ipc_conn_write(struct ipc_conn *c, const void *pre, size_t prelen,
-                                const void *body, size_t len)
-{
-	struct ipc_write *w = malloc(sizeof(*w) + prelen + len);
-
-	if (w == NULL)
-		return FA_ENOMEM;
-	w->conn = c;
-	w->len = prelen + len;
-	if (prelen > 0)
-		memcpy(w->data, pre, prelen);
-	if (len > 0)
-		memcpy(w->data + prelen, body, len);
-	uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)w->len);
-	int rc = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, ipc_write_cb);
-	if (rc != 0) {
-		free(w);
-		ipc_conn_close(c, uv_strerror(rc));
-		return FA_OK; /* the connection is gone; so is the reply */
-	}
-	c->queued += w->len;
-	c->ipc->pending += w->len;
-	return FA_OK;
-}
-
-/* A peer that never completed the handshake. */
-static void ipc_handshake_timeout(uv_timer_t *t)
-{
-	ipc_conn_close(t->data, "no handshake within 10 s");
-}
-
-/* A whole frame arrived: split off the backtrace and hand the body up. */
-static void ipc_conn_deliver(struct ipc_conn *c)
+/* A whole message arrived: split off the backtrace the way NNG's REP does (nanomsg's too) and
+ * hand the body over. A message that ends inside its backtrace is not from a REQ socket: close.
+ * One with more than IPC_HOPS_MAX words went through too many devices: drop it, keep the peer. */
+static void conn_deliver(struct ipc_conn *c, const uint8_t *p, size_t len)
 {
 	struct ipc *ipc = c->ipc;
 	struct ipc_hdr hdr;
-	size_t off = 0;
+	size_t bt = 0;
 
-	for (int hops = 0;; hops++) {
-		if (off + 4 > c->msg_len || hops > IPC_MAX_HOPS) {
-			/* No request id: not a REQ peer (or more hops than the SP limit). */
-			ipc_conn_close(c, "a message without a request id");
+	for (;;) {
+		if (bt / 4 == IPC_HOPS_MAX) {
+			log_debug("ipc: dropped a %zu-byte message from connection %u: more than %d "
+			          "hops", len, c->peer.pipe, IPC_HOPS_MAX);
 			return;
 		}
-		off += 4;
-		if (c->msg[off - 4] & 0x80)
+		if (len - bt < 4) {
+			conn_close(c, FA_LOG_INFO, "a message without a request id (not a REQ peer)");
+			return;
+		}
+		bt += 4;
+		if (p[bt - 4] & 0x80)
 			break;
 	}
-	hdr.len = (uint32_t)(4 + off);
-	memcpy(hdr.b, &c->peer.pipe, 4);
-	memcpy(hdr.b + 4, c->msg, off);
-	c->announced = true;
-	ipc->p.on_recv(ipc->p.arg, &c->peer, &hdr, c->msg + off, c->msg_len - off);
+	hdr.len = (uint32_t)(4 + bt);
+	ipc_put32(hdr.b, c->peer.pipe);
+	memcpy(hdr.b + 4, p, bt);
+	ipc->p.on_recv(ipc->p.arg, &c->peer, &hdr, p + bt, len - bt);
 }
 
-/* Grow the payload buffer to hold need bytes (never past the frame length). */
-static bool ipc_conn_grow(struct ipc_conn *c, size_t need)
+/* The body buffer is full. Detached before delivering: on_recv may close anything. */
+static void conn_body_done(struct ipc_conn *c)
 {
-	size_t cap = c->msg_cap ? c->msg_cap : 4096;
+	uint8_t *m = c->msg;
+	size_t len = c->msg_len;
 
-	if (need <= c->msg_cap)
-		return true;
-	while (cap < need)
-		cap *= 2;
-	if (cap > c->msg_len)
-		cap = c->msg_len;
-	uint8_t *m = realloc(c->msg, cap);
-	if (m == NULL)
+	c->msg = NULL;
+	c->state = IPC_FRAME;
+	c->head_got = 0;
+	conn_deliver(c, m, len);
+	c->ipc->partial -= len;
+	free(m);
+}
+
+/* The peer's 8 bytes are in: only a REQ peer speaking this wire version gets further. */
+static void conn_handshake(struct ipc_conn *c)
+{
+	const uint8_t *h = c->head;
+	unsigned proto = (unsigned)h[4] << 8 | h[5];
+
+	if (memcmp(h, "\0SP\0", 4) != 0 || h[6] != 0 || h[7] != 0) {
+		conn_close(c, FA_LOG_DEBUG, "not an SP handshake");
+		return;
+	}
+	if (proto != IPC_PROTO_REQ) {
+		char why[64];
+		snprintf(why, sizeof why, "SP protocol %u, not REQ (%d)", proto, IPC_PROTO_REQ);
+		conn_close(c, FA_LOG_DEBUG, why);
+		return;
+	}
+	uv_timer_stop(&c->timer);
+	c->state = IPC_FRAME;
+	c->head_got = 0;
+	c->announced = true;
+	c->ipc->announced++;
+	log_debug("ipc: connection %u from uid %u pid %u", c->peer.pipe, c->peer.uid, c->peer.pid);
+}
+
+/* A frame header is in. Returns true when the body may follow. */
+static bool conn_frame(struct ipc_conn *c, uint64_t *len)
+{
+	struct ipc *ipc = c->ipc;
+	char why[128];
+
+	*len = ipc_get64(c->head + 1);
+	c->head_got = 0;
+	if (c->head[0] != IPC_MSG_NORMAL) {
+		snprintf(why, sizeof why, "message type %u (only %d exists)", c->head[0],
+		         IPC_MSG_NORMAL);
+		conn_close(c, FA_LOG_INFO, why);
 		return false;
-	c->msg = m;
-	c->msg_cap = cap;
+	}
+	if (*len > ipc->p.recv_max) {
+		snprintf(why, sizeof why, "a %llu-byte message, above the %zu-byte limit",
+		         (unsigned long long)*len, ipc->p.recv_max);
+		conn_close(c, FA_LOG_INFO, why);
+		return false;
+	}
 	return true;
 }
 
-/* Feed received bytes through handshake, frame header and payload. */
-static void ipc_conn_feed(struct ipc_conn *c, const uint8_t *p, size_t n)
+/* Bytes from the shared read buffer: run them through the state machine. Stops as soon as the
+ * connection closes (a callback may close it, or ipc_close may run inside on_recv). */
+static void conn_feed(struct ipc_conn *c, const uint8_t *p, size_t n)
 {
 	struct ipc *ipc = c->ipc;
 
-	while (n > 0 && c->state != IPC_CONN_CLOSING) {
-		size_t take;
-		if (c->state == IPC_CONN_HANDSHAKE) {
-			take = sizeof c->hs - c->hs_got < n ? sizeof c->hs - c->hs_got : n;
-			memcpy(c->hs + c->hs_got, p, take);
-			c->hs_got += take;
-			if (c->hs_got == sizeof c->hs) {
-				uint16_t proto = (uint16_t)(c->hs[4] << 8 | c->hs[5]);
-				if (c->hs[0] != 0 || c->hs[1] != 'S' || c->hs[2] != 'P' ||
-				    c->hs[3] != 0 || c->hs[6] != 0 || c->hs[7] != 0 ||
-				    proto != SP_PROTO_REQ) {
-					ipc_conn_close(c, "not an SP REQ peer");
-					return;
-				}
-				c->state = IPC_CONN_OPEN;
-				ipc->nopen++;
-				uv_timer_stop(&c->timer);
-			}
-		} else if (c->fh_got < sizeof c->fh) {
-			take = sizeof c->fh - c->fh_got < n ? sizeof c->fh - c->fh_got : n;
-			memcpy(c->fh + c->fh_got, p, take);
-			c->fh_got += take;
-			if (c->fh_got == sizeof c->fh) {
-				uint64_t len = 0;
-				for (int i = 1; i < 9; i++)
-					len = len << 8 | c->fh[i];
-				if (c->fh[0] != 1) {
-					ipc_conn_close(c, "a frame of unknown type");
-					return;
-				}
-				if (len > ipc->p.recv_max) {
-					log_info("ipc: connection %u (pid %u) sent a %llu-byte "
-					         "message, above "
-					         "the %zu-byte limit; closing it",
-					         c->peer.pipe, c->peer.pid, (unsigned long long)len,
-					         ipc->p.recv_max);
-					ipc_conn_close(c, "message too large");
-					return;
-				}
-				if (len < 4) {
-					ipc_conn_close(c, "a message without a request id");
-					return;
-				}
-				c->msg_len = (size_t)len;
-				c->msg_got = 0;
-			}
-		} else {
-			take = c->msg_len - c->msg_got < n ? c->msg_len - c->msg_got : n;
-			if (!ipc_conn_grow(c, c->msg_got + take)) {
-				log_err("ipc: out of memory receiving %zu bytes", c->msg_len);
-				ipc_conn_close(c, "out of memory");
-				return;
-			}
-			memcpy(c->msg + c->msg_got, p, take);
-			c->msg_got += take;
-			if (c->msg_got == c->msg_len) {
-				ipc_conn_deliver(c);
-				c->fh_got = 0;
-				c->msg_got = 0;
-				if (c->msg_cap > IPC_KEEP_BUF) {
-					free(c->msg);
-					c->msg = NULL;
-					c->msg_cap = 0;
-				}
-			}
+	while (n > 0 && !c->closing) {
+		if (c->state == IPC_BODY) {
+			size_t k = c->msg_len - c->msg_got < n ? c->msg_len - c->msg_got : n;
+			memcpy(c->msg + c->msg_got, p, k);
+			c->msg_got += k;
+			p += k;
+			n -= k;
+			if (c->msg_got == c->msg_len)
+				conn_body_done(c);
+			continue;
 		}
-		p += take;
-		n -= take;
+		size_t want = c->state == IPC_HANDSHAKE ? sizeof ipc_hello : IPC_FRAME_HDR;
+		size_t k = want - c->head_got < n ? want - c->head_got : n;
+		memcpy(c->head + c->head_got, p, k);
+		c->head_got += k;
+		p += k;
+		n -= k;
+		if (c->head_got < want)
+			return;
+		if (c->state == IPC_HANDSHAKE) {
+			conn_handshake(c);
+			continue;
+		}
+		uint64_t len;
+		if (!conn_frame(c, &len))
+			return;
+		if (len <= n) { /* the common case: the whole body is here, no copy */
+			conn_deliver(c, p, (size_t)len);
+			p += len;
+			n -= (size_t)len;
+			continue;
+		}
+		if (ipc->partial + len > IPC_PARTIAL_MAX) {
+			conn_close(c, FA_LOG_WARNING, "too many large messages arriving at once");
+			return;
+		}
+		if ((c->msg = malloc((size_t)len)) == NULL) {
+			conn_close(c, FA_LOG_ERR, "out of memory for a message");
+			return;
+		}
+		ipc->partial += len;
+		c->msg_len = (size_t)len;
+		c->msg_got = 0;
+		c->state = IPC_BODY;
 	}
 }
 
-/* Every read goes to the ipc's one buffer, consumed before the next read. */
-static void ipc_alloc_cb(uv_handle_t *h, size_t hint, uv_buf_t *buf)
+/* A body under way is read straight into its own buffer, never past its end; everything else
+ * into the shared buffer, which conn_feed empties before libuv asks again. */
+static void conn_alloc_cb(uv_handle_t *h, size_t suggested, uv_buf_t *buf)
 {
 	struct ipc_conn *c = h->data;
-	(void)hint;
+	(void)suggested;
 
-	*buf = uv_buf_init(c->ipc->rbuf, sizeof c->ipc->rbuf);
+	if (c->msg != NULL)
+		*buf = uv_buf_init((char *)c->msg + c->msg_got, (unsigned)(c->msg_len - c->msg_got));
+	else
+		*buf = uv_buf_init((char *)c->ipc->rbuf, sizeof c->ipc->rbuf);
 }
 
-/* Bytes or an error from a connection. */
-static void ipc_read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
+static void conn_read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 {
 	struct ipc_conn *c = s->data;
 
 	if (n < 0) {
-		ipc_conn_close(c, n == UV_EOF ? "peer closed" : uv_strerror((int)n));
+		conn_close(c, FA_LOG_DEBUG, n == UV_EOF ? "closed by the peer" : uv_strerror((int)n));
 		return;
 	}
-	ipc_conn_feed(c, (const uint8_t *)buf->base, (size_t)n);
+	if (n == 0 || c->closing)
+		return;
+	if (c->msg != NULL && buf->base == (char *)c->msg + c->msg_got) {
+		c->msg_got += (size_t)n;
+		if (c->msg_got == c->msg_len)
+			conn_body_done(c);
+		return;
+	}
+	conn_feed(c, (const uint8_t *)buf->base, (size_t)n);
 }
 
-/* Accept a connection: peer credentials, our handshake, start reading. */
-static void ipc_on_connection(uv_stream_t *server, int status)
+static void conn_timer_cb(uv_timer_t *t)
+{
+	conn_close(t->data, FA_LOG_DEBUG, "no SP handshake in time");
+}
+
+static void conn_hello_cb(uv_write_t *req, int status)
+{
+	if (status < 0 && status != UV_ECANCELED)
+		conn_close(req->handle->data, FA_LOG_DEBUG, uv_strerror(status));
+}
+
+/* ---- accepting ---------------------------------------------------------------------------------- */
+
+static void ipc_refuse(struct ipc *ipc);
+static void ipc_connection_cb(uv_stream_t *server, int status);
+
+static void ipc_refuse_closed(uv_handle_t *h)
+{
+	struct ipc *ipc = h->data;
+
+	ipc->refuse_busy = false;
+	if (ipc->refuse_stalled && !ipc->closing)
+		ipc_refuse(ipc);
+	ipc_release(ipc);
+}
+
+/* Take the pending connection off the listener and close it. libuv pauses the listener until
+ * each accepted connection is taken, so this must happen even without memory: one spare handle,
+ * one connection per loop turn when refusing many, which also paces a flood. */
+static void ipc_refuse(struct ipc *ipc)
+{
+	if (ipc->refuse_busy) {
+		ipc->refuse_stalled = true;
+		return;
+	}
+	ipc->refuse_stalled = false;
+	if (uv_pipe_init(ipc->loop, &ipc->refuse, 0) != 0)
+		return;
+	ipc->refuse.data = ipc;
+	ipc->refuse_busy = true;
+	ipc->handles++;
+	/* A failed accept outside the connection callback leaves libuv's listener paused; listening
+	 * again re-arms it. */
+	if (uv_accept((uv_stream_t *)&ipc->server, (uv_stream_t *)&ipc->refuse) != 0)
+		uv_listen((uv_stream_t *)&ipc->server, SOMAXCONN, ipc_connection_cb);
+	uv_close((uv_handle_t *)&ipc->refuse, ipc_refuse_closed);
+	ipc->refused++;
+}
+
+/* Log refusals at most every IPC_WARN_EVERY_MS, with how many there were. */
+static void ipc_warn_refused(struct ipc *ipc, const char *why)
+{
+	uint64_t now = uv_now(ipc->loop);
+
+	if (ipc->warn_ms != 0 && now - ipc->warn_ms < IPC_WARN_EVERY_MS)
+		return;
+	log_warn("ipc: refusing connections: %s (%llu refused so far)", why,
+	         (unsigned long long)ipc->refused);
+	ipc->warn_ms = now;
+}
+
+/* Who is on the other end, as the kernel recorded it at connect. */
+static bool conn_peercred(struct ipc_conn *c)
+{
+	struct ucred cred;
+	socklen_t len = sizeof cred;
+	uv_os_fd_t fd;
+
+	if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0 ||
+	    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof cred)
+		return false;
+	c->peer.uid = (uint32_t)cred.uid;
+	c->peer.pid = (uint32_t)cred.pid;
+	return true;
+}
+
+/* A new connection: give it an id, learn its peer, say our header at once (nanomsg gives the
+ * handshake 1 s) and wait for the peer's, bounded by handshake_ms. */
+static void ipc_connection_cb(uv_stream_t *server, int status)
 {
 	struct ipc *ipc = server->data;
 	struct ipc_conn *c;
-	struct ucred cred;
-	socklen_t clen = sizeof cred;
-	uv_os_fd_t fd;
+	int rv;
 
 	if (status < 0) {
-		log_err("ipc: accept failed: %s", uv_strerror(status));
+		/* libuv already dropped the connection (EMFILE: it accepted and closed it). */
+		ipc->refused++;
+		ipc_warn_refused(ipc, uv_strerror(status));
+		return;
+	}
+	if (ipc->nconns >= ipc->p.max_conns) {
+		ipc_refuse(ipc);
+		ipc_warn_refused(ipc, "the connection limit is reached");
 		return;
 	}
 	if ((c = calloc(1, sizeof(*c))) == NULL) {
-		log_err("ipc: out of memory accepting a connection");
-		return; /* it stays in the backlog; the next accept tries again */
+		ipc_refuse(ipc);
+		ipc_warn_refused(ipc, "out of memory");
+		return;
 	}
 	c->ipc = ipc;
-	c->state = IPC_CONN_HANDSHAKE;
 	uv_pipe_init(ipc->loop, &c->pipe, 0);
 	uv_timer_init(ipc->loop, &c->timer);
 	c->pipe.data = c;
 	c->timer.data = c;
 	c->handles = 2;
-	ipc->handles++;
 	ipc->nconns++;
-	/* Registered before any failure path: ipc_conn_close removes it again. */
-	do {
-		c->peer.pipe = ipc->next_id++;
-	} while (c->peer.pipe == 0 || idmap_get(&ipc->conns, c->peer.pipe) != NULL);
+	ipc->handles++;
+	do /* 0 is "none" for idmap; after 2^32 connections ids wrap past 0 and live ones */
+		c->peer.pipe = (uint32_t)(atomic_fetch_add(&ipc_next_id, 1) + 1);
+	while (c->peer.pipe == 0 || idmap_get(&ipc->conns, c->peer.pipe) != NULL);
+
+	if ((rv = uv_accept(server, (uv_stream_t *)&c->pipe)) != 0) {
+		conn_close(c, FA_LOG_WARNING, uv_strerror(rv));
+		return;
+	}
+	if (!conn_peercred(c)) {
+		conn_close(c, FA_LOG_WARNING, "no peer credentials (SO_PEERCRED)");
+		return;
+	}
 	if (idmap_put(&ipc->conns, c->peer.pipe, c) != FA_OK) {
-		ipc_conn_close(c, "out of memory");
+		conn_close(c, FA_LOG_ERR, "out of memory tracking the connection");
 		return;
 	}
-	if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0) {
-		ipc_conn_close(c, "accept failed");
+	uv_buf_t hello = uv_buf_init((char *)ipc_hello, sizeof ipc_hello);
+	if ((rv = uv_write(&c->hello, (uv_stream_t *)&c->pipe, &hello, 1, conn_hello_cb)) != 0 ||
+	    (rv = uv_timer_start(&c->timer, conn_timer_cb, ipc->p.handshake_ms, 0)) != 0 ||
+	    (rv = uv_read_start((uv_stream_t *)&c->pipe, conn_alloc_cb, conn_read_cb)) != 0) {
+		conn_close(c, FA_LOG_WARNING, uv_strerror(rv));
 		return;
 	}
-	if (ipc->nconns > IPC_MAX_CONNS) {
-		log_warn("ipc: %u connections open, the limit; refusing one", IPC_MAX_CONNS);
-		ipc_conn_close(c, "too many connections");
-		return;
-	}
-	if (uv_fileno((uv_handle_t *)&c->pipe, &fd) != 0 ||
-	    getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
-		log_err("ipc: no peer credentials (SO_PEERCRED): %s", strerror(errno));
-		ipc_conn_close(c, "no peer credentials");
-		return;
-	}
-	c->peer.uid = (uint32_t)cred.uid;
-	c->peer.pid = (uint32_t)cred.pid;
-	log_debug("ipc: connection %u from uid %u pid %u", c->peer.pipe, c->peer.uid, c->peer.pid);
-	uv_timer_start(&c->timer, ipc_handshake_timeout, IPC_HANDSHAKE_MS, 0);
-	if (ipc_conn_write(c, ipc_handshake, sizeof ipc_handshake, NULL, 0) != FA_OK) {
-		ipc_conn_close(c, "out of memory");
-		return;
-	}
-	if (c->state != IPC_CONN_CLOSING)
-		uv_read_start((uv_stream_t *)&c->pipe, ipc_alloc_cb, ipc_read_cb);
 }
 
-/* ---- replying -------------------------------------------------------------------------------- */
+/* ---- replying ----------------------------------------------------------------------------------- */
 
+static void ipc_write_cb(uv_write_t *req, int status)
+{
+	struct ipc_write *w = (struct ipc_write *)req;
+	struct ipc_conn *c = req->handle->data;
+	struct ipc *ipc = c->ipc;
+
+	c->unsent -= w->len;
+	ipc->unsent -= w->len;
+	free(w);
+	if (status < 0 && status != UV_ECANCELED)
+		conn_close(c, FA_LOG_DEBUG, uv_strerror(status));
+}
+
+/* Write what the kernel takes now; queue a copy of the rest, within the peer's allowance. */
 fa_status ipc_reply(struct ipc *ipc, const struct ipc_hdr *hdr, const void *buf, size_t len)
 {
-	uint8_t pre[9 + IPC_HDR_MAX];
 	struct ipc_conn *c;
-	uint32_t id;
+	struct ipc_write *w;
+	uint8_t fh[IPC_FRAME_HDR];
+	size_t bt, total, done = 0;
+	int rv;
 
 	if (ipc->closing)
 		return FA_ECLOSED;
-	if (hdr->len < 8 || hdr->len > IPC_HDR_MAX)
+	if (hdr->len < 8 || hdr->len > IPC_HDR_MAX || hdr->len % 4 != 0)
 		return FA_EINVAL;
-	memcpy(&id, hdr->b, 4);
-	c = idmap_get(&ipc->conns, id);
-	if (c == NULL || c->state != IPC_CONN_OPEN) {
-		log_debug("ipc: a reply to closed connection %u dropped", id);
+	if ((c = idmap_get(&ipc->conns, ipc_get32(hdr->b))) == NULL)
+		return FA_OK; /* gone: nobody would read it */
+	bt = hdr->len - 4;
+	total = sizeof fh + bt + len;
+	fh[0] = IPC_MSG_NORMAL;
+	ipc_put64(fh + 1, bt + len);
+	uv_buf_t v[3] = {uv_buf_init((char *)fh, sizeof fh),
+	                 uv_buf_init((char *)hdr->b + 4, (unsigned)bt),
+	                 uv_buf_init((char *)buf, (unsigned)len)};
+	rv = uv_try_write((uv_stream_t *)&c->pipe, v, len > 0 ? 3 : 2);
+	if (rv >= 0)
+		done = (size_t)rv;
+	else if (rv != UV_EAGAIN) {
+		conn_close(c, FA_LOG_DEBUG, uv_strerror(rv));
 		return FA_OK;
 	}
-	size_t bt = hdr->len - 4;
-	if (c->queued + 9 + bt + len > IPC_SEND_QUEUE_MAX) {
-		log_warn(
-		    "ipc: connection %u (pid %u) does not read its replies (%zu bytes queued); "
-		    "closing it",
-		    c->peer.pipe, c->peer.pid, c->queued);
-		ipc_conn_close(c, "replies not read");
+	if (done == total)
+		return FA_OK;
+
+	size_t rest = total - done;
+	if (c->unsent + rest > ipc->p.send_max ||
+	    (c->unsent > 0 && ipc->unsent + rest > IPC_UNSENT_MAX)) {
+		char why[96];
+		snprintf(why, sizeof why, "it does not read its replies (%zu bytes queued)",
+		         c->unsent);
+		conn_close(c, FA_LOG_WARNING, why);
 		return FA_OK;
 	}
-	uint64_t flen = bt + len;
-	pre[0] = 1;
-	for (int i = 0; i < 8; i++)
-		pre[1 + i] = (uint8_t)(flen >> (56 - 8 * i));
-	memcpy(pre + 9, hdr->b + 4, bt);
-	return ipc_conn_write(c, pre, 9 + bt, buf, len);
+	if ((w = malloc(sizeof(*w) + rest)) == NULL) {
+		if (done > 0) /* half a frame is out: the stream cannot be resumed */
+			conn_close(c, FA_LOG_ERR, "out of memory for a reply");
+		return FA_ENOMEM;
+	}
+	w->len = rest;
+	/* Copy the part of the frame the kernel did not take. */
+	uint8_t *d = w->data;
+	for (int i = 0; i < 3; i++) {
+		size_t l = v[i].len, skip = done < l ? done : l;
+		memcpy(d, v[i].base + skip, l - skip);
+		d += l - skip;
+		done -= skip;
+	}
+	uv_buf_t b = uv_buf_init((char *)w->data, (unsigned)rest);
+	if ((rv = uv_write(&w->req, (uv_stream_t *)&c->pipe, &b, 1, ipc_write_cb)) != 0) {
+		free(w);
+		conn_close(c, FA_LOG_WARNING, uv_strerror(rv));
+		return FA_OK;
+	}
+	c->unsent += rest;
+	ipc->unsent += rest;
+	return FA_OK;
 }
 
-/* Connections past the handshake. */
 unsigned ipc_pipe_count(const struct ipc *ipc)
 {
-	return ipc->nopen;
+	return ipc->announced;
 }
 
-/* Reply bytes not yet written to the kernel. */
 size_t ipc_sends_pending(const struct ipc *ipc)
 {
-	return ipc->pending;
+	return ipc->unsent;
 }
 
-/* ---- binding --------------------------------------------------------------------------------- */
+/* ---- binding ------------------------------------------------------------------------------------ */
 
 /* Make the path usable: parent directory present, no stale socket file, and no live daemon. */
 static fa_status ipc_prepare_path(const char *path, char *err, size_t errlen)
@@ -465,9 +632,10 @@ static fa_status ipc_prepare_path(const char *path, char *err, size_t errlen)
 		return util_fail(err, errlen, FA_ESYS, "socket %s: %s", path, strerror(errno));
 	}
 	if (!S_ISSOCK(st.st_mode))
-		return util_fail(err, errlen, FA_EINVAL,
-		                 "%s exists and is not a socket; refusing to replace it", path);
-	/* A socket file: is a daemon behind it? Only a refused connect proves it is stale. */
+		return util_fail(err, errlen, FA_EINVAL, "%s exists and is not a socket; refusing to "
+		                 "replace it", path);
+	/* A socket file: is a daemon behind it? Only a refused connect proves it is stale. The
+	 * probe connects and hangs up at once, which a daemon of ours shrugs off. */
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return util_fail(err, errlen, FA_ESYS, "socket(): %s", strerror(errno));
@@ -492,74 +660,123 @@ static fa_status ipc_prepare_path(const char *path, char *err, size_t errlen)
 	return FA_OK;
 }
 
-/* Bind, set the mode before listening, listen; see ipc.h. */
+/* bind, chmod, then (in ipc_open) listen: nobody can connect before the file has its mode. The
+ * socket is made here, not by uv_pipe_bind, because libuv removes the file of a pipe it bound by
+ * name when closing it, even when it is another daemon's by then. */
+static fa_status ipc_bind(struct ipc *ipc, char *err, size_t errlen)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	struct stat st;
+	int fd, rv;
+
+	memcpy(sa.sun_path, ipc->path, strlen(ipc->path));
+	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) < 0)
+		return util_fail(err, errlen, FA_ESYS, "socket(): %s", strerror(errno));
+	if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+		int e = errno;
+		close(fd);
+		return util_fail(err, errlen, e == EADDRINUSE ? FA_EUNAVAIL : FA_ESYS,
+		                 "binding %s: %s", ipc->path, strerror(e));
+	}
+	if (stat(ipc->path, &st) == 0) {
+		ipc->bound = true;
+		ipc->dev = st.st_dev;
+		ipc->ino = st.st_ino;
+	}
+	if (chmod(ipc->path, ipc->p.mode & 07777) != 0) {
+		int e = errno;
+		close(fd);
+		return util_fail(err, errlen, FA_ESYS, "setting the mode of %s to %04o: %s",
+		                 ipc->path, ipc->p.mode, strerror(e));
+	}
+	if ((rv = uv_pipe_open(&ipc->server, fd)) != 0) {
+		close(fd);
+		return util_fail(err, errlen, FA_ESYS, "uv_pipe_open: %s", uv_strerror(rv));
+	}
+	return FA_OK;
+}
+
+/* Remove the socket file if it is still the one we bound (someone may have replaced it). */
+static void ipc_unlink(struct ipc *ipc)
+{
+	struct stat st;
+
+	if (!ipc->bound || lstat(ipc->path, &st) != 0)
+		return;
+	if (st.st_dev == ipc->dev && st.st_ino == ipc->ino)
+		unlink(ipc->path);
+	else
+		log_notice("ipc: %s is another socket now; leaving it", ipc->path);
+	ipc->bound = false;
+}
+
 fa_status ipc_open(struct ipc **out, uv_loop_t *loop, const struct ipc_params *p, char *err,
                    size_t errlen)
 {
 	struct ipc *ipc;
-	struct stat st;
-	uint64_t r;
-	fa_status st_;
-	int rc;
+	uint64_t seed;
+	fa_status st;
+	int rv;
 
 	*out = NULL;
-	if ((st_ = ipc_prepare_path(p->path, err, errlen)) != FA_OK)
-		return st_;
+	if (p->recv_max > IPC_RECV_MAX_LIMIT)
+		return util_fail(err, errlen, FA_EINVAL, "receive limit %zu is above %zu bytes",
+		                 p->recv_max, IPC_RECV_MAX_LIMIT);
+	if ((st = ipc_prepare_path(p->path, err, errlen)) != FA_OK)
+		return st;
 	if ((ipc = calloc(1, sizeof(*ipc))) == NULL)
 		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
 	ipc->loop = loop;
 	ipc->p = *p;
 	snprintf(ipc->path, sizeof ipc->path, "%s", p->path);
 	ipc->p.path = ipc->path;
+	if (ipc->p.recv_max == 0)
+		ipc->p.recv_max = IPC_DEFAULT_RECV_MAX;
+	if (ipc->p.handshake_ms == 0)
+		ipc->p.handshake_ms = IPC_DEFAULT_HANDSHAKE_MS;
+	if (ipc->p.max_conns == 0)
+		ipc->p.max_conns = IPC_DEFAULT_MAX_CONNS;
+	if (ipc->p.send_max == 0)
+		ipc->p.send_max = IPC_DEFAULT_SEND_MAX;
 	idmap_init(&ipc->conns);
-	/* Connection ids start at a random point: they appear in logs of several daemons. */
-	ipc->next_id = util_random_u64(&r) == FA_OK ? (uint32_t)r : 1;
-	uv_pipe_init(loop, &ipc->server, 0);
+	if (!atomic_flag_test_and_set(&ipc_ids_seeded) && util_random_u64(&seed) == FA_OK)
+		atomic_store(&ipc_next_id, (uint32_t)seed);
+	if ((rv = uv_pipe_init(loop, &ipc->server, 0)) != 0) {
+		free(ipc);
+		return util_fail(err, errlen, FA_ESYS, "uv_pipe_init: %s", uv_strerror(rv));
+	}
 	ipc->server.data = ipc;
 	ipc->handles = 1;
 
-	if ((rc = uv_pipe_bind(&ipc->server, ipc->path)) != 0) {
-		st_ = util_fail(err, errlen, rc == UV_EADDRINUSE ? FA_EUNAVAIL : FA_ESYS,
-		                "binding %s: %s", ipc->path, uv_strerror(rc));
-		goto out_close;
-	}
-	ipc->bound = true;
-	/* Before listen(): until then a connect is refused, so the umask's mode is never seen. */
-	if (chmod(ipc->path, p->mode) != 0 || stat(ipc->path, &st) != 0) {
-		st_ = util_fail(err, errlen, FA_ESYS, "chmod %04o %s: %s", p->mode, ipc->path,
-		                strerror(errno));
-		goto out_close;
-	}
-	ipc->dev = st.st_dev;
-	ipc->ino = st.st_ino;
-	if ((rc = uv_listen((uv_stream_t *)&ipc->server, IPC_BACKLOG, ipc_on_connection)) != 0) {
-		st_ = util_fail(err, errlen, FA_ESYS, "listening on %s: %s", ipc->path,
-		                uv_strerror(rc));
-		goto out_close;
+	if ((st = ipc_bind(ipc, err, errlen)) != FA_OK)
+		goto fail;
+	if ((rv = uv_listen((uv_stream_t *)&ipc->server, SOMAXCONN, ipc_connection_cb)) != 0) {
+		st = util_fail(err, errlen, FA_ESYS, "listening on %s: %s", ipc->path,
+		               uv_strerror(rv));
+		goto fail;
 	}
 	*out = ipc;
 	return FA_OK;
 
-out_close:
-	ipc_close(ipc, NULL, NULL); /* the caller runs the loop to finish closing */
-	return st_;
+fail:
+	ipc_close(ipc, NULL, NULL); /* the caller runs the loop to finish it */
+	return st;
 }
 
-/* ---- closing --------------------------------------------------------------------------------- */
+/* ---- closing ------------------------------------------------------------------------------------ */
 
 void ipc_close(struct ipc *ipc, void (*done)(void *arg), void *arg)
 {
-	struct stat st;
+	uint64_t key;
 	void *val;
 
 	ipc->done = done;
 	ipc->done_arg = arg;
 	ipc->closing = true;
-	uv_close((uv_handle_t *)&ipc->server, ipc_server_closed);
-	while (idmap_first(&ipc->conns, NULL, &val))
-		ipc_conn_close(val, "the daemon is stopping");
-	/* Remove the socket file, unless another daemon has replaced it since. */
-	if (ipc->bound && stat(ipc->path, &st) == 0 && st.st_dev == ipc->dev &&
-	    st.st_ino == ipc->ino && unlink(ipc->path) != 0)
-		log_err("ipc: removing %s: %s", ipc->path, strerror(errno));
+	ipc->refuse_stalled = false;
+	while (idmap_first(&ipc->conns, &key, &val))
+		conn_close(val, FA_LOG_DEBUG, NULL);
+	idmap_fini(&ipc->conns);
+	uv_close((uv_handle_t *)&ipc->server, ipc_handle_closed);
+	ipc_unlink(ipc);
 }

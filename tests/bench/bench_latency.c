@@ -262,8 +262,9 @@ int main(int argc, char **argv)
 	print_row(&echo_attn, NULL, asize);
 	print_row(&attn[0], &echo_attn, asize);
 	print_row(&attn[1], &echo_attn, asize);
-	printf("(the echo server is nanomsg REP; the daemon speaks through NNG, whose REP side alone\n"
-	       " measured slower than nanomsg's in ARCHITECTURE.md: part of the ratio is that)\n");
+	printf("(the echo server is nanomsg REP; the daemon answers through its own SP transport on\n"
+	       " its libuv loop: the ratio is its decode, dispatch and reply work, and that transport\n"
+	       " against nanomsg's)\n");
 
 out:
 	if (echo > 0) {

@@ -1,7 +1,8 @@
 /* test_server.c - the whole daemon in this process, its loop on a thread, spoken to over real
- * ipc:// sockets by NNG REQ clients: sessions, regions, attention against the CPU reference,
- * dedupe, malformed input, limits, a client shrinking its memory, connection drops and the
- * graceful shutdown. (tests/integ does the same with real client processes and libfaclient.) */
+ * ipc:// sockets by nanomsg REQ clients (the client library's transport): sessions, regions,
+ * attention against the CPU reference, dedupe, malformed input, limits, a client shrinking its
+ * memory, connection drops and the graceful shutdown. (tests/integ does the same with real
+ * client processes and libfaclient.) */
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -14,8 +15,8 @@
 #include <sys/un.h>
 
 #include <cmocka.h>
-#include <nng/nng.h>
-#include <nng/protocol/reqrep0/req.h>
+#include <nanomsg/nn.h>
+#include <nanomsg/reqrep.h>
 
 #include "dtest.h"
 #include "fa_attn.h"
@@ -116,27 +117,26 @@ static void harness_free(struct harness *h)
 
 /* ---- clients ------------------------------------------------------------------------------- */
 
-static nng_socket client_open(struct harness *h)
+static int client_open(struct harness *h)
 {
-	nng_socket s;
+	int s, ms = fa_test_ms(CLIENT_TIMEOUT_MS);
 	char url[160];
 
 	snprintf(url, sizeof url, "ipc://%s", h->cfg.socket);
-	assert_int_equal(nng_req0_open(&s), 0);
-	assert_int_equal(nng_socket_set_ms(s, NNG_OPT_RECVTIMEO, fa_test_ms(CLIENT_TIMEOUT_MS)), 0);
-	assert_int_equal(nng_socket_set_ms(s, NNG_OPT_SENDTIMEO, fa_test_ms(CLIENT_TIMEOUT_MS)), 0);
-	assert_int_equal(nng_dial(s, url, NULL, 0), 0);
+	assert_true((s = nn_socket(AF_SP, NN_REQ)) >= 0);
+	assert_int_equal(nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &ms, sizeof ms), 0);
+	assert_int_equal(nn_setsockopt(s, NN_SOL_SOCKET, NN_SNDTIMEO, &ms, sizeof ms), 0);
+	assert_true(nn_connect(s, url) >= 0);
 	return s;
 }
 
-static void client_send_raw(nng_socket s, const void *buf, size_t len)
+static void client_send_raw(int s, const void *buf, size_t len)
 {
-	int rv = nng_send(s, (void *)buf, len, 0);
-	if (rv != 0)
-		fail_msg("nng_send: %s", nng_strerror(rv));
+	if (nn_send(s, buf, len, 0) != (int)len)
+		fail_msg("nn_send: %s", nn_strerror(nn_errno()));
 }
 
-static void client_send(nng_socket s, const struct fa_proto_req *req)
+static void client_send(int s, const struct fa_proto_req *req)
 {
 	uint8_t buf[FA_PROTO_MAX_MSG];
 	size_t len;
@@ -146,23 +146,22 @@ static void client_send(nng_socket s, const struct fa_proto_req *req)
 }
 
 /* Receive and decode a reply (decoded into heap memory: the struct is 16 KiB). */
-static struct fa_proto_rep *client_recv(nng_socket s)
+static struct fa_proto_rep *client_recv(int s)
 {
 	struct fa_proto_rep *rep = calloc(1, sizeof(*rep));
 	char err[256];
-	void *buf;
-	size_t len;
+	void *buf = NULL;
 
-	int rv = nng_recv(s, &buf, &len, NNG_FLAG_ALLOC);
-	if (rv != 0)
-		fail_msg("nng_recv: %s", nng_strerror(rv));
-	if (fa_proto_decode_rep(buf, len, rep, err, sizeof err) != FA_OK)
+	int len = nn_recv(s, &buf, NN_MSG, 0);
+	if (len < 0)
+		fail_msg("nn_recv: %s", nn_strerror(nn_errno()));
+	if (fa_proto_decode_rep(buf, (size_t)len, rep, err, sizeof err) != FA_OK)
 		fail_msg("bad reply: %s", err);
-	nng_free(buf, len);
+	nn_freemsg(buf);
 	return rep;
 }
 
-static struct fa_proto_rep *call(nng_socket s, const struct fa_proto_req *req)
+static struct fa_proto_rep *call(int s, const struct fa_proto_req *req)
 {
 	client_send(s, req);
 	struct fa_proto_rep *rep = client_recv(s);
@@ -182,7 +181,7 @@ static void expect_status(struct fa_proto_rep *rep, fa_status want, const char *
 
 static uint64_t seq_next = 1;
 
-static uint64_t hello(nng_socket s)
+static uint64_t hello(int s)
 {
 	struct fa_proto_req req = {.op = FA_OP_HELLO, .seq = seq_next++};
 	req.u.hello.pid = (uint32_t)getpid();
@@ -201,7 +200,7 @@ static struct fa_proto_req simple(uint32_t op, uint64_t sid)
 	return req;
 }
 
-static uint64_t stat_u64(nng_socket s, uint64_t sid, const char *key)
+static uint64_t stat_u64(int s, uint64_t sid, const char *key)
 {
 	struct fa_proto_req req = simple(FA_OP_STATS, sid);
 	struct fa_proto_rep *rep = call(s, &req);
@@ -214,7 +213,7 @@ static uint64_t stat_u64(nng_socket s, uint64_t sid, const char *key)
 	return v;
 }
 
-static uint64_t register_shm(nng_socket s, uint64_t sid, const char *name, uint64_t size,
+static uint64_t register_shm(int s, uint64_t sid, const char *name, uint64_t size,
                              fa_status want)
 {
 	struct fa_proto_req req = simple(FA_OP_REGISTER, sid);
@@ -236,7 +235,7 @@ struct buf {
 	uint64_t rid;
 };
 
-static void buf_alloc(struct buf *b, nng_socket s, uint64_t sid, size_t size)
+static void buf_alloc(struct buf *b, int s, uint64_t sid, size_t size)
 {
 	b->size = size;
 	assert_int_equal(dtest_shm_create(b->name, size), 0);
@@ -322,7 +321,7 @@ static struct fwd_case slow_case(void)
 static void test_server_hello_ping_stats(void **state)
 {
 	struct harness *h = harness_start(NULL);
-	nng_socket s = client_open(h);
+	int s = client_open(h);
 	(void)state;
 
 	struct fa_proto_req req = {.op = FA_OP_HELLO, .seq = seq_next++};
@@ -368,14 +367,14 @@ static void test_server_hello_ping_stats(void **state)
 	assert_true(stat_u64(s, sid, "requests_ok") == 4); /* HELLO, PING, STATS, STATS */
 	assert_true(stat_u64(s, sid, "threads") == 2);
 
-	nng_close(s);
+	nn_close(s);
 	harness_free(h);
 }
 
 static void test_server_attention_matches_the_reference(void **state)
 {
 	struct harness *h = harness_start(NULL);
-	nng_socket s = client_open(h);
+	int s = client_open(h);
 	uint64_t sid = hello(s);
 	struct buf b;
 	(void)state;
@@ -437,14 +436,14 @@ static void test_server_attention_matches_the_reference(void **state)
 	assert_true(stat_u64(s, sid, "regions") == 0);
 	assert_true(dtest_shm_exists(b.name)); /* unregistering leaves the object to its owner */
 	buf_free(&b);
-	nng_close(s);
+	nn_close(s);
 	harness_free(h);
 }
 
 static void test_server_validation_errors_come_back_with_detail(void **state)
 {
 	struct harness *h = harness_start(NULL);
-	nng_socket s = client_open(h);
+	int s = client_open(h);
 	uint64_t sid = hello(s);
 	struct buf b;
 	(void)state;
@@ -480,14 +479,14 @@ static void test_server_validation_errors_come_back_with_detail(void **state)
 	register_shm(s, sid, "/fa.1.1.zzzzzzzzzzzzzzzz", 4096, FA_EINVAL);
 	register_shm(s, sid, b.name, 1 << 20, FA_ERANGE);
 	buf_free(&b);
-	nng_close(s);
+	nn_close(s);
 	harness_free(h);
 }
 
 static void test_server_duplicate_seq_is_answered_from_the_cache(void **state)
 {
 	struct harness *h = harness_start(NULL);
-	nng_socket s = client_open(h);
+	int s = client_open(h);
 	uint64_t sid = hello(s);
 	struct buf b;
 	(void)state;
@@ -514,14 +513,14 @@ static void test_server_duplicate_seq_is_answered_from_the_cache(void **state)
 	expect_status(rep, FA_EPROTO, "already used by another op");
 	free(rep);
 	buf_free(&b);
-	nng_close(s);
+	nn_close(s);
 	harness_free(h);
 }
 
 static void test_server_repeat_while_running_is_answered_on_the_newest_connection(void **state)
 {
 	struct harness *h = harness_start("threads", "1", NULL);
-	nng_socket first = client_open(h), again = client_open(h), w = client_open(h);
+	int first = client_open(h), again = client_open(h), w = client_open(h);
 	uint64_t sid = hello(first);
 	struct buf b;
 	(void)state;
@@ -543,33 +542,33 @@ static void test_server_repeat_while_running_is_answered_on_the_newest_connectio
 	/* The first copy's connection got nothing (its client gave up on it) -- unless the
 	 * computation was over before the copy arrived (a very slow machine), when both carry
 	 * the same cached reply. */
-	void *buf;
-	size_t len;
-	assert_int_equal(nng_socket_set_ms(first, NNG_OPT_RECVTIMEO, 100), 0);
-	int rv = nng_recv(first, &buf, &len, NNG_FLAG_ALLOC);
-	if (rv == 0) {
+	void *buf = NULL;
+	int ms = 100;
+	assert_int_equal(nn_setsockopt(first, NN_SOL_SOCKET, NN_RCVTIMEO, &ms, sizeof ms), 0);
+	int len = nn_recv(first, &buf, NN_MSG, 0);
+	if (len >= 0) {
 		struct fa_proto_rep *r1 = calloc(1, sizeof(*r1));
 		char err[256];
-		assert_int_equal(fa_proto_decode_rep(buf, len, r1, err, sizeof err), FA_OK);
+		assert_int_equal(fa_proto_decode_rep(buf, (size_t)len, r1, err, sizeof err), FA_OK);
 		assert_true(r1->u.fwd.compute_ns == rep->u.fwd.compute_ns);
 		print_message("note: the repeat arrived after the computation ended\n");
-		nng_free(buf, len);
+		nn_freemsg(buf);
 		free(r1);
 	} else {
-		assert_int_equal(rv, NNG_ETIMEDOUT);
+		assert_int_equal(nn_errno(), ETIMEDOUT);
 	}
 	free(rep);
 	buf_free(&b);
-	nng_close(first);
-	nng_close(again);
-	nng_close(w);
+	nn_close(first);
+	nn_close(again);
+	nn_close(w);
 	harness_free(h);
 }
 
 static void test_server_session_and_region_limits_are_elimit(void **state)
 {
 	struct harness *h = harness_start("max-sessions", "1", "max-regions", "1", NULL);
-	nng_socket s = client_open(h);
+	int s = client_open(h);
 	uint64_t sid = hello(s);
 	struct buf b;
 	char name[FA_PROTO_SHM_NAME_MAX];
@@ -584,14 +583,14 @@ static void test_server_session_and_region_limits_are_elimit(void **state)
 	register_shm(s, sid, name, 4096, FA_ELIMIT);
 	shm_unlink(name);
 	buf_free(&b);
-	nng_close(s);
+	nn_close(s);
 	harness_free(h);
 }
 
 static void test_server_malformed_oversize_and_version_are_answered(void **state)
 {
 	struct harness *h = harness_start(NULL);
-	nng_socket s = client_open(h);
+	int s = client_open(h);
 	uint64_t sid = hello(s);
 	struct fa_proto_rep *rep;
 	(void)state;
@@ -602,7 +601,8 @@ static void test_server_malformed_oversize_and_version_are_answered(void **state
 	assert_int_equal(rep->op, 0);
 	free(rep);
 
-	/* Between FA_PROTO_MAX_MSG and NNG's 1 MiB: a clear FA_ETOOBIG, the connection kept. */
+	/* Between FA_PROTO_MAX_MSG and the transport's 1 MiB: a clear FA_ETOOBIG, the connection
+	 * kept. */
 	size_t big = 100 * 1024;
 	uint8_t *p = calloc(1, big);
 	p[0] = 0xc6; /* bin32 */
@@ -635,14 +635,14 @@ static void test_server_malformed_oversize_and_version_are_answered(void **state
 
 	assert_true(stat_u64(s, sid, "requests_malformed") == 2);
 	assert_true(stat_u64(s, sid, "requests_failed") == 4);
-	nng_close(s);
+	nn_close(s);
 	harness_free(h);
 }
 
 static void test_server_busy_past_max_inflight(void **state)
 {
 	struct harness *h = harness_start("max-inflight", "1", "threads", "1", NULL);
-	nng_socket a = client_open(h), b2 = client_open(h);
+	int a = client_open(h), b2 = client_open(h);
 	uint64_t sid = hello(a);
 	struct buf b;
 	(void)state;
@@ -669,22 +669,22 @@ static void test_server_busy_past_max_inflight(void **state)
 	expect_status(rep, FA_OK, NULL);
 	free(rep);
 	buf_free(&b);
-	nng_close(a);
-	nng_close(b2);
+	nn_close(a);
+	nn_close(b2);
 	harness_free(h);
 }
 
 static void test_server_dropped_connection_closes_the_session_and_unlinks(void **state)
 {
 	struct harness *h = harness_start(NULL);
-	nng_socket a = client_open(h), other = client_open(h);
+	int a = client_open(h), other = client_open(h);
 	uint64_t sid = hello(a), watcher = hello(other);
 	struct buf b;
 	(void)state;
 
 	buf_alloc(&b, a, sid, 4096);
 	assert_true(stat_u64(other, watcher, "sessions") == 2);
-	nng_close(a); /* the client died */
+	nn_close(a); /* the client died */
 	uint64_t deadline = fa_test_now_ms() + (uint64_t)fa_test_ms(10000);
 	while (stat_u64(other, watcher, "sessions") != 1 && fa_test_now_ms() < deadline)
 		fa_test_sleep_ms(5);
@@ -697,14 +697,14 @@ static void test_server_dropped_connection_closes_the_session_and_unlinks(void *
 	expect_status(rep, FA_ESESSION, NULL);
 	free(rep);
 	munmap(b.p, b.size);
-	nng_close(other);
+	nn_close(other);
 	harness_free(h);
 }
 
 static void test_server_bye_closes_the_session(void **state)
 {
 	struct harness *h = harness_start(NULL);
-	nng_socket a = client_open(h);
+	int a = client_open(h);
 	uint64_t sid = hello(a);
 	struct buf b;
 	(void)state;
@@ -720,7 +720,7 @@ static void test_server_bye_closes_the_session(void **state)
 	free(rep);
 	assert_false(dtest_shm_exists(b.name));
 	munmap(b.p, b.size);
-	nng_close(a);
+	nn_close(a);
 	harness_free(h);
 }
 
@@ -742,7 +742,7 @@ static void test_server_survives_a_client_shrinking_its_memory(void **state)
 		skip();
 	}
 	struct harness *h = harness_start(NULL);
-	nng_socket s = client_open(h);
+	int s = client_open(h);
 	uint64_t sid = hello(s);
 	struct buf b;
 
@@ -765,14 +765,14 @@ static void test_server_survives_a_client_shrinking_its_memory(void **state)
 	expect_status(rep, FA_ERANGE, "lost pages");
 	free(rep);
 	shm_unlink(b.name);
-	nng_close(s);
+	nn_close(s);
 	harness_free(h);
 }
 
 static void test_server_shutdown_answers_running_and_rejects_queued(void **state)
 {
 	struct harness *h = harness_start("threads", "1", NULL);
-	nng_socket a = client_open(h), q = client_open(h), w = client_open(h);
+	int a = client_open(h), q = client_open(h), w = client_open(h);
 	uint64_t sid = hello(a);
 	struct buf b;
 	(void)state;
@@ -808,9 +808,9 @@ static void test_server_shutdown_answers_running_and_rejects_queued(void **state
 	assert_true(dtest_shm_exists(b.name));
 	assert_int_equal(access(h->cfg.socket, F_OK), -1);
 	buf_free(&b);
-	nng_close(a);
-	nng_close(q);
-	nng_close(w);
+	nn_close(a);
+	nn_close(q);
+	nn_close(w);
 	harness_free(h);
 }
 
@@ -845,7 +845,7 @@ static void test_server_bad_peers_do_not_stop_it_accepting(void **state)
 		raw_peer(h->cfg.socket, huge, sizeof huge);
 		raw_peer(h->cfg.socket, bad_type, sizeof bad_type);
 	}
-	nng_socket s = client_open(h);
+	int s = client_open(h);
 	uint64_t sid = hello(s);
 	struct fa_proto_req req = simple(FA_OP_PING, sid);
 	struct fa_proto_rep *rep = call(s, &req);
@@ -856,7 +856,7 @@ static void test_server_bad_peers_do_not_stop_it_accepting(void **state)
 	while (stat_u64(s, sid, "connections") != 1 && fa_test_now_ms() < deadline)
 		fa_test_sleep_ms(2);
 	assert_true(stat_u64(s, sid, "connections") == 1);
-	nng_close(s);
+	nn_close(s);
 	harness_free(h);
 }
 
@@ -886,9 +886,9 @@ static void test_server_refuses_a_live_socket_and_replaces_a_stale_one(void **st
 	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
 	close(fd);
 	h = harness_start("socket", path, NULL);
-	nng_socket s = client_open(h);
+	int s = client_open(h);
 	hello(s);
-	nng_close(s);
+	nn_close(s);
 	harness_free(h);
 	fa_test_rmdir(dir);
 
@@ -928,7 +928,5 @@ int main(void)
 	};
 	signal(SIGPIPE, SIG_IGN);
 	log_level = getenv("FA_TEST_VERBOSE") ? FA_LOG_DEBUG : FA_LOG_ERR;
-	int rc = cmocka_run_group_tests(tests, NULL, NULL);
-	nng_fini(); /* the clients' NNG */
-	return rc;
+	return cmocka_run_group_tests(tests, NULL, NULL);
 }
