@@ -692,7 +692,9 @@ static fa_status tensor_buffer(fa_client *c, const char *name, const fa_tensor *
 		return fa_fail(FA_EDTYPE, "%s: dtype %d is unknown (fp16, bf16 or fp32)", name,
 		               (int)t->dtype);
 	w->region = t->buf->region;
-	w->offset = t->offset;
+	/* A device buffer starts inside its registered allocation. */
+	if (__builtin_add_overflow(t->offset, t->buf->region_offset, &w->offset))
+		return fa_fail(FA_ERANGE, "%s: offset %" PRIu64 " overflows", name, t->offset);
 	w->dtype = (uint8_t)t->dtype;
 	memcpy(w->shape, t->shape, sizeof w->shape);
 	memcpy(w->stride, t->stride, sizeof w->stride);

@@ -4,7 +4,9 @@
  *   fa_transport.c  nanomsg REQ sockets: a pool, one socket per in-flight call (the only file that
  *                   includes <nanomsg/nn.h>, so the transport can change without touching the rest)
  *   fa_client.c     sessions (HELLO/BYE/reconnect), sequence numbers, argument checks, the calls
- *   fa_shm.c        host buffers in POSIX shared memory (one kind of buffer; CUDA IPC is another)
+ *   fa_shm.c        host buffers in POSIX shared memory (one kind of buffer)
+ *   fa_cuda.c       device buffers: the caller's cudaMalloc memory, exported as a CUDA IPC handle
+ *                   (libcuda.so.1 loaded with dlopen on first use, never linked)
  * Everything here is hidden: the Makefile compiles client/ with -fvisibility=hidden and only the
  * FA_API declarations of fa/fa_client.h are exported.
  */
@@ -90,14 +92,21 @@ struct fa_buffer {
 	fa_client *client;
 	const struct fa_buffer_ops *ops;
 	uint64_t region;         /* the daemon's id; 0 while not registered */
-	void *data;              /* mapped here */
+	void *data;              /* mapped here (a device address for device buffers) */
 	size_t size;             /* bytes, as asked */
+	uint64_t region_offset;  /* where data sits in the registered region: added to every tensor
+	                          * offset sent (device buffers: data - allocation base) */
 	fa_buffer *prev, *next;  /* the client's list of live buffers, under client->lock */
 	union {
 		struct {
 			char name[FA_PROTO_SHM_NAME_MAX];
 			uint64_t dev, ino; /* identity of the object, to notice a replaced name */
 		} shm;
+		struct {
+			uint8_t handle[FA_PROTO_IPC_HANDLE_LEN]; /* of the allocation's base */
+			uint8_t uuid[FA_PROTO_UUID_LEN];         /* the allocation's GPU */
+			uint64_t alloc_size;                     /* the whole allocation */
+		} dev;
 	} u;
 };
 

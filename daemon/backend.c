@@ -6,8 +6,9 @@
 #include "log.h"
 #include "util.h"
 
-/* In order of preference for --backend auto. The GPU backend goes first once it exists. */
+/* In order of preference for --backend auto: the GPU when one opens, else the CPU. */
 static const struct backend_ops *const backend_table[] = {
+	&backend_gpu_ops,
 	&backend_cpu_ops,
 	NULL,
 };

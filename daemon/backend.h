@@ -1,7 +1,8 @@
 /* backend.h - where attention runs: a table of operations each engine implements.
  *
- * The CPU backend (backend_cpu.c) serves host memory on a worker pool; the GPU backend will plug
- * into the same table. The loop thread submits jobs; a backend runs them on its own threads and
+ * The CPU backend (backend_cpu.c) serves host memory on a worker pool; the GPU backend
+ * (backend_gpu.c) serves device memory (CUDA IPC regions) and host memory (pinned, staged through
+ * device scratch) with one worker thread per GPU. The loop thread submits jobs; a backend runs them on its own threads and
  * hands each finished job back on the loop thread through the done callback (it uses a uv_async
  * for that), exactly once per submitted job, cancelled or not.
  */
@@ -41,6 +42,7 @@ struct backend_job {
 	const void *owner;            /* whose job (the session), for backend_cancel */
 	struct backend_range ranges[BACKEND_MAX_RANGES]; /* the mappings of q, k, v, o, lse */
 	unsigned nranges;
+	bool on_device[5];            /* q, k, v, o, lse: a device pointer (CUDA IPC region) */
 	/* outputs, valid in done() */
 	fa_status status;
 	uint64_t compute_ns;          /* first chunk started .. last chunk finished */
@@ -57,6 +59,7 @@ struct backend_job {
 typedef void (*backend_done_fn)(struct backend_job *job, void *arg);
 
 struct backend;
+struct region;
 
 struct backend_ops {
 	const char *name;              /* "cpu": the --backend value and the STATS "backend" */
@@ -77,6 +80,15 @@ struct backend_ops {
 	 * NULL: always (the CPU backend: a stuck loop already starves the watchdog). The GPU
 	 * backend answers from its canary kernel. Called on the loop thread; must not block. */
 	bool (*healthy)(struct backend *b);
+	/* Make a new region usable by this engine, on the loop thread, before its id is handed
+	 * out: the GPU backend pins host memory, and opens a CUDA IPC region's handle once
+	 * (ipc_handle and gpu_uuid are NULL for host memory). It may set r->release, which the
+	 * region's last reference calls (after every job using it finished). NULL: nothing to do.
+	 * Returns FA_OK or the client-facing status with err. */
+	fa_status (*region_open)(struct backend *b, struct region *r, const uint8_t *ipc_handle,
+	                         const uint8_t *gpu_uuid, char *err, size_t errlen);
+	/* Extra STATS lines (whole "# section" blocks) into buf; NULL: none. Loop thread. */
+	void (*stats)(struct backend *b, char *buf, size_t cap);
 };
 
 /* What every backend exposes; implementations embed it first. */
@@ -87,9 +99,12 @@ struct backend {
 	bool host_memory;     /* serves FA_REGION_HOST_SHM regions */
 	bool device_memory;   /* serves FA_REGION_CUDA_IPC regions */
 	atomic_uint running;  /* jobs started and not finished (set by the backend's threads) */
+	int exit_code;        /* nonzero: the engine is lost (a GPU fault poisoned its context) and
+	                       * asks the daemon to exit with this code once it drained */
 };
 
 extern const struct backend_ops backend_cpu_ops;
+extern const struct backend_ops backend_gpu_ops;
 
 /* Open the backend named `which` ("auto": the first of the table that opens). Returns FA_OK, or
  * FA_EINVAL (unknown name) or the backend's failure, with err saying why. */

@@ -41,7 +41,7 @@ struct config_option {
 	const char *const *choices; /* ENUM, NULL-terminated */
 };
 
-static const char *const backend_choices[] = {"auto", "cpu", NULL};
+static const char *const backend_choices[] = {"auto", "gpu", "cpu", NULL};
 
 #define FIELD(f) .offset = offsetof(struct config, f), .size = sizeof(((struct config *)0)->f)
 
@@ -72,7 +72,7 @@ static const struct config_option config_options[] = {
 	 .help = "largest buffer a client may register (suffix K, M, G or T)",
 	 FIELD(max_region_bytes)},
 	{.name = "backend", .type = CONFIG_ENUM, .def = "auto", .env = "FA_BACKEND",
-	 .metavar = "NAME", .help = "compute backend: auto (the best one that starts) or cpu",
+	 .metavar = "NAME", .help = "compute backend: auto (gpu when a GPU opens, else cpu), gpu or cpu",
 	 FIELD(backend), .choices = backend_choices},
 	{.name = "cache-dir", .type = CONFIG_STR, .env = "FA_CACHE_DIR", .metavar = "DIR",
 	 .help = "compiled kernels and tuning results (gpu backend)",

@@ -234,11 +234,16 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 		.running = srv->backend ? atomic_load(&srv->backend->running) : 0,
 	};
 
+	char extra[1024] = "";
+	if (srv->backend != NULL && srv->backend->ops->stats != NULL)
+		srv->backend->ops->stats(srv->backend, extra, sizeof extra);
+	in.backend_text = extra;
 	stats_format(&srv->stats, &in, c->rep->u.stats.text, sizeof c->rep->u.stats.text);
 	return FA_OK;
 }
 
-/* REGISTER: map a host shm object under a new region id of this session. */
+/* REGISTER: map a host shm object, or open a CUDA IPC handle (gpu backend), under a new region
+ * id of this session. */
 static fa_status dispatch_register(struct dispatch_ctx *c)
 {
 	struct server *srv = c->srv;
@@ -259,11 +264,11 @@ static fa_status dispatch_register(struct dispatch_ctx *c)
 		if (!srv->backend->device_memory)
 			return util_fail(
 			    err, errlen, FA_ENOTSUP,
-			    "CUDA IPC regions need the gpu backend; this daemon runs the %s "
-			    "backend (host shared memory only)",
+			    "CUDA IPC regions need the gpu backend; this daemon has no GPU "
+			    "backend: it runs the %s backend (host shared memory only, "
+			    "fa_buffer_alloc_host)",
 			    backend_name(srv->backend));
-		return util_fail(err, errlen, FA_ENOTSUP,
-		                 "CUDA IPC regions are not implemented yet");
+		break;
 	default:
 		return util_fail(err, errlen, FA_EINVAL, "unknown region kind %u",
 		                 c->req->u.reg.kind);
@@ -273,10 +278,24 @@ static fa_status dispatch_register(struct dispatch_ctx *c)
 		return util_fail(err, errlen, FA_ELIMIT,
 		                 "the session has %zu regions, its limit (--max-regions)",
 		                 idmap_len(&s->regions));
-	st = region_open_shm(&r, c->req->u.reg.shm_name, c->req->u.reg.size, s->uid,
-	                     srv->cfg->max_region_bytes, err, errlen);
+	bool ipc = c->req->u.reg.kind == FA_REGION_CUDA_IPC;
+	if (ipc)
+		st = region_open_ipc(&r, c->req->u.reg.size, srv->cfg->max_region_bytes, err,
+		                     errlen);
+	else
+		st = region_open_shm(&r, c->req->u.reg.shm_name, c->req->u.reg.size, s->uid,
+		                     srv->cfg->max_region_bytes, err, errlen);
 	if (st != FA_OK)
 		return st;
+	/* The backend pins host memory or opens the IPC handle: once per registration. */
+	if (srv->backend->ops->region_open != NULL &&
+	    (st = srv->backend->ops->region_open(srv->backend, r,
+	                                         ipc ? c->req->u.reg.ipc_handle : NULL,
+	                                         ipc ? c->req->u.reg.gpu_uuid : NULL, err,
+	                                         errlen)) != FA_OK) {
+		region_unref(r);
+		return st;
+	}
 	if ((st = session_region_add(s, r, err, errlen)) != FA_OK) {
 		region_unref(r);
 		return st;
@@ -336,6 +355,7 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	r->job.v = vr.v;
 	r->job.o = vr.o;
 	r->job.lse = vr.lse;
+	memcpy(r->job.on_device, vr.on_device, sizeof r->job.on_device);
 	r->job.owner = s;
 	r->session = s;
 	session_ref(s);

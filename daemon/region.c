@@ -1,4 +1,5 @@
-/* region.c - map a client's POSIX shm object after checking its name, owner and size. */
+/* region.c - map a client's POSIX shm object after checking its name, owner and size; the
+ * bookkeeping of CUDA IPC regions (the GPU backend opens and closes their handles). */
 #include "region.h"
 
 #include <errno.h>
@@ -124,9 +125,36 @@ fa_status region_open_shm(struct region **out, const char *name, uint64_t size, 
 		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
 	}
 	r->refs = 1;
+	r->kind = FA_REGION_HOST_SHM;
 	r->base = base;
 	r->size = size;
 	snprintf(r->name, sizeof r->name, "%s", name);
+	region_live++;
+	region_live_bytes += size;
+	*out = r;
+	return FA_OK;
+}
+
+/* A CUDA IPC region, not opened yet; see region.h. */
+fa_status region_open_ipc(struct region **out, uint64_t size, uint64_t max_bytes, char *err,
+                          size_t errlen)
+{
+	struct region *r;
+
+	*out = NULL;
+	if (size == 0)
+		return util_fail(err, errlen, FA_EINVAL, "region size is 0");
+	if (size > max_bytes)
+		return util_fail(err, errlen, FA_EINVAL,
+		                 "region size %" PRIu64 " is above this daemon's limit of %" PRIu64
+		                 " bytes (--max-region-bytes)",
+		                 size, max_bytes);
+	if ((r = calloc(1, sizeof(*r))) == NULL)
+		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+	r->refs = 1;
+	r->kind = FA_REGION_CUDA_IPC;
+	r->size = size;
+	snprintf(r->name, sizeof r->name, "cuda-ipc");
 	region_live++;
 	region_live_bytes += size;
 	*out = r;
@@ -144,6 +172,14 @@ void region_unref(struct region *r)
 {
 	if (--r->refs > 0)
 		return;
+	if (r->release != NULL)
+		r->release(r); /* unpin, or close the IPC mapping: no job uses it any more */
+	if (r->kind != FA_REGION_HOST_SHM) {
+		region_live--;
+		region_live_bytes -= r->size;
+		free(r);
+		return;
+	}
 	if (munmap(r->base, (size_t)r->size) != 0)
 		log_err("region %016" PRIx64 ": munmap %s: %s", r->id, r->name, strerror(errno));
 	/* A client in another uid's sticky /dev/shm entry cannot be unlinked by us (EPERM): that

@@ -1,4 +1,5 @@
-/* region.h - client memory the daemon maps: host POSIX shared memory, by name.
+/* region.h - client memory the daemon maps: host POSIX shared memory by name, or a CUDA IPC
+ * handle of a device allocation (opened by the GPU backend, see backend.h's region_open).
  *
  * A client creates "/fa.<uid>.<pid>.<16 hex>" (mode 0660), registers it, and then names
  * (region id, byte offset) in requests. The daemon opens it only if the name has that shape, the
@@ -12,6 +13,11 @@
  * the session ended (a killed client leaks nothing), no on UNREGISTER (the client unlinks its own)
  * and no on the daemon's clean shutdown (clients keep their objects and register them again with
  * the next daemon).
+ *
+ * A CUDA IPC region has no mapping of its own: base is the device address the backend's
+ * cuIpcOpenMemHandle returned, and the backend's release hook closes it (the handle maps the
+ * client's whole allocation, so size is the allocation's size and tensors sit at offsets in it).
+ * A host region served by the GPU backend is pinned; the hook unpins it before the unmap.
  */
 #ifndef FA_DAEMON_REGION_H
 #define FA_DAEMON_REGION_H
@@ -27,11 +33,16 @@
 struct region {
 	uint64_t id;        /* random, nonzero; set by the session that holds it */
 	unsigned refs;
+	uint8_t kind;       /* FA_REGION_HOST_SHM or FA_REGION_CUDA_IPC */
 	bool unlink;        /* shm_unlink the object when the last reference goes */
 	atomic_int broken;  /* pages vanished under a computation (the object shrank): unusable */
 	void *base;         /* the mapping */
 	uint64_t size;      /* bytes mapped = the size the client declared */
 	char name[FA_PROTO_SHM_NAME_MAX];
+	/* Set by the backend that serves the region (pinning, IPC mapping): the last reference
+	 * calls it before anything else is released. */
+	void (*release)(struct region *r);
+	void *backend;      /* the backend's own, for release */
 };
 
 /* Is `name` of the form "/fa.<uid>.<pid>.<16 hex digits>" (decimal uid and pid, no other '/')? */
@@ -43,6 +54,12 @@ bool region_name_valid(const char *name);
  * is smaller than `size`), FA_ENOMEM, FA_ESYS; err says why in words a client can act on. */
 fa_status region_open_shm(struct region **out, const char *name, uint64_t size, uint32_t peer_uid,
                           uint64_t max_bytes, char *err, size_t errlen);
+
+/* A CUDA IPC region of `size` bytes (the client's whole allocation), not opened yet: base is NULL
+ * until the backend's region_open sets it. The reference count starts at 1. Returns FA_OK;
+ * FA_EINVAL (size 0 or above max_bytes), FA_ENOMEM. */
+fa_status region_open_ipc(struct region **out, uint64_t size, uint64_t max_bytes, char *err,
+                          size_t errlen);
 
 /* Take / drop a reference. The last drop unmaps (and unlinks when r->unlink) and frees. */
 void region_ref(struct region *r);

@@ -170,6 +170,10 @@ static void server_teardown(struct server *srv)
 	}
 	/* Unmap only: a clean restart keeps the clients' shm objects for the next daemon. */
 	session_table_fini(&srv->sessions, false);
+	/* A backend that lost its device (a GPU fault) asked for a non-zero exit: systemd's
+	 * Restart=on-failure then brings back a clean context. */
+	if (srv->backend != NULL && srv->backend->exit_code != 0 && srv->exit_code == 0)
+		srv->exit_code = srv->backend->exit_code;
 	if (srv->backend != NULL) {
 		srv->closing++;
 		backend_close(srv->backend, server_part_closed, srv);

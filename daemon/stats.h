@@ -39,6 +39,7 @@ struct stats_info {
 	uint64_t region_bytes;
 	unsigned inflight;
 	unsigned running;      /* of inflight, being computed now */
+	const char *backend_text; /* the backend's own sections ("# gpu ..."), or NULL */
 };
 
 /* Write the STATS text into buf (cap bytes incl. NUL; truncated if it does not fit). Returns

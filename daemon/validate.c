@@ -156,7 +156,8 @@ fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *
 	/* Where the bytes are: inside the region, aligned. */
 	for (int i = 0; i < n; i++) {
 		size_t el = i == VALIDATE_LSE ? sizeof(float) : esz;
-		size_t need = align > el ? align : el;
+		/* lse is read and written element by element: its element size is enough. */
+		size_t need = i != VALIDATE_LSE && align > el ? align : el;
 		uint64_t ext, end;
 		if (!fa_tensor_extent(4, t[i]->shape, t[i]->stride, el, NULL, &ext))
 			return util_fail(err, errlen, FA_ERANGE,
@@ -178,8 +179,9 @@ fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *
 			                 validate_names[i], t[i]->offset, need,
 			                 need == el ? "the element size"
 			                            : "the backend's alignment");
+		/* The stride of a dimension of size 1 is never used (the kernels agree). */
 		for (int k = 0; need > el && k < 3; k++)
-			if (((uint64_t)t[i]->stride[k] * el) % need != 0)
+			if (t[i]->shape[k] > 1 && ((uint64_t)t[i]->stride[k] * el) % need != 0)
 				return util_fail(err, errlen, FA_EALIGN,
 				                 "%s: stride[%d] of %" PRId64
 				                 " elements is not a multiple "
@@ -208,9 +210,12 @@ fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *
 		                 hi[i], lo[j], hi[j]);
 	}
 
+	/* A device region's base is a device address: the sum is only ever handed to the GPU. */
 	char *b[VALIDATE_NTENSORS];
-	for (int i = 0; i < n; i++)
-		b[i] = (char *)out->region[i]->base + t[i]->offset;
+	for (int i = 0; i < n; i++) {
+		b[i] = (char *)((uintptr_t)out->region[i]->base + t[i]->offset);
+		out->on_device[i] = out->region[i]->kind == FA_REGION_CUDA_IPC;
+	}
 	out->q = b[VALIDATE_Q];
 	out->k = b[VALIDATE_K];
 	out->v = b[VALIDATE_V];

@@ -25,11 +25,13 @@ struct validate_result {
 	const void *q, *k, *v;
 	void *o;
 	float *lse;                                /* NULL when not wanted */
+	bool on_device[VALIDATE_NTENSORS];         /* the tensor's region is device memory */
 };
 
 /* Validate req (op ATTN_FWD) against session s. `align`: byte alignment the backend needs for
- * every offset and every batch/seq/head stride in bytes, beyond the element size (0: the element
- * size only, enough for the CPU backend). On FA_OK, out is filled; the regions are not referenced
+ * the offset of q, k, v and o and for their batch/seq/head strides in bytes (of dimensions larger
+ * than 1), beyond the element size (0: the element size only, enough for the CPU backend; 16 for
+ * the GPU kernels' vector loads). lse needs its element size only. On FA_OK, out is filled; the regions are not referenced
  * (the caller takes references). Returns FA_OK, FA_EREGION, FA_EDTYPE, FA_ESHAPE, FA_EINVAL,
  * FA_ERANGE, FA_EALIGN or FA_EOVERLAP, with the detail in err. */
 fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *req, size_t align,

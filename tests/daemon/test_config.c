@@ -191,7 +191,7 @@ static void test_config_rejects_bad_values_with_a_message(void **state)
 	expect_refused("--max-region-bytes: '12Q' is not a size", "--max-region-bytes", "12Q",
 	               NULL);
 	expect_refused("--max-region-bytes: '-1' is not a size", "--max-region-bytes", "-1", NULL);
-	expect_refused("--backend: 'gpux' is not one of: auto, cpu", "--backend", "gpux", NULL);
+	expect_refused("--backend: 'gpux' is not one of: auto, gpu, cpu", "--backend", "gpux", NULL);
 	expect_refused("unknown option '--frobnicate'", "--frobnicate", "1", NULL);
 	expect_refused("unknown option '-x'", "-x", NULL);
 	expect_refused("--threads needs a value", "--threads", NULL);

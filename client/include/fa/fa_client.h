@@ -3,7 +3,7 @@
  * This is the only public header of libfaclient. Everything not declared here is internal.
  *
  * Model: a process opens one fa_client (a connection to the daemon and a session on it), allocates
- * buffers that the daemon can reach (POSIX shared memory now; CUDA IPC device memory later),
+ * buffers that the daemon can reach (POSIX shared memory, or the caller's CUDA device memory),
  * describes tensors as (buffer, byte offset, dtype, shape, strides) and asks for attention.
  *
  * Threads: every function taking an fa_client is safe to call from several threads at once on the
@@ -155,12 +155,34 @@ FA_API fa_status fa_stats(fa_client *c, char *buf, size_t len);
  * or mmap failed), FA_ELIMIT, FA_EPERM, or a transport status. */
 FA_API fa_status fa_buffer_alloc_host(fa_client *c, size_t size, fa_buffer **out);
 
+/* Register device memory that the caller allocated (cudaMalloc / cuMemAlloc, or a tensor of
+ * PyTorch's default caching allocator) so the daemon's GPU backend reads and writes it in place,
+ * with no copy: the library exports the allocation as a CUDA IPC handle, and the daemon opens it
+ * once. [dptr, dptr + size) must lie inside one allocation; tensors are then addressed by byte
+ * offsets from dptr, as for host buffers.
+ * Ownership: the memory stays the caller's: fa_buffer_free() unregisters it but never frees it,
+ * and the caller must call fa_buffer_free() BEFORE freeing the memory (the daemon may still map
+ * it; freeing first is undefined behaviour in CUDA). fa_buffer_data() returns dptr.
+ * Ordering: synchronous mode: finish the work that writes Q, K, V (cudaStreamSynchronize) before
+ * fa_attn_fwd(); when it returns, O and lse are written and visible to later work.
+ * The CUDA driver (libcuda.so.1) is loaded on the first call; programs using only host buffers
+ * never load it. fa_client_reconnect() registers the buffer again with the same handle.
+ * Returns FA_OK; FA_EINVAL (NULL or size 0, not a CUDA device pointer, or the range leaves its
+ * allocation), FA_ENOGPU (no CUDA driver: fa_last_error_detail() says why), FA_EIPC (memory that
+ * legacy CUDA IPC cannot export: stream-ordered pools (cudaMallocAsync), managed memory, VMM
+ * allocations (cuMemCreate, PyTorch's expandable_segments)), FA_ENOTSUP (the daemon has no GPU
+ * backend, or serves another GPU), FA_ELIMIT, FA_ENOMEM, or a transport status. */
+FA_API fa_status fa_buffer_register_device(fa_client *c, void *dptr, size_t size,
+                                           fa_buffer **out);
+
 /* Unregister the buffer from the daemon (after every kernel that used it finished), unmap it,
- * unlink the shared-memory object and free `b`. Safe on NULL. Returns FA_OK or the daemon's
+ * unlink the shared-memory object and free `b` (device buffers: unregister only; the memory is
+ * the caller's and stays allocated). Safe on NULL. Returns FA_OK or the daemon's
  * status (the local resources are released either way). */
 FA_API fa_status fa_buffer_free(fa_buffer *b);
 
-/* The buffer's memory as mapped in this process. Valid until fa_buffer_free(). */
+/* The buffer's memory as mapped in this process (for a device buffer, the device pointer given
+ * to fa_buffer_register_device). Valid until fa_buffer_free(). */
 FA_API void *fa_buffer_data(const fa_buffer *b);
 
 /* The buffer's size in bytes, as passed at allocation. */

@@ -1,0 +1,254 @@
+/* fa_cuda.c - device buffers: the caller's CUDA memory, registered as a CUDA IPC handle.
+ *
+ * The CUDA driver (libcuda.so.1) is loaded with dlopen on the first fa_buffer_register_device()
+ * and never linked, so host-only programs never load it and run on machines without a driver.
+ *
+ * A legacy IPC handle always maps the *whole* allocation, whatever pointer it was taken of: the
+ * library finds the allocation's base and size (cuMemGetAddressRange), exports the base, registers
+ * the allocation's size, and adds (dptr - base) to every tensor offset it sends (region_offset).
+ * Memory that legacy IPC cannot export (stream-ordered pools, managed memory, VMM allocations) is
+ * refused with FA_EIPC before anything is sent: its capability attribute says 0.
+ */
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fa_client_int.h"
+
+typedef int cu_res;
+typedef unsigned long long cu_ptr;
+typedef void *cu_ctx;
+
+/* CUpointer_attribute values (cuda.h), so no CUDA header is needed to build. */
+enum {
+	CU_ATTR_CONTEXT = 1,
+	CU_ATTR_IS_MANAGED = 8,
+	CU_ATTR_DEVICE_ORDINAL = 9,
+	CU_ATTR_IS_LEGACY_IPC_CAPABLE = 10,
+	CU_ATTR_MEMPOOL_HANDLE = 17,
+};
+
+/* CUipcMemHandle / CUuuid. */
+struct cu_ipc_handle {
+	char reserved[FA_PROTO_IPC_HANDLE_LEN];
+};
+struct cu_uuid {
+	char bytes[FA_PROTO_UUID_LEN];
+};
+
+/* The entry points, CUDA 12.0 ABI through cuGetProcAddress. */
+static struct {
+	void *lib;
+	fa_status st;        /* of the load: FA_OK or FA_ENOGPU */
+	char why[256];       /* the reason when not FA_OK */
+	cu_res (*Init)(unsigned);
+	cu_res (*GetErrorString)(cu_res, const char **);
+	cu_res (*PointerGetAttribute)(void *, int, cu_ptr);
+	cu_res (*MemGetAddressRange)(cu_ptr *, size_t *, cu_ptr);
+	cu_res (*IpcGetMemHandle)(struct cu_ipc_handle *, cu_ptr);
+	cu_res (*DeviceGet)(int *, int);
+	cu_res (*DeviceGetUuid)(struct cu_uuid *, int);
+	cu_res (*CtxPushCurrent)(cu_ctx);
+	cu_res (*CtxPopCurrent)(cu_ctx *);
+} cu;
+
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+
+/* Load the driver once; the result (and why it failed) is kept. */
+static void cu_load(void)
+{
+	typedef cu_res (*getproc_t)(const char *, void **, int, uint64_t, int *);
+	getproc_t getproc;
+	const char *e;
+
+	cu.st = FA_ENOGPU;
+	cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (cu.lib == NULL) {
+		e = dlerror();
+		snprintf(cu.why, sizeof cu.why,
+		         "no CUDA driver: libcuda.so.1 cannot be loaded (%s)", e ? e : "?");
+		return;
+	}
+	getproc = (getproc_t)(uintptr_t)dlsym(cu.lib, "cuGetProcAddress_v2");
+	if (getproc == NULL) {
+		snprintf(cu.why, sizeof cu.why,
+		         "CUDA driver too old: no cuGetProcAddress_v2 (CUDA 12 or newer needed)");
+		return;
+	}
+#define CU_SYM(field, name)                                                                  \
+	do {                                                                                 \
+		int st_ = 0;                                                                 \
+		if (getproc(name, (void **)&cu.field, 12000, 0, &st_) != 0 || !cu.field) {   \
+			snprintf(cu.why, sizeof cu.why, "the CUDA driver lacks %s", name);   \
+			return;                                                              \
+		}                                                                            \
+	} while (0)
+	CU_SYM(Init, "cuInit");
+	CU_SYM(GetErrorString, "cuGetErrorString");
+	CU_SYM(PointerGetAttribute, "cuPointerGetAttribute");
+	CU_SYM(MemGetAddressRange, "cuMemGetAddressRange");
+	CU_SYM(IpcGetMemHandle, "cuIpcGetMemHandle");
+	CU_SYM(DeviceGet, "cuDeviceGet");
+	CU_SYM(DeviceGetUuid, "cuDeviceGetUuid");
+	CU_SYM(CtxPushCurrent, "cuCtxPushCurrent");
+	CU_SYM(CtxPopCurrent, "cuCtxPopCurrent");
+#undef CU_SYM
+	cu_res r = cu.Init(0);
+	if (r != 0) {
+		snprintf(cu.why, sizeof cu.why, "cuInit failed: CUDA error %d", r);
+		return;
+	}
+	cu.st = FA_OK;
+}
+
+/* The driver's text for an error. */
+static const char *cu_errstr(cu_res r)
+{
+	const char *s = NULL;
+
+	if (cu.GetErrorString != NULL && cu.GetErrorString(r, &s) == 0 && s != NULL)
+		return s;
+	return "unknown CUDA error";
+}
+
+/* REGISTER's fields for a device buffer: the handle of the whole allocation. */
+static void dev_describe(const fa_buffer *b, struct fa_proto_req *req)
+{
+	req->u.reg.kind = FA_REGION_CUDA_IPC;
+	req->u.reg.size = b->u.dev.alloc_size;
+	memcpy(req->u.reg.ipc_handle, b->u.dev.handle, sizeof req->u.reg.ipc_handle);
+	memcpy(req->u.reg.gpu_uuid, b->u.dev.uuid, sizeof req->u.reg.gpu_uuid);
+}
+
+/* Nothing to release: the memory is the caller's, and the handle needs no closing. */
+static void dev_release(fa_buffer *b)
+{
+	b->data = NULL;
+}
+
+static const struct fa_buffer_ops dev_ops = {
+	.kind = FA_REGION_CUDA_IPC,
+	.name = "device",
+	.describe = dev_describe,
+	.revive = NULL, /* the same handle registers again with a new daemon */
+	.release = dev_release,
+};
+
+/* FA_EIPC with the kind of memory named when it can be told. */
+static fa_status dev_not_exportable(cu_ptr p)
+{
+	unsigned managed = 0;
+	void *pool = NULL;
+	const char *what = "memory that legacy CUDA IPC cannot export";
+
+	if (cu.PointerGetAttribute(&managed, CU_ATTR_IS_MANAGED, p) == 0 && managed)
+		what = "managed memory (cudaMallocManaged)";
+	else if (cu.PointerGetAttribute(&pool, CU_ATTR_MEMPOOL_HANDLE, p) == 0 && pool != NULL)
+		what = "memory from a stream-ordered pool (cudaMallocAsync)";
+	else
+		what = "a VMM allocation (cuMemCreate, e.g. PyTorch's expandable_segments) or other "
+		       "non-exportable memory";
+	return fa_fail(FA_EIPC,
+	               "device pointer 0x%llx is %s: CUDA IPC exports only plain cudaMalloc/"
+	               "cuMemAlloc allocations (pools, managed and VMM memory cannot be shared; "
+	               "copy into a cudaMalloc buffer, or unset PYTORCH_CUDA_ALLOC_CONF="
+	               "expandable_segments)",
+	               (unsigned long long)p, what);
+}
+
+/* Find the allocation, export it, read its GPU's UUID (the pointer's context pushed). */
+static fa_status dev_export(fa_buffer *b, cu_ptr p, size_t size)
+{
+	unsigned capable = 0;
+	int ordinal = -1, dev = 0;
+	cu_ctx ctx = NULL, popped;
+	cu_ptr base = 0;
+	size_t asize = 0;
+	struct cu_ipc_handle h;
+	struct cu_uuid uuid;
+	fa_status st = FA_OK;
+	cu_res r;
+
+	r = cu.PointerGetAttribute(&ctx, CU_ATTR_CONTEXT, p);
+	if (r != 0)
+		return fa_fail(FA_EINVAL, "0x%llx is not a CUDA device pointer (%s)",
+		               (unsigned long long)p, cu_errstr(r));
+	if ((r = cu.PointerGetAttribute(&capable, CU_ATTR_IS_LEGACY_IPC_CAPABLE, p)) != 0)
+		return fa_fail(FA_EINVAL, "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE) on "
+		               "0x%llx: %s", (unsigned long long)p, cu_errstr(r));
+	if (!capable)
+		return dev_not_exportable(p);
+	if ((r = cu.PointerGetAttribute(&ordinal, CU_ATTR_DEVICE_ORDINAL, p)) != 0)
+		return fa_fail(FA_EINVAL, "cuPointerGetAttribute(DEVICE_ORDINAL) on 0x%llx: %s",
+		               (unsigned long long)p, cu_errstr(r));
+	if (ctx != NULL && (r = cu.CtxPushCurrent(ctx)) != 0)
+		return fa_fail(FA_EINVAL, "cuCtxPushCurrent for 0x%llx: %s", (unsigned long long)p,
+		               cu_errstr(r));
+	if ((r = cu.MemGetAddressRange(&base, &asize, p)) != 0) {
+		st = fa_fail(FA_EINVAL, "cuMemGetAddressRange(0x%llx): %s", (unsigned long long)p,
+		             cu_errstr(r));
+	} else if (p - base > asize || size > asize - (p - base)) {
+		st = fa_fail(FA_EINVAL,
+		             "[0x%llx, +%zu) leaves its allocation [0x%llx, +%zu): a buffer must lie "
+		             "inside one cudaMalloc allocation",
+		             (unsigned long long)p, size, (unsigned long long)base, asize);
+	} else if ((r = cu.IpcGetMemHandle(&h, base)) != 0) {
+		st = fa_fail(r == 1 ? FA_EIPC : FA_EINVAL,
+		             "cuIpcGetMemHandle(0x%llx): CUDA error %d (%s)",
+		             (unsigned long long)base, r, cu_errstr(r));
+	} else if ((r = cu.DeviceGet(&dev, ordinal)) != 0 ||
+	           (r = cu.DeviceGetUuid(&uuid, dev)) != 0) {
+		st = fa_fail(FA_EINVAL, "the UUID of GPU %d: %s", ordinal, cu_errstr(r));
+	}
+	if (ctx != NULL)
+		cu.CtxPopCurrent(&popped);
+	if (st != FA_OK)
+		return st;
+	memcpy(b->u.dev.handle, h.reserved, sizeof b->u.dev.handle);
+	memcpy(b->u.dev.uuid, uuid.bytes, sizeof b->u.dev.uuid);
+	b->u.dev.alloc_size = (uint64_t)asize;
+	b->region_offset = (uint64_t)(p - base);
+	return FA_OK;
+}
+
+/* The caller's device memory, exported and registered; see fa_client.h. */
+FA_API fa_status fa_buffer_register_device(fa_client *c, void *dptr, size_t size,
+                                           fa_buffer **out)
+{
+	fa_buffer *b;
+	fa_status st;
+
+	fa_detail_clear();
+	if (out == NULL)
+		return fa_fail(FA_EINVAL, "fa_buffer_register_device: out is NULL");
+	*out = NULL;
+	if (c == NULL)
+		return fa_fail(FA_EINVAL, "fa_buffer_register_device: client is NULL");
+	if (dptr == NULL)
+		return fa_fail(FA_EINVAL, "fa_buffer_register_device: dptr is NULL");
+	if (size == 0)
+		return fa_fail(FA_EINVAL, "buffer size is 0");
+	pthread_once(&cu_once, cu_load);
+	if (cu.st != FA_OK)
+		return fa_fail(cu.st, "%s", cu.why);
+	if ((b = calloc(1, sizeof *b)) == NULL)
+		return fa_fail(FA_ENOMEM, "no memory for a buffer");
+	b->client = c;
+	b->ops = &dev_ops;
+	b->size = size;
+	b->data = dptr;
+	if ((st = dev_export(b, (cu_ptr)(uintptr_t)dptr, size)) != FA_OK ||
+	    (st = fa_buffer_register(c, b)) != FA_OK) {
+		free(b);
+		return st;
+	}
+	*out = b;
+	fa_debug("fa: device buffer 0x%llx (%zu bytes) registered: offset %" PRIu64
+	         " in a %" PRIu64 "-byte allocation, region %016" PRIx64,
+	         (unsigned long long)(uintptr_t)dptr, size, b->region_offset, b->u.dev.alloc_size,
+	         b->region);
+	return FA_OK;
+}

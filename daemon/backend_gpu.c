@@ -1,0 +1,822 @@
+/* backend_gpu.c - forward attention on the GPU: one worker thread per device (GPU 0 for now),
+ * each owning a CUDA stream in the device's primary context.
+ *
+ * Synchronous mode: the client synchronised its own stream before sending; the worker enqueues
+ * the kernel (fa_gpu_attn_fwd), synchronises its stream and hands the job back to the loop (same
+ * done() contract as the CPU backend: uv_async, exactly once per job).
+ *
+ * Memory:
+ *   - CUDA IPC regions: the handle is opened once per registration (region_open, on the loop
+ *     thread with the primary context current: the driver is thread-safe and the context is the
+ *     worker's too) and closed by the region's last reference, i.e. after every job using it
+ *     finished. Opening costs ~0.5 ms, closing ~0.2 ms on the H200.
+ *   - Host shm regions: pinned with cuMemHostRegister at registration (unpinned before the
+ *     unmap); each job copies Q, K, V (and O, lse when strided, to keep the bytes between their
+ *     elements) into device scratch, runs, and copies O and lse back. Simple and correct; costs
+ *     two PCIe transfers per request (about 50 GB/s pinned) on top of the kernel.
+ * Faults: a CUDA error that poisons the context (illegal address, assert, launch failure...) makes
+ * every pending and later job fail with FA_EDEVICE; the loop logs it, says STOPPING=1, and asks
+ * the daemon to exit with status 70 (EX_SOFTWARE) through its usual graceful stop, so systemd's
+ * Restart=on-failure brings back a clean context. Other errors fail their job only.
+ */
+#include "backend.h"
+
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fa_gpu.h"
+#include "log.h"
+#include "notify.h"
+#include "region.h"
+#include "util.h"
+
+#define GPU_EXIT_FAULT 70          /* EX_SOFTWARE: the context is lost, restart us */
+#define GPU_SCRATCH_ALIGN 256
+#define GPU_SCRATCH_MIN (8u << 20) /* first scratch allocation; grows to the largest request */
+#define GPU_MAX_DEVICES 1          /* one worker per device; GPU 0 only for now */
+
+typedef int gpu_res;
+typedef void *gpu_ctx;
+typedef void *gpu_stream;
+typedef unsigned long long gpu_ptr;
+
+/* CUipcMemHandle: 64 opaque bytes, passed by value. */
+struct gpu_ipc_handle {
+	char reserved[FA_PROTO_IPC_HANDLE_LEN];
+};
+
+/* The driver entry points this file needs beyond fa_gpu's (CUDA 12.0 ABI, cuGetProcAddress). */
+struct gpu_cu {
+	void *lib;
+	gpu_res (*GetErrorString)(gpu_res, const char **);
+	gpu_res (*DeviceGet)(int *, int);
+	gpu_res (*DevicePrimaryCtxRetain)(gpu_ctx *, int);
+	gpu_res (*DevicePrimaryCtxRelease)(int);
+	gpu_res (*CtxSetCurrent)(gpu_ctx);
+	gpu_res (*CtxSynchronize)(void);
+	gpu_res (*StreamCreate)(gpu_stream *, unsigned);
+	gpu_res (*StreamDestroy)(gpu_stream);
+	gpu_res (*StreamSynchronize)(gpu_stream);
+	gpu_res (*MemAlloc)(gpu_ptr *, size_t);
+	gpu_res (*MemFree)(gpu_ptr);
+	gpu_res (*MemcpyHtoDAsync)(gpu_ptr, const void *, size_t, gpu_stream);
+	gpu_res (*MemcpyDtoHAsync)(void *, gpu_ptr, size_t, gpu_stream);
+	gpu_res (*MemHostRegister)(void *, size_t, unsigned);
+	gpu_res (*MemHostUnregister)(void *);
+	gpu_res (*MemGetAddressRange)(gpu_ptr *, size_t *, gpu_ptr);
+	gpu_res (*IpcOpenMemHandle)(gpu_ptr *, struct gpu_ipc_handle, unsigned);
+	gpu_res (*IpcCloseMemHandle)(gpu_ptr);
+};
+
+struct gpu_backend;
+
+/* One device and its worker. */
+struct gpu_dev {
+	struct gpu_backend *b;
+	struct fa_gpu *g;
+	int ordinal;
+	int cudev;
+	gpu_ctx ctx;
+	gpu_stream stream;
+	uint8_t uuid[16];
+	pthread_t thread;
+	bool thread_started;
+	struct backend_job *run_head, *run_tail; /* under b->mu */
+	gpu_ptr scratch;                         /* worker only */
+	size_t scratch_size;
+};
+
+struct gpu_backend {
+	struct backend base;
+	struct gpu_cu cu;
+	uv_loop_t *loop;
+	uv_async_t async;
+	bool async_open;
+	backend_done_fn done;
+	void *done_arg;
+	void (*closed)(void *arg);
+	void *closed_arg;
+	struct gpu_dev devs[GPU_MAX_DEVICES];
+	unsigned ndevs;
+
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct backend_job *done_head, *done_tail;
+	bool stopping;
+	atomic_bool fatal;             /* the context is poisoned */
+	bool fatal_reported;           /* the loop has logged it and asked for the exit */
+	char fatal_detail[FA_PROTO_DETAIL_MAX];
+	uint64_t fwd_ok, fwd_failed;   /* under mu */
+	uint64_t h2d_bytes, d2h_bytes; /* under mu: staging traffic of host regions */
+};
+
+/* ---- driver ---------------------------------------------------------------------------------- */
+
+/* The driver's name for a result. */
+static const char *gpu_errstr(const struct gpu_backend *b, gpu_res r)
+{
+	const char *s = NULL;
+
+	if (b->cu.GetErrorString != NULL && b->cu.GetErrorString(r, &s) == 0 && s != NULL)
+		return s;
+	return "unknown CUDA error";
+}
+
+/* Errors after which the context is unusable (every later call returns them): cuda.h's
+ * CUresult list. Everything else concerns one call only. */
+static bool gpu_sticky(gpu_res r)
+{
+	switch (r) {
+	case 214: /* ECC_UNCORRECTABLE */
+	case 220: /* NVLINK_UNCORRECTABLE */
+	case 226: /* CONTAINED */
+	case 700: /* ILLEGAL_ADDRESS */
+	case 702: /* LAUNCH_TIMEOUT */
+	case 709: /* CONTEXT_IS_DESTROYED */
+	case 710: /* ASSERT */
+	case 714: /* HARDWARE_STACK_ERROR */
+	case 715: /* ILLEGAL_INSTRUCTION */
+	case 716: /* MISALIGNED_ADDRESS */
+	case 717: /* INVALID_ADDRESS_SPACE */
+	case 718: /* INVALID_PC */
+	case 719: /* LAUNCH_FAILED */
+	case 721: /* TENSOR_MEMORY_LEAK */
+	case 999: /* UNKNOWN */
+		return true;
+	default:
+		return false;
+	}
+}
+
+/* dlopen the driver and fetch the entry points (fa_gpu_open succeeded, so it is there). */
+static fa_status gpu_load_driver(struct gpu_cu *cu, char *err, size_t errlen)
+{
+	typedef gpu_res (*getproc_t)(const char *, void **, int, uint64_t, int *);
+	getproc_t getproc;
+
+	cu->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (cu->lib == NULL)
+		return util_fail(err, errlen, FA_ENOGPU, "libcuda.so.1 cannot be loaded (%s)",
+		                 dlerror());
+	getproc = (getproc_t)(uintptr_t)dlsym(cu->lib, "cuGetProcAddress_v2");
+	if (getproc == NULL)
+		return util_fail(err, errlen, FA_ENOGPU, "CUDA driver too old: no cuGetProcAddress_v2");
+#define GPU_SYM(field, name)                                                                   \
+	do {                                                                                   \
+		int st_ = 0;                                                                   \
+		if (getproc(name, (void **)&cu->field, 12000, 0, &st_) != 0 ||                 \
+		    cu->field == NULL)                                                         \
+			return util_fail(err, errlen, FA_ENOGPU, "CUDA driver lacks %s", name); \
+	} while (0)
+	GPU_SYM(GetErrorString, "cuGetErrorString");
+	GPU_SYM(DeviceGet, "cuDeviceGet");
+	GPU_SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+	GPU_SYM(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease");
+	GPU_SYM(CtxSetCurrent, "cuCtxSetCurrent");
+	GPU_SYM(CtxSynchronize, "cuCtxSynchronize");
+	GPU_SYM(StreamCreate, "cuStreamCreate");
+	GPU_SYM(StreamDestroy, "cuStreamDestroy");
+	GPU_SYM(StreamSynchronize, "cuStreamSynchronize");
+	GPU_SYM(MemAlloc, "cuMemAlloc");
+	GPU_SYM(MemFree, "cuMemFree");
+	GPU_SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync");
+	GPU_SYM(MemcpyDtoHAsync, "cuMemcpyDtoHAsync");
+	GPU_SYM(MemHostRegister, "cuMemHostRegister");
+	GPU_SYM(MemHostUnregister, "cuMemHostUnregister");
+	GPU_SYM(MemGetAddressRange, "cuMemGetAddressRange");
+	GPU_SYM(IpcOpenMemHandle, "cuIpcOpenMemHandle");
+	GPU_SYM(IpcCloseMemHandle, "cuIpcCloseMemHandle");
+#undef GPU_SYM
+	return FA_OK;
+}
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it. */
+static void gpu_uuid_text(const uint8_t u[16], char out[48])
+{
+	static const char hex[] = "0123456789abcdef";
+	char *p = out;
+
+	p += sprintf(p, "GPU-");
+	for (int i = 0; i < 16; i++) {
+		if (i == 4 || i == 6 || i == 8 || i == 10)
+			*p++ = '-';
+		*p++ = hex[u[i] >> 4];
+		*p++ = hex[u[i] & 15];
+	}
+	*p = '\0';
+}
+
+/* ---- queues (mutex held) ----------------------------------------------------------------------- */
+
+static void gpu_push(struct backend_job **head, struct backend_job **tail, struct backend_job *job)
+{
+	job->next = NULL;
+	if (*tail != NULL)
+		(*tail)->next = job;
+	else
+		*head = job;
+	*tail = job;
+}
+
+/* Finish a job that will not run, with status and detail (mutex held). */
+static void gpu_finish_locked(struct gpu_backend *b, struct backend_job *job, fa_status st,
+                              const char *detail)
+{
+	job->status = st;
+	snprintf(job->detail, sizeof job->detail, "%s", detail);
+	gpu_push(&b->done_head, &b->done_tail, job);
+}
+
+/* The context is lost (mutex held): remember why, fail everything queued on every device. */
+static void gpu_fatal_locked(struct gpu_backend *b, const char *why)
+{
+	if (!atomic_exchange(&b->fatal, true))
+		snprintf(b->fatal_detail, sizeof b->fatal_detail, "%s", why);
+	for (unsigned i = 0; i < b->ndevs; i++) {
+		struct gpu_dev *d = &b->devs[i];
+		while (d->run_head != NULL) {
+			struct backend_job *job = d->run_head;
+			d->run_head = job->next;
+			gpu_finish_locked(b, job, FA_EDEVICE, "the GPU faulted while serving an "
+			                  "earlier request; the daemon restarts with a clean context");
+		}
+		d->run_tail = NULL;
+	}
+	uv_async_send(&b->async);
+}
+
+/* ---- one job ------------------------------------------------------------------------------------ */
+
+/* A failed driver call inside a job: FA_EDEVICE with the driver's text; *sticky when the context
+ * is lost. Out of device memory is FA_ENOMEM. */
+static fa_status gpu_job_cuerr(struct gpu_dev *d, struct backend_job *job, gpu_res r,
+                               const char *what, bool *sticky)
+{
+	*sticky = gpu_sticky(r);
+	snprintf(job->detail, sizeof job->detail, "%s on GPU %d: CUDA error %d (%s)%s", what,
+	         d->ordinal, r, gpu_errstr(d->b, r),
+	         *sticky ? "; the context is lost, the daemon restarts" : "");
+	return r == 2 ? FA_ENOMEM : FA_EDEVICE;
+}
+
+/* Make the scratch at least `need` bytes (the stream is idle between jobs). */
+static gpu_res gpu_scratch(struct gpu_dev *d, size_t need)
+{
+	struct gpu_cu *cu = &d->b->cu;
+	size_t size = d->scratch_size > 0 ? d->scratch_size : GPU_SCRATCH_MIN;
+	gpu_res r;
+
+	if (need <= d->scratch_size)
+		return 0;
+	while (size < need)
+		size += size / 2;
+	if (d->scratch != 0)
+		cu->MemFree(d->scratch);
+	d->scratch = 0;
+	d->scratch_size = 0;
+	if ((r = cu->MemAlloc(&d->scratch, size)) != 0) {
+		d->scratch = 0;
+		return r;
+	}
+	d->scratch_size = size;
+	return 0;
+}
+
+/* Run one job on d's stream and wait for it. Sets job->status, detail and *sticky. */
+static void gpu_run(struct gpu_dev *d, struct backend_job *job, bool *sticky)
+{
+	struct gpu_cu *cu = &d->b->cu;
+	const struct fa_attn_fwd_desc *ds = &job->desc;
+	size_t es = fa_dtype_size(ds->dtype);
+	const void *ptr[5] = {job->q, job->k, job->v, job->o, job->lse};
+	int n = job->lse != NULL ? 5 : 4;
+	int64_t shape[5][4] = {{ds->B, ds->Sq, ds->Hq, ds->D},
+	                       {ds->B, ds->Sk, ds->Hkv, ds->D},
+	                       {ds->B, ds->Sk, ds->Hkv, ds->D},
+	                       {ds->B, ds->Sq, ds->Hq, ds->D},
+	                       {ds->B, ds->Hq, ds->Sq, 1}};
+	int64_t stride[5][4];
+	const int64_t *st3[5] = {ds->q_stride, ds->k_stride, ds->v_stride, ds->o_stride,
+	                         ds->lse_stride};
+	uint64_t ext[5] = {0}, off[5] = {0}, total = 0;
+	gpu_ptr dp[5] = {0};
+	size_t bytes_in = 0, bytes_out = 0;
+	gpu_res r;
+	fa_status st;
+
+	*sticky = false;
+	job->status = FA_OK;
+	job->detail[0] = '\0';
+	/* Where each tensor is on the device: its own address, or a slice of the scratch. */
+	for (int i = 0; i < n; i++) {
+		memcpy(stride[i], st3[i], 3 * sizeof(int64_t));
+		stride[i][3] = 1;
+		if (job->on_device[i]) {
+			dp[i] = (gpu_ptr)(uintptr_t)ptr[i];
+			continue;
+		}
+		fa_tensor_extent(4, shape[i], stride[i], i == 4 ? sizeof(float) : es, NULL,
+		                 &ext[i]); /* validated: cannot overflow */
+		off[i] = total;
+		total += (ext[i] + GPU_SCRATCH_ALIGN - 1) / GPU_SCRATCH_ALIGN * GPU_SCRATCH_ALIGN;
+	}
+	if (total > 0) {
+		if ((r = gpu_scratch(d, (size_t)total)) != 0) {
+			job->status = gpu_job_cuerr(d, job, r, "allocating device scratch for host "
+			                            "buffers", sticky);
+			return;
+		}
+		for (int i = 0; i < n; i++)
+			if (!job->on_device[i])
+				dp[i] = d->scratch + off[i];
+	}
+	/* Inputs in; outputs too when their extent has holes (strided), so the copy back leaves
+	 * the bytes between their elements as they were. */
+	for (int i = 0; i < n; i++) {
+		if (job->on_device[i])
+			continue;
+		bool output = i >= 3;
+		uint64_t dense = i == 4 ? (uint64_t)(ds->B * ds->Hq * ds->Sq) * sizeof(float)
+		                        : (uint64_t)(shape[i][0] * shape[i][1] * shape[i][2] *
+		                                     shape[i][3]) * es;
+		if (output && ext[i] == dense)
+			continue;
+		if ((r = cu->MemcpyHtoDAsync(dp[i], ptr[i], ext[i], d->stream)) != 0) {
+			job->status = gpu_job_cuerr(d, job, r, "copying a host tensor to the GPU",
+			                            sticky);
+			goto sync;
+		}
+		bytes_in += ext[i];
+	}
+	st = fa_gpu_attn_fwd(d->g, ds, dp[0], dp[1], dp[2], dp[3], n == 5 ? dp[4] : 0,
+	                     (CUstream)d->stream, job->detail, sizeof job->detail);
+	if (st != FA_OK) {
+		job->status = st;
+		goto sync;
+	}
+	for (int i = 3; i < n; i++) {
+		if (job->on_device[i])
+			continue;
+		if ((r = cu->MemcpyDtoHAsync((void *)(uintptr_t)ptr[i], dp[i], ext[i],
+		                             d->stream)) != 0) {
+			job->status = gpu_job_cuerr(d, job, r, "copying a result to host memory",
+			                            sticky);
+			goto sync;
+		}
+		bytes_out += ext[i];
+	}
+sync:
+	/* Also after a failure: copies may be queued, and a fault of the kernel shows here. */
+	r = cu->StreamSynchronize(d->stream);
+	if (r != 0 && job->status == FA_OK)
+		job->status = gpu_job_cuerr(d, job, r, "running attention", sticky);
+	else if (r != 0 && gpu_sticky(r))
+		*sticky = true;
+	/* A launch failure reported by fa_gpu as FA_EDEVICE: ask the context whether it is
+	 * lost (sticky errors come back from every call). */
+	if (job->status == FA_EDEVICE && !*sticky && (r = cu->CtxSynchronize()) != 0 &&
+	    gpu_sticky(r))
+		*sticky = true;
+	pthread_mutex_lock(&d->b->mu);
+	d->b->h2d_bytes += bytes_in;
+	if (job->status == FA_OK)
+		d->b->d2h_bytes += bytes_out;
+	pthread_mutex_unlock(&d->b->mu);
+}
+
+/* A device's worker: take a job, run it, hand it back. */
+static void *gpu_worker(void *arg)
+{
+	struct gpu_dev *d = arg;
+	struct gpu_backend *b = d->b;
+
+	b->cu.CtxSetCurrent(d->ctx);
+	pthread_mutex_lock(&b->mu);
+	for (;;) {
+		while (d->run_head == NULL && !b->stopping)
+			pthread_cond_wait(&b->cv, &b->mu);
+		struct backend_job *job = d->run_head;
+		if (job == NULL)
+			break; /* stopping, and nothing left */
+		d->run_head = job->next;
+		if (d->run_head == NULL)
+			d->run_tail = NULL;
+		if (atomic_load(&b->fatal)) {
+			gpu_finish_locked(b, job, FA_EDEVICE, b->fatal_detail);
+			uv_async_send(&b->async);
+			continue;
+		}
+		atomic_fetch_add(&b->base.running, 1);
+		pthread_mutex_unlock(&b->mu);
+
+		bool sticky = false;
+		uint64_t t0 = util_now_ns();
+		gpu_run(d, job, &sticky);
+		job->compute_ns = util_now_ns() - t0;
+
+		pthread_mutex_lock(&b->mu);
+		atomic_fetch_sub(&b->base.running, 1);
+		if (job->status == FA_OK)
+			b->fwd_ok++;
+		else
+			b->fwd_failed++;
+		gpu_push(&b->done_head, &b->done_tail, job);
+		if (sticky)
+			gpu_fatal_locked(b, job->detail);
+		uv_async_send(&b->async);
+	}
+	pthread_mutex_unlock(&b->mu);
+	return NULL;
+}
+
+/* ---- loop side ------------------------------------------------------------------------------------ */
+
+/* On the loop: hand finished jobs back; after a fault, ask the daemon to stop with status 70. */
+static void gpu_async_cb(uv_async_t *h)
+{
+	struct gpu_backend *b = h->data;
+	struct backend_job *job;
+
+	pthread_mutex_lock(&b->mu);
+	job = b->done_head;
+	b->done_head = b->done_tail = NULL;
+	pthread_mutex_unlock(&b->mu);
+	while (job != NULL) {
+		struct backend_job *next = job->next;
+		job->next = NULL;
+		b->done(job, b->done_arg);
+		job = next;
+	}
+	if (atomic_load(&b->fatal) && !b->fatal_reported && !b->stopping) {
+		b->fatal_reported = true;
+		b->base.exit_code = GPU_EXIT_FAULT;
+		log_err("backend: gpu: the device context is lost: %s; answering every request "
+		        "FA_EDEVICE and exiting with status %d for a restart",
+		        b->fatal_detail, GPU_EXIT_FAULT);
+		notify_sendf("STOPPING=1\nSTATUS=GPU fault: %s", b->fatal_detail);
+		/* The graceful stop is main's (SIGTERM): it answers what is left, closes the socket
+		 * and exits with the backend's exit_code. */
+		uv_kill(getpid(), SIGTERM);
+	}
+}
+
+/* Queue a job on the device (GPU 0 for now; the region's device once there are several). */
+static fa_status gpu_submit(struct backend *base, struct backend_job *job)
+{
+	struct gpu_backend *b = (struct gpu_backend *)base;
+	struct gpu_dev *d = &b->devs[0];
+
+	job->status = FA_OK;
+	job->compute_ns = 0;
+	job->detail[0] = '\0';
+	pthread_mutex_lock(&b->mu);
+	if (b->stopping) {
+		pthread_mutex_unlock(&b->mu);
+		return FA_ECLOSED;
+	}
+	gpu_push(&d->run_head, &d->run_tail, job);
+	pthread_cond_broadcast(&b->cv);
+	pthread_mutex_unlock(&b->mu);
+	return FA_OK;
+}
+
+/* Hand back, as FA_ECLOSED, the queued jobs of owner (all when NULL) not started yet. */
+static unsigned gpu_cancel(struct backend *base, const void *owner, const char *why)
+{
+	struct gpu_backend *b = (struct gpu_backend *)base;
+	unsigned n = 0;
+
+	pthread_mutex_lock(&b->mu);
+	for (unsigned i = 0; i < b->ndevs; i++) {
+		struct gpu_dev *d = &b->devs[i];
+		struct backend_job **pp = &d->run_head, *prev = NULL;
+		while (*pp != NULL) {
+			struct backend_job *job = *pp;
+			if (owner == NULL || job->owner == owner) {
+				*pp = job->next;
+				if (d->run_tail == job)
+					d->run_tail = prev;
+				gpu_finish_locked(b, job, FA_ECLOSED, why);
+				n++;
+				continue;
+			}
+			prev = job;
+			pp = &job->next;
+		}
+	}
+	if (n > 0)
+		uv_async_send(&b->async);
+	pthread_mutex_unlock(&b->mu);
+	return n;
+}
+
+/* Healthy while no fault poisoned the context (the watchdog stops feeding systemd otherwise). */
+static bool gpu_healthy(struct backend *base)
+{
+	return !atomic_load(&((struct gpu_backend *)base)->fatal);
+}
+
+/* The last reference of a region served here: close the IPC mapping or unpin the host pages. */
+static void gpu_region_release(struct region *r)
+{
+	struct gpu_backend *b = r->backend;
+	gpu_res res;
+
+	b->cu.CtxSetCurrent(b->devs[0].ctx);
+	if (r->kind == FA_REGION_CUDA_IPC) {
+		if (r->base != NULL &&
+		    (res = b->cu.IpcCloseMemHandle((gpu_ptr)(uintptr_t)r->base)) != 0)
+			log_info("region %016" PRIx64 ": cuIpcCloseMemHandle: CUDA error %d (%s)",
+			         r->id, res, gpu_errstr(b, res));
+	} else if ((res = b->cu.MemHostUnregister(r->base)) != 0) {
+		log_info("region %016" PRIx64 ": cuMemHostUnregister: CUDA error %d (%s)", r->id,
+		         res, gpu_errstr(b, res));
+	}
+	r->release = NULL;
+}
+
+/* A new region: pin host memory, or open a CUDA IPC handle (once) after checking its GPU. */
+static fa_status gpu_region_open(struct backend *base, struct region *r,
+                                 const uint8_t *ipc_handle, const uint8_t *gpu_uuid, char *err,
+                                 size_t errlen)
+{
+	struct gpu_backend *b = (struct gpu_backend *)base;
+	struct gpu_dev *d = &b->devs[0];
+	gpu_res res;
+
+	if (atomic_load(&b->fatal))
+		return util_fail(err, errlen, FA_EDEVICE, "the GPU faulted; the daemon restarts");
+	b->cu.CtxSetCurrent(d->ctx);
+	if (r->kind == FA_REGION_HOST_SHM) {
+		/* Portable: any context may copy from it (several devices later). */
+		if ((res = b->cu.MemHostRegister(r->base, (size_t)r->size, 1)) != 0)
+			return util_fail(err, errlen, res == 2 ? FA_ENOMEM : FA_ESYS,
+			                 "pinning the %" PRIu64 "-byte host buffer %s for the GPU "
+			                 "(cuMemHostRegister): CUDA error %d (%s)",
+			                 r->size, r->name, res, gpu_errstr(b, res));
+		r->backend = b;
+		r->release = gpu_region_release;
+		return FA_OK;
+	}
+	if (memcmp(gpu_uuid, d->uuid, 16) != 0) {
+		char want[48], got[48];
+		gpu_uuid_text(d->uuid, want);
+		gpu_uuid_text(gpu_uuid, got);
+		return util_fail(err, errlen, FA_ENOTSUP,
+		                 "the buffer is on GPU %s; this daemon serves GPU %s (%s) only", got,
+		                 want, fa_gpu_name(d->g));
+	}
+	struct gpu_ipc_handle h;
+	gpu_ptr p = 0, abase = 0;
+	size_t asize = 0;
+	memcpy(h.reserved, ipc_handle, sizeof h.reserved);
+	res = b->cu.IpcOpenMemHandle(&p, h, 1 /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */);
+	if (res != 0) {
+		if (gpu_sticky(res)) {
+			pthread_mutex_lock(&b->mu);
+			gpu_fatal_locked(b, "cuIpcOpenMemHandle lost the context");
+			pthread_mutex_unlock(&b->mu);
+			return util_fail(err, errlen, FA_EDEVICE,
+			                 "cuIpcOpenMemHandle: CUDA error %d (%s)", res,
+			                 gpu_errstr(b, res));
+		}
+		return util_fail(err, errlen, res == 2 ? FA_ENOMEM : FA_EINVAL,
+		                 "the CUDA IPC handle cannot be opened: CUDA error %d (%s); it must "
+		                 "come from cuIpcGetMemHandle of a live cudaMalloc allocation of "
+		                 "another process on %s",
+		                 res, gpu_errstr(b, res), fa_gpu_name(d->g));
+	}
+	/* The handle maps the whole allocation: it must hold what the client declared. */
+	res = b->cu.MemGetAddressRange(&abase, &asize, p);
+	if (res != 0 || (uint64_t)asize < r->size) {
+		b->cu.IpcCloseMemHandle(p);
+		if (res != 0)
+			return util_fail(err, errlen, FA_EINVAL,
+			                 "cuMemGetAddressRange on the opened handle: CUDA error %d (%s)",
+			                 res, gpu_errstr(b, res));
+		return util_fail(err, errlen, FA_ERANGE,
+		                 "the CUDA allocation behind the handle has %zu bytes, the "
+		                 "registration declares %" PRIu64,
+		                 asize, r->size);
+	}
+	r->base = (void *)(uintptr_t)p;
+	r->backend = b;
+	r->release = gpu_region_release;
+	return FA_OK;
+}
+
+/* "# gpu" section of STATS. */
+static void gpu_stats(struct backend *base, char *buf, size_t cap)
+{
+	struct gpu_backend *b = (struct gpu_backend *)base;
+	struct gpu_dev *d = &b->devs[0];
+	char uuid[48];
+	uint64_t ok, failed, h2d, d2h;
+
+	pthread_mutex_lock(&b->mu);
+	ok = b->fwd_ok;
+	failed = b->fwd_failed;
+	h2d = b->h2d_bytes;
+	d2h = b->d2h_bytes;
+	pthread_mutex_unlock(&b->mu);
+	gpu_uuid_text(d->uuid, uuid);
+	struct fa_gpu_cache_stats cs;
+	fa_gpu_cache_stats(d->g, &cs);
+	int n = snprintf(buf, cap,
+	         "# gpu\ngpu_devices:%u\ngpu_name:%s\ngpu_uuid:%s\ngpu_sm:%d\ngpu_smem_optin:%zu\n"
+	         "gpu_faulted:%d\ngpu_fwd_ok:%" PRIu64 "\ngpu_fwd_failed:%" PRIu64
+	         "\ngpu_host_h2d_bytes:%" PRIu64 "\ngpu_host_d2h_bytes:%" PRIu64 "\n",
+	         b->ndevs, fa_gpu_name(d->g), uuid, fa_gpu_sm(d->g), fa_gpu_smem_optin(d->g),
+	         atomic_load(&b->fatal) ? 1 : 0, ok, failed, h2d, d2h);
+	if (n < 0 || (size_t)n >= cap)
+		return;
+	snprintf(buf + n, cap - (size_t)n,
+	         "# kernels\nkernels_loaded:%" PRIu64 "\nkernels_mem_hits:%" PRIu64
+	         "\nkernels_disk_loads:%" PRIu64 "\nkernels_compiled:%" PRIu64
+	         "\nkernels_disk_stores:%" PRIu64 "\nkernels_disk_errors:%" PRIu64
+	         "\nkernels_compile_ms_total:%.1f\nkernels_compile_ms_last:%.1f\nkernels_compile_last:%s"
+	         "\nkernels_disk_cache:%s\n",
+	         cs.kernels, cs.mem_hits, cs.disk_loads, cs.compiled, cs.disk_stores, cs.disk_errors,
+	         cs.compile_ms_total, cs.compile_ms_last, cs.compile_last,
+	         cs.disk_enabled ? cs.disk_dir : "off");
+}
+
+/* ---- open / close ---------------------------------------------------------------------------- */
+
+/* Release a device's resources (its worker has stopped). */
+static void gpu_dev_fini(struct gpu_backend *b, struct gpu_dev *d)
+{
+	if (d->ctx != NULL) {
+		b->cu.CtxSetCurrent(d->ctx);
+		if (d->scratch != 0)
+			b->cu.MemFree(d->scratch);
+		if (d->stream != NULL)
+			b->cu.StreamDestroy(d->stream);
+		b->cu.DevicePrimaryCtxRelease(d->cudev);
+	}
+	fa_gpu_close(d->g);
+	memset(d, 0, sizeof(*d));
+}
+
+/* Free everything (workers stopped, async closed or never opened). */
+static void gpu_free(struct gpu_backend *b)
+{
+	for (unsigned i = 0; i < b->ndevs; i++)
+		gpu_dev_fini(b, &b->devs[i]);
+	if (b->cu.lib != NULL)
+		dlclose(b->cu.lib);
+	pthread_cond_destroy(&b->cv);
+	pthread_mutex_destroy(&b->mu);
+	free(b);
+}
+
+/* The async handle is closed: release the backend. */
+static void gpu_handle_closed(uv_handle_t *h)
+{
+	struct gpu_backend *b = h->data;
+	void (*closed)(void *) = b->closed;
+	void *arg = b->closed_arg;
+
+	gpu_free(b);
+	if (closed != NULL)
+		closed(arg);
+}
+
+/* Stop the workers after their queues drain, deliver what finished, close the handle. */
+static void gpu_close(struct backend *base, void (*closed)(void *arg), void *arg)
+{
+	struct gpu_backend *b = (struct gpu_backend *)base;
+
+	pthread_mutex_lock(&b->mu);
+	b->stopping = true;
+	pthread_cond_broadcast(&b->cv);
+	pthread_mutex_unlock(&b->mu);
+	for (unsigned i = 0; i < b->ndevs; i++)
+		if (b->devs[i].thread_started)
+			pthread_join(b->devs[i].thread, NULL);
+	gpu_async_cb(&b->async); /* every job is handed back exactly once */
+	b->closed = closed;
+	b->closed_arg = arg;
+	uv_close((uv_handle_t *)&b->async, gpu_handle_closed);
+}
+
+/* The kernels library's reports (disk-cache trouble, compile times) into the daemon's log. */
+static void gpu_kernels_log(void *ctx, int level, const char *msg)
+{
+	(void)ctx;
+	LOG_AT(level, "kernels: %s", msg);
+}
+
+/* Open one device: fa_gpu (driver, NVRTC, primary context, kernel disk cache), a stream. */
+static fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordinal,
+                              const struct config *cfg, char *err, size_t errlen)
+{
+	char why[256];
+	fa_status st;
+	gpu_res r;
+
+	d->b = b;
+	d->ordinal = ordinal;
+	if ((st = fa_gpu_open(&d->g, ordinal, err, errlen)) != FA_OK)
+		return st;
+	fa_gpu_set_log(d->g, gpu_kernels_log, NULL);
+	/* A warm restart loads every kernel it compiled before from here; a cache that cannot be
+	 * used only costs compile time, so it never stops the daemon. */
+	if (cfg->cache_dir[0] != '\0' &&
+	    fa_gpu_set_cache_dir(d->g, cfg->cache_dir, why, sizeof why) != FA_OK)
+		log_warn("gpu: kernel disk cache off: %s", why);
+	if (b->cu.lib == NULL && (st = gpu_load_driver(&b->cu, err, errlen)) != FA_OK)
+		return st;
+	fa_gpu_uuid(d->g, d->uuid);
+	if ((r = b->cu.DeviceGet(&d->cudev, ordinal)) != 0 ||
+	    (r = b->cu.DevicePrimaryCtxRetain(&d->ctx, d->cudev)) != 0) {
+		d->ctx = NULL;
+		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: primary context: CUDA error %d (%s)",
+		                 ordinal, r, gpu_errstr(b, r));
+	}
+	b->cu.CtxSetCurrent(d->ctx);
+	if ((r = b->cu.StreamCreate(&d->stream, 1 /* CU_STREAM_NON_BLOCKING */)) != 0) {
+		d->stream = NULL;
+		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: cuStreamCreate: CUDA error %d (%s)",
+		                 ordinal, r, gpu_errstr(b, r));
+	}
+	return FA_OK;
+}
+
+/* Start the GPU backend on GPU 0. FA_ENOGPU (with the reason) when there is none. */
+static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct config *cfg,
+                          backend_done_fn done, void *arg, char *err, size_t errlen)
+{
+	struct gpu_backend *b;
+	sigset_t all, old;
+	fa_status st;
+	int rv;
+
+	*out = NULL;
+	if ((b = calloc(1, sizeof(*b))) == NULL)
+		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+	pthread_mutex_init(&b->mu, NULL);
+	pthread_cond_init(&b->cv, NULL);
+	b->base.ops = &backend_gpu_ops;
+	b->base.align = 16; /* fa_gpu.h: 16-byte pointers and batch/seq/head strides */
+	b->base.host_memory = true;
+	b->base.device_memory = true;
+	b->loop = loop;
+	b->done = done;
+	b->done_arg = arg;
+	/* fa_gpu_open first (in gpu_dev_open): its "no driver" text is the one worth showing. */
+	b->ndevs = 1;
+	st = gpu_dev_open(b, &b->devs[0], 0, cfg, err, errlen);
+	if (st != FA_OK) {
+		gpu_free(b);
+		return st;
+	}
+	if ((rv = uv_async_init(loop, &b->async, gpu_async_cb)) != 0) {
+		gpu_free(b);
+		return util_fail(err, errlen, FA_ESYS, "uv_async_init: %s", uv_strerror(rv));
+	}
+	b->async.data = b;
+	b->async_open = true;
+
+	sigfillset(&all);
+	sigdelset(&all, SIGBUS);
+	sigdelset(&all, SIGSEGV);
+	sigdelset(&all, SIGFPE);
+	sigdelset(&all, SIGILL);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	for (unsigned i = 0; i < b->ndevs; i++) {
+		if ((rv = pthread_create(&b->devs[i].thread, NULL, gpu_worker, &b->devs[i])) != 0) {
+			pthread_sigmask(SIG_SETMASK, &old, NULL);
+			util_fail(err, errlen, FA_ESYS, "starting the GPU %u worker: %s", i,
+			          strerror(rv));
+			gpu_close(&b->base, NULL, NULL);
+			return FA_ESYS;
+		}
+		b->devs[i].thread_started = true;
+	}
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	b->base.threads = b->ndevs;
+	log_notice("backend: gpu on GPU 0 (%s, sm_%d, %zu bytes of opt-in shared memory)",
+	           fa_gpu_name(b->devs[0].g), fa_gpu_sm(b->devs[0].g),
+	           fa_gpu_smem_optin(b->devs[0].g));
+	*out = &b->base;
+	return FA_OK;
+}
+
+const struct backend_ops backend_gpu_ops = {
+	.name = "gpu",
+	.kind = FA_BACKEND_GPU,
+	.open = gpu_open,
+	.submit = gpu_submit,
+	.cancel = gpu_cancel,
+	.close = gpu_close,
+	.healthy = gpu_healthy,
+	.region_open = gpu_region_open,
+	.stats = gpu_stats,
+};
