@@ -737,3 +737,19 @@ int fa_test_waitpid(pid_t pid, int timeout_ms)
 		fa_test_sleep_ms(5);
 	}
 }
+
+/* See fa_test.h. */
+int daemon_finish(struct fa_daemon *d)
+{
+	int st = daemon_stop(d);
+	bool clean = daemon_log_clean(d);
+
+	if (st != 0)
+		fprintf(stderr, "daemon exit status %d, want 0\n", st);
+	if (!clean)
+		fprintf(stderr, "daemon log has a sanitizer report\n");
+	if (st != 0 || !clean || getenv("FA_TEST_VERBOSE") != NULL)
+		daemon_log_dump(d, 40);
+	daemon_cleanup(d);
+	return st == 0 && clean ? 0 : -1;
+}

@@ -101,6 +101,11 @@ void daemon_log_dump(const struct fa_daemon *d, int max_lines);
 /* Stop if running (daemon_kill), close the notify socket and remove the directory. */
 void daemon_cleanup(struct fa_daemon *d);
 
+/* The end of a test group's daemon: stop it (SIGTERM), check its log for sanitizer reports, dump
+ * the log's tail when something is wrong (or FA_TEST_VERBOSE is set), clean up. Returns 0 when
+ * it exited 0 with a clean log, -1 otherwise (a CMocka teardown's answer). */
+int daemon_finish(struct fa_daemon *d);
+
 /* Is a CUDA driver loadable (dlopen libcuda.so.1) with at least one device? Cached. */
 bool have_gpu(void);
 

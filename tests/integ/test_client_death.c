@@ -29,14 +29,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	int st = daemon_stop(&g_d);
-	bool clean = daemon_log_clean(&g_d);
-	if (st != 0) {
-		fprintf(stderr, "daemon exit status %d, want 0\n", st);
-		daemon_log_dump(&g_d, 40);
-	}
-	daemon_cleanup(&g_d);
-	return st == 0 && clean ? 0 : -1;
+	return daemon_finish(&g_d);
 }
 
 /* The victim: two extra buffers, then a request long on the CPU backend; it tells the parent

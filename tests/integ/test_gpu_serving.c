@@ -586,12 +586,7 @@ static int teardown(void **state)
 	(void)state;
 	if (g_no_gpu)
 		return 0;
-	int st = daemon_stop(&g_daemon);
-	bool clean = daemon_log_clean(&g_daemon);
-	if (st != 0 || getenv("FA_TEST_VERBOSE"))
-		daemon_log_dump(&g_daemon, 40);
-	daemon_cleanup(&g_daemon);
-	return st == 0 && clean ? 0 : -1;
+	return daemon_finish(&g_daemon);
 }
 
 int main(void)

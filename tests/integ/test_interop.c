@@ -35,10 +35,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	int st = daemon_stop(&g_d);
-	bool clean = daemon_log_clean(&g_d);
-	daemon_cleanup(&g_d);
-	return st == 0 && clean ? 0 : -1;
+	return daemon_finish(&g_d);
 }
 
 static void pack_key(msgpack_packer *pk, const char *k)

@@ -105,12 +105,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	(void)state;
-	int st = daemon_stop(&g_daemon);
-	bool clean = daemon_log_clean(&g_daemon);
-	if (st != 0)
-		daemon_log_dump(&g_daemon, 40);
-	daemon_cleanup(&g_daemon);
-	return st == 0 && clean ? 0 : -1;
+	return daemon_finish(&g_daemon);
 }
 
 /* The test: 4 processes x 4 threads x 10 requests, all in flight together. */
