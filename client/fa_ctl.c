@@ -2,7 +2,8 @@
  *
  * Each subcommand is one row of `commands` (name, handler, usage, help); --help is generated from
  * it. Subcommands that talk to the daemon use only the public API of libfaclient, like any
- * client. `plan` lives in fa_ctl_plan.c (it needs kernels/, not the daemon).
+ * client. `plan` lives in fa_ctl_plan.c and `tune` in fa_ctl_tune.c (they need kernels/, not the
+ * daemon).
  *
  * Exit status: 0 on success, 1 on any failure, with "fa-ctl: <what>: <fa_strerror text>
  * (<detail>)" on stderr.
@@ -34,6 +35,7 @@ struct ctl_cmd {
 static int cmd_ping(const struct ctl_opts *o, int argc, char **argv);
 static int cmd_stats(const struct ctl_opts *o, int argc, char **argv);
 static int cmd_plan(const struct ctl_opts *o, int argc, char **argv);
+static int cmd_tune(const struct ctl_opts *o, int argc, char **argv);
 static int cmd_version(const struct ctl_opts *o, int argc, char **argv);
 static int cmd_help(const struct ctl_opts *o, int argc, char **argv);
 
@@ -41,6 +43,8 @@ static const struct ctl_cmd commands[] = {
 	{"ping", cmd_ping, "ping [-c COUNT]", "round trips to the daemon, with their times"},
 	{"stats", cmd_stats, "stats", "print the daemon's statistics (INFO-style key:value lines)"},
 	{"plan", cmd_plan, "plan ...", "the tile planner's choice for a shape (`fa-ctl plan --help`)"},
+	{"tune", cmd_tune, "tune ...", "tune shapes on the local GPU into the daemon's tuning table "
+	 "(`fa-ctl tune --help`)"},
 	{"version", cmd_version, "version", "print the versions of fa-ctl, libfaclient and the protocol"},
 	{"help", cmd_help, "help", "this text"},
 };
@@ -191,6 +195,13 @@ static int cmd_plan(const struct ctl_opts *o, int argc, char **argv)
 {
 	(void)o;
 	return fa_ctl_plan_main(argc, argv);
+}
+
+/* `tune ...`: fa_ctl_tune.c's entry point (the local GPU, no daemon needed). */
+static int cmd_tune(const struct ctl_opts *o, int argc, char **argv)
+{
+	(void)o;
+	return fa_ctl_tune_main(argc, argv);
 }
 
 /* `version`: this tool's, the library's and the protocol's versions (no daemon needed). */

@@ -6,4 +6,8 @@
  * device. argv[0] is "plan". Returns the process exit status. */
 int fa_ctl_plan_main(int argc, char **argv);
 
+/* `fa-ctl tune ...`: tune shapes on the local GPU into the daemon's tuning table (fa_ctl_tune.c).
+ * argv[0] is "tune". Returns the process exit status. */
+int fa_ctl_tune_main(int argc, char **argv);
+
 #endif /* FA_CTL_H */

@@ -107,6 +107,8 @@ size_t fa_gpu_smem_optin(const struct fa_gpu *g);
 const char *fa_gpu_name(const struct fa_gpu *g);
 /* The device's 16-byte UUID (stable across CUDA_VISIBLE_DEVICES orderings). */
 void fa_gpu_uuid(const struct fa_gpu *g, uint8_t uuid[16]);
+/* The driver's version (cuDriverGetVersion: 1000 * major + 10 * minor, e.g. 13000). */
+int fa_gpu_driver_version(const struct fa_gpu *g);
 /* Make the device's context current on the calling thread (fa_gpu_* do it themselves). */
 fa_status fa_gpu_make_current(struct fa_gpu *g, char *err, size_t errlen);
 
@@ -133,7 +135,16 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 fa_status fa_gpu_prepare(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
                          const struct fa_tile *tile, char *err, size_t errlen);
 
-/* The tile fa_gpu_attn_fwd would use for d (the planner's first choice for this device). */
+/* Use a tuning table (fa_tune.h) to choose tiles: fa_gpu_attn_fwd (and fa_gpu_prepare with tile
+ * NULL) then launch the table's tuned tile for d's class when it is one of the planner's fitting
+ * candidates on this device, else the planner's first choice. NULL (the default): the planner's
+ * first choice always. The table stays the caller's (close it after fa_gpu_close or after
+ * setting NULL); it may be tuned further while set (it is locked inside). */
+struct fa_tune_table;
+void fa_gpu_set_tune_table(struct fa_gpu *g, struct fa_tune_table *t);
+
+/* The planner's ranked candidates for d on this device (the first is fa_gpu_attn_fwd's choice
+ * when no tuning table is set). */
 fa_status fa_gpu_plan(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, struct fa_tile *out,
                       int max, int *n, char *err, size_t errlen);
 

@@ -7,6 +7,7 @@
  */
 #include "fa_gpu.h"
 #include "fa_diskcache.h"
+#include "fa_tune.h"
 
 #include <dlfcn.h>
 #include <math.h>
@@ -49,6 +50,7 @@ _Static_assert(sizeof(struct fa_kparams) == 192, "kernel parameter block layout"
 struct cu_api {
 	void *lib;
 	curesult (*Init)(unsigned);
+	curesult (*DriverGetVersion)(int *);
 	curesult (*GetErrorString)(curesult, const char **);
 	curesult (*DeviceGetCount)(int *);
 	curesult (*DeviceGet)(cudev *, int);
@@ -96,7 +98,9 @@ struct fa_gpu {
 	int ordinal;
 	char name[128];
 	uint8_t uuid[16];
+	int driver; /* cuDriverGetVersion */
 	struct fa_device_model model;
+	struct fa_tune_table *tune; /* NULL: the planner's heuristic (fa_gpu_set_tune_table) */
 	pthread_mutex_t lock; /* guards the cache and the counters */
 	struct kcache_entry *cache;
 	int ncache, capcache;
@@ -149,6 +153,7 @@ static fa_status load_driver(struct cu_api *cu, char *err, size_t errlen)
 		}                                                                                      \
 	} while (0)
 	SYM(Init, "cuInit");
+	SYM(DriverGetVersion, "cuDriverGetVersion");
 	SYM(GetErrorString, "cuGetErrorString");
 	SYM(DeviceGetCount, "cuDeviceGetCount");
 	SYM(DeviceGet, "cuDeviceGet");
@@ -199,6 +204,7 @@ fa_status fa_gpu_open(struct fa_gpu **out, int ordinal, char *err, size_t errlen
 		goto fail;
 	}
 	int count = 0;
+	g->cu.DriverGetVersion(&g->driver);
 	g->cu.DeviceGetCount(&count);
 	if (ordinal < 0 || ordinal >= count) {
 		snprintf(err, errlen, "no GPU %d: the driver sees %d device(s)", ordinal, count);
@@ -275,6 +281,29 @@ int fa_gpu_sm(const struct fa_gpu *g) { return g->model.sm; }
 size_t fa_gpu_smem_optin(const struct fa_gpu *g) { return g->model.smem_optin; }
 const char *fa_gpu_name(const struct fa_gpu *g) { return g->name; }
 void fa_gpu_uuid(const struct fa_gpu *g, uint8_t uuid[16]) { memcpy(uuid, g->uuid, 16); }
+int fa_gpu_driver_version(const struct fa_gpu *g) { return g->driver; }
+
+void fa_gpu_set_tune_table(struct fa_gpu *g, struct fa_tune_table *t)
+{
+	pthread_mutex_lock(&g->lock);
+	g->tune = t;
+	pthread_mutex_unlock(&g->lock);
+}
+
+/* The tile for d when the caller gave none: the tuning table's winner when there is a table and
+ * the class is tuned and the tile fits this device, else the planner's first choice (a stale or
+ * foreign table never breaks a launch: fa_tune_pick checks the tile against fa_plan's list). */
+static fa_status choose_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                             struct fa_tile *t, char *err, size_t errlen)
+{
+	pthread_mutex_lock(&g->lock);
+	struct fa_tune_table *tt = g->tune;
+	pthread_mutex_unlock(&g->lock);
+	if (tt)
+		return fa_tune_pick(tt, &g->model, d, t, NULL, err, errlen);
+	int n = 0;
+	return fa_gpu_plan(g, d, t, 1, &n, err, errlen);
+}
 
 fa_status fa_gpu_make_current(struct fa_gpu *g, char *err, size_t errlen)
 {
@@ -521,8 +550,7 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	if (tile) {
 		t = *tile;
 	} else {
-		int n = 0;
-		st = fa_gpu_plan(g, d, &t, 1, &n, err, errlen);
+		st = choose_tile(g, d, &t, err, errlen);
 		if (st != FA_OK)
 			return st;
 	}
@@ -610,8 +638,7 @@ fa_status fa_gpu_prepare(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
 	if (tile) {
 		t = *tile;
 	} else {
-		int n = 0;
-		if ((st = fa_gpu_plan(g, d, &t, 1, &n, err, errlen)))
+		if ((st = choose_tile(g, d, &t, err, errlen)))
 			return st;
 	}
 	struct fa_kernel_spec spec;
