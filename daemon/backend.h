@@ -47,6 +47,9 @@ struct backend_job {
 	fa_status status;
 	uint64_t compute_ns;          /* first chunk started .. last chunk finished */
 	char detail[FA_PROTO_DETAIL_MAX];
+	/* test-only (FA_TEST_FAULT_AFTER): fail this job as a fatal device fault when it is done;
+	 * set by backend_submit, read on the loop thread */
+	bool fault_injected;
 	/* the backend's own bookkeeping */
 	struct backend_job *next;
 	int64_t bh_next, bh_total,
@@ -70,9 +73,9 @@ struct backend_ops {
 	/* Queue a job. FA_OK, or a status with job untouched (no done() call). */
 	fa_status (*submit)(struct backend *b, struct backend_job *job);
 	/* Finish every queued job of `owner` (all jobs when NULL) that has not started, with
-	 * FA_ECLOSED and `why` as detail, through done() later. Started jobs run to the end.
-	 * Returns how many were cancelled. */
-	unsigned (*cancel)(struct backend *b, const void *owner, const char *why);
+	 * status `st` (FA_ECLOSED; FA_EDEVICE on the fatal path) and `why` as detail, through
+	 * done() later. Started jobs run to the end. Returns how many were cancelled. */
+	unsigned (*cancel)(struct backend *b, const void *owner, fa_status st, const char *why);
 	/* Stop the threads (after every job was handed back), close the loop handles; `closed`
 	 * runs from the loop when the memory is gone. */
 	void (*close)(struct backend *b, void (*closed)(void *arg), void *arg);
@@ -99,8 +102,14 @@ struct backend {
 	bool host_memory;     /* serves FA_REGION_HOST_SHM regions */
 	bool device_memory;   /* serves FA_REGION_CUDA_IPC regions */
 	atomic_uint running;  /* jobs started and not finished (set by the backend's threads) */
-	int exit_code;        /* nonzero: the engine is lost (a GPU fault poisoned its context) and
-	                       * asks the daemon to exit with this code once it drained */
+	/* Faults (fault.c owns these; backends call fault_mark and fault_check): */
+	atomic_int fault_state;              /* 0 healthy, 1 being marked, 2 lost (why is set) */
+	char fault_why[FA_PROTO_DETAIL_MAX];
+	bool fault_reported;                 /* loop: on_fault was called */
+	void (*on_fault)(struct backend *b, const char *why, void *arg); /* set by the server */
+	void *on_fault_arg;
+	uint64_t fault_inject_after;         /* test-only: the Nth job submitted faults; 0 never */
+	uint64_t fwd_submitted;              /* loop: jobs taken by submit */
 };
 
 extern const struct backend_ops backend_cpu_ops;
@@ -112,14 +121,29 @@ fa_status backend_open(const char *which, struct backend **out, uv_loop_t *loop,
                        const struct config *cfg, backend_done_fn done, void *arg, char *err,
                        size_t errlen);
 
+/* Queue a job (loop thread). Counts it for the test-only fault injection (fault.h). */
 static inline fa_status backend_submit(struct backend *b, struct backend_job *job)
 {
-	return b->ops->submit(b, job);
+	job->fault_injected =
+	    b->fault_inject_after != 0 && b->fwd_submitted + 1 == b->fault_inject_after;
+	fa_status st = b->ops->submit(b, job);
+	if (st == FA_OK)
+		b->fwd_submitted++;
+	else
+		job->fault_injected = false; /* untouched by the backend: still ours */
+	return st;
 }
 
+/* Finish the owner's (NULL: every) queued jobs with FA_ECLOSED; see backend_ops.cancel. */
 static inline unsigned backend_cancel(struct backend *b, const void *owner, const char *why)
 {
-	return b->ops->cancel(b, owner, why);
+	return b->ops->cancel(b, owner, FA_ECLOSED, why);
+}
+
+/* The fatal path: finish every queued job with FA_EDEVICE and `why`. */
+static inline unsigned backend_fail_queued(struct backend *b, const char *why)
+{
+	return b->ops->cancel(b, NULL, FA_EDEVICE, why);
 }
 
 static inline void backend_close(struct backend *b, void (*closed)(void *arg), void *arg)

@@ -26,6 +26,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "fault.h"
 #include "log.h"
 #include "util.h"
 
@@ -230,6 +231,7 @@ static void cpu_async_cb(uv_async_t *h)
 		b->done(job, b->done_arg);
 		job = next;
 	}
+	fault_check(&b->base);
 }
 
 /* Size the chunks for this job and queue it. */
@@ -277,8 +279,8 @@ static fa_status cpu_submit(struct backend *base, struct backend_job *job)
 	return FA_OK;
 }
 
-/* Hand back, as FA_ECLOSED, the queued jobs of owner that no worker has started. */
-static unsigned cpu_cancel(struct backend *base, const void *owner, const char *why)
+/* Hand back, with status st, the queued jobs of owner that no worker has started. */
+static unsigned cpu_cancel(struct backend *base, const void *owner, fa_status st, const char *why)
 {
 	struct cpu_backend *b = (struct cpu_backend *)base;
 	struct backend_job **pp, *prev = NULL;
@@ -291,7 +293,7 @@ static unsigned cpu_cancel(struct backend *base, const void *owner, const char *
 			*pp = job->next;
 			if (b->run_tail == job)
 				b->run_tail = prev;
-			job->status = FA_ECLOSED;
+			job->status = st;
 			snprintf(job->detail, sizeof job->detail, "%s", why);
 			cpu_push_done(b, job);
 			n++;

@@ -14,10 +14,10 @@
  *     unmap); each job copies Q, K, V (and O, lse when strided, to keep the bytes between their
  *     elements) into device scratch, runs, and copies O and lse back. Simple and correct; costs
  *     two PCIe transfers per request (about 50 GB/s pinned) on top of the kernel.
- * Faults: a CUDA error that poisons the context (illegal address, assert, launch failure...) makes
- * every pending and later job fail with FA_EDEVICE; the loop logs it, says STOPPING=1, and asks
- * the daemon to exit with status 70 (EX_SOFTWARE) through its usual graceful stop, so systemd's
- * Restart=on-failure brings back a clean context. Other errors fail their job only.
+ * Faults: this file classifies CUDA errors (gpu_sticky). One that poisons the context (illegal
+ * address, assert, launch failure...) is marked with fault_mark and makes every queued and later
+ * job fail with FA_EDEVICE; the rest of the fatal path (STOPPING=1, the drain, exit status 70 for
+ * systemd's Restart=on-failure) is the server's, in fault.c. Other errors fail their job only.
  */
 #include "backend.h"
 
@@ -31,12 +31,11 @@
 #include <unistd.h>
 
 #include "fa_gpu.h"
+#include "fault.h"
 #include "log.h"
-#include "notify.h"
 #include "region.h"
 #include "util.h"
 
-#define GPU_EXIT_FAULT 70          /* EX_SOFTWARE: the context is lost, restart us */
 #define GPU_SCRATCH_ALIGN 256
 #define GPU_SCRATCH_MIN (8u << 20) /* first scratch allocation; grows to the largest request */
 #define GPU_MAX_DEVICES 1          /* one worker per device; GPU 0 only for now */
@@ -109,9 +108,6 @@ struct gpu_backend {
 	pthread_cond_t cv;
 	struct backend_job *done_head, *done_tail;
 	bool stopping;
-	atomic_bool fatal;             /* the context is poisoned */
-	bool fatal_reported;           /* the loop has logged it and asked for the exit */
-	char fatal_detail[FA_PROTO_DETAIL_MAX];
 	uint64_t fwd_ok, fwd_failed;   /* under mu */
 	uint64_t h2d_bytes, d2h_bytes; /* under mu: staging traffic of host regions */
 };
@@ -233,11 +229,11 @@ static void gpu_finish_locked(struct gpu_backend *b, struct backend_job *job, fa
 	gpu_push(&b->done_head, &b->done_tail, job);
 }
 
-/* The context is lost (mutex held): remember why, fail everything queued on every device. */
+/* The context is lost (mutex held): mark the fault (fault.c; the first why wins), fail everything
+ * queued on every device, wake the loop, which reports it to the server. */
 static void gpu_fatal_locked(struct gpu_backend *b, const char *why)
 {
-	if (!atomic_exchange(&b->fatal, true))
-		snprintf(b->fatal_detail, sizeof b->fatal_detail, "%s", why);
+	fault_mark(&b->base, why);
 	for (unsigned i = 0; i < b->ndevs; i++) {
 		struct gpu_dev *d = &b->devs[i];
 		while (d->run_head != NULL) {
@@ -407,8 +403,8 @@ static void *gpu_worker(void *arg)
 		d->run_head = job->next;
 		if (d->run_head == NULL)
 			d->run_tail = NULL;
-		if (atomic_load(&b->fatal)) {
-			gpu_finish_locked(b, job, FA_EDEVICE, b->fatal_detail);
+		if (fault_marked(&b->base)) {
+			gpu_finish_locked(b, job, FA_EDEVICE, fault_why(&b->base));
 			uv_async_send(&b->async);
 			continue;
 		}
@@ -437,7 +433,7 @@ static void *gpu_worker(void *arg)
 
 /* ---- loop side ------------------------------------------------------------------------------------ */
 
-/* On the loop: hand finished jobs back; after a fault, ask the daemon to stop with status 70. */
+/* On the loop: hand finished jobs back; then report a fault to the server (fault.c). */
 static void gpu_async_cb(uv_async_t *h)
 {
 	struct gpu_backend *b = h->data;
@@ -453,17 +449,7 @@ static void gpu_async_cb(uv_async_t *h)
 		b->done(job, b->done_arg);
 		job = next;
 	}
-	if (atomic_load(&b->fatal) && !b->fatal_reported && !b->stopping) {
-		b->fatal_reported = true;
-		b->base.exit_code = GPU_EXIT_FAULT;
-		log_err("backend: gpu: the device context is lost: %s; answering every request "
-		        "FA_EDEVICE and exiting with status %d for a restart",
-		        b->fatal_detail, GPU_EXIT_FAULT);
-		notify_sendf("STOPPING=1\nSTATUS=GPU fault: %s", b->fatal_detail);
-		/* The graceful stop is main's (SIGTERM): it answers what is left, closes the socket
-		 * and exits with the backend's exit_code. */
-		uv_kill(getpid(), SIGTERM);
-	}
+	fault_check(&b->base);
 }
 
 /* Queue a job on the device (GPU 0 for now; the region's device once there are several). */
@@ -486,8 +472,9 @@ static fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	return FA_OK;
 }
 
-/* Hand back, as FA_ECLOSED, the queued jobs of owner (all when NULL) not started yet. */
-static unsigned gpu_cancel(struct backend *base, const void *owner, const char *why)
+/* Hand back, with status st, the queued jobs of owner (all when NULL) not started yet. */
+static unsigned gpu_cancel(struct backend *base, const void *owner, fa_status st,
+                           const char *why)
 {
 	struct gpu_backend *b = (struct gpu_backend *)base;
 	unsigned n = 0;
@@ -502,7 +489,7 @@ static unsigned gpu_cancel(struct backend *base, const void *owner, const char *
 				*pp = job->next;
 				if (d->run_tail == job)
 					d->run_tail = prev;
-				gpu_finish_locked(b, job, FA_ECLOSED, why);
+				gpu_finish_locked(b, job, st, why);
 				n++;
 				continue;
 			}
@@ -519,7 +506,7 @@ static unsigned gpu_cancel(struct backend *base, const void *owner, const char *
 /* Healthy while no fault poisoned the context (the watchdog stops feeding systemd otherwise). */
 static bool gpu_healthy(struct backend *base)
 {
-	return !atomic_load(&((struct gpu_backend *)base)->fatal);
+	return !fault_marked(base);
 }
 
 /* The last reference of a region served here: close the IPC mapping or unpin the host pages. */
@@ -550,7 +537,7 @@ static fa_status gpu_region_open(struct backend *base, struct region *r,
 	struct gpu_dev *d = &b->devs[0];
 	gpu_res res;
 
-	if (atomic_load(&b->fatal))
+	if (fault_marked(&b->base))
 		return util_fail(err, errlen, FA_EDEVICE, "the GPU faulted; the daemon restarts");
 	b->cu.CtxSetCurrent(d->ctx);
 	if (r->kind == FA_REGION_HOST_SHM) {
@@ -633,7 +620,7 @@ static void gpu_stats(struct backend *base, char *buf, size_t cap)
 	         "gpu_faulted:%d\ngpu_fwd_ok:%" PRIu64 "\ngpu_fwd_failed:%" PRIu64
 	         "\ngpu_host_h2d_bytes:%" PRIu64 "\ngpu_host_d2h_bytes:%" PRIu64 "\n",
 	         b->ndevs, fa_gpu_name(d->g), uuid, fa_gpu_sm(d->g), fa_gpu_smem_optin(d->g),
-	         atomic_load(&b->fatal) ? 1 : 0, ok, failed, h2d, d2h);
+	         fault_marked(&b->base) ? 1 : 0, ok, failed, h2d, d2h);
 	if (n < 0 || (size_t)n >= cap)
 		return;
 	snprintf(buf + n, cap - (size_t)n,

@@ -1,8 +1,9 @@
 /* main.c - fa-daemon: read the configuration, start the server, run the loop, stop on a signal.
  *
  * Exit status: 0 after a clean shutdown (SIGTERM or SIGINT: everything queued answered), 1 when
- * the daemon could not start, 2 for bad options or config, 128 + signal when a second signal
- * cut the graceful shutdown short.
+ * the daemon could not start, 2 for bad options or config, 70 (EX_SOFTWARE) after a device fault
+ * (fault.h: everything answered FA_EDEVICE first; the supervisor restarts us), 128 + signal when
+ * a second signal cut the graceful shutdown short.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -95,6 +96,8 @@ int main(int argc, char **argv)
 		code = MAIN_EXIT_FAILED;
 		goto out_loop; /* what did start is closing: let the loop finish it */
 	}
+	/* A device fault stops the server by itself (fault.c), through the same callback. */
+	server_set_closed(main_server, main_server_closed, NULL);
 	for (int i = 0; i < 3; i++) {
 		uv_signal_init(&loop, &main_signals[i]);
 		if ((rv = uv_signal_start(&main_signals[i], main_signal_cb, main_signums[i])) != 0)

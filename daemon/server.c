@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "dispatch.h"
+#include "fault.h"
 #include "log.h"
 #include "notify.h"
 #include "region.h"
@@ -43,10 +44,40 @@ static void server_on_pipe_closed(void *arg, const struct ipc_peer *peer)
 	session_pipe_closed(&srv->sessions, peer->pipe);
 }
 
-/* The backend finished a job (on the loop). */
+/* The backend finished a job (on the loop). The fatal path's hook: the test-only injected fault
+ * becomes a device fault here, a fault marked by the backend starts fault_fatal before its job is
+ * answered, and a job that finishes after the fault is answered FA_EDEVICE whatever it computed
+ * (the device it ran on is not trusted any more). */
 static void server_on_job_done(struct backend_job *job, void *arg)
 {
-	dispatch_fwd_done(arg, job);
+	struct server *srv = arg;
+
+	if (job->fault_injected && !srv->faulted && srv->backend != NULL) {
+		job->status = FA_EDEVICE;
+		snprintf(job->detail, sizeof job->detail,
+		         "injected fault (%s=%" PRIu64 ", test only): as if the GPU reported CUDA "
+		         "error 700 (an illegal memory access was encountered); the context is lost, "
+		         "the daemon restarts",
+		         FAULT_INJECT_ENV, srv->backend->fault_inject_after);
+		fault_mark(srv->backend, job->detail);
+	}
+	if (!srv->faulted && srv->backend != NULL && fault_why(srv->backend)[0] != '\0')
+		fault_fatal(srv, fault_why(srv->backend));
+	else if (srv->faulted && job->status == FA_OK) {
+		job->status = FA_EDEVICE;
+		snprintf(job->detail, sizeof job->detail,
+		         "device fault (%.140s) while this request ran; the daemon restarts: "
+		         "reconnect and retry",
+		         srv->fault_why);
+	}
+	dispatch_fwd_done(srv, job);
+}
+
+/* The backend marked a fault and woke the loop (fault_check): the fatal path. */
+static void server_on_fault(struct backend *b, const char *why, void *arg)
+{
+	(void)b;
+	fault_fatal(arg, why);
 }
 
 /* A session is closing: its queued work will never be wanted. */
@@ -68,8 +99,8 @@ static bool server_is_healthy(void *arg)
 {
 	struct server *srv = arg;
 
-	if (srv->backend == NULL)
-		return false;
+	if (srv->backend == NULL || srv->faulted || fault_marked(srv->backend))
+		return false; /* a lost device: systemd must not think we are fine */
 	return srv->backend->ops->healthy == NULL || srv->backend->ops->healthy(srv->backend);
 }
 
@@ -105,6 +136,9 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 		srv->backend = NULL;
 		return st;
 	}
+	srv->backend->on_fault = server_on_fault;
+	srv->backend->on_fault_arg = srv;
+	srv->backend->fault_inject_after = fault_inject_after_env();
 	struct ipc_params p = {
 		.path = cfg->socket,
 		.mode = cfg->socket_mode,
@@ -170,10 +204,8 @@ static void server_teardown(struct server *srv)
 	}
 	/* Unmap only: a clean restart keeps the clients' shm objects for the next daemon. */
 	session_table_fini(&srv->sessions, false);
-	/* A backend that lost its device (a GPU fault) asked for a non-zero exit: systemd's
-	 * Restart=on-failure then brings back a clean context. */
-	if (srv->backend != NULL && srv->backend->exit_code != 0 && srv->exit_code == 0)
-		srv->exit_code = srv->backend->exit_code;
+	/* A lost device set exit_code (fault_fatal): systemd's Restart=on-failure then brings
+	 * back a clean context. */
 	if (srv->backend != NULL) {
 		srv->closing++;
 		backend_close(srv->backend, server_part_closed, srv);
@@ -213,17 +245,30 @@ void server_check_drained(struct server *srv)
 	uv_timer_start(&srv->timer, server_linger_cb, 0, SERVER_LINGER_POLL_MS);
 }
 
-/* Stop taking work, cancel what has not started, wait for the rest; see server.h. */
-void server_shutdown(struct server *srv, void (*closed)(void *arg), void *arg)
+/* See server.h. */
+void server_set_closed(struct server *srv, void (*closed)(void *arg), void *arg)
 {
 	srv->closed = closed;
 	srv->closed_arg = arg;
+}
+
+/* Stop taking work, cancel what has not started, wait for the rest; see server.h. */
+void server_shutdown(struct server *srv, void (*closed)(void *arg), void *arg)
+{
+	if (closed != NULL)
+		server_set_closed(srv, closed, arg);
+	server_stop(srv, "STOPPING=1\nSTATUS=stopping");
+}
+
+/* See server.h. */
+void server_stop(struct server *srv, const char *notify_text)
+{
 	if (srv->state != SERVER_RUNNING)
 		return;
 	srv->state = SERVER_DRAINING;
 	log_notice("server: shutting down: %u requests in flight, %u sessions", srv->inflight,
 	           session_count(&srv->sessions));
-	notify_send("STOPPING=1\nSTATUS=stopping");
+	notify_send(notify_text);
 	if (srv->backend != NULL) {
 		unsigned n = backend_cancel(srv->backend, NULL, "the daemon is shutting down");
 		if (n > 0)

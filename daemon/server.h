@@ -5,6 +5,8 @@
  * answered FA_ECLOSED, running ones finish and are answered, new ones get FA_ECLOSED, then the
  * socket closes, regions are unmapped (not unlinked: clients own their shm names and register
  * them with the next daemon), the backend's threads stop, and `closed` runs.
+ * A lost device (fault.h) stops the server the same way by itself, answering FA_EDEVICE, and
+ * sets exit_code to FAULT_EXIT_CODE.
  */
 #ifndef FA_DAEMON_SERVER_H
 #define FA_DAEMON_SERVER_H
@@ -48,7 +50,9 @@ struct server {
 	int closing;              /* handles / parts still closing */
 	void (*closed)(void *arg);
 	void *closed_arg;
-	int exit_code;
+	int exit_code;            /* for main: 0, or FAULT_EXIT_CODE after a device fault */
+	bool faulted;             /* fault_fatal ran: everything left is answered FA_EDEVICE */
+	char fault_why[FA_PROTO_DETAIL_MAX];
 
 	/* Scratch for the loop thread: one reply is built and encoded at a time. */
 	struct fa_proto_rep rep;
@@ -62,8 +66,16 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
                       size_t errlen);
 
 /* Begin the graceful stop (idempotent). `closed` is called from the loop once every handle of
- * the server is closed and its memory released. */
+ * the server is closed and its memory released (NULL: keep the one set before). */
 void server_shutdown(struct server *srv, void (*closed)(void *arg), void *arg);
+
+/* The `closed` callback for a stop the server starts by itself (a device fault, fault.c): the
+ * owner of the loop sets it once the server is open. */
+void server_set_closed(struct server *srv, void (*closed)(void *arg), void *arg);
+
+/* The stop itself (fault.c and server_shutdown): STOPPING=1 with `notify_text` (the whole
+ * datagram, "STOPPING=1\nSTATUS=..."), cancel the queued, wait for the running. Idempotent. */
+void server_stop(struct server *srv, const char *notify_text);
 
 /* A forward request was answered: shutdown may proceed when none is left. (dispatch.c) */
 void server_check_drained(struct server *srv);
