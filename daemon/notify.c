@@ -41,7 +41,11 @@ fa_status notify_send(const char *state)
 		return FA_ESYS;
 	ssize_t n;
 	do {
-		n = sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa, salen);
+		/* Never block the loop: a listener that stopped reading (its queue holds ~10
+		 * datagrams) must not freeze the daemon; a lost status line is harmless, and
+		 * systemd always reads. */
+		n = sendto(fd, state, strlen(state), MSG_NOSIGNAL | MSG_DONTWAIT,
+		           (struct sockaddr *)&sa, salen);
 	} while (n < 0 && errno == EINTR);
 	int saved = errno;
 	close(fd);
