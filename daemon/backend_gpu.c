@@ -30,7 +30,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "compile_pool.h"
 #include "fa_gpu.h"
+#include "fa_tune.h"
 #include "fault.h"
 #include "log.h"
 #include "region.h"
@@ -39,6 +41,8 @@
 #define GPU_SCRATCH_ALIGN 256
 #define GPU_SCRATCH_MIN (8u << 20) /* first scratch allocation; grows to the largest request */
 #define GPU_MAX_DEVICES 1          /* one worker per device; GPU 0 only for now */
+#define GPU_MAX_COMPILE_THREADS 16 /* --compile-threads' bound */
+#define GPU_TUNE_SLICE_US 2000     /* background tuning: one step of the tuner between jobs */
 
 typedef int gpu_res;
 typedef void *gpu_ctx;
@@ -110,6 +114,29 @@ struct gpu_backend {
 	bool stopping;
 	uint64_t fwd_ok, fwd_failed;   /* under mu */
 	uint64_t h2d_bytes, d2h_bytes; /* under mu: staging traffic of host regions */
+
+	/* Compile pool: jobs whose kernel is not loaded wait in `waiting` (under mu) while a
+	 * compile thread prepares it (fa_gpu_prepare, without mu); then they go to the worker. */
+	struct compile_table waiting;     /* under mu */
+	pthread_cond_t compile_cv;        /* compile threads wait here (with mu) */
+	pthread_t compile_thr[GPU_MAX_COMPILE_THREADS];
+	unsigned ncompile;                /* compile threads started */
+	uint64_t compiles, compiles_failed, compile_jobs; /* under mu */
+
+	/* Background tuning (fa_tune.h): device 0's worker steps a tuner while its queue is
+	 * empty; the candidates' kernels are compiled by the compile threads first (lowest
+	 * priority) so a step only runs kernels. */
+	struct fa_tune_table *tune;       /* NULL: none (heuristic tiles only) */
+	bool tune_idle;                   /* --tune idle and the GPU ops could be made */
+	struct fa_tune_ops tune_ops;      /* fa_tune_gpu_ops_init's */
+	bool tune_ops_ok;
+	struct fa_tuner *tuner;           /* worker only */
+	bool tune_prepping;               /* under mu: the candidates are being compiled */
+	struct fa_attn_fwd_desc tune_desc; /* under mu: the class' tuning shape */
+	struct fa_tile tune_tiles[FA_TUNE_DEFAULT_CANDIDATES]; /* under mu */
+	int tune_ntiles, tune_next, tune_left; /* under mu: candidates, next to compile, not done */
+	bool tune_save;                   /* under mu: a compile thread saves the table */
+	uint64_t tuned, tune_failed;      /* under mu */
 };
 
 /* ---- driver ---------------------------------------------------------------------------------- */
@@ -229,6 +256,22 @@ static void gpu_finish_locked(struct gpu_backend *b, struct backend_job *job, fa
 	gpu_push(&b->done_head, &b->done_tail, job);
 }
 
+/* Answer the jobs of owner (all: NULL) waiting for a compile with st and why (mutex held; the
+ * caller wakes the loop). Returns how many. */
+static unsigned gpu_fail_waiting_locked(struct gpu_backend *b, const void *owner, fa_status st,
+                                        const char *why)
+{
+	unsigned n = 0;
+	struct backend_job *job = compile_table_cancel(&b->waiting, owner, &n);
+
+	while (job != NULL) {
+		struct backend_job *next = job->next;
+		gpu_finish_locked(b, job, st, why);
+		job = next;
+	}
+	return n;
+}
+
 /* The context is lost (mutex held): mark the fault (fault.c; the first why wins), fail everything
  * queued on every device, wake the loop, which reports it to the server. */
 static void gpu_fatal_locked(struct gpu_backend *b, const char *why)
@@ -244,6 +287,8 @@ static void gpu_fatal_locked(struct gpu_backend *b, const char *why)
 		}
 		d->run_tail = NULL;
 	}
+	gpu_fail_waiting_locked(b, NULL, FA_EDEVICE, "the GPU faulted while serving an earlier "
+	                        "request; the daemon restarts with a clean context");
 	uv_async_send(&b->async);
 }
 
@@ -386,7 +431,201 @@ sync:
 	pthread_mutex_unlock(&d->b->mu);
 }
 
-/* A device's worker: take a job, run it, hand it back. */
+/* ---- background tuning (device 0's worker) ------------------------------------------------- */
+
+/* The tuner finished (worker, mutex NOT held): log the outcome, free it, have the table saved.
+ * Returns whether a winner was stored. */
+static bool gpu_tune_finish(struct gpu_backend *b, fa_status st, const char *why)
+{
+	struct fa_tune_entry e;
+	int fails = 0;
+	bool ok = fa_tuner_result(b->tuner, &e, &fails);
+
+	if (ok) {
+		char kb[96], hb[48], tb[48];
+		fa_tune_key_format(&e.key, kb, sizeof kb);
+		fa_tile_format(&e.heur, hb, sizeof hb);
+		fa_tile_format(&e.best, tb, sizeof tb);
+		log_notice("gpu: tuned %s: heuristic %s %.1f us, tuned %s %.1f us (%d candidates, "
+		           "%d failed)", kb, hb, e.heur_us, tb, e.best_us, e.candidates, fails);
+		char err[256];
+		/* with compile threads, one of them saves (file I/O and fsync off the worker) */
+		if (b->ncompile == 0 && fa_tune_table_save(b->tune, err, sizeof err) != FA_OK)
+			log_warn("gpu: saving the tuning table: %s", err);
+	} else {
+		log_info("gpu: tuning a class stored nothing: %s", st != FA_OK ? why : "no result");
+	}
+	fa_tuner_free(b->tuner);
+	b->tuner = NULL;
+	return ok;
+}
+
+/* One idle turn of d's worker (mutex held, queue empty, not stopping): one tuning step, or
+ * starting the next class. Returns true when it did something (the caller re-checks its queue:
+ * a client job waits at most one step), false when there is nothing to do (the caller sleeps;
+ * the compile threads wake it when a class' candidates are compiled). Never holds the mutex
+ * across CUDA work. */
+static bool gpu_tune_turn_locked(struct gpu_dev *d)
+{
+	struct gpu_backend *b = d->b;
+	char why[FA_PROTO_DETAIL_MAX];
+	fa_status st;
+
+	if (!b->tune_idle || d != &b->devs[0] || fault_marked(&b->base))
+		return false;
+	why[0] = '\0';
+	if (b->tuner != NULL) {
+		bool done = false;
+		pthread_mutex_unlock(&b->mu);
+		st = fa_tuner_step(b->tuner, GPU_TUNE_SLICE_US, &done, why, sizeof why);
+		/* a timed candidate may have poisoned the context: the next client job would find
+		 * it, but say so now */
+		gpu_res r = st == FA_EDEVICE ? b->cu.CtxSynchronize() : 0;
+		bool ok = done && gpu_tune_finish(b, st, why);
+		pthread_mutex_lock(&b->mu);
+		if (r != 0 && gpu_sticky(r)) {
+			gpu_fatal_locked(b, "the GPU faulted while tuning kernels in the background");
+			return false;
+		}
+		if (done) {
+			if (ok) {
+				b->tuned++;
+				b->tune_save = true;
+				pthread_cond_broadcast(&b->compile_cv);
+			} else {
+				b->tune_failed++;
+			}
+		}
+		return true;
+	}
+	if (b->tune_prepping) {
+		if (b->tune_left > 0)
+			return false; /* the compile threads wake us */
+		b->tune_prepping = false;
+		struct fa_attn_fwd_desc desc = b->tune_desc;
+		pthread_mutex_unlock(&b->mu);
+		st = fa_tuner_start(&b->tuner, b->tune, &desc, &b->tune_ops, NULL, why, sizeof why);
+		if (st != FA_OK) {
+			b->tuner = NULL;
+			log_info("gpu: cannot tune a class: %s", why);
+		}
+		pthread_mutex_lock(&b->mu);
+		if (st != FA_OK)
+			b->tune_failed++;
+		return true;
+	}
+	/* Plain CPU work (the table's own lock, the planner): fine under the mutex. */
+	struct fa_tune_key k;
+	if (!fa_tune_table_next_wanted(b->tune, &k))
+		return false;
+	int n = 0;
+	fa_tune_key_desc(&k, &b->tune_desc);
+	st = fa_gpu_plan(d->g, &b->tune_desc, b->tune_tiles, FA_TUNE_DEFAULT_CANDIDATES, &n, why,
+	                 sizeof why);
+	if (st != FA_OK || n <= 0) {
+		b->tune_failed++;
+		return true;
+	}
+	b->tune_ntiles = n;
+	b->tune_next = 0;
+	/* without compile threads the tuner's own prepare step compiles, on this thread */
+	b->tune_left = b->ncompile > 0 ? n : 0;
+	b->tune_prepping = true;
+	pthread_cond_broadcast(&b->compile_cv);
+	return true;
+}
+
+/* ---- compile threads ------------------------------------------------------------------------ */
+
+/* A compile thread: prepare the oldest waiting specialisation, then move its jobs to the worker
+ * (or answer them with the compile's failure); with nothing waiting, compile a tuning candidate
+ * or save the tuning table (lowest priority: one unit at a time, so a client's compile waits for
+ * at most one unit on each thread). */
+static void *gpu_compiler(void *arg)
+{
+	struct gpu_backend *b = arg;
+	struct gpu_dev *d = &b->devs[0];
+	char err[FA_PROTO_DETAIL_MAX];
+
+	/* fa_gpu_prepare makes the context current itself; this covers anything else */
+	b->cu.CtxSetCurrent(d->ctx);
+	pthread_mutex_lock(&b->mu);
+	for (;;) {
+		struct compile_wait *w = NULL;
+		int ti = -1;
+		bool save = false;
+		while (!b->stopping && (w = compile_table_take(&b->waiting)) == NULL) {
+			if (b->tune_prepping && b->tune_next < b->tune_ntiles) {
+				ti = b->tune_next++;
+				break;
+			}
+			if (b->tune_save) {
+				b->tune_save = false;
+				save = true;
+				break;
+			}
+			pthread_cond_wait(&b->compile_cv, &b->mu);
+		}
+		if (w == NULL && ti < 0 && !save)
+			break; /* stopping */
+		struct fa_attn_fwd_desc desc = w != NULL ? w->desc : b->tune_desc;
+		struct fa_tile tile;
+		if (ti >= 0)
+			tile = b->tune_tiles[ti];
+		pthread_mutex_unlock(&b->mu);
+
+		fa_status st = FA_OK;
+		err[0] = '\0';
+		if (save)
+			st = fa_tune_table_save(b->tune, err, sizeof err);
+		else
+			st = fa_gpu_prepare(d->g, &desc, ti >= 0 ? &tile : NULL, err, sizeof err);
+
+		pthread_mutex_lock(&b->mu);
+		if (save) {
+			if (st != FA_OK)
+				log_warn("gpu: saving the tuning table: %s", err);
+			continue;
+		}
+		if (ti >= 0) {
+			/* a candidate that fails is dropped by the tuner's own prepare step */
+			if (--b->tune_left == 0)
+				pthread_cond_broadcast(&b->cv);
+			continue;
+		}
+		b->compiles++;
+		if (st != FA_OK)
+			b->compiles_failed++;
+		struct backend_job *job = compile_table_finish(&b->waiting, w);
+		bool woke = false;
+		while (job != NULL) {
+			struct backend_job *next = job->next;
+			if (b->stopping) {
+				/* the worker may be gone: never queue behind it now */
+				gpu_finish_locked(b, job, FA_ECLOSED, "the daemon is shutting down");
+				woke = true;
+			} else if (st == FA_OK || st == FA_EDEVICE) {
+				/* FA_EDEVICE: the worker retries and classifies the driver's error
+				 * (a lost context is the fatal path) exactly as before the pool */
+				gpu_push(&d->run_head, &d->run_tail, job);
+			} else {
+				b->fwd_failed++;
+				gpu_finish_locked(b, job, st, err);
+				woke = true;
+			}
+			job = next;
+		}
+		pthread_cond_broadcast(&b->cv);
+		if (woke)
+			uv_async_send(&b->async);
+	}
+	pthread_mutex_unlock(&b->mu);
+	return NULL;
+}
+
+/* ---- the worker ----------------------------------------------------------------------------- */
+
+/* A device's worker: take a job, run it, hand it back; when idle, tune in small steps. */
 static void *gpu_worker(void *arg)
 {
 	struct gpu_dev *d = arg;
@@ -396,7 +635,8 @@ static void *gpu_worker(void *arg)
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
 		while (d->run_head == NULL && !b->stopping)
-			pthread_cond_wait(&b->cv, &b->mu);
+			if (!gpu_tune_turn_locked(d))
+				pthread_cond_wait(&b->cv, &b->mu);
 		struct backend_job *job = d->run_head;
 		if (job == NULL)
 			break; /* stopping, and nothing left */
@@ -428,6 +668,10 @@ static void *gpu_worker(void *arg)
 		uv_async_send(&b->async);
 	}
 	pthread_mutex_unlock(&b->mu);
+	if (b->tuner != NULL) { /* stopping mid-class: nothing stored */
+		fa_tuner_free(b->tuner);
+		b->tuner = NULL;
+	}
 	return NULL;
 }
 
@@ -461,13 +705,29 @@ static fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	job->status = FA_OK;
 	job->compute_ns = 0;
 	job->detail[0] = '\0';
+	/* A kernel not loaded yet is compiled by a compile thread while the worker serves other
+	 * jobs. The query is cheap and CPU-only; when it fails (the planner refuses the shape)
+	 * the worker's launch reports the same error. */
+	bool ready = true;
+	char key[COMPILE_KEY_MAX], why[FA_PROTO_DETAIL_MAX];
+	if (b->ncompile > 0 && !fault_marked(&b->base) &&
+	    fa_gpu_kernel_lookup(d->g, &job->desc, &ready, key, sizeof key, why, sizeof why) !=
+	        FA_OK)
+		ready = true;
 	pthread_mutex_lock(&b->mu);
 	if (b->stopping) {
 		pthread_mutex_unlock(&b->mu);
 		return FA_ECLOSED;
 	}
-	gpu_push(&d->run_head, &d->run_tail, job);
-	pthread_cond_broadcast(&b->cv);
+	bool is_new = false;
+	if (ready || compile_table_add(&b->waiting, key, job, &is_new) != FA_OK) {
+		gpu_push(&d->run_head, &d->run_tail, job); /* ENOMEM too: it compiles there */
+		pthread_cond_broadcast(&b->cv);
+	} else {
+		b->compile_jobs++;
+		if (is_new)
+			pthread_cond_signal(&b->compile_cv);
+	}
 	pthread_mutex_unlock(&b->mu);
 	return FA_OK;
 }
@@ -497,6 +757,7 @@ static unsigned gpu_cancel(struct backend *base, const void *owner, fa_status st
 			pp = &job->next;
 		}
 	}
+	n += gpu_fail_waiting_locked(b, owner, st, why);
 	if (n > 0)
 		uv_async_send(&b->async);
 	pthread_mutex_unlock(&b->mu);
@@ -604,9 +865,19 @@ static void gpu_stats(struct backend *base, char *buf, size_t cap)
 	struct gpu_backend *b = (struct gpu_backend *)base;
 	struct gpu_dev *d = &b->devs[0];
 	char uuid[48];
-	uint64_t ok, failed, h2d, d2h;
+	uint64_t ok, failed, h2d, d2h, compiles, compiles_failed, compile_jobs, tuned, tune_failed;
+	unsigned waiting_jobs, waiting_kernels;
+	bool tuning;
 
 	pthread_mutex_lock(&b->mu);
+	compiles = b->compiles;
+	compiles_failed = b->compiles_failed;
+	compile_jobs = b->compile_jobs;
+	waiting_jobs = b->waiting.jobs;
+	waiting_kernels = b->waiting.entries;
+	tuned = b->tuned;
+	tune_failed = b->tune_failed;
+	tuning = b->tune_prepping || b->tuner != NULL; /* tuner: read racily, for STATS only */
 	ok = b->fwd_ok;
 	failed = b->fwd_failed;
 	h2d = b->h2d_bytes;
@@ -623,6 +894,30 @@ static void gpu_stats(struct backend *base, char *buf, size_t cap)
 	         fault_marked(&b->base) ? 1 : 0, ok, failed, h2d, d2h);
 	if (n < 0 || (size_t)n >= cap)
 		return;
+	int m = snprintf(buf + n, cap - (size_t)n,
+	         "gpu_compile_threads:%u\ngpu_compile_waiting_jobs:%u\ngpu_compile_waiting_kernels:%u"
+	         "\ngpu_compiles:%" PRIu64 "\ngpu_compiles_failed:%" PRIu64
+	         "\ngpu_compile_jobs_waited:%" PRIu64 "\n",
+	         b->ncompile, waiting_jobs, waiting_kernels, compiles, compiles_failed, compile_jobs);
+	if (m < 0 || (size_t)m >= cap - (size_t)n)
+		return;
+	n += m;
+	struct fa_tune_stats ts;
+	memset(&ts, 0, sizeof ts);
+	if (b->tune != NULL)
+		fa_tune_table_stats(b->tune, &ts);
+	m = snprintf(buf + n, cap - (size_t)n,
+	             "# tuning\ntune_mode:%s\ntune_table:%s\ntune_entries:%d\ntune_loaded:%d"
+	             "\ntune_corrupt:%d\ntune_stale:%d\ntune_hits:%" PRIu64 "\ntune_misses:%" PRIu64
+	             "\ntune_unfit:%" PRIu64 "\ntune_tuned:%" PRIu64 "\ntune_failed:%" PRIu64
+	             "\ntune_active:%d\n",
+	             b->tune_idle ? "idle" : "off",
+	             b->tune == NULL ? "none" : fa_tune_table_path(b->tune)[0] ? fa_tune_table_path(b->tune) : "memory",
+	             ts.entries, ts.loaded, ts.corrupt, ts.stale ? 1 : 0, ts.hits, ts.misses,
+	             ts.unfit, tuned, tune_failed, tuning ? 1 : 0);
+	if (m < 0 || (size_t)m >= cap - (size_t)n)
+		return;
+	n += m;
 	snprintf(buf + n, cap - (size_t)n,
 	         "# kernels\nkernels_loaded:%" PRIu64 "\nkernels_mem_hits:%" PRIu64
 	         "\nkernels_disk_loads:%" PRIu64 "\nkernels_compiled:%" PRIu64
@@ -654,6 +949,16 @@ static void gpu_dev_fini(struct gpu_backend *b, struct gpu_dev *d)
 /* Free everything (workers stopped, async closed or never opened). */
 static void gpu_free(struct gpu_backend *b)
 {
+	/* the tuner's scratch buffers need the device; the table outlives its last user */
+	if (b->tune_ops_ok)
+		fa_tune_gpu_ops_fini(&b->tune_ops);
+	if (b->tune != NULL) {
+		if (b->devs[0].g != NULL)
+			fa_gpu_set_tune_table(b->devs[0].g, NULL);
+		fa_tune_table_close(b->tune);
+	}
+	compile_table_fini(&b->waiting);
+	pthread_cond_destroy(&b->compile_cv);
 	for (unsigned i = 0; i < b->ndevs; i++)
 		gpu_dev_fini(b, &b->devs[i]);
 	if (b->cu.lib != NULL)
@@ -682,8 +987,15 @@ static void gpu_close(struct backend *base, void (*closed)(void *arg), void *arg
 
 	pthread_mutex_lock(&b->mu);
 	b->stopping = true;
+	/* jobs still waiting for a compile are answered now; a compile in progress runs to its end
+	 * (the join below waits for it, at most one compile) and finds no jobs */
+	if (gpu_fail_waiting_locked(b, NULL, FA_ECLOSED, "the daemon is shutting down") > 0)
+		uv_async_send(&b->async);
 	pthread_cond_broadcast(&b->cv);
+	pthread_cond_broadcast(&b->compile_cv);
 	pthread_mutex_unlock(&b->mu);
+	for (unsigned i = 0; i < b->ncompile; i++)
+		pthread_join(b->compile_thr[i], NULL);
 	for (unsigned i = 0; i < b->ndevs; i++)
 		if (b->devs[i].thread_started)
 			pthread_join(b->devs[i].thread, NULL);
@@ -736,6 +1048,38 @@ static fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordi
 	return FA_OK;
 }
 
+/* The tuning table (after the disk cache dir is set, before any thread uses the device): loaded
+ * from <cache dir>/tuning, handed to fa_gpu so launches use tuned tiles. Failures only cost the
+ * tuning: logged, and the heuristic serves. */
+static void gpu_tune_open(struct gpu_backend *b, const struct config *cfg)
+{
+	struct gpu_dev *d = &b->devs[0];
+	struct fa_tune_ident id;
+	struct fa_tune_stats ts;
+	char why[256];
+
+	fa_tune_gpu_ident(d->g, &id);
+	if (fa_tune_table_open(&b->tune, cfg->cache_dir[0] != '\0' ? cfg->cache_dir : NULL, &id,
+	                       fa_gpu_model(d->g), 0, why, sizeof why) != FA_OK) {
+		log_warn("gpu: tuning table off: %s", why);
+		b->tune = NULL;
+		return;
+	}
+	fa_tune_table_stats(b->tune, &ts);
+	log_notice("gpu: tuning table %s: %d entries loaded, %d corrupt lines skipped%s%s",
+	           fa_tune_table_path(b->tune)[0] ? fa_tune_table_path(b->tune) : "(memory)",
+	           ts.loaded, ts.corrupt, ts.why[0] ? "; " : "", ts.why);
+	fa_gpu_set_tune_table(d->g, b->tune);
+	if (strcmp(cfg->tune, "off") == 0)
+		return;
+	if (fa_tune_gpu_ops_init(&b->tune_ops, d->g, why, sizeof why) != FA_OK) {
+		log_warn("gpu: background tuning off: %s", why);
+		return;
+	}
+	b->tune_ops_ok = true;
+	b->tune_idle = true;
+}
+
 /* Start the GPU backend on GPU 0. FA_ENOGPU (with the reason) when there is none. */
 static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct config *cfg,
                           backend_done_fn done, void *arg, char *err, size_t errlen)
@@ -750,6 +1094,8 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
 	pthread_mutex_init(&b->mu, NULL);
 	pthread_cond_init(&b->cv, NULL);
+	pthread_cond_init(&b->compile_cv, NULL);
+	compile_table_init(&b->waiting);
 	b->base.ops = &backend_gpu_ops;
 	b->base.align = 16; /* fa_gpu.h: 16-byte pointers and batch/seq/head strides */
 	b->base.host_memory = true;
@@ -764,6 +1110,7 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 		gpu_free(b);
 		return st;
 	}
+	gpu_tune_open(b, cfg);
 	if ((rv = uv_async_init(loop, &b->async, gpu_async_cb)) != 0) {
 		gpu_free(b);
 		return util_fail(err, errlen, FA_ESYS, "uv_async_init: %s", uv_strerror(rv));
@@ -786,6 +1133,19 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 			return FA_ESYS;
 		}
 		b->devs[i].thread_started = true;
+	}
+	unsigned want = cfg->compile_threads < 0 ? 0 : (unsigned)cfg->compile_threads;
+	if (want > GPU_MAX_COMPILE_THREADS)
+		want = GPU_MAX_COMPILE_THREADS;
+	for (unsigned i = 0; i < want; i++) {
+		/* fewer threads than asked only costs latency: carry on with what started */
+		if ((rv = pthread_create(&b->compile_thr[i], NULL, gpu_compiler, b)) != 0) {
+			log_warn("gpu: starting compile thread %u: %s", i, strerror(rv));
+			break;
+		}
+		pthread_mutex_lock(&b->mu); /* gpu_submit reads it on the loop: same thread, but */
+		b->ncompile = i + 1;        /* the compile threads read it under mu */
+		pthread_mutex_unlock(&b->mu);
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	b->base.threads = b->ndevs;

@@ -42,6 +42,7 @@ struct config_option {
 };
 
 static const char *const backend_choices[] = {"auto", "gpu", "cpu", NULL};
+static const char *const tune_choices[] = {"idle", "off", NULL};
 
 #define FIELD(f) .offset = offsetof(struct config, f), .size = sizeof(((struct config *)0)->f)
 
@@ -81,6 +82,13 @@ static const struct config_option config_options[] = {
 	{.name = "config", .type = CONFIG_STR, .def = "", .env = "FA_CONFIG", .metavar = "FILE",
 	 .help = "read NAME = VALUE lines (the long option names) before the environment and flags",
 	 FIELD(config_file)},
+	{.name = "compile-threads", .type = CONFIG_INT, .def = "2", .min = 0, .max = 16,
+	 .env = "FA_COMPILE_THREADS", .metavar = "N",
+	 .help = "gpu backend: threads compiling new kernels off the GPU worker; 0 = on the worker",
+	 FIELD(compile_threads)},
+	{.name = "tune", .type = CONFIG_ENUM, .def = "idle", .env = "FA_TUNE", .metavar = "MODE",
+	 .help = "gpu backend: idle (time kernel candidates while the GPU is idle) or off",
+	 FIELD(tune), .choices = tune_choices},
 	{.name = "verbose", .short_flag = 'v', .type = CONFIG_INT, .def = "0", .min = 0, .max = 2,
 	 .env = "FA_VERBOSE", .metavar = "N",
 	 .help = "log level: 0 notice, 1 info (a line per request), 2 debug", FIELD(verbose)},

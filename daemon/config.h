@@ -29,6 +29,8 @@ struct config {
 	char cache_dir[CONFIG_PATH_MAX];  /* compiled kernels and tuning results (gpu backend) */
 	char config_file[CONFIG_PATH_MAX]; /* the file read, "" for none */
 	int verbose;                      /* 0 notice, 1 info (-v), 2 debug (-vv) */
+	int compile_threads;              /* gpu backend: kernel compile threads; 0 = on the worker */
+	char tune[8];                     /* gpu backend: "idle" (background tuning) or "off" */
 };
 
 /* What main() should do after config_load. */

@@ -135,6 +135,15 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 fa_status fa_gpu_prepare(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
                          const struct fa_tile *tile, char *err, size_t errlen);
 
+/* A query for callers that compile off their launch thread (the daemon's compile pool): is the
+ * kernel fa_gpu_attn_fwd(d) would launch now (the tile it would choose now) loaded in memory?
+ * *ready says so; name gets that specialisation's fa_kernel_spec_name (the key to compile each
+ * one once; may be truncated to namelen). Counts nothing: no cache hit, no tuning-table pick,
+ * no wanted class. Cheap (the planner, a table lookup, a scan of the loaded kernels) and
+ * thread-safe. FA_OK, or the planner's status with err (the launch will report the same). */
+fa_status fa_gpu_kernel_lookup(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, bool *ready,
+                               char *name, size_t namelen, char *err, size_t errlen);
+
 /* Use a tuning table (fa_tune.h) to choose tiles: fa_gpu_attn_fwd (and fa_gpu_prepare with tile
  * NULL) then launch the table's tuned tile for d's class when it is one of the planner's fitting
  * candidates on this device, else the planner's first choice. NULL (the default): the planner's

@@ -320,6 +320,19 @@ static void gpu_log(const struct fa_gpu *g, int level, const char *msg)
 		fprintf(stderr, "kernels: %s\n", msg);
 }
 
+/* Two specialisations compile to the same binary: every field the NVRTC options and the launch
+ * depend on is equal. The planner's estimates in the tile (regs, blocks_per_sm, score) vary with
+ * the problem's shape and say nothing about the binary, so they are not compared (comparing
+ * them loaded the same kernel again for every new shape). */
+static bool spec_same(const struct fa_kernel_spec *a, const struct fa_kernel_spec *b)
+{
+	return a->sm == b->sm && a->in == b->in && a->out == b->out &&
+	       a->precision == b->precision && a->D == b->D && a->mask == b->mask &&
+	       a->tile.path == b->tile.path && a->tile.nw == b->tile.nw &&
+	       a->tile.rt == b->tile.rt && a->tile.br == b->tile.br && a->tile.bc == b->tile.bc &&
+	       a->tile.stages == b->tile.stages && a->tile.smem == b->tile.smem;
+}
+
 /* The compiled function for a specialisation: from the in-memory cache, else a cubin from
  * fa_kernel_cubin (the disk cache, or NVRTC) loaded as a module, with the opt-in dynamic
  * shared-memory attribute raised to the tile's need. A cubin from disk and a fresh one take the
@@ -330,7 +343,7 @@ static fa_status get_kernel_try(struct fa_gpu *g, const struct fa_kernel_spec *s
 	fa_status st = FA_OK;
 	pthread_mutex_lock(&g->lock);
 	for (int i = 0; i < g->ncache; i++)
-		if (memcmp(&g->cache[i].spec, s, sizeof *s) == 0) {
+		if (spec_same(&g->cache[i].spec, s)) {
 			*out = &g->cache[i];
 			g->stats.mem_hits++;
 			pthread_mutex_unlock(&g->lock);
@@ -395,7 +408,7 @@ static fa_status get_kernel_try(struct fa_gpu *g, const struct fa_kernel_spec *s
 	}
 	pthread_mutex_lock(&g->lock);
 	for (int i = 0; i < g->ncache; i++)
-		if (memcmp(&g->cache[i].spec, s, sizeof *s) == 0) {
+		if (spec_same(&g->cache[i].spec, s)) {
 			*out = &g->cache[i];
 			pthread_mutex_unlock(&g->lock);
 			g->cu.ModuleUnload(e.mod);
@@ -647,6 +660,53 @@ fa_status fa_gpu_prepare(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
 		return st;
 	struct kcache_entry *ke;
 	return get_kernel(g, &spec, &ke, err, errlen);
+}
+
+/* The tile choose_tile would pick for d now, without counting the pick in the tuning table's
+ * stats or remembering the class as wanted (fa_gpu_kernel_lookup is a query, not a launch). */
+static fa_status peek_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, struct fa_tile *t,
+                           char *err, size_t errlen)
+{
+	struct fa_tile c[FA_PLAN_MAX_CANDIDATES];
+	int n = 0;
+	pthread_mutex_lock(&g->lock);
+	struct fa_tune_table *tt = g->tune;
+	pthread_mutex_unlock(&g->lock);
+	fa_status st = fa_gpu_plan(g, d, c, tt ? FA_PLAN_MAX_CANDIDATES : 1, &n, err, errlen);
+	if (st != FA_OK)
+		return st;
+	*t = c[0];
+	struct fa_tune_key k;
+	struct fa_tune_entry e;
+	fa_tune_key_make(d, &k);
+	if (tt && fa_tune_table_get(tt, &k, &e))
+		for (int i = 0; i < n; i++)
+			if (c[i].path == e.best.path && c[i].nw == e.best.nw && c[i].rt == e.best.rt &&
+			    c[i].bc == e.best.bc && c[i].stages == e.best.stages) {
+				*t = c[i];
+				break;
+			}
+	return FA_OK;
+}
+
+fa_status fa_gpu_kernel_lookup(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, bool *ready,
+                               char *name, size_t namelen, char *err, size_t errlen)
+{
+	struct fa_tile t;
+	*ready = false;
+	if (namelen > 0)
+		name[0] = '\0';
+	fa_status st = peek_tile(g, d, &t, err, errlen);
+	if (st != FA_OK)
+		return st;
+	struct fa_kernel_spec spec;
+	fa_kernel_spec_make(&spec, g->model.sm, d->dtype, d->precision, (int)d->D, d->mask, &t);
+	fa_kernel_spec_name(&spec, name, namelen);
+	pthread_mutex_lock(&g->lock);
+	for (int i = 0; i < g->ncache && !*ready; i++)
+		*ready = spec_same(&g->cache[i].spec, &spec);
+	pthread_mutex_unlock(&g->lock);
+	return FA_OK;
 }
 
 fa_status fa_gpu_attn_fwd(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, CUdeviceptr q,
