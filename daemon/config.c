@@ -86,8 +86,12 @@ static const struct config_option config_options[] = {
 	 .env = "FA_COMPILE_THREADS", .metavar = "N",
 	 .help = "gpu backend: threads compiling new kernels off the GPU worker; 0 = on the worker",
 	 FIELD(compile_threads)},
-	{.name = "tune", .type = CONFIG_ENUM, .def = "idle", .env = "FA_TUNE", .metavar = "MODE",
-	 .help = "gpu backend: idle (time kernel candidates while the GPU is idle) or off",
+	/* off by default: on the H200, background tuning's candidate compiles competed with the
+	 * clients' own first compiles (the GPU demo took 98 s instead of 63 s); pre-tune with
+	 * `fa-ctl tune` instead, or opt in where clients use few specialisations. */
+	{.name = "tune", .type = CONFIG_ENUM, .def = "off", .env = "FA_TUNE", .metavar = "MODE",
+	 .help = "gpu backend: off (use the tuning table as it is) or idle (time kernel "
+	         "candidates while the GPU is idle)",
 	 FIELD(tune), .choices = tune_choices},
 	{.name = "verbose", .short_flag = 'v', .type = CONFIG_INT, .def = "0", .min = 0, .max = 2,
 	 .env = "FA_VERBOSE", .metavar = "N",
