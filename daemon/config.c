@@ -86,9 +86,10 @@ static const struct config_option config_options[] = {
 	 .env = "FA_COMPILE_THREADS", .metavar = "N",
 	 .help = "gpu backend: threads compiling new kernels off the GPU worker; 0 = on the worker",
 	 FIELD(compile_threads)},
-	/* off by default: on the H200, background tuning's candidate compiles competed with the
-	 * clients' own first compiles (the GPU demo took 98 s instead of 63 s); pre-tune with
-	 * `fa-ctl tune` instead, or opt in where clients use few specialisations. */
+	/* off by default: on the H200 the GPU demo (400 random shapes, each a first compile) took
+	 * 98 s with the compile pool and background tuning against 63 s before either existed;
+	 * the two were not measured apart, and tuning's 16 candidate compiles per class compete
+	 * with the clients' own. Pre-tune with `fa-ctl tune`, or opt in. */
 	{.name = "tune", .type = CONFIG_ENUM, .def = "off", .env = "FA_TUNE", .metavar = "MODE",
 	 .help = "gpu backend: off (use the tuning table as it is) or idle (time kernel "
 	         "candidates while the GPU is idle)",
