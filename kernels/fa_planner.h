@@ -61,6 +61,11 @@ struct fa_plan_req {
 	int64_t B, H, Sq, Sk;
 };
 
+struct fa_attn_fwd_desc;
+
+/* The planner's view of a forward problem (its query heads, not its kv heads). */
+void fa_plan_req_from_desc(const struct fa_attn_fwd_desc *d, struct fa_plan_req *r);
+
 /* FA_PREC_DEFAULT -> FA_PREC_3XTF32 for fp32; fp16/bf16 give FA_PREC_DEFAULT. */
 fa_precision fa_prec_resolve(fa_dtype dt, fa_precision p);
 /* "ieee", "3xtf32", "tf32", "bf16", "default". Static storage. */

@@ -478,24 +478,11 @@ void fa_gpu_cache_stats(const struct fa_gpu *g, struct fa_gpu_cache_stats *out)
 	pthread_mutex_unlock(&mg->lock);
 }
 
-static void desc_to_req(const struct fa_attn_fwd_desc *d, struct fa_plan_req *r)
-{
-	memset(r, 0, sizeof *r);
-	r->dtype = d->dtype;
-	r->precision = d->precision;
-	r->D = (int)d->D;
-	r->mask = d->mask;
-	r->B = d->B;
-	r->H = d->Hq;
-	r->Sq = d->Sq;
-	r->Sk = d->Sk;
-}
-
 fa_status fa_gpu_plan(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, struct fa_tile *out,
                       int max, int *n, char *err, size_t errlen)
 {
 	struct fa_plan_req r;
-	desc_to_req(d, &r);
+	fa_plan_req_from_desc(d, &r);
 	return fa_plan(&g->model, &r, out, max, n, err, errlen);
 }
 

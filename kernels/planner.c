@@ -327,3 +327,17 @@ void fa_tile_format(const struct fa_tile *t, char *buf, size_t len)
 {
 	snprintf(buf, len, "%dx%d w%dr%d s%d", t->br, t->bc, t->nw, t->rt, t->stages);
 }
+
+/* See fa_planner.h. */
+void fa_plan_req_from_desc(const struct fa_attn_fwd_desc *d, struct fa_plan_req *r)
+{
+	memset(r, 0, sizeof *r);
+	r->dtype = d->dtype;
+	r->precision = d->precision;
+	r->D = (int)d->D;
+	r->mask = d->mask;
+	r->B = d->B;
+	r->H = d->Hq;
+	r->Sq = d->Sq;
+	r->Sk = d->Sk;
+}

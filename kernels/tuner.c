@@ -64,19 +64,6 @@ const char *fa_tune_src_name(enum fa_tune_src s)
 	return "?";
 }
 
-static void desc_req(const struct fa_attn_fwd_desc *d, struct fa_plan_req *r)
-{
-	memset(r, 0, sizeof *r);
-	r->dtype = d->dtype;
-	r->precision = d->precision;
-	r->D = (int)d->D;
-	r->mask = d->mask;
-	r->B = d->B;
-	r->H = d->Hq;
-	r->Sq = d->Sq;
-	r->Sk = d->Sk;
-}
-
 static bool same_tile(const struct fa_tile *a, const struct fa_tile *b)
 {
 	return a->path == b->path && a->nw == b->nw && a->rt == b->rt && a->bc == b->bc &&
@@ -98,7 +85,7 @@ fa_status fa_tune_pick(struct fa_tune_table *t, const struct fa_device_model *mo
 		snprintf(err, errlen, "fa_tune_pick: NULL argument");
 		return FA_EINVAL;
 	}
-	desc_req(d, &r);
+	fa_plan_req_from_desc(d, &r);
 	/* every fitting candidate: the tuned tile must be one of them to be used */
 	fa_status st = fa_plan(model, &r, c, FA_PLAN_MAX_CANDIDATES, &n, err, errlen);
 	if (st != FA_OK)
@@ -156,7 +143,7 @@ fa_status fa_tuner_start(struct fa_tuner **out, struct fa_tune_table *t,
 	struct fa_tile c[FA_PLAN_MAX_CANDIDATES];
 	struct fa_plan_req r;
 	int n = 0;
-	desc_req(d, &r);
+	fa_plan_req_from_desc(d, &r);
 	st = fa_plan(fa_tune_table_model(t), &r, c, want, &n, err, errlen);
 	if (st != FA_OK) {
 		free(tu);
