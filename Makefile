@@ -237,6 +237,7 @@ $(GPU_BIN): %: %.o $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO)
 test-quick: check-deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)sh tests/run.sh $(BUILD) $(TEST_BINS)
+	$(Q)sh tests/install-check.sh $(BUILD)
 
 test: test-quick
 	$(Q)$(MAKE) --no-print-directory SAN=1 BUILD=$(BUILD)-san test-san
@@ -287,7 +288,9 @@ install: $(DAEMON_BIN) $(CTL_BIN) $(LIBCLIENT_SO) $(LIBCLIENT_A) $(CLIENT_PC)
 	ln -sf $(LIBCLIENT_SONAME) $(DESTDIR)$(PREFIX)/lib/libfaclient.so
 	install -m 644 $(LIBCLIENT_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 644 $(HDR) $(DESTDIR)$(PREFIX)/include/fa/
-	install -m 644 $(CLIENT_PC) $(DESTDIR)$(PREFIX)/lib/pkgconfig/
+	@# Written here, not copied from $(BUILD): the .pc names PREFIX, which may differ from the build's.
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' client/libfaclient.pc.in \
+		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/libfaclient.pc
 
 install-systemd:
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(SYSTEMDUSERUNITDIR) $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d
