@@ -8,6 +8,7 @@
  * hand-copied file must never reach cuModuleLoadData (a bad cubin can fault the context).
  */
 #include "fa_diskcache.h"
+#include "fa_file.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -206,21 +207,6 @@ void fa_diskcache_entry_path(const struct fa_diskcache *dc, const struct fa_disk
 
 /* ---- small file helpers -------------------------------------------------------------------- */
 
-static int write_all(int fd, const void *p, size_t n)
-{
-	const char *c = p;
-	while (n) {
-		ssize_t w = write(fd, c, n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return -1;
-		c += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
 /* Read exactly n bytes at off; -1 with errno, or -2 at an early end of file. */
 static int pread_full(int fd, void *p, size_t n, off_t off)
 {
@@ -311,15 +297,6 @@ static int open_temp(const struct fa_diskcache *dc, const char *tag, char *tmp, 
 			return fd;
 	}
 	return -1;
-}
-
-static void sync_dir(const char *path)
-{
-	int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (fd >= 0) {
-		fsync(fd);
-		close(fd);
-	}
 }
 
 /* ---- open / close -------------------------------------------------------------------------- */
@@ -543,21 +520,11 @@ fa_status fa_diskcache_store(struct fa_diskcache *dc, const struct fa_diskcache_
 		         strerror(errno));
 		return FA_ESYS;
 	}
-	/* fsync before rename: otherwise a crash can publish the name with no data behind it. */
-	if (write_all(fd, h, sizeof h) != 0 || write_all(fd, data, size) != 0 || fsync(fd) != 0) {
-		int e = errno;
-		close(fd);
-		unlink(tmp);
-		snprintf(err, errlen, "kernel cache: writing %s: %s", tmp, strerror(e));
-		return FA_ESYS;
-	}
-	if (close(fd) != 0 || rename(tmp, path) != 0) {
-		int e = errno;
-		unlink(tmp);
-		snprintf(err, errlen, "kernel cache: publishing %s: %s", path, strerror(e));
-		return FA_ESYS;
-	}
-	sync_dir(dc->path);
+	struct iovec parts[2] = {{h, sizeof h}, {(void *)data, size}};
+	fa_status st = fa_file_publish(fd, tmp, path, dc->path, parts, 2, "kernel cache", err,
+	                               errlen);
+	if (st != FA_OK)
+		return st;
 	/* Pruning problems do not undo the store; the next store tries again. */
 	char keepname[40], e2[256];
 	snprintf(keepname, sizeof keepname, "%s.cubin", hex);

@@ -14,6 +14,7 @@
  * renamed over the old one, under an flock that also merges what other writers saved.
  */
 #include "fa_tune.h"
+#include "fa_file.h"
 #include "fa_diskcache.h" /* fa_sha256 */
 
 #include <errno.h>
@@ -495,21 +496,6 @@ fa_status fa_tune_table_put(struct fa_tune_table *t, const struct fa_tune_entry 
 	return FA_OK;
 }
 
-/* Write all of buf to fd. */
-static int write_all(int fd, const char *buf, size_t n)
-{
-	while (n > 0) {
-		ssize_t w = write(fd, buf, n);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			return -1;
-		buf += w;
-		n -= (size_t)w;
-	}
-	return 0;
-}
-
 fa_status fa_tune_table_save(struct fa_tune_table *t, char *err, size_t errlen)
 {
 	if (!t->path[0])
@@ -557,25 +543,8 @@ fa_status fa_tune_table_save(struct fa_tune_table *t, char *err, size_t errlen)
 		st = FA_ESYS;
 		goto out;
 	}
-	/* fsync before rename: otherwise a crash can publish the name with no data behind it */
-	if (write_all(fd, buf, len) != 0 || fsync(fd) != 0) {
-		snprintf(err, errlen, "tuning table: writing %s: %s", tmp, strerror(errno));
-		close(fd);
-		unlink(tmp);
-		st = FA_ESYS;
-		goto out;
-	}
-	if (close(fd) != 0 || rename(tmp, t->path) != 0) {
-		snprintf(err, errlen, "tuning table: publishing %s: %s", t->path, strerror(errno));
-		unlink(tmp);
-		st = FA_ESYS;
-		goto out;
-	}
-	int dfd = open(t->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (dfd >= 0) {
-		fsync(dfd);
-		close(dfd);
-	}
+	struct iovec part = {buf, len};
+	st = fa_file_publish(fd, tmp, t->path, t->dir, &part, 1, "tuning table", err, errlen);
 out:
 	pthread_mutex_unlock(&t->lock);
 	free(buf);
