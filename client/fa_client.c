@@ -403,6 +403,8 @@ FA_API void fa_client_close(fa_client *c)
 		buffer_destroy(b);
 		b = next;
 	}
+	for (int i = 0; i < FA_TRANSPORT_MAX_SOCKETS; i++)
+		fa_cuda_async_fini(&c->async[i]);
 	fa_transport_close(c->tr);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
@@ -845,6 +847,63 @@ FA_API fa_status fa_attn_fwd(fa_client *c, const fa_attn_fwd_args *args)
 	if ((rep = rep_alloc()) == NULL)
 		return FA_ENOMEM;
 	st = client_call(c, &req, rep, atomic_load(&c->timeout_ms));
+	free(rep);
+	return st;
+}
+
+/* Forward attention ordered on the caller's CUDA stream; see fa_client.h. The socket's slot id
+ * names the pair of events: ours, recorded on the stream before the request (the daemon's stream
+ * waits on it), and the daemon's, recorded after the kernel (the stream waits on it before the
+ * call returns). A slot is reused only after that wait is enqueued, which is what makes one
+ * daemon event per (session, slot) enough. */
+FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, void *stream)
+{
+	static const char *const names[5] = {"q", "k", "v", "o", "lse"};
+	struct fa_proto_req req;
+	struct fa_proto_rep *rep;
+	struct fa_tslot *s;
+	fa_status st;
+
+	fa_detail_clear();
+	if (c == NULL || args == NULL)
+		return fa_fail(FA_EINVAL, "fa_attn_fwd_async: %s is NULL",
+		               c == NULL ? "client" : "args");
+	req_init(c, &req, FA_OP_ATTN_FWD);
+	if ((st = fwd_request(c, args, &req)) != FA_OK)
+		return st;
+	const fa_tensor *t[5] = {&args->q, &args->k, &args->v, &args->o, &args->lse};
+	for (int i = 0; i < 5; i++)
+		if (t[i]->buf != NULL && t[i]->buf->ops->kind != FA_REGION_CUDA_IPC)
+			return fa_fail(FA_EINVAL, "fa_attn_fwd_async: %s is a host buffer; the "
+			               "asynchronous mode takes device buffers "
+			               "(fa_buffer_register_device) only", names[i]);
+	if (socket_file_gone(c))
+		return fa_fail(FA_EUNAVAIL, "no daemon socket at %s: the daemon stopped", c->path);
+	if ((rep = rep_alloc()) == NULL)
+		return FA_ENOMEM;
+	int64_t deadline = fa_deadline(atomic_load(&c->timeout_ms));
+	if ((st = fa_transport_acquire(c->tr, deadline, &s)) != FA_OK) {
+		free(rep);
+		return st;
+	}
+	struct fa_async_slot *sl = &c->async[fa_transport_slot_id(s)];
+	req.u.fwd.async = true;
+	req.u.fwd.slot = (uint32_t)fa_transport_slot_id(s);
+	req.u.fwd.has_event = true;
+	st = fa_cuda_async_record(sl, stream, req.u.fwd.event);
+	if (st == FA_OK)
+		st = fa_transport_roundtrip(c->tr, s, &req, rep, deadline);
+	if (st == FA_OK && (st = reply_status(c, rep)) == FA_OK) {
+		if (!rep->u.fwd.async)
+			st = fa_fail(FA_EPROTO, "the daemon answered an asynchronous request "
+			             "without its completion event");
+		else
+			st = fa_cuda_async_wait(sl, stream, rep->u.fwd.event);
+	}
+	fa_transport_release(c->tr, s);
+	if (st == FA_ETIMEDOUT && socket_file_gone(c))
+		st = fa_fail(FA_EUNAVAIL, "no reply, and no daemon socket at %s: the daemon stopped",
+		             c->path);
 	free(rep);
 	return st;
 }

@@ -58,6 +58,9 @@ void fa_transport_drop_idle(struct fa_transport *t);
 /* Take a socket: an idle one, a new one while fewer than the cap are open, else wait for one until
  * deadline_ns (0: forever). Returns FA_OK, FA_ETIMEDOUT, FA_ESYS, FA_ENOMEM. */
 fa_status fa_transport_acquire(struct fa_transport *t, int64_t deadline_ns, struct fa_tslot **out);
+/* The socket's id, 0..FA_TRANSPORT_MAX_SOCKETS-1, unique among the client's open sockets (the
+ * asynchronous mode keeps one pair of CUDA events per id). */
+int fa_transport_slot_id(const struct fa_tslot *s);
 /* Give a socket back: kept for reuse when its last round trip completed, closed otherwise (after a
  * timeout a stale reply could still arrive on it). Safe on NULL. */
 void fa_transport_release(struct fa_transport *t, struct fa_tslot *s);
@@ -110,6 +113,26 @@ struct fa_buffer {
 	} u;
 };
 
+/* The asynchronous mode's CUDA events of one socket slot (fa_cuda.c), used only by the thread
+ * that holds the slot's socket. */
+struct fa_async_slot {
+	void *ctx;                                     /* the context the events belong to */
+	void *ev;                                      /* ours: recorded on the caller's stream */
+	uint8_t ev_handle[FA_PROTO_IPC_HANDLE_LEN];
+	void *daemon_ev;                               /* the daemon's, opened here */
+	uint8_t daemon_handle[FA_PROTO_IPC_HANDLE_LEN];
+};
+
+/* Record this slot's event on stream (created in the stream's context on first use) and give
+ * its IPC handle. FA_OK, FA_ENOGPU (no driver), FA_EINVAL (not a stream). (fa_cuda.c) */
+fa_status fa_cuda_async_record(struct fa_async_slot *sl, void *stream,
+                               uint8_t handle[FA_PROTO_IPC_HANDLE_LEN]);
+/* Make stream wait for the daemon's event (opened once per handle). (fa_cuda.c) */
+fa_status fa_cuda_async_wait(struct fa_async_slot *sl, void *stream,
+                             const uint8_t handle[FA_PROTO_IPC_HANDLE_LEN]);
+/* Destroy the slot's events (fa_client_close). (fa_cuda.c) */
+void fa_cuda_async_fini(struct fa_async_slot *sl);
+
 struct fa_client {
 	struct fa_transport *tr;
 	struct fa_tslot *anchor;  /* the HELLO socket, kept open (and idle) so the session lives */
@@ -124,6 +147,7 @@ struct fa_client {
 	atomic_uint_fast64_t seq;
 	pthread_mutex_t lock;     /* guards the buffer list */
 	fa_buffer *buffers;
+	struct fa_async_slot async[FA_TRANSPORT_MAX_SOCKETS]; /* per socket slot (fa_cuda.c) */
 };
 
 /* Register b (its ops and fields filled, region 0) with the daemon and add it to the client's list.

@@ -53,6 +53,13 @@ static struct {
 	cu_res (*DeviceGetUuid)(struct cu_uuid *, int);
 	cu_res (*CtxPushCurrent)(cu_ctx);
 	cu_res (*CtxPopCurrent)(cu_ctx *);
+	cu_res (*StreamGetCtx)(void *, cu_ctx *);
+	cu_res (*EventCreate)(void **, unsigned);
+	cu_res (*EventDestroy)(void *);
+	cu_res (*EventRecord)(void *, void *);
+	cu_res (*StreamWaitEvent)(void *, void *, unsigned);
+	cu_res (*IpcGetEventHandle)(struct cu_ipc_handle *, void *);
+	cu_res (*IpcOpenEventHandle)(void **, struct cu_ipc_handle);
 } cu;
 
 static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
@@ -95,6 +102,13 @@ static void cu_load(void)
 	CU_SYM(DeviceGetUuid, "cuDeviceGetUuid");
 	CU_SYM(CtxPushCurrent, "cuCtxPushCurrent");
 	CU_SYM(CtxPopCurrent, "cuCtxPopCurrent");
+	CU_SYM(StreamGetCtx, "cuStreamGetCtx");
+	CU_SYM(EventCreate, "cuEventCreate");
+	CU_SYM(EventDestroy, "cuEventDestroy");
+	CU_SYM(EventRecord, "cuEventRecord");
+	CU_SYM(StreamWaitEvent, "cuStreamWaitEvent");
+	CU_SYM(IpcGetEventHandle, "cuIpcGetEventHandle");
+	CU_SYM(IpcOpenEventHandle, "cuIpcOpenEventHandle");
 #undef CU_SYM
 	cu_res r = cu.Init(0);
 	if (r != 0) {
@@ -251,4 +265,117 @@ FA_API fa_status fa_buffer_register_device(fa_client *c, void *dptr, size_t size
 	         (unsigned long long)(uintptr_t)dptr, size, b->region_offset, b->u.dev.alloc_size,
 	         b->region);
 	return FA_OK;
+}
+
+/* ---- asynchronous mode: CUDA IPC events ------------------------------------------------------ */
+
+/* Interprocess events must not record timing (cuda.h: CU_EVENT_DISABLE_TIMING |
+ * CU_EVENT_INTERPROCESS). */
+#define FA_EVENT_FLAGS (0x2u | 0x4u)
+
+/* Push the stream's context; *ctx gets it. */
+static fa_status async_push(void *stream, cu_ctx *ctx)
+{
+	cu_res r;
+
+	pthread_once(&cu_once, cu_load);
+	if (cu.st != FA_OK)
+		return fa_fail(cu.st, "%s", cu.why);
+	if ((r = cu.StreamGetCtx(stream, ctx)) != 0)
+		return fa_fail(FA_EINVAL, "the stream's context (cuStreamGetCtx): CUDA error %d (%s); "
+		               "pass a CUstream / cudaStream_t of a live context, or NULL for the "
+		               "current context's default stream", r, cu_errstr(r));
+	if ((r = cu.CtxPushCurrent(*ctx)) != 0)
+		return fa_fail(FA_EINVAL, "cuCtxPushCurrent: CUDA error %d (%s)", r, cu_errstr(r));
+	return FA_OK;
+}
+
+/* Drop the slot's events (their context may be gone: errors are ignored). */
+static void async_drop(struct fa_async_slot *sl)
+{
+	if (sl->ev != NULL)
+		cu.EventDestroy(sl->ev);
+	if (sl->daemon_ev != NULL)
+		cu.EventDestroy(sl->daemon_ev);
+	memset(sl, 0, sizeof *sl);
+}
+
+/* See fa_client_int.h. */
+fa_status fa_cuda_async_record(struct fa_async_slot *sl, void *stream,
+                               uint8_t handle[FA_PROTO_IPC_HANDLE_LEN])
+{
+	cu_ctx ctx = NULL, popped;
+	struct cu_ipc_handle h;
+	fa_status st = FA_OK;
+	cu_res r;
+
+	if ((st = async_push(stream, &ctx)) != FA_OK)
+		return st;
+	if (sl->ctx != ctx)
+		async_drop(sl); /* another device or context: new events */
+	if (sl->ev == NULL) {
+		if ((r = cu.EventCreate(&sl->ev, FA_EVENT_FLAGS)) != 0) {
+			sl->ev = NULL;
+			st = fa_fail(r == 2 ? FA_ENOMEM : FA_EINVAL,
+			             "cuEventCreate(INTERPROCESS): CUDA error %d (%s)", r, cu_errstr(r));
+		} else if ((r = cu.IpcGetEventHandle(&h, sl->ev)) != 0) {
+			cu.EventDestroy(sl->ev);
+			sl->ev = NULL;
+			st = fa_fail(FA_EINVAL, "cuIpcGetEventHandle: CUDA error %d (%s)", r,
+			             cu_errstr(r));
+		} else {
+			memcpy(sl->ev_handle, h.reserved, sizeof sl->ev_handle);
+			sl->ctx = ctx;
+		}
+	}
+	if (st == FA_OK && (r = cu.EventRecord(sl->ev, stream)) != 0)
+		st = fa_fail(FA_EINVAL, "cuEventRecord on the caller's stream: CUDA error %d (%s)", r,
+		             cu_errstr(r));
+	if (st == FA_OK)
+		memcpy(handle, sl->ev_handle, FA_PROTO_IPC_HANDLE_LEN);
+	cu.CtxPopCurrent(&popped);
+	return st;
+}
+
+/* See fa_client_int.h. */
+fa_status fa_cuda_async_wait(struct fa_async_slot *sl, void *stream,
+                             const uint8_t handle[FA_PROTO_IPC_HANDLE_LEN])
+{
+	cu_ctx ctx = NULL, popped;
+	struct cu_ipc_handle h;
+	fa_status st = FA_OK;
+	cu_res r;
+
+	if ((st = async_push(stream, &ctx)) != FA_OK)
+		return st;
+	if (sl->daemon_ev != NULL && memcmp(sl->daemon_handle, handle, FA_PROTO_IPC_HANDLE_LEN)) {
+		cu.EventDestroy(sl->daemon_ev); /* a new daemon, or a new session */
+		sl->daemon_ev = NULL;
+	}
+	if (sl->daemon_ev == NULL) {
+		memcpy(h.reserved, handle, sizeof h.reserved);
+		if ((r = cu.IpcOpenEventHandle(&sl->daemon_ev, h)) != 0) {
+			sl->daemon_ev = NULL;
+			st = fa_fail(FA_EDEVICE,
+			             "the daemon's completion event cannot be opened "
+			             "(cuIpcOpenEventHandle): CUDA error %d (%s); the kernel is "
+			             "enqueued: synchronise the whole device before reading O",
+			             r, cu_errstr(r));
+		} else {
+			memcpy(sl->daemon_handle, handle, sizeof sl->daemon_handle);
+		}
+	}
+	if (st == FA_OK && (r = cu.StreamWaitEvent(stream, sl->daemon_ev, 0)) != 0)
+		st = fa_fail(FA_EDEVICE, "cuStreamWaitEvent on the daemon's event: CUDA error %d (%s)",
+		             r, cu_errstr(r));
+	cu.CtxPopCurrent(&popped);
+	return st;
+}
+
+/* See fa_client_int.h. */
+void fa_cuda_async_fini(struct fa_async_slot *sl)
+{
+	if (sl->ev == NULL && sl->daemon_ev == NULL)
+		return;
+	async_drop(sl);
 }

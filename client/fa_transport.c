@@ -42,6 +42,8 @@
 
 struct fa_tslot {
 	int sock;
+	int id;                         /* 0..FA_TRANSPORT_MAX_SOCKETS-1, unique among open sockets:
+	                                 * the asynchronous mode's slot */
 	int rcvtimeo, sndtimeo, resend; /* values last set, to skip redundant setsockopt calls */
 	bool clean;                     /* no request outstanding: safe to reuse */
 	struct fa_tslot *next;          /* in the idle list */
@@ -53,6 +55,7 @@ struct fa_transport {
 	pthread_cond_t freed;           /* signalled when a socket is released */
 	struct fa_tslot *idle;          /* sockets ready for reuse */
 	int nopen;                      /* sockets open (idle + in use) */
+	uint64_t ids;                   /* bit i: id i belongs to an open socket */
 };
 
 /* Prepare the pool; see fa_client_int.h. */
@@ -206,10 +209,15 @@ fa_status fa_transport_acquire(struct fa_transport *t, int64_t deadline_ns, stru
 		if (t->nopen < FA_TRANSPORT_MAX_SOCKETS) {
 			/* Count it before creating it outside the lock, so the cap holds. */
 			t->nopen++;
+			int id = __builtin_ctzll(~t->ids); /* nopen < 64: a free id exists */
+			t->ids |= UINT64_C(1) << id;
 			pthread_mutex_unlock(&t->lock);
 			st = slot_open(t, out);
+			if (st == FA_OK)
+				(*out)->id = id;
 			if (st != FA_OK) {
 				pthread_mutex_lock(&t->lock);
+				t->ids &= ~(UINT64_C(1) << id);
 				t->nopen--;
 				pthread_cond_signal(&t->freed);
 				pthread_mutex_unlock(&t->lock);
@@ -244,10 +252,17 @@ void fa_transport_release(struct fa_transport *t, struct fa_tslot *s)
 		s = NULL;
 	} else {
 		t->nopen--;
+		t->ids &= ~(UINT64_C(1) << s->id);
 	}
 	pthread_cond_signal(&t->freed);
 	pthread_mutex_unlock(&t->lock);
 	slot_close(s); /* a socket that may still receive a stale reply is never reused */
+}
+
+/* The socket's slot id; see fa_client_int.h. */
+int fa_transport_slot_id(const struct fa_tslot *s)
+{
+	return s->id;
 }
 
 /* Milliseconds left until deadline_ns, at least 1; -1 (nanomsg: forever) for no deadline; 0 when

@@ -43,6 +43,21 @@ struct backend_job {
 	struct backend_range ranges[BACKEND_MAX_RANGES]; /* the mappings of q, k, v, o, lse */
 	unsigned nranges;
 	bool on_device[5];            /* q, k, v, o, lse: a device pointer (CUDA IPC region) */
+	int dev;                      /* the backend's GPU index of its device regions; -1: host
+	                               * memory only (the backend picks a device) */
+	/* Asynchronous mode (GPU backend, device buffers, same uid): the daemon's stream waits on
+	 * the client's CUDA IPC event, and the job is handed back twice: once when the kernel is
+	 * enqueued (enqueued = true: dispatch replies with done_event), and once when it finished
+	 * (enqueued = false: dispatch frees it). A job that fails before its enqueue is handed back
+	 * once, with its status, like a synchronous one. */
+	bool async;
+	uint32_t slot;                /* the client's socket slot: one daemon event per slot */
+	bool has_wait_event;
+	uint8_t wait_event[FA_PROTO_IPC_HANDLE_LEN]; /* the client's cuIpcGetEventHandle */
+	uint8_t done_event[FA_PROTO_IPC_HANDLE_LEN]; /* out: the daemon's, recorded after O */
+	bool enqueued;                /* out: see above */
+	void **owner_state;           /* the session's slot for backend state (streams, events),
+	                               * freed by ops.owner_free when the session is freed */
 	/* outputs, valid in done() */
 	fa_status status;
 	uint64_t compute_ns;          /* first chunk started .. last chunk finished */
@@ -56,6 +71,8 @@ struct backend_job {
 	    bh_chunk; /* (batch, head) pairs: next to start, all, per chunk */
 	unsigned chunks_running;
 	uint64_t t_start;
+	uint64_t bytes_in, bytes_out;  /* GPU: staging copies of host tensors */
+	bool kernel_done, reply_delivered; /* GPU asynchronous mode: the two hand-backs */
 };
 
 /* Called on the loop thread when a job is finished (computed, failed or cancelled). */
@@ -92,6 +109,10 @@ struct backend_ops {
 	                         const uint8_t *gpu_uuid, char *err, size_t errlen);
 	/* Extra STATS lines (whole "# section" blocks) into buf; NULL: none. Loop thread. */
 	void (*stats)(struct backend *b, char *buf, size_t cap);
+	/* A session's backend state (*job->owner_state, set by the backend's threads) is no
+	 * longer needed: the session is freed, every job of it was handed back for good. Loop
+	 * thread. NULL: the backend keeps no such state. */
+	void (*owner_free)(struct backend *b, void *state);
 };
 
 /* What every backend exposes; implementations embed it first. */
@@ -101,6 +122,7 @@ struct backend {
 	size_t align;         /* offset and stride alignment in bytes beyond the element size */
 	bool host_memory;     /* serves FA_REGION_HOST_SHM regions */
 	bool device_memory;   /* serves FA_REGION_CUDA_IPC regions */
+	bool async_events;    /* serves the asynchronous mode (CUDA IPC events) */
 	atomic_uint running;  /* jobs started and not finished (set by the backend's threads) */
 	/* Faults (fault.c owns these; backends call fault_mark and fault_check): */
 	atomic_int fault_state;              /* 0 healthy, 1 being marked, 2 lost (why is set) */

@@ -1,9 +1,21 @@
-/* backend_gpu.c - forward attention on the GPU: one worker thread per device (GPU 0 for now),
- * each owning a CUDA stream in the device's primary context.
+/* backend_gpu.c - forward attention on the GPU: one worker thread per visible device, each
+ * owning a CUDA stream in the device's primary context.
  *
  * Synchronous mode: the client synchronised its own stream before sending; the worker enqueues
- * the kernel (fa_gpu_attn_fwd), synchronises its stream and hands the job back to the loop (same
- * done() contract as the CPU backend: uv_async, exactly once per job).
+ * the kernel (fa_gpu_attn_fwd) and hands the job back to the loop when the event recorded after
+ * it completes (same done() contract as the CPU backend: uv_async, exactly once per job). The
+ * worker enqueues up to GPU_PIPE queued jobs back to back before waiting for the first, so the
+ * GPU does not idle for a launch between two clients' kernels.
+ *
+ * Asynchronous mode (device buffers, a client of the daemon's uid): the job runs on a stream of
+ * its session (so a client whose event never fires stalls only itself), behind a wait on the
+ * client's CUDA IPC event; the daemon records its own IPC event (one per session and slot) after
+ * the kernel and the job is handed back twice: at the enqueue (the reply carries the event) and
+ * when a host function queued behind the kernel runs (the request's regions are released then).
+ *
+ * Health: every device runs a canary (a small attention checked against the float64 reference)
+ * at least once a second between jobs; the watchdog is fed only while every device's canary
+ * passed recently (gpu_healthy). A wrong canary result is a fault.
  *
  * Memory:
  *   - CUDA IPC regions: the handle is opened once per registration (region_open, on the loop
@@ -23,6 +35,7 @@
 
 #include <dlfcn.h>
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,13 +53,21 @@
 
 #define GPU_SCRATCH_ALIGN 256
 #define GPU_SCRATCH_MIN (8u << 20) /* first scratch allocation; grows to the largest request */
-#define GPU_MAX_DEVICES 1          /* one worker per device; GPU 0 only for now */
+#define GPU_MAX_DEVICES 16         /* one worker per device */
+#define GPU_PIPE 8                 /* synchronous jobs enqueued before the first is waited for */
+#define GPU_CANARY_EVERY_NS 1000000000ull  /* a canary between jobs (or idle) this often */
+#define GPU_CANARY_STALE_NS 20000000000ull /* no pass for this long: unhealthy (watchdog) */
+#define GPU_CANARY_TOL 5e-3                /* fp16 canary, relative Frobenius error */
+#define GPU_CLOSE_WAIT_NS 10000000000ull   /* close: wait this long for async kernels */
+#define GPU_EVENT_DISABLE_TIMING 0x2
+#define GPU_EVENT_INTERPROCESS 0x4
 #define GPU_MAX_COMPILE_THREADS 16 /* --compile-threads' bound */
 #define GPU_TUNE_SLICE_US 2000     /* background tuning: one step of the tuner between jobs */
 
 typedef int gpu_res;
 typedef void *gpu_ctx;
 typedef void *gpu_stream;
+typedef void *gpu_event;
 typedef unsigned long long gpu_ptr;
 
 /* CUipcMemHandle: 64 opaque bytes, passed by value. */
@@ -54,10 +75,16 @@ struct gpu_ipc_handle {
 	char reserved[FA_PROTO_IPC_HANDLE_LEN];
 };
 
+/* CUipcEventHandle: 64 opaque bytes, passed by value. */
+struct gpu_ipc_event {
+	char reserved[FA_PROTO_IPC_HANDLE_LEN];
+};
+
 /* The driver entry points this file needs beyond fa_gpu's (CUDA 12.0 ABI, cuGetProcAddress). */
 struct gpu_cu {
 	void *lib;
 	gpu_res (*GetErrorString)(gpu_res, const char **);
+	gpu_res (*DeviceGetCount)(int *);
 	gpu_res (*DeviceGet)(int *, int);
 	gpu_res (*DevicePrimaryCtxRetain)(gpu_ctx *, int);
 	gpu_res (*DevicePrimaryCtxRelease)(int);
@@ -75,6 +102,44 @@ struct gpu_cu {
 	gpu_res (*MemGetAddressRange)(gpu_ptr *, size_t *, gpu_ptr);
 	gpu_res (*IpcOpenMemHandle)(gpu_ptr *, struct gpu_ipc_handle, unsigned);
 	gpu_res (*IpcCloseMemHandle)(gpu_ptr);
+	gpu_res (*MemsetD8Async)(gpu_ptr, unsigned char, size_t, gpu_stream);
+	gpu_res (*EventCreate)(gpu_event *, unsigned);
+	gpu_res (*EventDestroy)(gpu_event);
+	gpu_res (*EventRecord)(gpu_event, gpu_stream);
+	gpu_res (*EventSynchronize)(gpu_event);
+	gpu_res (*StreamWaitEvent)(gpu_stream, gpu_event, unsigned);
+	gpu_res (*IpcGetEventHandle)(struct gpu_ipc_event *, gpu_event);
+	gpu_res (*IpcOpenEventHandle)(gpu_event *, struct gpu_ipc_event);
+	gpu_res (*LaunchHostFunc)(gpu_stream, void (*)(void *), void *);
+};
+
+/* One session's asynchronous-mode resources on one device (that device's worker only): its
+ * stream, and per slot the daemon's completion event and the client's opened event. */
+struct gpu_owner_dev {
+	gpu_stream stream;
+	struct {
+		gpu_event done;
+		uint8_t done_handle[FA_PROTO_IPC_HANDLE_LEN];
+		gpu_event wait;
+		uint8_t wait_handle[FA_PROTO_IPC_HANDLE_LEN];
+	} slot[FA_PROTO_MAX_SLOTS];
+};
+
+/* A session's backend state (*job->owner_state): created under the mutex, freed on the loop by
+ * gpu_owner_free when the session is freed (every job of it was handed back for good). */
+struct gpu_owner {
+	struct gpu_owner_dev *dev[GPU_MAX_DEVICES];
+};
+
+/* An asynchronous job whose kernel is enqueued: the host function's argument. On the fatal
+ * path the job is finished without it (abandoned); the host function, if it ever runs, then
+ * only frees the ticket. */
+struct gpu_ticket {
+	struct gpu_backend *b;
+	struct backend_job *job;
+	uint64_t t0;
+	bool abandoned;
+	struct gpu_ticket *prev, *next; /* b->tickets, under b->mu */
 };
 
 struct gpu_backend;
@@ -93,6 +158,17 @@ struct gpu_dev {
 	struct backend_job *run_head, *run_tail; /* under b->mu */
 	gpu_ptr scratch;                         /* worker only */
 	size_t scratch_size;
+	gpu_event pipe_ev[GPU_PIPE];             /* worker: one per job in flight */
+	/* The canary (worker only, but canary_ok_ns which the loop reads). */
+	struct fa_attn_fwd_desc canary_desc;
+	gpu_ptr canary_mem;                      /* q, k, v, o */
+	size_t canary_bytes;                     /* of one tensor */
+	double *canary_ref;                      /* float64 reference output */
+	uint16_t *canary_out;                    /* the result, copied back */
+	uint64_t canary_last_ns;                 /* last run started */
+	_Atomic uint64_t canary_ok_ns;           /* last pass (or the start) */
+	uint64_t canary_runs, canary_failed;     /* under b->mu */
+	double canary_err;                       /* last relative error, under b->mu */
 };
 
 struct gpu_backend {
@@ -107,6 +183,7 @@ struct gpu_backend {
 	void *closed_arg;
 	struct gpu_dev devs[GPU_MAX_DEVICES];
 	unsigned ndevs;
+	unsigned rr;                     /* loop: round robin for host-only jobs */
 
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
@@ -114,6 +191,9 @@ struct gpu_backend {
 	bool stopping;
 	uint64_t fwd_ok, fwd_failed;   /* under mu */
 	uint64_t h2d_bytes, d2h_bytes; /* under mu: staging traffic of host regions */
+	uint64_t async_enqueued;       /* under mu: asynchronous jobs enqueued */
+	struct gpu_ticket *tickets;    /* under mu: asynchronous kernels not finished */
+	unsigned ntickets;
 
 	/* Compile pool: jobs whose kernel is not loaded wait in `waiting` (under mu) while a
 	 * compile thread prepares it (fa_gpu_prepare, without mu); then they go to the worker. */
@@ -198,6 +278,7 @@ static fa_status gpu_load_driver(struct gpu_cu *cu, char *err, size_t errlen)
 			return util_fail(err, errlen, FA_ENOGPU, "CUDA driver lacks %s", name); \
 	} while (0)
 	GPU_SYM(GetErrorString, "cuGetErrorString");
+	GPU_SYM(DeviceGetCount, "cuDeviceGetCount");
 	GPU_SYM(DeviceGet, "cuDeviceGet");
 	GPU_SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
 	GPU_SYM(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease");
@@ -215,6 +296,15 @@ static fa_status gpu_load_driver(struct gpu_cu *cu, char *err, size_t errlen)
 	GPU_SYM(MemGetAddressRange, "cuMemGetAddressRange");
 	GPU_SYM(IpcOpenMemHandle, "cuIpcOpenMemHandle");
 	GPU_SYM(IpcCloseMemHandle, "cuIpcCloseMemHandle");
+	GPU_SYM(MemsetD8Async, "cuMemsetD8Async");
+	GPU_SYM(EventCreate, "cuEventCreate");
+	GPU_SYM(EventDestroy, "cuEventDestroy");
+	GPU_SYM(EventRecord, "cuEventRecord");
+	GPU_SYM(EventSynchronize, "cuEventSynchronize");
+	GPU_SYM(StreamWaitEvent, "cuStreamWaitEvent");
+	GPU_SYM(IpcGetEventHandle, "cuIpcGetEventHandle");
+	GPU_SYM(IpcOpenEventHandle, "cuIpcOpenEventHandle");
+	GPU_SYM(LaunchHostFunc, "cuLaunchHostFunc");
 #undef GPU_SYM
 	return FA_OK;
 }
@@ -272,6 +362,35 @@ static unsigned gpu_fail_waiting_locked(struct gpu_backend *b, const void *owner
 	return n;
 }
 
+/* The second hand-back of an asynchronous job (mutex held): now if the loop delivered its
+ * reply already, else the loop does it right after the reply (gpu_async_cb). */
+static void gpu_async_finish_locked(struct gpu_backend *b, struct backend_job *job)
+{
+	job->kernel_done = true;
+	if (job->reply_delivered) {
+		job->enqueued = false;
+		gpu_push(&b->done_head, &b->done_tail, job);
+	}
+}
+
+/* Finish every asynchronous job still in flight with st (mutex held; the caller wakes the
+ * loop): the fatal path, and a close that waited long enough. Their host functions, if they
+ * ever run, find the ticket abandoned. */
+static void gpu_abandon_tickets_locked(struct gpu_backend *b, fa_status st, const char *why)
+{
+	while (b->tickets != NULL) {
+		struct gpu_ticket *t = b->tickets;
+		b->tickets = t->next;
+		t->abandoned = true;
+		t->prev = t->next = NULL;
+		t->job->status = st;
+		snprintf(t->job->detail, sizeof t->job->detail, "%s", why);
+		gpu_async_finish_locked(b, t->job);
+		t->job = NULL;
+	}
+	b->ntickets = 0;
+}
+
 /* The context is lost (mutex held): mark the fault (fault.c; the first why wins), fail everything
  * queued on every device, wake the loop, which reports it to the server. */
 static void gpu_fatal_locked(struct gpu_backend *b, const char *why)
@@ -289,6 +408,8 @@ static void gpu_fatal_locked(struct gpu_backend *b, const char *why)
 	}
 	gpu_fail_waiting_locked(b, NULL, FA_EDEVICE, "the GPU faulted while serving an earlier "
 	                        "request; the daemon restarts with a clean context");
+	gpu_abandon_tickets_locked(b, FA_EDEVICE, "the GPU faulted while this asynchronous "
+	                           "request ran or waited; its output is undefined");
 	uv_async_send(&b->async);
 }
 
@@ -329,8 +450,11 @@ static gpu_res gpu_scratch(struct gpu_dev *d, size_t need)
 	return 0;
 }
 
-/* Run one job on d's stream and wait for it. Sets job->status, detail and *sticky. */
-static void gpu_run(struct gpu_dev *d, struct backend_job *job, bool *sticky)
+/* Enqueue one synchronous job on `stream` (host tensors: copies in, the kernel, copies out) and
+ * record ev after it, also after a failure (copies may be queued). Sets job->status, detail and
+ * *sticky on a failure to enqueue; gpu_complete waits. */
+static void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, gpu_stream stream, gpu_event ev,
+                        bool *sticky)
 {
 	struct gpu_cu *cu = &d->b->cu;
 	const struct fa_attn_fwd_desc *ds = &job->desc;
@@ -388,7 +512,7 @@ static void gpu_run(struct gpu_dev *d, struct backend_job *job, bool *sticky)
 		                                     shape[i][3]) * es;
 		if (output && ext[i] == dense)
 			continue;
-		if ((r = cu->MemcpyHtoDAsync(dp[i], ptr[i], ext[i], d->stream)) != 0) {
+		if ((r = cu->MemcpyHtoDAsync(dp[i], ptr[i], ext[i], stream)) != 0) {
 			job->status = gpu_job_cuerr(d, job, r, "copying a host tensor to the GPU",
 			                            sticky);
 			goto sync;
@@ -396,7 +520,7 @@ static void gpu_run(struct gpu_dev *d, struct backend_job *job, bool *sticky)
 		bytes_in += ext[i];
 	}
 	st = fa_gpu_attn_fwd(d->g, ds, dp[0], dp[1], dp[2], dp[3], n == 5 ? dp[4] : 0,
-	                     (CUstream)d->stream, job->detail, sizeof job->detail);
+	                     (CUstream)stream, job->detail, sizeof job->detail);
 	if (st != FA_OK) {
 		job->status = st;
 		goto sync;
@@ -405,7 +529,7 @@ static void gpu_run(struct gpu_dev *d, struct backend_job *job, bool *sticky)
 		if (job->on_device[i])
 			continue;
 		if ((r = cu->MemcpyDtoHAsync((void *)(uintptr_t)ptr[i], dp[i], ext[i],
-		                             d->stream)) != 0) {
+		                             stream)) != 0) {
 			job->status = gpu_job_cuerr(d, job, r, "copying a result to host memory",
 			                            sticky);
 			goto sync;
@@ -413,8 +537,21 @@ static void gpu_run(struct gpu_dev *d, struct backend_job *job, bool *sticky)
 		bytes_out += ext[i];
 	}
 sync:
-	/* Also after a failure: copies may be queued, and a fault of the kernel shows here. */
-	r = cu->StreamSynchronize(d->stream);
+	if ((r = cu->EventRecord(ev, stream)) != 0 && job->status == FA_OK)
+		job->status = gpu_job_cuerr(d, job, r, "recording the job's event", sticky);
+	job->bytes_in = bytes_in;
+	job->bytes_out = bytes_out;
+}
+
+/* Wait for a job gpu_enqueue enqueued (its event) and classify what the device says. */
+static void gpu_complete(struct gpu_dev *d, struct backend_job *job, gpu_event ev, bool *sticky)
+{
+	struct gpu_cu *cu = &d->b->cu;
+	gpu_res r;
+
+	/* A fault of the kernel shows here (errors of earlier asynchronous work come back from
+	 * the next synchronising call). */
+	r = cu->EventSynchronize(ev);
 	if (r != 0 && job->status == FA_OK)
 		job->status = gpu_job_cuerr(d, job, r, "running attention", sticky);
 	else if (r != 0 && gpu_sticky(r))
@@ -425,9 +562,9 @@ sync:
 	    gpu_sticky(r))
 		*sticky = true;
 	pthread_mutex_lock(&d->b->mu);
-	d->b->h2d_bytes += bytes_in;
+	d->b->h2d_bytes += job->bytes_in;
 	if (job->status == FA_OK)
-		d->b->d2h_bytes += bytes_out;
+		d->b->d2h_bytes += job->bytes_out;
 	pthread_mutex_unlock(&d->b->mu);
 }
 
@@ -544,11 +681,10 @@ static bool gpu_tune_turn_locked(struct gpu_dev *d)
 static void *gpu_compiler(void *arg)
 {
 	struct gpu_backend *b = arg;
-	struct gpu_dev *d = &b->devs[0];
 	char err[FA_PROTO_DETAIL_MAX];
 
-	/* fa_gpu_prepare makes the context current itself; this covers anything else */
-	b->cu.CtxSetCurrent(d->ctx);
+	/* fa_gpu_prepare makes the right context current itself; this covers anything else */
+	b->cu.CtxSetCurrent(b->devs[0].ctx);
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
 		struct compile_wait *w = NULL;
@@ -569,6 +705,8 @@ static void *gpu_compiler(void *arg)
 		if (w == NULL && ti < 0 && !save)
 			break; /* stopping */
 		struct fa_attn_fwd_desc desc = w != NULL ? w->desc : b->tune_desc;
+		/* jobs compile for their device; tuning candidates for device 0 */
+		struct gpu_dev *d = &b->devs[w != NULL && w->dev >= 0 ? w->dev : 0];
 		struct fa_tile tile;
 		if (ti >= 0)
 			tile = b->tune_tiles[ti];
@@ -623,52 +761,455 @@ static void *gpu_compiler(void *arg)
 	return NULL;
 }
 
+/* ---- asynchronous mode ------------------------------------------------------------------------ */
+
+/* The host function queued behind an asynchronous job's kernel (a driver thread: no CUDA calls
+ * here): the kernel finished, its regions can go. */
+static void gpu_async_done(void *arg)
+{
+	struct gpu_ticket *t = arg;
+	struct gpu_backend *b = t->b;
+
+	pthread_mutex_lock(&b->mu);
+	if (!t->abandoned) {
+		if (t->prev != NULL)
+			t->prev->next = t->next;
+		else
+			b->tickets = t->next;
+		if (t->next != NULL)
+			t->next->prev = t->prev;
+		b->ntickets--;
+		t->job->compute_ns = util_now_ns() - t->t0;
+		b->fwd_ok++;
+		gpu_async_finish_locked(b, t->job);
+		uv_async_send(&b->async);
+		pthread_cond_broadcast(&b->cv); /* gpu_close may wait for the last ticket */
+	}
+	pthread_mutex_unlock(&b->mu);
+	free(t);
+}
+
+/* This session's resources on d, created on first use (worker). NULL with job's status set. */
+static struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
+{
+	struct gpu_backend *b = d->b;
+	struct gpu_owner *o;
+	unsigned i = (unsigned)(d - b->devs);
+	gpu_res r;
+
+	pthread_mutex_lock(&b->mu); /* two devices' workers may both create the session's state */
+	o = *job->owner_state;
+	if (o == NULL && (o = calloc(1, sizeof *o)) != NULL)
+		*job->owner_state = o;
+	pthread_mutex_unlock(&b->mu);
+	if (o == NULL) {
+		job->status = FA_ENOMEM;
+		snprintf(job->detail, sizeof job->detail, "out of memory");
+		return NULL;
+	}
+	if (o->dev[i] != NULL)
+		return o->dev[i];
+	struct gpu_owner_dev *od = calloc(1, sizeof *od);
+	if (od == NULL) {
+		job->status = FA_ENOMEM;
+		snprintf(job->detail, sizeof job->detail, "out of memory");
+		return NULL;
+	}
+	if ((r = b->cu.StreamCreate(&od->stream, 1 /* CU_STREAM_NON_BLOCKING */)) != 0) {
+		bool sticky;
+		job->status = gpu_job_cuerr(d, job, r, "creating the session's stream", &sticky);
+		free(od);
+		return NULL;
+	}
+	o->dev[i] = od;
+	return od;
+}
+
+/* Run an asynchronous job: wait for the client's event on the session's stream, launch, record
+ * the daemon's event, queue the host function. FA_OK: enqueued (the caller hands it back for the
+ * reply); else the job failed before its kernel was enqueued (handed back once). */
+static fa_status gpu_run_async(struct gpu_dev *d, struct backend_job *job, bool *sticky)
+{
+	struct gpu_backend *b = d->b;
+	struct gpu_cu *cu = &b->cu;
+	const struct fa_attn_fwd_desc *ds = &job->desc;
+	struct gpu_owner_dev *od;
+	gpu_res r;
+	fa_status st;
+
+	*sticky = false;
+	job->status = FA_OK;
+	job->detail[0] = '\0';
+	if ((od = gpu_owner_dev(d, job)) == NULL)
+		return job->status;
+	__typeof__(od->slot[0]) *sl = &od->slot[job->slot];
+	if (job->has_wait_event) {
+		/* Opened once per (session, slot, handle): the client keeps one event per slot. */
+		if (sl->wait != NULL && memcmp(sl->wait_handle, job->wait_event, 64) != 0) {
+			cu->EventDestroy(sl->wait);
+			sl->wait = NULL;
+		}
+		if (sl->wait == NULL) {
+			struct gpu_ipc_event h;
+			memcpy(h.reserved, job->wait_event, sizeof h.reserved);
+			if ((r = cu->IpcOpenEventHandle(&sl->wait, h)) != 0) {
+				sl->wait = NULL;
+				*sticky = gpu_sticky(r);
+				snprintf(job->detail, sizeof job->detail,
+				         "the client's CUDA IPC event cannot be opened on GPU %d: CUDA "
+				         "error %d (%s); it must come from cuIpcGetEventHandle of an "
+				         "event created with CU_EVENT_INTERPROCESS | "
+				         "CU_EVENT_DISABLE_TIMING on that GPU",
+				         d->ordinal, r, gpu_errstr(b, r));
+				return job->status = *sticky ? FA_EDEVICE : FA_EINVAL;
+			}
+			memcpy(sl->wait_handle, job->wait_event, 64);
+		}
+		if ((r = cu->StreamWaitEvent(od->stream, sl->wait, 0)) != 0)
+			return job->status = gpu_job_cuerr(d, job, r, "waiting for the client's event",
+			                                   sticky);
+	}
+	if (sl->done == NULL) {
+		struct gpu_ipc_event h;
+		r = cu->EventCreate(&sl->done, GPU_EVENT_DISABLE_TIMING | GPU_EVENT_INTERPROCESS);
+		if (r == 0 && (r = cu->IpcGetEventHandle(&h, sl->done)) != 0) {
+			cu->EventDestroy(sl->done);
+		}
+		if (r != 0) {
+			sl->done = NULL;
+			return job->status = gpu_job_cuerr(d, job, r, "creating the completion event",
+			                                   sticky);
+		}
+		memcpy(sl->done_handle, h.reserved, 64);
+	}
+	struct gpu_ticket *t = calloc(1, sizeof *t);
+	if (t == NULL) {
+		snprintf(job->detail, sizeof job->detail, "out of memory");
+		return job->status = FA_ENOMEM;
+	}
+	t->b = b;
+	t->job = job;
+	t->t0 = util_now_ns();
+	st = fa_gpu_attn_fwd(d->g, ds, (CUdeviceptr)(uintptr_t)job->q, (CUdeviceptr)(uintptr_t)job->k,
+	                     (CUdeviceptr)(uintptr_t)job->v, (CUdeviceptr)(uintptr_t)job->o,
+	                     (CUdeviceptr)(uintptr_t)job->lse, (CUstream)od->stream, job->detail,
+	                     sizeof job->detail);
+	if (st != FA_OK) {
+		free(t);
+		if (st == FA_EDEVICE && (r = cu->CtxSynchronize()) != 0 && gpu_sticky(r))
+			*sticky = true;
+		return job->status = st;
+	}
+	if ((r = cu->EventRecord(sl->done, od->stream)) != 0) {
+		free(t);
+		return job->status = gpu_job_cuerr(d, job, r, "recording the completion event",
+		                                   sticky);
+	}
+	memcpy(job->done_event, sl->done_handle, 64);
+	/* Ticket first: the host function may run before LaunchHostFunc returns. */
+	pthread_mutex_lock(&b->mu);
+	t->next = b->tickets;
+	if (b->tickets != NULL)
+		b->tickets->prev = t;
+	b->tickets = t;
+	b->ntickets++;
+	b->async_enqueued++;
+	job->enqueued = true;
+	job->kernel_done = job->reply_delivered = false;
+	gpu_push(&b->done_head, &b->done_tail, job); /* the reply */
+	pthread_mutex_unlock(&b->mu);
+	if ((r = cu->LaunchHostFunc(od->stream, gpu_async_done, t)) != 0) {
+		/* Rare: finish it here, after the kernel, on this thread. */
+		gpu_res r2 = cu->StreamSynchronize(od->stream);
+		log_warn("gpu: cuLaunchHostFunc: CUDA error %d (%s); waited instead", r,
+		         gpu_errstr(b, r));
+		if (r2 != 0 && gpu_sticky(r2))
+			*sticky = true;
+		gpu_async_done(t);
+	}
+	uv_async_send(&b->async);
+	return FA_OK;
+}
+
+/* The loop frees a session: release its streams and events on every device. Every job of it
+ * was handed back for good, so nothing of it is queued; destroying a stream or an event with
+ * work pending is allowed (the driver releases them when the work completes). */
+static void gpu_owner_free(struct backend *base, void *state)
+{
+	struct gpu_backend *b = (struct gpu_backend *)base;
+	struct gpu_owner *o = state;
+
+	for (unsigned i = 0; i < b->ndevs && o != NULL; i++) {
+		struct gpu_owner_dev *od = o->dev[i];
+		if (od == NULL)
+			continue;
+		b->cu.CtxSetCurrent(b->devs[i].ctx);
+		for (int k = 0; k < FA_PROTO_MAX_SLOTS; k++) {
+			if (od->slot[k].done != NULL)
+				b->cu.EventDestroy(od->slot[k].done);
+			if (od->slot[k].wait != NULL)
+				b->cu.EventDestroy(od->slot[k].wait);
+		}
+		b->cu.StreamDestroy(od->stream);
+		free(od);
+	}
+	free(o);
+}
+
+/* ---- the canary ----------------------------------------------------------------------------------- */
+
+/* Prepare d's canary: a causal fp16 attention of 32 tokens at D=64 on fixed pseudo-random
+ * inputs, its float64 reference, device buffers, and the kernel (compiled or loaded from the
+ * disk cache now, so the worker never compiles for it). */
+static fa_status gpu_canary_init(struct gpu_dev *d, char *err, size_t errlen)
+{
+	struct gpu_cu *cu = &d->b->cu;
+	struct fa_attn_fwd_desc *c = &d->canary_desc;
+	const int64_t S = 32, D = 64;
+	size_t n = (size_t)(S * D);
+	uint16_t *host;
+	uint32_t x = 0x9e3779b9u;
+	gpu_res r;
+	fa_status st;
+
+	memset(c, 0, sizeof *c);
+	c->dtype = FA_DTYPE_FP16;
+	c->mask = FA_MASK_CAUSAL_BOTTOM_RIGHT;
+	c->scale = 0.125;
+	c->B = 1;
+	c->Sq = c->Sk = S;
+	c->Hq = c->Hkv = 1;
+	c->D = D;
+	for (int i = 0; i < 3; i++) {
+		int64_t st3[3] = {S * D, D, D};
+		memcpy(c->q_stride, st3, sizeof st3);
+		memcpy(c->k_stride, st3, sizeof st3);
+		memcpy(c->v_stride, st3, sizeof st3);
+		memcpy(c->o_stride, st3, sizeof st3);
+	}
+	d->canary_bytes = n * sizeof(uint16_t);
+	if ((host = malloc(3 * d->canary_bytes)) == NULL ||
+	    (d->canary_ref = malloc(n * sizeof(double))) == NULL ||
+	    (d->canary_out = malloc(d->canary_bytes)) == NULL) {
+		free(host);
+		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+	}
+	for (size_t i = 0; i < 3 * n; i++) {
+		x = x * 1664525u + 1013904223u;
+		host[i] = fa_float_to_half((float)((double)(x >> 8) / (double)(1u << 24) * 2.0 - 1.0));
+	}
+	st = fa_attn_fwd_ref64(c, host, host + n, host + 2 * n, d->canary_ref, NULL);
+	if (st != FA_OK) {
+		free(host);
+		return util_fail(err, errlen, st, "the canary's reference failed");
+	}
+	if ((r = cu->MemAlloc(&d->canary_mem, 4 * d->canary_bytes)) != 0) {
+		d->canary_mem = 0;
+		free(host);
+		return util_fail(err, errlen, r == 2 ? FA_ENOMEM : FA_ENOGPU,
+		                 "GPU %d: allocating the canary: CUDA error %d (%s)", d->ordinal, r,
+		                 gpu_errstr(d->b, r));
+	}
+	r = cu->MemcpyHtoDAsync(d->canary_mem, host, 3 * d->canary_bytes, d->stream);
+	if (r == 0)
+		r = cu->StreamSynchronize(d->stream);
+	free(host);
+	if (r != 0)
+		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: uploading the canary: CUDA error "
+		                 "%d (%s)", d->ordinal, r, gpu_errstr(d->b, r));
+	if ((st = fa_gpu_prepare(d->g, c, NULL, err, errlen)) != FA_OK)
+		return st;
+	atomic_store(&d->canary_ok_ns, util_now_ns());
+	return FA_OK;
+}
+
+/* Run the canary on d's stream and check it (worker, mutex not held). Returns whether it
+ * passed; *sticky when the context is lost; *wrong when it computed a wrong result. */
+static bool gpu_canary_run(struct gpu_dev *d, bool *sticky, bool *wrong, char *why, size_t whylen)
+{
+	struct gpu_cu *cu = &d->b->cu;
+	gpu_ptr q = d->canary_mem, k = q + d->canary_bytes, v = k + d->canary_bytes,
+	        o = v + d->canary_bytes;
+	double e = INFINITY;
+	gpu_res r;
+	fa_status st;
+
+	*sticky = *wrong = false;
+	d->canary_last_ns = util_now_ns();
+	r = cu->MemsetD8Async(o, 0xff, d->canary_bytes, d->stream); /* NaN: never passes */
+	if (r == 0) {
+		st = fa_gpu_attn_fwd(d->g, &d->canary_desc, q, k, v, o, 0, (CUstream)d->stream, why,
+		                     whylen);
+		if (st != FA_OK)
+			r = -1;
+	} else {
+		snprintf(why, whylen, "cuMemsetD8Async: CUDA error %d (%s)", r, gpu_errstr(d->b, r));
+	}
+	if (r == 0 && (r = cu->MemcpyDtoHAsync(d->canary_out, o, d->canary_bytes, d->stream)) != 0)
+		snprintf(why, whylen, "cuMemcpyDtoHAsync: CUDA error %d (%s)", r, gpu_errstr(d->b, r));
+	gpu_res rs = cu->StreamSynchronize(d->stream);
+	if (rs != 0) {
+		*sticky = gpu_sticky(rs);
+		if (r == 0)
+			snprintf(why, whylen, "the canary kernel: CUDA error %d (%s)", rs,
+			         gpu_errstr(d->b, rs));
+		r = rs;
+	} else if (r == -1 && (rs = cu->CtxSynchronize()) != 0 && gpu_sticky(rs)) {
+		*sticky = true;
+	}
+	if (r == 0) {
+		e = fa_attn_fwd_rel_error(&d->canary_desc, d->canary_out, d->canary_ref);
+		if (!(e <= GPU_CANARY_TOL)) {
+			*wrong = true;
+			snprintf(why, whylen, "the canary computed a wrong result on GPU %d: relative "
+			         "error %.3g (tolerance %.0e)", d->ordinal, e, GPU_CANARY_TOL);
+		}
+	}
+	bool ok = r == 0 && !*wrong;
+	pthread_mutex_lock(&d->b->mu);
+	d->canary_runs++;
+	d->canary_err = e;
+	if (!ok)
+		d->canary_failed++;
+	pthread_mutex_unlock(&d->b->mu);
+	if (ok)
+		atomic_store(&d->canary_ok_ns, util_now_ns());
+	return ok;
+}
+
+/* The canary's turn on d's worker (mutex held on entry and exit): run it when it is due. A
+ * wrong result or a lost context is the fatal path; another failure only stops the canary's
+ * passes (the watchdog starves after GPU_CANARY_STALE_NS). Returns whether it ran. */
+static bool gpu_canary_turn_locked(struct gpu_dev *d)
+{
+	struct gpu_backend *b = d->b;
+	char why[FA_PROTO_DETAIL_MAX];
+	bool sticky, wrong;
+
+	if (d->canary_mem == 0 || fault_marked(&b->base) ||
+	    util_now_ns() - d->canary_last_ns < GPU_CANARY_EVERY_NS)
+		return false;
+	pthread_mutex_unlock(&b->mu);
+	why[0] = '\0';
+	bool ok = gpu_canary_run(d, &sticky, &wrong, why, sizeof why);
+	pthread_mutex_lock(&b->mu);
+	if (!ok) {
+		log_err("gpu: GPU %d: canary failed: %s", d->ordinal, why);
+		if (sticky || wrong)
+			gpu_fatal_locked(b, why);
+	}
+	return true;
+}
+
 /* ---- the worker ----------------------------------------------------------------------------- */
 
-/* A device's worker: take a job, run it, hand it back; when idle, tune in small steps. */
+/* Take up to GPU_PIPE synchronous jobs off d's queue (mutex held): device-memory jobs, and at
+ * most one that stages host memory (the scratch is one), which ends the batch. An asynchronous
+ * job at the head is taken alone (n = 1, returned in out[0]). */
+static unsigned gpu_take_batch_locked(struct gpu_dev *d, struct backend_job **out)
+{
+	unsigned n = 0;
+
+	while (d->run_head != NULL && n < GPU_PIPE) {
+		struct backend_job *job = d->run_head;
+		bool host = false;
+		for (int i = 0; i < 5; i++)
+			host |= !job->on_device[i] && (i < 4 || job->lse != NULL);
+		if (job->async && n > 0)
+			break;
+		d->run_head = job->next;
+		if (d->run_head == NULL)
+			d->run_tail = NULL;
+		job->next = NULL;
+		out[n++] = job;
+		if (job->async || host)
+			break;
+	}
+	return n;
+}
+
+/* Hand a finished job back (mutex held). */
+static void gpu_job_done_locked(struct gpu_backend *b, struct backend_job *job, bool sticky)
+{
+	if (job->status == FA_OK)
+		b->fwd_ok++;
+	else
+		b->fwd_failed++;
+	gpu_push(&b->done_head, &b->done_tail, job);
+	if (sticky)
+		gpu_fatal_locked(b, job->detail);
+	uv_async_send(&b->async);
+}
+
+/* A device's worker: take jobs, enqueue them back to back, hand each back as its event
+ * completes; between batches and when idle, the canary and (device 0) tuning steps. */
 static void *gpu_worker(void *arg)
 {
 	struct gpu_dev *d = arg;
 	struct gpu_backend *b = d->b;
+	struct backend_job *batch[GPU_PIPE];
+	uint64_t t0[GPU_PIPE];
 
 	b->cu.CtxSetCurrent(d->ctx);
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
-		while (d->run_head == NULL && !b->stopping)
-			if (!gpu_tune_turn_locked(d))
-				pthread_cond_wait(&b->cv, &b->mu);
-		struct backend_job *job = d->run_head;
-		if (job == NULL)
-			break; /* stopping, and nothing left */
-		d->run_head = job->next;
+		gpu_canary_turn_locked(d);
+		while (d->run_head == NULL && !b->stopping) {
+			if (gpu_canary_turn_locked(d) || gpu_tune_turn_locked(d))
+				continue;
+			/* idle: wake for the next canary at the latest */
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += 1;
+			pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+		}
 		if (d->run_head == NULL)
-			d->run_tail = NULL;
+			break; /* stopping, and nothing left */
+		unsigned n = gpu_take_batch_locked(d, batch);
 		if (fault_marked(&b->base)) {
-			gpu_finish_locked(b, job, FA_EDEVICE, fault_why(&b->base));
+			for (unsigned i = 0; i < n; i++)
+				gpu_finish_locked(b, batch[i], FA_EDEVICE, fault_why(&b->base));
 			uv_async_send(&b->async);
 			continue;
 		}
-		atomic_fetch_add(&b->base.running, 1);
+		atomic_fetch_add(&b->base.running, n);
 		pthread_mutex_unlock(&b->mu);
 
 		bool sticky = false;
-		uint64_t t0 = util_now_ns();
-		gpu_run(d, job, &sticky);
-		job->compute_ns = util_now_ns() - t0;
-
+		if (batch[0]->async) {
+			uint64_t ta = util_now_ns();
+			fa_status st = gpu_run_async(d, batch[0], &sticky);
+			pthread_mutex_lock(&b->mu);
+			atomic_fetch_sub(&b->base.running, 1);
+			if (st != FA_OK) {
+				batch[0]->compute_ns = util_now_ns() - ta;
+				gpu_job_done_locked(b, batch[0], sticky);
+			} else if (sticky) {
+				gpu_fatal_locked(b, "the GPU faulted while enqueuing an asynchronous job");
+			}
+			continue;
+		}
+		for (unsigned i = 0; i < n; i++) {
+			bool s1 = false;
+			t0[i] = util_now_ns();
+			batch[i]->status = FA_OK;
+			batch[i]->detail[0] = '\0';
+			gpu_enqueue(d, batch[i], d->stream, d->pipe_ev[i], &s1);
+			sticky |= s1;
+		}
+		for (unsigned i = 0; i < n; i++) {
+			bool s1 = false;
+			gpu_complete(d, batch[i], d->pipe_ev[i], &s1);
+			batch[i]->compute_ns = util_now_ns() - t0[i];
+			pthread_mutex_lock(&b->mu);
+			atomic_fetch_sub(&b->base.running, 1);
+			gpu_job_done_locked(b, batch[i], s1 || (sticky && i + 1 == n));
+			pthread_mutex_unlock(&b->mu);
+		}
 		pthread_mutex_lock(&b->mu);
-		atomic_fetch_sub(&b->base.running, 1);
-		if (job->status == FA_OK)
-			b->fwd_ok++;
-		else
-			b->fwd_failed++;
-		gpu_push(&b->done_head, &b->done_tail, job);
-		if (sticky)
-			gpu_fatal_locked(b, job->detail);
-		uv_async_send(&b->async);
 	}
 	pthread_mutex_unlock(&b->mu);
-	if (b->tuner != NULL) { /* stopping mid-class: nothing stored */
+	if (b->tuner != NULL && d == &b->devs[0]) { /* stopping mid-class: nothing stored */
 		fa_tuner_free(b->tuner);
 		b->tuner = NULL;
 	}
@@ -677,7 +1218,9 @@ static void *gpu_worker(void *arg)
 
 /* ---- loop side ------------------------------------------------------------------------------------ */
 
-/* On the loop: hand finished jobs back; then report a fault to the server (fault.c). */
+/* On the loop: hand finished jobs back (an asynchronous job's first hand-back is its reply; its
+ * second follows at once when the kernel already finished); then report a fault to the server
+ * (fault.c). */
 static void gpu_async_cb(uv_async_t *h)
 {
 	struct gpu_backend *b = h->data;
@@ -690,29 +1233,46 @@ static void gpu_async_cb(uv_async_t *h)
 	while (job != NULL) {
 		struct backend_job *next = job->next;
 		job->next = NULL;
-		b->done(job, b->done_arg);
+		if (job->enqueued) {
+			b->done(job, b->done_arg); /* the reply; the job stays */
+			pthread_mutex_lock(&b->mu);
+			job->reply_delivered = true;
+			bool fin = job->kernel_done;
+			pthread_mutex_unlock(&b->mu);
+			if (fin) {
+				job->enqueued = false;
+				b->done(job, b->done_arg);
+			}
+		} else {
+			b->done(job, b->done_arg);
+		}
 		job = next;
 	}
 	fault_check(&b->base);
 }
 
-/* Queue a job on the device (GPU 0 for now; the region's device once there are several). */
+/* Queue a job on its device: the one of its device buffers, else round robin. */
 static fa_status gpu_submit(struct backend *base, struct backend_job *job)
 {
 	struct gpu_backend *b = (struct gpu_backend *)base;
-	struct gpu_dev *d = &b->devs[0];
+
+	if (job->dev < 0 || (unsigned)job->dev >= b->ndevs)
+		job->dev = (int)(b->rr++ % b->ndevs);
+	struct gpu_dev *d = &b->devs[job->dev];
 
 	job->status = FA_OK;
 	job->compute_ns = 0;
 	job->detail[0] = '\0';
+	job->enqueued = job->kernel_done = job->reply_delivered = false;
 	/* A kernel not loaded yet is compiled by a compile thread while the worker serves other
 	 * jobs. The query is cheap and CPU-only; when it fails (the planner refuses the shape)
 	 * the worker's launch reports the same error. */
 	bool ready = true;
 	char key[COMPILE_KEY_MAX], why[FA_PROTO_DETAIL_MAX];
+	int kl = snprintf(key, sizeof key, "g%d/", job->dev);
 	if (b->ncompile > 0 && !fault_marked(&b->base) &&
-	    fa_gpu_kernel_lookup(d->g, &job->desc, &ready, key, sizeof key, why, sizeof why) !=
-	        FA_OK)
+	    fa_gpu_kernel_lookup(d->g, &job->desc, &ready, key + kl, sizeof key - (size_t)kl, why,
+	                         sizeof why) != FA_OK)
 		ready = true;
 	pthread_mutex_lock(&b->mu);
 	if (b->stopping) {
@@ -764,10 +1324,22 @@ static unsigned gpu_cancel(struct backend *base, const void *owner, fa_status st
 	return n;
 }
 
-/* Healthy while no fault poisoned the context (the watchdog stops feeding systemd otherwise). */
+/* Healthy while no fault poisoned a context and every device's canary passed within
+ * GPU_CANARY_STALE_NS (a worker stuck in a kernel, or a canary that keeps failing, starves the
+ * watchdog and systemd restarts the daemon). */
 static bool gpu_healthy(struct backend *base)
 {
-	return !fault_marked(base);
+	struct gpu_backend *b = (struct gpu_backend *)base;
+	uint64_t now = util_now_ns();
+
+	if (fault_marked(base))
+		return false;
+	for (unsigned i = 0; i < b->ndevs; i++) {
+		uint64_t ok = atomic_load(&b->devs[i].canary_ok_ns);
+		if (now > ok && now - ok > GPU_CANARY_STALE_NS)
+			return false;
+	}
+	return true;
 }
 
 /* The last reference of a region served here: close the IPC mapping or unpin the host pages. */
@@ -776,7 +1348,7 @@ static void gpu_region_release(struct region *r)
 	struct gpu_backend *b = r->backend;
 	gpu_res res;
 
-	b->cu.CtxSetCurrent(b->devs[0].ctx);
+	b->cu.CtxSetCurrent(b->devs[r->dev >= 0 ? r->dev : 0].ctx);
 	if (r->kind == FA_REGION_CUDA_IPC) {
 		if (r->base != NULL &&
 		    (res = b->cu.IpcCloseMemHandle((gpu_ptr)(uintptr_t)r->base)) != 0)
@@ -800,6 +1372,10 @@ static fa_status gpu_region_open(struct backend *base, struct region *r,
 
 	if (fault_marked(&b->base))
 		return util_fail(err, errlen, FA_EDEVICE, "the GPU faulted; the daemon restarts");
+	/* Device memory: the device whose UUID the client named. */
+	for (unsigned i = 0; gpu_uuid != NULL && i < b->ndevs; i++)
+		if (memcmp(gpu_uuid, b->devs[i].uuid, 16) == 0)
+			d = &b->devs[i];
 	b->cu.CtxSetCurrent(d->ctx);
 	if (r->kind == FA_REGION_HOST_SHM) {
 		/* Portable: any context may copy from it (several devices later). */
@@ -816,9 +1392,14 @@ static fa_status gpu_region_open(struct backend *base, struct region *r,
 		char want[48], got[48];
 		gpu_uuid_text(d->uuid, want);
 		gpu_uuid_text(gpu_uuid, got);
+		if (b->ndevs == 1)
+			return util_fail(err, errlen, FA_ENOTSUP,
+			                 "the buffer is on GPU %s; this daemon serves GPU %s (%s) only",
+			                 got, want, fa_gpu_name(d->g));
 		return util_fail(err, errlen, FA_ENOTSUP,
-		                 "the buffer is on GPU %s; this daemon serves GPU %s (%s) only", got,
-		                 want, fa_gpu_name(d->g));
+		                 "the buffer is on GPU %s, which is not one of this daemon's %u GPUs "
+		                 "(GPU 0 is %s; CUDA_VISIBLE_DEVICES decides which it sees)",
+		                 got, b->ndevs, want);
 	}
 	struct gpu_ipc_handle h;
 	gpu_ptr p = 0, abase = 0;
@@ -856,6 +1437,7 @@ static fa_status gpu_region_open(struct backend *base, struct region *r,
 	r->base = (void *)(uintptr_t)p;
 	r->backend = b;
 	r->release = gpu_region_release;
+	r->dev = (int)(d - b->devs);
 	return FA_OK;
 }
 
@@ -882,7 +1464,22 @@ static void gpu_stats(struct backend *base, char *buf, size_t cap)
 	failed = b->fwd_failed;
 	h2d = b->h2d_bytes;
 	d2h = b->d2h_bytes;
+	uint64_t async_enq = b->async_enqueued, canary_runs = 0, canary_failed = 0;
+	unsigned async_running = b->ntickets;
+	double canary_err = 0;
+	for (unsigned i = 0; i < b->ndevs; i++) {
+		canary_runs += b->devs[i].canary_runs;
+		canary_failed += b->devs[i].canary_failed;
+		if (b->devs[i].canary_err > canary_err)
+			canary_err = b->devs[i].canary_err;
+	}
 	pthread_mutex_unlock(&b->mu);
+	uint64_t now = util_now_ns(), canary_age = 0;
+	for (unsigned i = 0; i < b->ndevs; i++) {
+		uint64_t t = atomic_load(&b->devs[i].canary_ok_ns);
+		if (now > t && now - t > canary_age)
+			canary_age = now - t;
+	}
 	gpu_uuid_text(d->uuid, uuid);
 	struct fa_gpu_cache_stats cs;
 	fa_gpu_cache_stats(d->g, &cs);
@@ -902,6 +1499,24 @@ static void gpu_stats(struct backend *base, char *buf, size_t cap)
 	if (m < 0 || (size_t)m >= cap - (size_t)n)
 		return;
 	n += m;
+	m = snprintf(buf + n, cap - (size_t)n,
+	             "gpu_async_enqueued:%" PRIu64 "\ngpu_async_running:%u\ngpu_canary_runs:%" PRIu64
+	             "\ngpu_canary_failed:%" PRIu64 "\ngpu_canary_age_ms:%" PRIu64
+	             "\ngpu_canary_worst_err:%.3g\n",
+	             async_enq, async_running, canary_runs, canary_failed, canary_age / 1000000,
+	             canary_err);
+	if (m < 0 || (size_t)m >= cap - (size_t)n)
+		return;
+	n += m;
+	for (unsigned i = 1; i < b->ndevs; i++) { /* GPU 0 is described above */
+		char u[48];
+		gpu_uuid_text(b->devs[i].uuid, u);
+		m = snprintf(buf + n, cap - (size_t)n, "gpu%u_name:%s\ngpu%u_uuid:%s\n", i,
+		             fa_gpu_name(b->devs[i].g), i, u);
+		if (m < 0 || (size_t)m >= cap - (size_t)n)
+			return;
+		n += m;
+	}
 	struct fa_tune_stats ts;
 	memset(&ts, 0, sizeof ts);
 	if (b->tune != NULL)
@@ -938,11 +1553,18 @@ static void gpu_dev_fini(struct gpu_backend *b, struct gpu_dev *d)
 		b->cu.CtxSetCurrent(d->ctx);
 		if (d->scratch != 0)
 			b->cu.MemFree(d->scratch);
+		if (d->canary_mem != 0)
+			b->cu.MemFree(d->canary_mem);
+		for (int i = 0; i < GPU_PIPE; i++)
+			if (d->pipe_ev[i] != NULL)
+				b->cu.EventDestroy(d->pipe_ev[i]);
 		if (d->stream != NULL)
 			b->cu.StreamDestroy(d->stream);
 		b->cu.DevicePrimaryCtxRelease(d->cudev);
 	}
 	fa_gpu_close(d->g);
+	free(d->canary_ref);
+	free(d->canary_out);
 	memset(d, 0, sizeof(*d));
 }
 
@@ -999,6 +1621,28 @@ static void gpu_close(struct backend *base, void (*closed)(void *arg), void *arg
 	for (unsigned i = 0; i < b->ndevs; i++)
 		if (b->devs[i].thread_started)
 			pthread_join(b->devs[i].thread, NULL);
+	/* Asynchronous kernels still running (the server drained, so normally none): wait a
+	 * bounded time for their host functions, then finish them as abandoned. */
+	pthread_mutex_lock(&b->mu);
+	uint64_t until = util_now_ns() + GPU_CLOSE_WAIT_NS;
+	while (b->tickets != NULL && util_now_ns() < until) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += 50000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+	}
+	if (b->tickets != NULL) {
+		log_warn("gpu: %u asynchronous kernels did not finish within %llu s of the close; "
+		         "answering them FA_ECLOSED", b->ntickets,
+		         (unsigned long long)(GPU_CLOSE_WAIT_NS / 1000000000ull));
+		gpu_abandon_tickets_locked(b, FA_ECLOSED, "the daemon closed before the kernel "
+		                           "finished");
+	}
+	pthread_mutex_unlock(&b->mu);
 	gpu_async_cb(&b->async); /* every job is handed back exactly once */
 	b->closed = closed;
 	b->closed_arg = arg;
@@ -1045,7 +1689,14 @@ static fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordi
 		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: cuStreamCreate: CUDA error %d (%s)",
 		                 ordinal, r, gpu_errstr(b, r));
 	}
-	return FA_OK;
+	for (int i = 0; i < GPU_PIPE; i++)
+		if ((r = b->cu.EventCreate(&d->pipe_ev[i], GPU_EVENT_DISABLE_TIMING)) != 0) {
+			d->pipe_ev[i] = NULL;
+			return util_fail(err, errlen, FA_ENOGPU,
+			                 "GPU %d: cuEventCreate: CUDA error %d (%s)", ordinal, r,
+			                 gpu_errstr(b, r));
+		}
+	return gpu_canary_init(d, err, errlen);
 }
 
 /* The tuning table (after the disk cache dir is set, before any thread uses the device): loaded
@@ -1104,11 +1755,30 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 	b->done = done;
 	b->done_arg = arg;
 	/* fa_gpu_open first (in gpu_dev_open): its "no driver" text is the one worth showing. */
+	b->base.async_events = true;
 	b->ndevs = 1;
 	st = gpu_dev_open(b, &b->devs[0], 0, cfg, err, errlen);
 	if (st != FA_OK) {
 		gpu_free(b);
 		return st;
+	}
+	/* Every other visible device (CUDA_VISIBLE_DEVICES chooses): one that cannot be opened
+	 * is left out with a warning, the others serve. */
+	int count = 1;
+	if (b->cu.DeviceGetCount(&count) != 0)
+		count = 1;
+	if (count > GPU_MAX_DEVICES) {
+		log_warn("gpu: %d devices visible; serving the first %d", count, GPU_MAX_DEVICES);
+		count = GPU_MAX_DEVICES;
+	}
+	for (int i = 1; i < count; i++) {
+		char why[FA_PROTO_DETAIL_MAX];
+		st = gpu_dev_open(b, &b->devs[b->ndevs], i, cfg, why, sizeof why);
+		b->ndevs++; /* so gpu_free releases what it opened, also on failure */
+		if (st != FA_OK) {
+			log_warn("gpu: GPU %d left out: %s", i, why);
+			gpu_dev_fini(b, &b->devs[--b->ndevs]);
+		}
 	}
 	gpu_tune_open(b, cfg);
 	if ((rv = uv_async_init(loop, &b->async, gpu_async_cb)) != 0) {
@@ -1149,9 +1819,10 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	b->base.threads = b->ndevs;
-	log_notice("backend: gpu on GPU 0 (%s, sm_%d, %zu bytes of opt-in shared memory)",
-	           fa_gpu_name(b->devs[0].g), fa_gpu_sm(b->devs[0].g),
-	           fa_gpu_smem_optin(b->devs[0].g));
+	for (unsigned i = 0; i < b->ndevs; i++)
+		log_notice("backend: gpu on GPU %d (%s, sm_%d, %zu bytes of opt-in shared memory)",
+		           b->devs[i].ordinal, fa_gpu_name(b->devs[i].g), fa_gpu_sm(b->devs[i].g),
+		           fa_gpu_smem_optin(b->devs[i].g));
 	*out = &b->base;
 	return FA_OK;
 }
@@ -1166,4 +1837,5 @@ const struct backend_ops backend_gpu_ops = {
 	.healthy = gpu_healthy,
 	.region_open = gpu_region_open,
 	.stats = gpu_stats,
+	.owner_free = gpu_owner_free,
 };

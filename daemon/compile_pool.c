@@ -65,6 +65,7 @@ fa_status compile_table_add(struct compile_table *t, const char *key, struct bac
 			return FA_ENOMEM;
 		snprintf(w->key, sizeof w->key, "%s", key);
 		w->desc = job->desc;
+		w->dev = job->dev;
 		if (t->tail != NULL)
 			t->tail->next = w;
 		else

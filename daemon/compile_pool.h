@@ -17,12 +17,13 @@
 
 #include "backend.h"
 
-#define COMPILE_KEY_MAX 96 /* fa_kernel_spec_name's length */
+#define COMPILE_KEY_MAX 104 /* a device prefix ("g15/") and fa_kernel_spec_name */
 
 /* One specialisation being compiled, and the jobs waiting for it. */
 struct compile_wait {
 	char key[COMPILE_KEY_MAX];
 	struct fa_attn_fwd_desc desc; /* the first job's: what the compile thread prepares */
+	int dev;                      /* the first job's device (the key names it) */
 	struct backend_job *head, *tail;
 	unsigned njobs;
 	bool started; /* a compile thread took it */

@@ -32,6 +32,7 @@ struct request {
 	uint64_t seq;
 	uint64_t t_recv;
 	uint32_t pipe;                    /* the connection it arrived on, for the log */
+	bool replied;                     /* asynchronous: answered at the enqueue */
 };
 
 struct dispatch_ctx {
@@ -344,9 +345,42 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 		    "the session has %u requests in flight, its limit (--max-inflight); "
 		    "retry when one has finished",
 		    s->inflight);
+	bool async = c->req->u.fwd.async;
+	/* The driver keeps IPC events in /dev/shm/cuda.shm.* files of mode 0600: an event of
+	 * another uid cannot be opened (measured: "mapping of buffer object failed"). */
+	if (async && s->uid != (uint32_t)geteuid())
+		return util_fail(err, errlen, FA_EPERM,
+		                 "asynchronous mode needs CUDA IPC events, which the driver shares "
+		                 "only between processes of one user (this client is uid %u, the "
+		                 "daemon uid %u): use synchronous mode",
+		                 s->uid, (unsigned)geteuid());
+	if (async && !srv->backend->async_events)
+		return util_fail(err, errlen, FA_ENOTSUP,
+		                 "asynchronous mode needs the GPU backend; this daemon runs the %s "
+		                 "backend: use synchronous mode",
+		                 backend_name(srv->backend));
 	st = validate_attn_fwd(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
 		return st;
+	/* One GPU per request: its device buffers must agree (host buffers go anywhere). */
+	int dev = -1;
+	for (int i = 0; i < VALIDATE_NTENSORS; i++) {
+		static const char *const names[VALIDATE_NTENSORS] = {"q", "k", "v", "o", "lse"};
+		if (vr.region[i] == NULL)
+			continue;
+		if (async && !vr.on_device[i])
+			return util_fail(err, errlen, FA_EINVAL,
+			                 "asynchronous mode takes device buffers only; %s is in "
+			                 "host memory", names[i]);
+		if (!vr.on_device[i])
+			continue;
+		if (dev >= 0 && vr.region[i]->dev != dev)
+			return util_fail(err, errlen, FA_EINVAL,
+			                 "%s is on the daemon's GPU %d, an earlier tensor on GPU %d: "
+			                 "one request's buffers must be on one GPU",
+			                 names[i], vr.region[i]->dev, dev);
+		dev = vr.region[i]->dev;
+	}
 	if ((r = calloc(1, sizeof(*r))) == NULL)
 		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
 	r->job.desc = vr.desc;
@@ -357,6 +391,12 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	r->job.lse = vr.lse;
 	memcpy(r->job.on_device, vr.on_device, sizeof r->job.on_device);
 	r->job.owner = s;
+	r->job.dev = dev;
+	r->job.async = async;
+	r->job.slot = c->req->u.fwd.slot;
+	r->job.has_wait_event = c->req->u.fwd.has_event;
+	memcpy(r->job.wait_event, c->req->u.fwd.event, sizeof r->job.wait_event);
+	r->job.owner_state = &s->backend_state;
 	r->session = s;
 	session_ref(s);
 	for (int i = 0; i < VALIDATE_NTENSORS; i++) {
@@ -523,8 +563,35 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 	struct session *s = r->session;
 	struct fa_proto_rep *rep = &srv->rep;
 
+	if (r->replied) {
+		/* An asynchronous job's kernel finished; its reply went at the enqueue. */
+		if (job->status == FA_OK) {
+			srv->stats.fwd_total++;
+			srv->stats.fwd_compute_ns += job->compute_ns;
+		} else {
+			log_warn("request ATTN_FWD session %016" PRIx64 " seq %" PRIu64
+			         " (asynchronous) failed after its reply: %s: %s",
+			         s->id, r->seq, fa_status_name(job->status), job->detail);
+		}
+		s->inflight--;
+		srv->inflight--;
+		dispatch_request_free(r);
+		server_check_drained(srv);
+		return;
+	}
 	dispatch_rep_reset(rep, FA_OP_ATTN_FWD, r->seq);
 	rep->status = job->status;
+	if (job->enqueued) {
+		/* Asynchronous: the kernel is enqueued behind the client's event; answer now with
+		 * the event recorded after it. The request (and its regions) live until the
+		 * backend hands the job back again, finished. */
+		r->replied = true;
+		rep->u.fwd.async = true;
+		memcpy(rep->u.fwd.event, job->done_event, sizeof rep->u.fwd.event);
+		dispatch_log_reply(srv, s, rep, r->pipe, r->t_recv);
+		dispatch_send(srv, s, r->dd, &r->hdr, rep);
+		return;
+	}
 	if (job->status == FA_OK) {
 		rep->u.fwd.compute_ns = job->compute_ns;
 		srv->stats.fwd_total++;

@@ -126,6 +126,7 @@ fa_status region_open_shm(struct region **out, const char *name, uint64_t size, 
 	}
 	r->refs = 1;
 	r->kind = FA_REGION_HOST_SHM;
+	r->dev = -1;
 	r->base = base;
 	r->size = size;
 	snprintf(r->name, sizeof r->name, "%s", name);
@@ -153,6 +154,7 @@ fa_status region_open_ipc(struct region **out, uint64_t size, uint64_t max_bytes
 		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
 	r->refs = 1;
 	r->kind = FA_REGION_CUDA_IPC;
+	r->dev = -1; /* the backend's region_open sets it */
 	r->size = size;
 	snprintf(r->name, sizeof r->name, "cuda-ipc");
 	region_live++;

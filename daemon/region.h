@@ -43,6 +43,7 @@ struct region {
 	 * calls it before anything else is released. */
 	void (*release)(struct region *r);
 	void *backend;      /* the backend's own, for release */
+	int dev;            /* CUDA IPC regions: the backend's index of their GPU; -1 otherwise */
 };
 
 /* Is `name` of the form "/fa.<uid>.<pid>.<16 hex digits>" (decimal uid and pid, no other '/')? */

@@ -89,6 +89,17 @@ static void server_on_session_close(struct session *s, void *arg)
 		backend_cancel(srv->backend, s, "the session closed before this request started");
 }
 
+/* A session's last reference went: the backend's state for it (async streams, events) goes. */
+static void server_on_session_free(struct session *s, void *arg)
+{
+	struct server *srv = arg;
+
+	if (s->backend_state != NULL && srv->backend != NULL &&
+	    srv->backend->ops->owner_free != NULL)
+		srv->backend->ops->owner_free(srv->backend, s->backend_state);
+	s->backend_state = NULL;
+}
+
 /* ---- start ----------------------------------------------------------------------------------- */
 
 static void server_part_closed(void *arg);
@@ -123,6 +134,8 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 	                   ring < SERVER_DEDUPE_MAX ? ring : SERVER_DEDUPE_MAX);
 	srv->sessions.on_close = server_on_session_close;
 	srv->sessions.on_close_arg = srv;
+	srv->sessions.on_free = server_on_session_free;
+	srv->sessions.on_free_arg = srv;
 
 	config_describe(cfg, desc, sizeof desc);
 	log_notice("fa-daemon %s (protocol %d) pid %ld starting", server_version(),

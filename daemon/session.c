@@ -186,6 +186,8 @@ void session_unref(struct session *s)
 {
 	if (--s->refs > 0)
 		return;
+	if (s->table != NULL && s->table->on_free != NULL)
+		s->table->on_free(s, s->table->on_free_arg);
 	dedupe_fini(&s->dedupe);
 	idmap_fini(&s->regions);
 	free(s->pipes);

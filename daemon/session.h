@@ -37,6 +37,7 @@ struct session {
 	struct dedupe dedupe;
 	uint64_t requests;             /* requests served, for the closing log line */
 	bool warned;                   /* a client error was logged at warning already */
+	void *backend_state;           /* the backend's (async streams and events), or NULL */
 	struct session_table *table;
 };
 
@@ -50,6 +51,8 @@ struct session_table {
 	uint64_t opened_total;
 	session_close_fn on_close;     /* called as a session closes, before its regions go */
 	void *on_close_arg;
+	session_close_fn on_free;      /* called when a session's last reference goes */
+	void *on_free_arg;
 };
 
 /* An empty table. dedupe_slots must exceed the per-session in-flight limit. */

@@ -53,6 +53,9 @@ enum key {
 	K_BE,    /* uint: enum fa_backend_kind (HELLO reply) */
 	K_NS,    /* uint64: backend time in ns (ATTN_FWD reply) */
 	K_TXT,   /* str < 16384: statistics text (STATS reply) */
+	K_SLOT,  /* uint < FA_PROTO_MAX_SLOTS: asynchronous mode's slot (ATTN_FWD, optional) */
+	K_EV,    /* bin 64: CUDA IPC event handle (async ATTN_FWD: the client's; its reply: the
+	          * daemon's) */
 	K_COUNT
 };
 
@@ -64,7 +67,7 @@ static const char *const key_names[K_COUNT] = {
 	[K_LSE] = "lse",   [K_SCALE] = "scale", [K_MASK] = "mask", [K_PREC] = "prec",
 	[K_ST] = "st",     [K_EP] = "ep",     [K_DET] = "det",    [K_MM] = "mm",
 	[K_MI] = "mi",     [K_MR] = "mr",     [K_BE] = "be",      [K_NS] = "ns",
-	[K_TXT] = "txt",
+	[K_TXT] = "txt",   [K_SLOT] = "slot", [K_EV] = "ev",
 };
 
 /* Keys of a tensor map. */
@@ -83,14 +86,15 @@ static const char *const tkey_names[T_COUNT] = {
 #define REQ_COMMON (KB(K_V) | KB(K_OP) | KB(K_SEQ))
 #define REP_COMMON (KB(K_V) | KB(K_OP) | KB(K_SEQ) | KB(K_ST) | KB(K_EP))
 
-/* Per op: its name, the request keys it requires beyond REQ_COMMON, the optional ones, and the
- * keys its FA_OK reply requires beyond REP_COMMON. */
+/* Per op: its name, the request keys it requires beyond REQ_COMMON, the optional ones, the
+ * keys its FA_OK reply requires beyond REP_COMMON, and the reply's optional ones. */
 static const struct op_info {
 	uint32_t op;
 	const char *name;
 	uint32_t req_need;
 	uint32_t req_opt;
 	uint32_t rep_need;
+	uint32_t rep_opt;
 } op_table[] = {
 	{FA_OP_HELLO, "HELLO", KB(K_PID) | KB(K_NAME), 0,
 	 KB(K_SID) | KB(K_MM) | KB(K_MI) | KB(K_MR) | KB(K_BE)},
@@ -103,7 +107,7 @@ static const struct op_info {
 	{FA_OP_ATTN_FWD, "ATTN_FWD",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_SCALE) | KB(K_MASK) |
 		 KB(K_PREC),
-	 KB(K_LSE), KB(K_NS)},
+	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV), KB(K_NS), KB(K_EV)},
 };
 
 /* The table entry of an op, or NULL when the number is not an op of this version. */
@@ -381,6 +385,22 @@ static fa_status decode_fwd(const msgpack_object *const *val, struct fa_proto_re
 	if (!get_uint(val[K_PREC], FA_PREC_BF16, &u))
 		return fail(err, errlen, FA_EPROTO, "key 'prec': must be a precision 0..4");
 	out->u.fwd.precision = (uint8_t)u;
+	/* Asynchronous mode: a slot, and optionally the client's event to wait on. */
+	if (val[K_EV] && !val[K_SLOT])
+		return fail(err, errlen, FA_EPROTO, "key 'ev' without 'slot' (events are async mode's)");
+	if (val[K_SLOT]) {
+		if (!get_uint(val[K_SLOT], FA_PROTO_MAX_SLOTS - 1, &u))
+			return fail(err, errlen, FA_EPROTO, "key 'slot': must be 0..%d",
+			            FA_PROTO_MAX_SLOTS - 1);
+		out->u.fwd.async = true;
+		out->u.fwd.slot = (uint32_t)u;
+	}
+	if (val[K_EV]) {
+		if ((st = get_bin(val[K_EV], "ev", out->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN, err,
+		                  errlen)) != FA_OK)
+			return st;
+		out->u.fwd.has_event = true;
+	}
 	return FA_OK;
 }
 
@@ -523,7 +543,8 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 	else
 		snprintf(what, sizeof what, "a failure reply");
 	uint32_t need = REP_COMMON | (out->status == FA_OK ? oi->rep_need : 0);
-	if ((st = check_keys(val, need, KB(K_DET), what, err, errlen)) != FA_OK)
+	uint32_t opt = KB(K_DET) | (out->status == FA_OK ? oi->rep_opt : 0);
+	if ((st = check_keys(val, need, opt, what, err, errlen)) != FA_OK)
 		return st;
 	if (!get_uint(val[K_SEQ], UINT64_MAX, &u))
 		return fail(err, errlen, FA_EPROTO, "key 'seq': want an unsigned integer");
@@ -563,6 +584,11 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 		if (!get_uint(val[K_NS], UINT64_MAX, &u))
 			return fail(err, errlen, FA_EPROTO, "key 'ns': want an unsigned integer");
 		out->u.fwd.compute_ns = u;
+		if (val[K_EV]) {
+			out->u.fwd.async = true;
+			return get_bin(val[K_EV], "ev", out->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN,
+			               err, errlen);
+		}
 		return FA_OK;
 	case FA_OP_STATS:
 		return get_str(val[K_TXT], "txt", out->u.stats.text, FA_PROTO_STATS_MAX, err, errlen);
@@ -705,9 +731,11 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 		    !tensor_ok(&req->u.fwd.v) || !tensor_ok(&req->u.fwd.o) ||
 		    (req->u.fwd.lse.region != 0 && !tensor_ok(&req->u.fwd.lse)) ||
 		    !isfinite(req->u.fwd.scale) || req->u.fwd.mask > FA_MASK_CAUSAL_TOP_LEFT ||
-		    req->u.fwd.precision > FA_PREC_BF16)
+		    req->u.fwd.precision > FA_PREC_BF16 ||
+		    (req->u.fwd.async && req->u.fwd.slot >= FA_PROTO_MAX_SLOTS) ||
+		    (req->u.fwd.has_event && !req->u.fwd.async))
 			return FA_EINVAL;
-		*n += 7 + (req->u.fwd.lse.region != 0);
+		*n += 7 + (req->u.fwd.lse.region != 0) + req->u.fwd.async + req->u.fwd.has_event;
 		return FA_OK;
 	default:
 		return FA_OK;
@@ -765,6 +793,10 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 		rc |= pk_key(&pk, K_SCALE) | msgpack_pack_double(&pk, req->u.fwd.scale);
 		rc |= pk_u64(&pk, K_MASK, req->u.fwd.mask);
 		rc |= pk_u64(&pk, K_PREC, req->u.fwd.precision);
+		if (req->u.fwd.async)
+			rc |= pk_u64(&pk, K_SLOT, req->u.fwd.slot);
+		if (req->u.fwd.has_event)
+			rc |= pk_bin(&pk, K_EV, req->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);
 		break;
 	default:
 		break;
@@ -805,7 +837,7 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 			n += 1;
 			break;
 		case FA_OP_ATTN_FWD:
-			n += 1;
+			n += 1 + rep->u.fwd.async;
 			break;
 		case FA_OP_STATS:
 			if (!str_fits(rep->u.stats.text, FA_PROTO_STATS_MAX))
@@ -842,6 +874,8 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 			break;
 		case FA_OP_ATTN_FWD:
 			rc |= pk_u64(&pk, K_NS, rep->u.fwd.compute_ns);
+			if (rep->u.fwd.async)
+				rc |= pk_bin(&pk, K_EV, rep->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);
 			break;
 		case FA_OP_STATS:
 			rc |= pk_str(&pk, K_TXT, rep->u.stats.text);

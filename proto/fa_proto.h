@@ -25,7 +25,8 @@
 #define FA_PROTO_MAX_DEPTH 8
 
 #define FA_PROTO_SHM_NAME_MAX 64  /* incl. NUL; names are "/fa.<...>" with no other '/' */
-#define FA_PROTO_IPC_HANDLE_LEN 64 /* cudaIpcMemHandle_t */
+#define FA_PROTO_IPC_HANDLE_LEN 64 /* cudaIpcMemHandle_t, cudaIpcEventHandle_t */
+#define FA_PROTO_MAX_SLOTS 64      /* asynchronous mode: slots per session (client sockets) */
 #define FA_PROTO_UUID_LEN 16
 #define FA_PROTO_DETAIL_MAX 256    /* incl. NUL */
 #define FA_PROTO_STATS_MAX 16384   /* incl. NUL */
@@ -92,6 +93,13 @@ struct fa_proto_req {
 			double scale;               /* 0 = 1/sqrt(D) */
 			uint8_t mask;               /* enum fa_mask */
 			uint8_t precision;          /* enum fa_precision */
+			/* Asynchronous mode ("slot" present): the reply comes when the kernel is
+			 * enqueued and carries the daemon's event; one daemon event per (session,
+			 * slot), so a client reuses a slot only after waiting on its last event. */
+			bool async;
+			uint32_t slot;              /* < FA_PROTO_MAX_SLOTS */
+			bool has_event;             /* the daemon's stream waits on event first */
+			uint8_t event[FA_PROTO_IPC_HANDLE_LEN]; /* the client's cudaIpcEventHandle_t */
 		} fwd;
 	} u;
 };
@@ -116,7 +124,9 @@ struct fa_proto_rep {
 			uint64_t region;
 		} reg;
 		struct {
-			uint64_t compute_ns; /* time the backend spent on this request */
+			uint64_t compute_ns; /* time the backend spent on this request (async: 0) */
+			bool async;          /* an asynchronous request's reply: event is set */
+			uint8_t event[FA_PROTO_IPC_HANDLE_LEN]; /* the daemon's completion event */
 		} fwd;
 		struct {
 			char text[FA_PROTO_STATS_MAX];

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -1094,9 +1095,108 @@ static void test_bad_input_duplicate_in_flight_is_computed_once(void **state)
 	nn_close(s[1]);
 }
 
-int main(void)
+/* ---- asynchronous mode ----------------------------------------------------------------------- */
+
+/* An asynchronous ATTN_FWD of the small case in session sid (slot 3, a made-up client event). */
+static void async_req(uint64_t sid, uint64_t seq, uint64_t rid, struct fa_proto_req *req)
 {
+	struct fa_case cs;
+	struct fa_case_layout l;
+	fa_attn_fwd_args a;
+
+	small_case(&cs, &l, &a);
+	fa_raw_fwd_req(&a, sid, seq, rid, req);
+	req->u.fwd.async = true;
+	req->u.fwd.slot = 3;
+	req->u.fwd.has_event = true;
+	memset(req->u.fwd.event, 0x42, sizeof req->u.fwd.event);
+}
+
+/* The child of the cross-user case, exec'd fresh (nanomsg does not survive a fork): as uid
+ * 65534, open a session and ask for the asynchronous mode. Exit 0 when the daemon says
+ * FA_EPERM with the reason. */
+static int foreign_async_main(const char *url)
+{
+	struct fa_proto_req req;
+	struct fa_proto_rep rep;
+
+	if (setgid(65534) != 0 || setuid(65534) != 0) {
+		perror("foreign async child: setuid 65534");
+		return 10;
+	}
+	int s = fa_raw_open(url, fa_test_ms(10000));
+	uint64_t sid = s >= 0 ? fa_raw_hello(s, 1, &rep) : 0;
+	if (sid == 0) {
+		fprintf(stderr, "foreign async child: no session as uid 65534 at %s\n", url);
+		return 11;
+	}
+	async_req(sid, 2, 12345, &req);
+	int st = fa_raw_call(s, &req, &rep);
+	fprintf(stderr, "foreign async child: %s: %s\n", fa_status_name(st), rep.detail);
+	if (st != FA_EPERM || strstr(rep.detail, "one user") == NULL)
+		return 12;
+	/* The synchronous mode is still offered: the same request without the slot gets past
+	 * the uid check (to the region check: 12345 is nobody's region). */
+	req.seq = 3;
+	req.u.fwd.async = req.u.fwd.has_event = false;
+	st = fa_raw_call(s, &req, &rep);
+	fprintf(stderr, "foreign async child, synchronous: %s: %s\n", fa_status_name(st),
+	        rep.detail);
+	return st == FA_EREGION ? 0 : 13;
+}
+
+static void test_bad_input_async_mode_needs_the_gpu_backend_and_the_daemons_user(void **state)
+{
+	(void)state;
+	struct fa_proto_req req;
+	struct fa_proto_rep rep;
+
+	/* Same user, CPU backend: a clear FA_ENOTSUP naming the backend. */
+	async_req(g_sid, g_seq++, g_rid, &req);
+	assert_int_equal(fa_raw_call(g_raw, &req, &rep), FA_ENOTSUP);
+	assert_non_null(strstr(rep.detail, "GPU backend"));
+	/* The API refuses host buffers before anything is sent. */
+	fa_attn_fwd_args a;
+	struct fa_case cs;
+	struct fa_case_layout l;
+	cs = (struct fa_case){.dtype = FA_DTYPE_FP16, .B = 1, .Sq = 16, .Sk = 16, .Hq = 2,
+	                      .Hkv = 1, .D = 64};
+	fa_case_layout(&cs, &l);
+	fa_case_args(&cs, &l, g_buf, &a);
+	assert_int_equal(fa_attn_fwd_async(g_c, &a, NULL), FA_EINVAL);
+	assert_non_null(strstr(fa_last_error_detail(), "host buffer"));
+	assert_serving();
+
+	/* Another user: FA_EPERM before anything else (the driver's IPC event files are 0600). */
+	if (geteuid() != 0) {
+		fprintf(stderr, "the cross-user case needs root (to become uid 65534): skipped\n");
+		skip();
+	}
+	char dir[sizeof g_d.sock];
+	snprintf(dir, sizeof dir, "%s", g_d.sock);
+	*strrchr(dir, '/') = '\0';
+	assert_int_equal(chmod(dir, 0711), 0);
+	assert_int_equal(chmod(g_d.sock, 0666), 0);
+	fflush(stderr);
+	pid_t p = fork();
+	assert_true(p >= 0);
+	if (p == 0) {
+		execl("/proc/self/exe", "test_bad_input", "--foreign-async", g_d.url, (char *)NULL);
+		_exit(127);
+	}
+	int rc = fa_test_waitpid(p, fa_test_ms(20000));
+	chmod(g_d.sock, 0600);
+	chmod(dir, 0700);
+	assert_int_equal(rc, 0);
+	assert_serving();
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && strcmp(argv[1], "--foreign-async") == 0)
+		return foreign_async_main(argv[2]);
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_bad_input_async_mode_needs_the_gpu_backend_and_the_daemons_user),
 		cmocka_unit_test(test_bad_input_garbage_msgpack_gets_eproto),
 		cmocka_unit_test(test_bad_input_wrong_version_gets_eversion),
 		cmocka_unit_test(test_bad_input_unknown_op_gets_eproto),

@@ -710,6 +710,74 @@ static void test_proto_round_trips_attn_fwd_with_and_without_lse(void **state)
 	}
 }
 
+/* Asynchronous mode: a slot and the client's event in the request, the daemon's event in the
+ * reply; an event without a slot, or a slot past the last, is refused both ways. */
+static void test_proto_round_trips_async_attn_fwd_and_refuses_bad_slots(void **state)
+{
+	(void)state;
+	struct fa_proto_req r = req_fixture(FA_OP_ATTN_FWD), out;
+	size_t len, plain = check_req_round_trip(&r);
+
+	r.u.fwd.async = true;
+	r.u.fwd.slot = FA_PROTO_MAX_SLOTS - 1;
+	r.u.fwd.has_event = true;
+	for (int i = 0; i < FA_PROTO_IPC_HANDLE_LEN; i++)
+		r.u.fwd.event[i] = (uint8_t)(0xa0 ^ i);
+	size_t with = check_req_round_trip(&r);
+	assert_true(with > plain);
+	assert_int_equal(fa_proto_decode_req(enc, with, &out, errbuf, sizeof errbuf), FA_OK);
+	assert_true(out.u.fwd.async && out.u.fwd.has_event);
+	assert_int_equal(out.u.fwd.slot, FA_PROTO_MAX_SLOTS - 1);
+	assert_memory_equal(out.u.fwd.event, r.u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);
+
+	/* The same bytes without the 6-byte "slot": 63 entry (fixstr key, fixint value) and one
+	 * entry less in the map header: an event without a slot. */
+	unsigned char cut[FA_PROTO_MAX_MSG];
+	const unsigned char key[] = {0xa4, 's', 'l', 'o', 't', 0x3f};
+	unsigned char *at = memmem(enc, with, key, sizeof key);
+	assert_non_null(at);
+	size_t pos = (size_t)(at - enc);
+	assert_true(enc[0] >= 0x81 && enc[0] <= 0x8f); /* a fixmap */
+	memcpy(cut, enc, pos);
+	memcpy(cut + pos, enc + pos + sizeof key, with - pos - sizeof key);
+	cut[0]--;
+	assert_int_equal(fa_proto_decode_req(cut, with - sizeof key, &out, errbuf, sizeof errbuf),
+	                 FA_EPROTO);
+	assert_non_null(strstr(errbuf, "'ev' without 'slot'"));
+	/* Slot 64 (patched in place: positive fixint 0x40). */
+	memcpy(cut, enc, with);
+	cut[pos + 5] = FA_PROTO_MAX_SLOTS;
+	assert_int_equal(fa_proto_decode_req(cut, with, &out, errbuf, sizeof errbuf), FA_EPROTO);
+	assert_non_null(strstr(errbuf, "'slot'"));
+
+	/* The encoder refuses what the decoder would. */
+	r.u.fwd.slot = FA_PROTO_MAX_SLOTS;
+	assert_int_equal(fa_proto_encode_req(&r, enc, sizeof enc, &len), FA_EINVAL);
+	r.u.fwd.slot = 0;
+	r.u.fwd.async = false;
+	assert_int_equal(fa_proto_encode_req(&r, enc, sizeof enc, &len), FA_EINVAL);
+	/* A slot alone (no event to wait on) is fine. */
+	r.u.fwd.async = true;
+	r.u.fwd.has_event = false;
+	check_req_round_trip(&r);
+
+	/* The reply: the daemon's event. */
+	struct fa_proto_rep p, q;
+	rep_fixture(FA_OP_ATTN_FWD, &p);
+	p.u.fwd.async = true;
+	memset(p.u.fwd.event, 0x5c, sizeof p.u.fwd.event);
+	assert_int_equal(fa_proto_encode_rep(&p, enc, sizeof enc, &len), FA_OK);
+	assert_int_equal(fa_proto_decode_rep(enc, len, &q, errbuf, sizeof errbuf), FA_OK);
+	assert_true(q.u.fwd.async);
+	assert_memory_equal(q.u.fwd.event, p.u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);
+	assert_int_equal(q.u.fwd.compute_ns, p.u.fwd.compute_ns);
+	/* A synchronous reply has none. */
+	rep_fixture(FA_OP_ATTN_FWD, &p);
+	assert_int_equal(fa_proto_encode_rep(&p, enc, sizeof enc, &len), FA_OK);
+	assert_int_equal(fa_proto_decode_rep(enc, len, &q, errbuf, sizeof errbuf), FA_OK);
+	assert_false(q.u.fwd.async);
+}
+
 static void test_proto_round_trips_every_reply_op(void **state)
 {
 	(void)state;
@@ -1750,6 +1818,7 @@ int main(void)
 		cmocka_unit_test(test_proto_round_trips_requests_with_all_fields_max),
 		cmocka_unit_test(test_proto_round_trips_requests_with_all_fields_min),
 		cmocka_unit_test(test_proto_round_trips_attn_fwd_with_and_without_lse),
+		cmocka_unit_test(test_proto_round_trips_async_attn_fwd_and_refuses_bad_slots),
 		cmocka_unit_test(test_proto_round_trips_every_reply_op),
 		cmocka_unit_test(test_proto_round_trips_replies_with_all_fields_max),
 		cmocka_unit_test(test_proto_round_trips_failure_reply_of_every_status),

@@ -222,6 +222,22 @@ typedef struct fa_attn_fwd_args {
  * or a transport status. */
 FA_API fa_status fa_attn_fwd(fa_client *c, const fa_attn_fwd_args *args);
 
+/* Compute forward attention in the daemon, ordered on the caller's CUDA stream (asynchronous
+ * mode; device buffers only). `stream` is a CUstream / cudaStream_t (NULL: the default stream of
+ * the calling thread's current context). The call records an interprocess event on `stream`;
+ * the daemon's stream waits for it before reading Q, K, V, so work already queued on `stream`
+ * that writes them needs no synchronisation. It returns once the kernel is enqueued, after making
+ * `stream` wait for the daemon's completion event: later work on `stream` sees O and lse, and
+ * cudaStreamSynchronize(stream) waits for them. The call itself does not wait for the GPU.
+ * Buffers must stay registered (and allocated) until `stream` passed that point.
+ * CUDA IPC events work only between processes of one user (the driver keeps them in mode-0600
+ * files): when the daemon runs as another user this returns FA_EPERM; use fa_attn_fwd().
+ * Returns the statuses of fa_attn_fwd(), and FA_EPERM (another user's daemon), FA_ENOTSUP (the
+ * daemon has no GPU backend), FA_EINVAL (a host buffer, or `stream` is not a stream of a live
+ * context), FA_ENOGPU (no CUDA driver here). On FA_EDEVICE after the enqueue (the daemon's event
+ * could not be opened) the kernel still runs: synchronise the device before reading O. */
+FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, void *stream);
+
 /* The detail text the daemon sent with the last failed call on this thread ("q: extent ends at
  * byte 4160, region has 4096"), or "" when it sent none. Static thread-local storage, valid until
  * the next call on this thread. Never NULL. */

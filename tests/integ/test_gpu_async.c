@@ -1,0 +1,419 @@
+/* test_gpu_async.c - the GPU backend's asynchronous mode, its canary and its devices, end to end
+ * against the real fa-daemon:
+ *   - fa_attn_fwd_async orders the daemon's kernel after the work queued on the caller's stream
+ *     and the caller's later work after the kernel: inputs are uploaded on the stream with no
+ *     synchronisation, many calls are chained, every output is checked against the reference;
+ *   - a client event that is not an event, host buffers in the asynchronous mode: clear statuses;
+ *   - the canary runs and passes (STATS), so the watchdog is fed;
+ *   - with two or more GPUs: a buffer on GPU 1 is served there, a request mixing GPUs gets a
+ *     clear FA_EINVAL (skipped, with the reason, on one GPU).
+ * The cross-user refusal of the asynchronous mode (FA_EPERM) needs no GPU: test_bad_input.c.
+ *
+ * CUDA does not survive fork(): the test process never initialises it; each case runs in a
+ * forked child that loads libcuda.so.1 with dlopen and reports through its exit code.
+ */
+#include <dlfcn.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "fa_integ.h"
+
+#define CHAIN 24 /* asynchronous calls chained on one stream before the first synchronisation */
+
+static struct fa_daemon g_daemon;
+static bool g_no_gpu;
+static int g_ngpus;
+
+/* ---- the CUDA driver, loaded in children ------------------------------------------------------ */
+
+typedef int cu_res;
+typedef unsigned long long cu_ptr;
+
+static struct {
+	void *lib;
+	cu_res (*Init)(unsigned);
+	cu_res (*DeviceGetCount)(int *);
+	cu_res (*DeviceGet)(int *, int);
+	cu_res (*DevicePrimaryCtxRetain)(void **, int);
+	cu_res (*CtxSetCurrent)(void *);
+	cu_res (*MemAlloc)(cu_ptr *, size_t);
+	cu_res (*MemFree)(cu_ptr);
+	cu_res (*StreamCreate)(void **, unsigned);
+	cu_res (*StreamDestroy)(void *);
+	cu_res (*StreamSynchronize)(void *);
+	cu_res (*MemcpyHtoDAsync)(cu_ptr, const void *, size_t, void *);
+	cu_res (*MemcpyDtoHAsync)(void *, cu_ptr, size_t, void *);
+	cu_res (*MemsetD8Async)(cu_ptr, unsigned char, size_t, void *);
+	cu_res (*MemHostAlloc)(void **, size_t, unsigned);
+} cu;
+
+/* Load the driver and make GPU `ordinal`'s primary context current. 0, or -1 with a message. */
+static int cu_start(int ordinal)
+{
+	typedef cu_res (*getproc_t)(const char *, void **, int, uint64_t, int *);
+	int dev = 0;
+	void *ctx = NULL;
+
+	if ((cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) == NULL)
+		return -1;
+	getproc_t gp = (getproc_t)(uintptr_t)dlsym(cu.lib, "cuGetProcAddress_v2");
+	if (gp == NULL)
+		return -1;
+#define SYM(f, n)                                                                       \
+	do {                                                                            \
+		int st_ = 0;                                                            \
+		if (gp(n, (void **)&cu.f, 12000, 0, &st_) != 0 || cu.f == NULL) {       \
+			fprintf(stderr, "cuda: no %s\n", n);                            \
+			return -1;                                                      \
+		}                                                                       \
+	} while (0)
+	SYM(Init, "cuInit");
+	SYM(DeviceGetCount, "cuDeviceGetCount");
+	SYM(DeviceGet, "cuDeviceGet");
+	SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+	SYM(CtxSetCurrent, "cuCtxSetCurrent");
+	SYM(MemAlloc, "cuMemAlloc");
+	SYM(MemFree, "cuMemFree");
+	SYM(StreamCreate, "cuStreamCreate");
+	SYM(StreamDestroy, "cuStreamDestroy");
+	SYM(StreamSynchronize, "cuStreamSynchronize");
+	SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync");
+	SYM(MemcpyDtoHAsync, "cuMemcpyDtoHAsync");
+	SYM(MemsetD8Async, "cuMemsetD8Async");
+	SYM(MemHostAlloc, "cuMemHostAlloc");
+#undef SYM
+	if (cu.Init(0) != 0 || cu.DeviceGet(&dev, ordinal) != 0 ||
+	    cu.DevicePrimaryCtxRetain(&ctx, dev) != 0 || cu.CtxSetCurrent(ctx) != 0) {
+		fprintf(stderr, "cuda: GPU %d cannot be made current\n", ordinal);
+		return -1;
+	}
+	return 0;
+}
+
+#define CHECK(cond, ...)                                                                   \
+	do {                                                                               \
+		if (!(cond)) {                                                             \
+			fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__,   \
+			        #cond);                                                    \
+			fprintf(stderr, __VA_ARGS__);                                      \
+			fputc('\n', stderr);                                               \
+			return 1;                                                          \
+		}                                                                          \
+	} while (0)
+
+/* Run fn in a forked child; its exit code (0 = pass), or -1 when it did not end in time. */
+static int in_child(int (*fn)(void *), void *arg, int timeout_ms)
+{
+	fflush(stdout);
+	fflush(stderr);
+	pid_t p = fork();
+	if (p < 0)
+		return -1;
+	if (p == 0)
+		_exit(fn(arg));
+	return fa_test_waitpid(p, fa_test_ms(timeout_ms));
+}
+
+/* ---- children ------------------------------------------------------------------------------------- */
+
+/* CHAIN asynchronous calls on one stream with no synchronisation between them: each uploads
+ * its own inputs (into the same device buffer every time), poisons O, computes, and downloads
+ * the whole buffer into its own pinned copy; one synchronisation at the end, then every copy is
+ * checked against the reference computed from the inputs it holds. Without the ordering both
+ * ways, a kernel would read the next call's inputs or its O would be read before it is written. */
+static int child_async_chain(void *arg)
+{
+	(void)arg;
+	struct fa_case cs = {.dtype = FA_DTYPE_BF16, .B = 2, .Sq = 1024, .Sk = 1024, .Hq = 8,
+	                     .Hkv = 2, .D = 128, .mask = FA_MASK_CAUSAL_BOTTOM_RIGHT, .lse = true};
+	struct fa_case_layout l;
+	fa_client *c = NULL;
+	fa_buffer *b = NULL;
+	fa_attn_fwd_args a;
+	cu_ptr dmem = 0;
+	void *stream = NULL, *pinned = NULL;
+	uint64_t rng = 0xa5a5;
+	char why[256];
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	fa_case_layout(&cs, &l);
+	CHECK(cu.MemAlloc(&dmem, l.total) == 0, "cuMemAlloc %zu", l.total);
+	CHECK(cu.MemHostAlloc(&pinned, 2 * CHAIN * l.total, 0) == 0, "cuMemHostAlloc");
+	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
+	CHECK(fa_client_open(&c, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)dmem, l.total, &b) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_case_args(&cs, &l, b, &a);
+	for (int i = 0; i < CHAIN; i++)
+		fa_case_fill(&cs, &l, (char *)pinned + (size_t)(CHAIN + i) * l.total, &rng);
+	uint64_t t0 = fa_test_now_us();
+	for (int i = 0; i < CHAIN; i++) {
+		char *in = (char *)pinned + (size_t)(CHAIN + i) * l.total;
+		char *out = (char *)pinned + (size_t)i * l.total;
+		CHECK(cu.MemcpyHtoDAsync(dmem, in, l.total, stream) == 0, "upload");
+		CHECK(cu.MemsetD8Async(dmem + l.o_off, 0xff, (size_t)l.o_span * 2, stream) == 0,
+		      "poison O");
+		fa_status st = fa_attn_fwd_async(c, &a, stream);
+		CHECK(st == FA_OK, "fa_attn_fwd_async #%d: %s: %s", i, fa_status_name(st),
+		      fa_last_error_detail());
+		CHECK(cu.MemcpyDtoHAsync(out, dmem, l.total, stream) == 0, "download");
+	}
+	CHECK(cu.StreamSynchronize(stream) == 0, "cuStreamSynchronize");
+	uint64_t t1 = fa_test_now_us();
+	for (int i = 0; i < CHAIN; i++) {
+		char *in = (char *)pinned + (size_t)(CHAIN + i) * l.total;
+		char *out = (char *)pinned + (size_t)i * l.total;
+		double err = 0;
+		CHECK(memcmp(out + l.q_off, in + l.q_off, (size_t)l.q_span * 2) == 0,
+		      "call %d: its Q was overwritten before its download", i);
+		CHECK(fa_case_check(&cs, &l, out, &err, why, sizeof why), "call %d: %s", i, why);
+	}
+	fprintf(stderr, "async chain: %d calls of bf16 B2 S1024 Hq8 Hkv2 D128 causal, %.1f us "
+	        "per call including uploads and downloads, all match the reference\n",
+	        CHAIN, (double)(t1 - t0) / CHAIN);
+	CHECK(fa_buffer_free(b) == FA_OK, "unregister: %s", fa_last_error_detail());
+	fa_client_close(c);
+	cu.StreamDestroy(stream);
+	cu.MemFree(dmem);
+	return 0;
+}
+
+/* Back-to-back asynchronous calls with no upload between them, against the same calls in the
+ * synchronous mode: the asynchronous ones queue up (the call returns at the enqueue). */
+static int child_async_vs_sync(void *arg)
+{
+	(void)arg;
+	struct fa_case cs = {.dtype = FA_DTYPE_FP16, .B = 1, .Sq = 512, .Sk = 512, .Hq = 8,
+	                     .Hkv = 8, .D = 64};
+	struct fa_case_layout l;
+	fa_client *c = NULL;
+	fa_buffer *b = NULL;
+	fa_attn_fwd_args a;
+	cu_ptr dmem = 0;
+	void *stream = NULL, *pinned = NULL;
+	uint64_t rng = 7;
+	char why[256];
+	const int n = 400;
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	fa_case_layout(&cs, &l);
+	CHECK(cu.MemAlloc(&dmem, l.total) == 0, "cuMemAlloc");
+	CHECK(cu.MemHostAlloc(&pinned, l.total, 0) == 0, "cuMemHostAlloc");
+	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
+	fa_case_fill(&cs, &l, pinned, &rng);
+	CHECK(cu.MemcpyHtoDAsync(dmem, pinned, l.total, stream) == 0, "upload");
+	CHECK(cu.StreamSynchronize(stream) == 0, "sync");
+	CHECK(fa_client_open(&c, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)dmem, l.total, &b) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_case_args(&cs, &l, b, &a);
+	for (int i = 0; i < 20; i++) /* warm: kernel compiled, events created and opened */
+		CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK && fa_attn_fwd(c, &a) == FA_OK,
+		      "warm-up: %s", fa_last_error_detail());
+	CHECK(cu.StreamSynchronize(stream) == 0, "sync");
+	uint64_t t0 = fa_test_now_us();
+	for (int i = 0; i < n; i++)
+		CHECK(fa_attn_fwd(c, &a) == FA_OK, "sync call: %s", fa_last_error_detail());
+	uint64_t t1 = fa_test_now_us();
+	for (int i = 0; i < n; i++)
+		CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK, "async call: %s",
+		      fa_last_error_detail());
+	uint64_t t2 = fa_test_now_us();
+	CHECK(cu.StreamSynchronize(stream) == 0, "sync");
+	uint64_t t3 = fa_test_now_us();
+	CHECK(cu.MemcpyDtoHAsync(pinned, dmem, l.total, stream) == 0 &&
+	      cu.StreamSynchronize(stream) == 0, "download");
+	CHECK(fa_case_check(&cs, &l, pinned, NULL, why, sizeof why), "%s", why);
+	fprintf(stderr, "fp16 B1 S512 H8 D64, %d calls: synchronous %.1f us per call; "
+	        "asynchronous %.1f us per call to return, %.1f us per call until the stream "
+	        "finished\n", n, (double)(t1 - t0) / n, (double)(t2 - t1) / n,
+	        (double)(t3 - t1) / n);
+	fa_buffer_free(b);
+	fa_client_close(c);
+	cu.MemFree(dmem);
+	return 0;
+}
+
+/* Device buffers on GPU 1 are served there; a request mixing GPU 0 and GPU 1 is refused. */
+static int child_second_gpu(void *arg)
+{
+	(void)arg;
+	struct fa_case cs = {.dtype = FA_DTYPE_FP16, .B = 1, .Sq = 256, .Sk = 300, .Hq = 4,
+	                     .Hkv = 2, .D = 64, .lse = true};
+	struct fa_case_layout l;
+	fa_client *c = NULL;
+	fa_buffer *b1 = NULL, *b0 = NULL;
+	fa_attn_fwd_args a;
+	cu_ptr d1 = 0, d0 = 0;
+	void *s1 = NULL, *pinned = NULL, *ctx0 = NULL, *ctx1 = NULL;
+	int dev = 0;
+	uint64_t rng = 11;
+	char why[256];
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	fa_case_layout(&cs, &l);
+	CHECK(cu.MemAlloc(&d0, l.total) == 0, "cuMemAlloc on GPU 0");
+	CHECK(cu.DevicePrimaryCtxRetain(&ctx0, 0) == 0, "ctx 0");
+	CHECK(cu.DeviceGet(&dev, 1) == 0 && cu.DevicePrimaryCtxRetain(&ctx1, dev) == 0 &&
+	      cu.CtxSetCurrent(ctx1) == 0, "GPU 1");
+	CHECK(cu.MemAlloc(&d1, l.total) == 0, "cuMemAlloc on GPU 1");
+	CHECK(cu.MemHostAlloc(&pinned, l.total, 1 /* portable */) == 0, "cuMemHostAlloc");
+	CHECK(cu.StreamCreate(&s1, 1) == 0, "stream on GPU 1");
+	fa_case_fill(&cs, &l, pinned, &rng);
+	CHECK(cu.MemcpyHtoDAsync(d1, pinned, l.total, s1) == 0 && cu.StreamSynchronize(s1) == 0,
+	      "upload");
+	CHECK(fa_client_open(&c, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)d1, l.total, &b1) == FA_OK,
+	      "register on GPU 1: %s", fa_last_error_detail());
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)d0, l.total, &b0) == FA_OK,
+	      "register on GPU 0: %s", fa_last_error_detail());
+	fa_case_args(&cs, &l, b1, &a);
+	fa_status st = fa_attn_fwd(c, &a);
+	CHECK(st == FA_OK, "GPU 1 synchronous: %s: %s", fa_status_name(st), fa_last_error_detail());
+	CHECK(cu.MemcpyDtoHAsync(pinned, d1, l.total, s1) == 0 && cu.StreamSynchronize(s1) == 0,
+	      "download");
+	CHECK(fa_case_check(&cs, &l, pinned, NULL, why, sizeof why), "GPU 1: %s", why);
+	CHECK(fa_attn_fwd_async(c, &a, s1) == FA_OK, "GPU 1 asynchronous: %s",
+	      fa_last_error_detail());
+	CHECK(cu.StreamSynchronize(s1) == 0, "sync");
+	a.k.buf = b0; /* K on GPU 0, the rest on GPU 1 */
+	st = fa_attn_fwd(c, &a);
+	CHECK(st == FA_EINVAL && strstr(fa_last_error_detail(), "one GPU") != NULL,
+	      "mixed GPUs: %s: %s", fa_status_name(st), fa_last_error_detail());
+	fprintf(stderr, "GPU 1 served; mixed request refused: %s\n", fa_last_error_detail());
+	fa_buffer_free(b0);
+	fa_buffer_free(b1);
+	fa_client_close(c);
+	cu.MemFree(d1);
+	cu.CtxSetCurrent(ctx0);
+	cu.MemFree(d0);
+	return 0;
+}
+
+/* How many GPUs (a child: the parent never initialises CUDA); -1 without any. */
+static int child_count(void *arg)
+{
+	(void)arg;
+	int n = 0;
+	if (cu_start(0) != 0 || cu.DeviceGetCount(&n) != 0)
+		return 255;
+	return n > 100 ? 100 : n;
+}
+
+/* ---- tests ------------------------------------------------------------------------------------- */
+
+#define SKIP_WITHOUT_GPU()                                                                 \
+	do {                                                                               \
+		if (g_no_gpu) {                                                            \
+			fprintf(stderr, "skipped: no GPU (libcuda.so.1 cannot be loaded or "   \
+			        "sees no device)\n");                                       \
+			skip();                                                            \
+		}                                                                          \
+	} while (0)
+
+static void test_gpu_async_chain_is_ordered_both_ways(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_async_chain, NULL, 120000), 0);
+	uint64_t v = 0;
+	assert_true(fa_integ_wait_stat(NULL, g_daemon.url, "gpu_async_running", 0,
+	                               fa_test_ms(10000), &v));
+}
+
+static void test_gpu_async_returns_before_the_kernel_finishes(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_async_vs_sync, NULL, 120000), 0);
+}
+
+/* A numeric STATS key now (UINT64_MAX when missing). */
+static uint64_t stat_now(const char *key)
+{
+	static char text[16384];
+	uint64_t v;
+	if (fa_integ_stats(g_daemon.url, text, sizeof text) != FA_OK ||
+	    !fa_stats_u64(text, key, &v))
+		return UINT64_MAX;
+	return v;
+}
+
+static void test_gpu_canary_runs_and_passes(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	uint64_t runs = 0, failed, age, deadline = fa_test_now_ms() + (uint64_t)fa_test_ms(10000);
+	/* the canary runs once a second, idle or busy */
+	while ((runs = stat_now("gpu_canary_runs")) < 2 || runs == UINT64_MAX) {
+		assert_true(fa_test_now_ms() < deadline);
+		fa_test_sleep_ms(100);
+	}
+	failed = stat_now("gpu_canary_failed");
+	age = stat_now("gpu_canary_age_ms");
+	fprintf(stderr, "canary: %llu runs, %llu failed, last pass %llu ms ago\n",
+	        (unsigned long long)runs, (unsigned long long)failed, (unsigned long long)age);
+	assert_int_equal(failed, 0);
+	assert_true(age < 5000);
+}
+
+static void test_gpu_second_device_serves_and_mixed_requests_are_refused(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	if (g_ngpus < 2) {
+		fprintf(stderr, "skipped: %d GPU visible; the case needs two\n", g_ngpus);
+		skip();
+	}
+	assert_int_equal(stat_now("gpu_devices"), (uint64_t)g_ngpus);
+	assert_int_equal(in_child(child_second_gpu, NULL, 120000), 0);
+}
+
+/* ---- setup ---------------------------------------------------------------------------------------- */
+
+static int setup(void **state)
+{
+	(void)state;
+	int n = in_child(child_count, NULL, 60000);
+	if (n <= 0 || n == 255) {
+		g_no_gpu = true;
+		fprintf(stderr, "test_gpu_async: every test skips: no GPU (libcuda.so.1 cannot be "
+		        "loaded or sees no device)\n");
+		return 0;
+	}
+	g_ngpus = n;
+	if (daemon_start(&g_daemon, "--backend", "gpu", NULL) != 0) {
+		fprintf(stderr, "daemon_start --backend gpu failed (status %d)\n", g_daemon.status);
+		daemon_log_dump(&g_daemon, 40);
+		return -1;
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	if (g_no_gpu)
+		return 0;
+	return daemon_finish(&g_daemon);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_gpu_canary_runs_and_passes),
+		cmocka_unit_test(test_gpu_async_chain_is_ordered_both_ways),
+		cmocka_unit_test(test_gpu_async_returns_before_the_kernel_finishes),
+		cmocka_unit_test(test_gpu_second_device_serves_and_mixed_requests_are_refused),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
