@@ -7,9 +7,9 @@
  * worker enqueues up to GPU_PIPE queued jobs back to back before waiting for the first, so the
  * GPU does not idle for a launch between two clients' kernels.
  *
- * Asynchronous mode (device buffers, a client of the daemon's uid): the job runs on a stream of
- * its session (so a client whose event never fires stalls only itself), behind a wait on the
- * client's CUDA IPC event; the daemon records its own IPC event (one per session and slot) after
+ * Asynchronous mode (device buffers, a client of the daemon's uid): the job runs on a stream and
+ * a thread of its session (so a client whose event never fires stalls only itself), behind a
+ * wait on the client's CUDA IPC event; the daemon records its own IPC event (one per session and slot) after
  * the kernel and the job is handed back twice: at the enqueue (the reply carries the event) and
  * when a host function queued behind the kernel runs (the request's regions are released then).
  *
@@ -59,6 +59,10 @@
 #define GPU_CANARY_STALE_NS 20000000000ull /* no pass for this long: unhealthy (watchdog) */
 #define GPU_CANARY_TOL 5e-3                /* fp16 canary, relative Frobenius error */
 #define GPU_CLOSE_WAIT_NS 10000000000ull   /* close: wait this long for async kernels */
+/* After a job, the idle worker spins this long before sleeping: a synchronous client's next
+ * request arrives tens of microseconds after its reply, and a futex wake-up costs about as
+ * much as the whole daemon's own work on a small request. */
+#define GPU_SPIN_NS 200000ull
 #define GPU_EVENT_DISABLE_TIMING 0x2
 #define GPU_EVENT_INTERPROCESS 0x4
 #define GPU_MAX_COMPILE_THREADS 16 /* --compile-threads' bound */
@@ -113,9 +117,18 @@ struct gpu_cu {
 	gpu_res (*LaunchHostFunc)(gpu_stream, void (*)(void *), void *);
 };
 
-/* One session's asynchronous-mode resources on one device (that device's worker only): its
- * stream, and per slot the daemon's completion event and the client's opened event. */
+/* One session's asynchronous-mode resources on one device: its stream, its thread, and per slot
+ * the daemon's completion event and the client's opened event (the thread's only).
+ * Why a thread per session: cuStreamWaitEvent on another process's IPC event costs ~125 us of
+ * host time per call on the H200 (it does not wait for the event: a client whose event never
+ * fires still gets its reply; tests/integ/test_gpu_async.c), and that cost must not delay the
+ * device worker's synchronous jobs of other clients. */
 struct gpu_owner_dev {
+	struct gpu_dev *d;
+	pthread_t thread;
+	pthread_cond_t cv;                       /* with b->mu */
+	struct backend_job *head, *tail;         /* under b->mu: jobs for the thread */
+	bool stop;                               /* under b->mu */
 	gpu_stream stream;
 	struct {
 		gpu_event done;
@@ -159,8 +172,10 @@ struct gpu_dev {
 	gpu_ptr scratch;                         /* worker only */
 	size_t scratch_size;
 	gpu_event pipe_ev[GPU_PIPE];             /* worker: one per job in flight */
+	atomic_uint pushes;                      /* jobs queued so far: the idle worker spins on it */
 	/* The canary (worker only, but canary_ok_ns which the loop reads). */
 	struct fa_attn_fwd_desc canary_desc;
+	struct fa_tile canary_tile;              /* the planner's first: never the tuning table's */
 	gpu_ptr canary_mem;                      /* q, k, v, o */
 	size_t canary_bytes;                     /* of one tensor */
 	double *canary_ref;                      /* float64 reference output */
@@ -192,6 +207,8 @@ struct gpu_backend {
 	uint64_t fwd_ok, fwd_failed;   /* under mu */
 	uint64_t h2d_bytes, d2h_bytes; /* under mu: staging traffic of host regions */
 	uint64_t async_enqueued;       /* under mu: asynchronous jobs enqueued */
+	uint64_t async_ns[4];          /* under mu: host time in the client-event wait, the launch,
+	                                * the event record, cuLaunchHostFunc (where async time goes) */
 	struct gpu_ticket *tickets;    /* under mu: asynchronous kernels not finished */
 	unsigned ntickets;
 
@@ -335,6 +352,21 @@ static void gpu_push(struct backend_job **head, struct backend_job **tail, struc
 	else
 		*head = job;
 	*tail = job;
+}
+
+/* A polite busy-wait step. */
+static inline void gpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+/* Queue a job on d's worker (mutex held; the caller wakes it). */
+static void gpu_queue_locked(struct gpu_dev *d, struct backend_job *job)
+{
+	gpu_push(&d->run_head, &d->run_tail, job);
+	atomic_fetch_add(&d->pushes, 1);
 }
 
 /* Finish a job that will not run, with status and detail (mutex held). */
@@ -745,7 +777,7 @@ static void *gpu_compiler(void *arg)
 			} else if (st == FA_OK || st == FA_EDEVICE) {
 				/* FA_EDEVICE: the worker retries and classifies the driver's error
 				 * (a lost context is the fatal path) exactly as before the pool */
-				gpu_push(&d->run_head, &d->run_tail, job);
+				gpu_queue_locked(d, job);
 			} else {
 				b->fwd_failed++;
 				gpu_finish_locked(b, job, st, err);
@@ -789,6 +821,166 @@ static void gpu_async_done(void *arg)
 	free(t);
 }
 
+/* Run an asynchronous job: wait for the client's event on the session's stream, launch, record
+ * the daemon's event, queue the host function. FA_OK: enqueued (the caller hands it back for the
+ * reply); else the job failed before its kernel was enqueued (handed back once). */
+static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job, bool *sticky)
+{
+	struct gpu_dev *d = od->d;
+	struct gpu_backend *b = d->b;
+	struct gpu_cu *cu = &b->cu;
+	const struct fa_attn_fwd_desc *ds = &job->desc;
+	uint64_t prof[3] = {0};
+	gpu_res r;
+	fa_status st;
+
+	*sticky = false;
+	job->status = FA_OK;
+	job->detail[0] = '\0';
+	__typeof__(od->slot[0]) *sl = &od->slot[job->slot];
+	if (job->has_wait_event) {
+		/* Opened once per (session, slot, handle): the client keeps one event per slot. */
+		if (sl->wait != NULL && memcmp(sl->wait_handle, job->wait_event, 64) != 0) {
+			cu->EventDestroy(sl->wait);
+			sl->wait = NULL;
+		}
+		if (sl->wait == NULL) {
+			struct gpu_ipc_event h;
+			memcpy(h.reserved, job->wait_event, sizeof h.reserved);
+			if ((r = cu->IpcOpenEventHandle(&sl->wait, h)) != 0) {
+				sl->wait = NULL;
+				*sticky = gpu_sticky(r);
+				snprintf(job->detail, sizeof job->detail,
+				         "the client's CUDA IPC event cannot be opened on GPU %d: CUDA "
+				         "error %d (%s); it must come from cuIpcGetEventHandle of an "
+				         "event created with CU_EVENT_INTERPROCESS | "
+				         "CU_EVENT_DISABLE_TIMING on that GPU",
+				         d->ordinal, r, gpu_errstr(b, r));
+				return job->status = *sticky ? FA_EDEVICE : FA_EINVAL;
+			}
+			memcpy(sl->wait_handle, job->wait_event, 64);
+		}
+		uint64_t tw = util_now_ns();
+		if ((r = cu->StreamWaitEvent(od->stream, sl->wait, 0)) != 0)
+			return job->status = gpu_job_cuerr(d, job, r, "waiting for the client's event",
+			                                   sticky);
+		prof[0] = util_now_ns() - tw;
+	}
+	if (sl->done == NULL) {
+		struct gpu_ipc_event h;
+		r = cu->EventCreate(&sl->done, GPU_EVENT_DISABLE_TIMING | GPU_EVENT_INTERPROCESS);
+		if (r == 0 && (r = cu->IpcGetEventHandle(&h, sl->done)) != 0) {
+			cu->EventDestroy(sl->done);
+		}
+		if (r != 0) {
+			sl->done = NULL;
+			return job->status = gpu_job_cuerr(d, job, r, "creating the completion event",
+			                                   sticky);
+		}
+		memcpy(sl->done_handle, h.reserved, 64);
+	}
+	struct gpu_ticket *t = calloc(1, sizeof *t);
+	if (t == NULL) {
+		snprintf(job->detail, sizeof job->detail, "out of memory");
+		return job->status = FA_ENOMEM;
+	}
+	t->b = b;
+	t->job = job;
+	t->t0 = util_now_ns();
+	uint64_t tl = t->t0;
+	st = fa_gpu_attn_fwd(d->g, ds, (CUdeviceptr)(uintptr_t)job->q, (CUdeviceptr)(uintptr_t)job->k,
+	                     (CUdeviceptr)(uintptr_t)job->v, (CUdeviceptr)(uintptr_t)job->o,
+	                     (CUdeviceptr)(uintptr_t)job->lse, (CUstream)od->stream, job->detail,
+	                     sizeof job->detail);
+	if (st != FA_OK) {
+		free(t);
+		if (st == FA_EDEVICE && (r = cu->CtxSynchronize()) != 0 && gpu_sticky(r))
+			*sticky = true;
+		return job->status = st;
+	}
+	uint64_t tr = util_now_ns();
+	prof[1] = tr - tl;
+	if ((r = cu->EventRecord(sl->done, od->stream)) != 0) {
+		free(t);
+		return job->status = gpu_job_cuerr(d, job, r, "recording the completion event",
+		                                   sticky);
+	}
+	memcpy(job->done_event, sl->done_handle, 64);
+	prof[2] = util_now_ns() - tr;
+	/* Ticket first: the host function may run before LaunchHostFunc returns. */
+	pthread_mutex_lock(&b->mu);
+	for (int i = 0; i < 3; i++)
+		b->async_ns[i] += prof[i];
+	t->next = b->tickets;
+	if (b->tickets != NULL)
+		b->tickets->prev = t;
+	b->tickets = t;
+	b->ntickets++;
+	b->async_enqueued++;
+	job->enqueued = true;
+	job->kernel_done = job->reply_delivered = false;
+	gpu_push(&b->done_head, &b->done_tail, job); /* the reply */
+	pthread_mutex_unlock(&b->mu);
+	uint64_t th = util_now_ns();
+	r = cu->LaunchHostFunc(od->stream, gpu_async_done, t);
+	th = util_now_ns() - th;
+	pthread_mutex_lock(&b->mu);
+	b->async_ns[3] += th;
+	pthread_mutex_unlock(&b->mu);
+	if (r != 0) {
+		/* Rare: finish it here, after the kernel, on this thread. */
+		gpu_res r2 = cu->StreamSynchronize(od->stream);
+		log_warn("gpu: cuLaunchHostFunc: CUDA error %d (%s); waited instead", r,
+		         gpu_errstr(b, r));
+		if (r2 != 0 && gpu_sticky(r2))
+			*sticky = true;
+		gpu_async_done(t);
+	}
+	uv_async_send(&b->async);
+	return FA_OK;
+}
+
+static void gpu_job_done_locked(struct gpu_backend *b, struct backend_job *job, bool sticky);
+
+/* A session's asynchronous thread on one device: its jobs, in order (see gpu_owner_dev). */
+static void *gpu_owner_thread(void *arg)
+{
+	struct gpu_owner_dev *od = arg;
+	struct gpu_backend *b = od->d->b;
+
+	b->cu.CtxSetCurrent(od->d->ctx);
+	pthread_mutex_lock(&b->mu);
+	for (;;) {
+		while (od->head == NULL && !od->stop)
+			pthread_cond_wait(&od->cv, &b->mu);
+		struct backend_job *job = od->head;
+		if (job == NULL)
+			break;
+		od->head = job->next;
+		if (od->head == NULL)
+			od->tail = NULL;
+		job->next = NULL;
+		if (fault_marked(&b->base)) {
+			gpu_finish_locked(b, job, FA_EDEVICE, fault_why(&b->base));
+			uv_async_send(&b->async);
+			continue;
+		}
+		pthread_mutex_unlock(&b->mu);
+		bool sticky = false;
+		uint64_t t0 = util_now_ns();
+		fa_status st = gpu_run_async(od, job, &sticky);
+		pthread_mutex_lock(&b->mu);
+		if (st != FA_OK) {
+			job->compute_ns = util_now_ns() - t0;
+			gpu_job_done_locked(b, job, sticky);
+		} else if (sticky) {
+			gpu_fatal_locked(b, "the GPU faulted while enqueuing an asynchronous job");
+		}
+	}
+	pthread_mutex_unlock(&b->mu);
+	return NULL;
+}
+
 /* This session's resources on d, created on first use (worker). NULL with job's status set. */
 static struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
 {
@@ -815,9 +1007,25 @@ static struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job
 		snprintf(job->detail, sizeof job->detail, "out of memory");
 		return NULL;
 	}
+	od->d = d;
 	if ((r = b->cu.StreamCreate(&od->stream, 1 /* CU_STREAM_NON_BLOCKING */)) != 0) {
 		bool sticky;
 		job->status = gpu_job_cuerr(d, job, r, "creating the session's stream", &sticky);
+		free(od);
+		return NULL;
+	}
+	pthread_cond_init(&od->cv, NULL);
+	sigset_t all, old;
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	int rv = pthread_create(&od->thread, NULL, gpu_owner_thread, od);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (rv != 0) {
+		job->status = FA_ESYS;
+		snprintf(job->detail, sizeof job->detail, "starting the session's GPU thread: %s",
+		         strerror(rv));
+		pthread_cond_destroy(&od->cv);
+		b->cu.StreamDestroy(od->stream);
 		free(od);
 		return NULL;
 	}
@@ -825,111 +1033,7 @@ static struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job
 	return od;
 }
 
-/* Run an asynchronous job: wait for the client's event on the session's stream, launch, record
- * the daemon's event, queue the host function. FA_OK: enqueued (the caller hands it back for the
- * reply); else the job failed before its kernel was enqueued (handed back once). */
-static fa_status gpu_run_async(struct gpu_dev *d, struct backend_job *job, bool *sticky)
-{
-	struct gpu_backend *b = d->b;
-	struct gpu_cu *cu = &b->cu;
-	const struct fa_attn_fwd_desc *ds = &job->desc;
-	struct gpu_owner_dev *od;
-	gpu_res r;
-	fa_status st;
 
-	*sticky = false;
-	job->status = FA_OK;
-	job->detail[0] = '\0';
-	if ((od = gpu_owner_dev(d, job)) == NULL)
-		return job->status;
-	__typeof__(od->slot[0]) *sl = &od->slot[job->slot];
-	if (job->has_wait_event) {
-		/* Opened once per (session, slot, handle): the client keeps one event per slot. */
-		if (sl->wait != NULL && memcmp(sl->wait_handle, job->wait_event, 64) != 0) {
-			cu->EventDestroy(sl->wait);
-			sl->wait = NULL;
-		}
-		if (sl->wait == NULL) {
-			struct gpu_ipc_event h;
-			memcpy(h.reserved, job->wait_event, sizeof h.reserved);
-			if ((r = cu->IpcOpenEventHandle(&sl->wait, h)) != 0) {
-				sl->wait = NULL;
-				*sticky = gpu_sticky(r);
-				snprintf(job->detail, sizeof job->detail,
-				         "the client's CUDA IPC event cannot be opened on GPU %d: CUDA "
-				         "error %d (%s); it must come from cuIpcGetEventHandle of an "
-				         "event created with CU_EVENT_INTERPROCESS | "
-				         "CU_EVENT_DISABLE_TIMING on that GPU",
-				         d->ordinal, r, gpu_errstr(b, r));
-				return job->status = *sticky ? FA_EDEVICE : FA_EINVAL;
-			}
-			memcpy(sl->wait_handle, job->wait_event, 64);
-		}
-		if ((r = cu->StreamWaitEvent(od->stream, sl->wait, 0)) != 0)
-			return job->status = gpu_job_cuerr(d, job, r, "waiting for the client's event",
-			                                   sticky);
-	}
-	if (sl->done == NULL) {
-		struct gpu_ipc_event h;
-		r = cu->EventCreate(&sl->done, GPU_EVENT_DISABLE_TIMING | GPU_EVENT_INTERPROCESS);
-		if (r == 0 && (r = cu->IpcGetEventHandle(&h, sl->done)) != 0) {
-			cu->EventDestroy(sl->done);
-		}
-		if (r != 0) {
-			sl->done = NULL;
-			return job->status = gpu_job_cuerr(d, job, r, "creating the completion event",
-			                                   sticky);
-		}
-		memcpy(sl->done_handle, h.reserved, 64);
-	}
-	struct gpu_ticket *t = calloc(1, sizeof *t);
-	if (t == NULL) {
-		snprintf(job->detail, sizeof job->detail, "out of memory");
-		return job->status = FA_ENOMEM;
-	}
-	t->b = b;
-	t->job = job;
-	t->t0 = util_now_ns();
-	st = fa_gpu_attn_fwd(d->g, ds, (CUdeviceptr)(uintptr_t)job->q, (CUdeviceptr)(uintptr_t)job->k,
-	                     (CUdeviceptr)(uintptr_t)job->v, (CUdeviceptr)(uintptr_t)job->o,
-	                     (CUdeviceptr)(uintptr_t)job->lse, (CUstream)od->stream, job->detail,
-	                     sizeof job->detail);
-	if (st != FA_OK) {
-		free(t);
-		if (st == FA_EDEVICE && (r = cu->CtxSynchronize()) != 0 && gpu_sticky(r))
-			*sticky = true;
-		return job->status = st;
-	}
-	if ((r = cu->EventRecord(sl->done, od->stream)) != 0) {
-		free(t);
-		return job->status = gpu_job_cuerr(d, job, r, "recording the completion event",
-		                                   sticky);
-	}
-	memcpy(job->done_event, sl->done_handle, 64);
-	/* Ticket first: the host function may run before LaunchHostFunc returns. */
-	pthread_mutex_lock(&b->mu);
-	t->next = b->tickets;
-	if (b->tickets != NULL)
-		b->tickets->prev = t;
-	b->tickets = t;
-	b->ntickets++;
-	b->async_enqueued++;
-	job->enqueued = true;
-	job->kernel_done = job->reply_delivered = false;
-	gpu_push(&b->done_head, &b->done_tail, job); /* the reply */
-	pthread_mutex_unlock(&b->mu);
-	if ((r = cu->LaunchHostFunc(od->stream, gpu_async_done, t)) != 0) {
-		/* Rare: finish it here, after the kernel, on this thread. */
-		gpu_res r2 = cu->StreamSynchronize(od->stream);
-		log_warn("gpu: cuLaunchHostFunc: CUDA error %d (%s); waited instead", r,
-		         gpu_errstr(b, r));
-		if (r2 != 0 && gpu_sticky(r2))
-			*sticky = true;
-		gpu_async_done(t);
-	}
-	uv_async_send(&b->async);
-	return FA_OK;
-}
 
 /* The loop frees a session: release its streams and events on every device. Every job of it
  * was handed back for good, so nothing of it is queued; destroying a stream or an event with
@@ -943,6 +1047,12 @@ static void gpu_owner_free(struct backend *base, void *state)
 		struct gpu_owner_dev *od = o->dev[i];
 		if (od == NULL)
 			continue;
+		pthread_mutex_lock(&b->mu);
+		od->stop = true; /* idle: every job of the session was handed back */
+		pthread_cond_signal(&od->cv);
+		pthread_mutex_unlock(&b->mu);
+		pthread_join(od->thread, NULL);
+		pthread_cond_destroy(&od->cv);
 		b->cu.CtxSetCurrent(b->devs[i].ctx);
 		for (int k = 0; k < FA_PROTO_MAX_SLOTS; k++) {
 			if (od->slot[k].done != NULL)
@@ -1017,7 +1127,13 @@ static fa_status gpu_canary_init(struct gpu_dev *d, char *err, size_t errlen)
 	if (r != 0)
 		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: uploading the canary: CUDA error "
 		                 "%d (%s)", d->ordinal, r, gpu_errstr(d->b, r));
-	if ((st = fa_gpu_prepare(d->g, c, NULL, err, errlen)) != FA_OK)
+	/* An explicit tile: the canary must not count as (or queue) a class for the tuner. */
+	int nt = 0;
+	if ((st = fa_gpu_plan(d->g, c, &d->canary_tile, 1, &nt, err, errlen)) != FA_OK)
+		return st;
+	if (nt < 1)
+		return util_fail(err, errlen, FA_ENOFIT, "no tile for the canary");
+	if ((st = fa_gpu_prepare(d->g, c, &d->canary_tile, err, errlen)) != FA_OK)
 		return st;
 	atomic_store(&d->canary_ok_ns, util_now_ns());
 	return FA_OK;
@@ -1038,8 +1154,8 @@ static bool gpu_canary_run(struct gpu_dev *d, bool *sticky, bool *wrong, char *w
 	d->canary_last_ns = util_now_ns();
 	r = cu->MemsetD8Async(o, 0xff, d->canary_bytes, d->stream); /* NaN: never passes */
 	if (r == 0) {
-		st = fa_gpu_attn_fwd(d->g, &d->canary_desc, q, k, v, o, 0, (CUstream)d->stream, why,
-		                     whylen);
+		st = fa_gpu_attn_fwd_tile(d->g, &d->canary_desc, &d->canary_tile, q, k, v, o, 0,
+		                          (CUstream)d->stream, why, whylen);
 		if (st != FA_OK)
 			r = -1;
 	} else {
@@ -1150,6 +1266,8 @@ static void *gpu_worker(void *arg)
 	struct backend_job *batch[GPU_PIPE];
 	uint64_t t0[GPU_PIPE];
 
+	bool spin = false;
+
 	b->cu.CtxSetCurrent(d->ctx);
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
@@ -1157,6 +1275,16 @@ static void *gpu_worker(void *arg)
 		while (d->run_head == NULL && !b->stopping) {
 			if (gpu_canary_turn_locked(d) || gpu_tune_turn_locked(d))
 				continue;
+			if (spin) {
+				unsigned seen = atomic_load(&d->pushes);
+				uint64_t until = util_now_ns() + GPU_SPIN_NS;
+				spin = false;
+				pthread_mutex_unlock(&b->mu);
+				while (atomic_load(&d->pushes) == seen && util_now_ns() < until)
+					gpu_relax();
+				pthread_mutex_lock(&b->mu);
+				continue;
+			}
 			/* idle: wake for the next canary at the latest */
 			struct timespec ts;
 			clock_gettime(CLOCK_REALTIME, &ts);
@@ -1166,6 +1294,7 @@ static void *gpu_worker(void *arg)
 		if (d->run_head == NULL)
 			break; /* stopping, and nothing left */
 		unsigned n = gpu_take_batch_locked(d, batch);
+		spin = true;
 		if (fault_marked(&b->base)) {
 			for (unsigned i = 0; i < n; i++)
 				gpu_finish_locked(b, batch[i], FA_EDEVICE, fault_why(&b->base));
@@ -1177,16 +1306,17 @@ static void *gpu_worker(void *arg)
 
 		bool sticky = false;
 		if (batch[0]->async) {
-			uint64_t ta = util_now_ns();
-			fa_status st = gpu_run_async(d, batch[0], &sticky);
+			/* to the session's own thread (created here on first use) */
+			struct backend_job *job = batch[0];
+			struct gpu_owner_dev *od = gpu_owner_dev(d, job);
 			pthread_mutex_lock(&b->mu);
 			atomic_fetch_sub(&b->base.running, 1);
-			if (st != FA_OK) {
-				batch[0]->compute_ns = util_now_ns() - ta;
-				gpu_job_done_locked(b, batch[0], sticky);
-			} else if (sticky) {
-				gpu_fatal_locked(b, "the GPU faulted while enqueuing an asynchronous job");
+			if (od == NULL) {
+				gpu_job_done_locked(b, job, false);
+				continue;
 			}
+			gpu_push(&od->head, &od->tail, job);
+			pthread_cond_signal(&od->cv);
 			continue;
 		}
 		for (unsigned i = 0; i < n; i++) {
@@ -1281,7 +1411,7 @@ static fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	}
 	bool is_new = false;
 	if (ready || compile_table_add(&b->waiting, key, job, &is_new) != FA_OK) {
-		gpu_push(&d->run_head, &d->run_tail, job); /* ENOMEM too: it compiles there */
+		gpu_queue_locked(d, job); /* ENOMEM too: it compiles there */
 		pthread_cond_broadcast(&b->cv);
 	} else {
 		b->compile_jobs++;
@@ -1465,6 +1595,8 @@ static void gpu_stats(struct backend *base, char *buf, size_t cap)
 	h2d = b->h2d_bytes;
 	d2h = b->d2h_bytes;
 	uint64_t async_enq = b->async_enqueued, canary_runs = 0, canary_failed = 0;
+	uint64_t ans[4];
+	memcpy(ans, b->async_ns, sizeof ans);
 	unsigned async_running = b->ntickets;
 	double canary_err = 0;
 	for (unsigned i = 0; i < b->ndevs; i++) {
@@ -1500,10 +1632,13 @@ static void gpu_stats(struct backend *base, char *buf, size_t cap)
 		return;
 	n += m;
 	m = snprintf(buf + n, cap - (size_t)n,
-	             "gpu_async_enqueued:%" PRIu64 "\ngpu_async_running:%u\ngpu_canary_runs:%" PRIu64
+	             "gpu_async_enqueued:%" PRIu64 "\ngpu_async_running:%u\ngpu_async_host_us_wait:%"
+	             PRIu64 "\ngpu_async_host_us_launch:%" PRIu64 "\ngpu_async_host_us_record:%" PRIu64
+	             "\ngpu_async_host_us_hostfn:%" PRIu64 "\ngpu_canary_runs:%" PRIu64
 	             "\ngpu_canary_failed:%" PRIu64 "\ngpu_canary_age_ms:%" PRIu64
 	             "\ngpu_canary_worst_err:%.3g\n",
-	             async_enq, async_running, canary_runs, canary_failed, canary_age / 1000000,
+	             async_enq, async_running, ans[0] / 1000, ans[1] / 1000, ans[2] / 1000,
+	             ans[3] / 1000, canary_runs, canary_failed, canary_age / 1000000,
 	             canary_err);
 	if (m < 0 || (size_t)m >= cap - (size_t)n)
 		return;

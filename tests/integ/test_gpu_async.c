@@ -54,6 +54,11 @@ static struct {
 	cu_res (*MemcpyDtoHAsync)(void *, cu_ptr, size_t, void *);
 	cu_res (*MemsetD8Async)(cu_ptr, unsigned char, size_t, void *);
 	cu_res (*MemHostAlloc)(void **, size_t, unsigned);
+	cu_res (*EventCreate)(void **, unsigned);
+	cu_res (*EventRecord)(void *, void *);
+	cu_res (*StreamWaitEvent)(void *, void *, unsigned);
+	cu_res (*StreamWaitValue32)(void *, cu_ptr, uint32_t, unsigned);
+	cu_res (*MemHostGetDevicePointer)(cu_ptr *, void *, unsigned);
 } cu;
 
 /* Load the driver and make GPU `ordinal`'s primary context current. 0, or -1 with a message. */
@@ -90,6 +95,11 @@ static int cu_start(int ordinal)
 	SYM(MemcpyDtoHAsync, "cuMemcpyDtoHAsync");
 	SYM(MemsetD8Async, "cuMemsetD8Async");
 	SYM(MemHostAlloc, "cuMemHostAlloc");
+	SYM(EventCreate, "cuEventCreate");
+	SYM(EventRecord, "cuEventRecord");
+	SYM(StreamWaitEvent, "cuStreamWaitEvent");
+	SYM(StreamWaitValue32, "cuStreamWaitValue32");
+	SYM(MemHostGetDevicePointer, "cuMemHostGetDevicePointer");
 #undef SYM
 	if (cu.Init(0) != 0 || cu.DeviceGet(&dev, ordinal) != 0 ||
 	    cu.DevicePrimaryCtxRetain(&ctx, dev) != 0 || cu.CtxSetCurrent(ctx) != 0) {
@@ -233,6 +243,32 @@ static int child_async_vs_sync(void *arg)
 	CHECK(cu.MemcpyDtoHAsync(pinned, dmem, l.total, stream) == 0 &&
 	      cu.StreamSynchronize(stream) == 0, "download");
 	CHECK(fa_case_check(&cs, &l, pinned, NULL, why, sizeof why), "%s", why);
+	/* Where the time goes: the daemon's host time per asynchronous step, and this side's
+	 * interprocess event calls alone. */
+	static char text[16384];
+	if (fa_stats(c, text, sizeof text) == FA_OK) {
+		const char *keys[] = {"gpu_async_enqueued", "gpu_async_host_us_wait",
+		                      "gpu_async_host_us_launch", "gpu_async_host_us_record",
+		                      "gpu_async_host_us_hostfn"};
+		for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+			uint64_t v = 0;
+			if (fa_stats_u64(text, keys[i], &v))
+				fprintf(stderr, "  %s: %llu\n", keys[i], (unsigned long long)v);
+		}
+	}
+	void *ev = NULL;
+	CHECK(cu.EventCreate(&ev, 0x6) == 0, "cuEventCreate(INTERPROCESS)");
+	uint64_t e0 = fa_test_now_us();
+	for (int i = 0; i < n; i++)
+		CHECK(cu.EventRecord(ev, stream) == 0 && cu.StreamWaitEvent(stream, ev, 0) == 0,
+		      "record/wait");
+	uint64_t e1 = fa_test_now_us();
+	uint64_t p0 = fa_test_now_us();
+	for (int i = 0; i < n; i++)
+		CHECK(fa_ping(c) == FA_OK, "ping");
+	uint64_t p1 = fa_test_now_us();
+	fprintf(stderr, "  client: interprocess event record + wait %.1f us; fa_ping %.1f us\n",
+	        (double)(e1 - e0) / n, (double)(p1 - p0) / n);
 	fprintf(stderr, "fp16 B1 S512 H8 D64, %d calls: synchronous %.1f us per call; "
 	        "asynchronous %.1f us per call to return, %.1f us per call until the stream "
 	        "finished\n", n, (double)(t1 - t0) / n, (double)(t2 - t1) / n,
@@ -240,6 +276,81 @@ static int child_async_vs_sync(void *arg)
 	fa_buffer_free(b);
 	fa_client_close(c);
 	cu.MemFree(dmem);
+	return 0;
+}
+
+/* A client whose event does not fire (its stream waits on a host flag) stalls only itself:
+ * its asynchronous call times out, while a second client's calls on the same GPU go on at
+ * their usual speed; once the flag is set, the first client's kernel runs and is right. */
+static int child_stuck_event_stalls_only_its_session(void *arg)
+{
+	(void)arg;
+	struct fa_case cs = {.dtype = FA_DTYPE_FP16, .B = 1, .Sq = 128, .Sk = 128, .Hq = 4,
+	                     .Hkv = 4, .D = 64};
+	struct fa_case_layout l;
+	fa_client *ca = NULL, *cb = NULL;
+	fa_buffer *ba = NULL, *bb = NULL;
+	fa_attn_fwd_args aa, ab;
+	cu_ptr da = 0, db = 0, flag_dev = 0;
+	void *sa = NULL, *pinned = NULL;
+	volatile uint32_t *flag = NULL;
+	uint64_t rng = 3;
+	char why[256];
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	fa_case_layout(&cs, &l);
+	CHECK(cu.MemAlloc(&da, l.total) == 0 && cu.MemAlloc(&db, l.total) == 0, "cuMemAlloc");
+	CHECK(cu.MemHostAlloc(&pinned, l.total + 64, 0x2 /* DEVICEMAP */) == 0, "cuMemHostAlloc");
+	flag = (volatile uint32_t *)((char *)pinned + l.total);
+	*flag = 0;
+	CHECK(cu.MemHostGetDevicePointer(&flag_dev, (void *)(uintptr_t)flag, 0) == 0,
+	      "cuMemHostGetDevicePointer");
+	CHECK(cu.StreamCreate(&sa, 1) == 0, "cuStreamCreate");
+	fa_case_fill(&cs, &l, pinned, &rng);
+	CHECK(cu.MemcpyHtoDAsync(da, pinned, l.total, sa) == 0 &&
+	      cu.MemcpyHtoDAsync(db, pinned, l.total, sa) == 0 && cu.StreamSynchronize(sa) == 0,
+	      "upload");
+	CHECK(fa_client_open(&ca, g_daemon.url) == FA_OK && fa_client_open(&cb, g_daemon.url) ==
+	      FA_OK, "open: %s", fa_last_error_detail());
+	CHECK(fa_buffer_register_device(ca, (void *)(uintptr_t)da, l.total, &ba) == FA_OK &&
+	      fa_buffer_register_device(cb, (void *)(uintptr_t)db, l.total, &bb) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_case_args(&cs, &l, ba, &aa);
+	fa_case_args(&cs, &l, bb, &ab);
+	CHECK(fa_attn_fwd_async(ca, &aa, sa) == FA_OK && cu.StreamSynchronize(sa) == 0,
+	      "warm-up: %s", fa_last_error_detail());
+	uint64_t t0 = fa_test_now_us();
+	for (int i = 0; i < 100; i++)
+		CHECK(fa_attn_fwd(cb, &ab) == FA_OK, "B before: %s", fa_last_error_detail());
+	double before = (double)(fa_test_now_us() - t0) / 100;
+	/* A's stream now waits for the flag; its event is recorded behind that wait. */
+	CHECK(cu.StreamWaitValue32(sa, flag_dev, 1, 0 /* GEQ */) == 0, "cuStreamWaitValue32");
+	fa_client_set_timeout(ca, 1500);
+	fa_status st = fa_attn_fwd_async(ca, &aa, sa);
+	fprintf(stderr, "stuck client's call: %s (%s)\n", fa_status_name(st),
+	        fa_last_error_detail());
+	t0 = fa_test_now_us();
+	for (int i = 0; i < 100; i++)
+		CHECK(fa_attn_fwd(cb, &ab) == FA_OK, "B while A is stuck: %s",
+		      fa_last_error_detail());
+	double during = (double)(fa_test_now_us() - t0) / 100;
+	fprintf(stderr, "the other client's synchronous calls: %.1f us before, %.1f us while the "
+	        "first client's event is stuck\n", before, during);
+	CHECK(during < 4 * before + 200, "the other client slowed down: %.1f vs %.1f us", during,
+	      before);
+	*flag = 1; /* release: A's stream, then the daemon's wait, go on */
+	CHECK(cu.StreamSynchronize(sa) == 0, "A's stream");
+	CHECK(cu.MemcpyDtoHAsync(pinned, da, l.total, sa) == 0 && cu.StreamSynchronize(sa) == 0,
+	      "download");
+	CHECK(fa_case_check(&cs, &l, pinned, NULL, why, sizeof why), "A after the release: %s",
+	      why);
+	fa_client_set_timeout(ca, 30000);
+	CHECK(fa_attn_fwd_async(ca, &aa, sa) == FA_OK && cu.StreamSynchronize(sa) == 0,
+	      "A again: %s", fa_last_error_detail());
+	fa_buffer_free(ba);
+	fa_buffer_free(bb);
+	fa_client_close(ca);
+	fa_client_close(cb);
 	return 0;
 }
 
@@ -366,6 +477,13 @@ static void test_gpu_canary_runs_and_passes(void **state)
 	assert_true(age < 5000);
 }
 
+static void test_gpu_async_client_with_a_stuck_event_stalls_only_itself(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_stuck_event_stalls_only_its_session, NULL, 120000), 0);
+}
+
 static void test_gpu_second_device_serves_and_mixed_requests_are_refused(void **state)
 {
 	(void)state;
@@ -413,6 +531,7 @@ int main(void)
 		cmocka_unit_test(test_gpu_canary_runs_and_passes),
 		cmocka_unit_test(test_gpu_async_chain_is_ordered_both_ways),
 		cmocka_unit_test(test_gpu_async_returns_before_the_kernel_finishes),
+		cmocka_unit_test(test_gpu_async_client_with_a_stuck_event_stalls_only_itself),
 		cmocka_unit_test(test_gpu_second_device_serves_and_mixed_requests_are_refused),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
