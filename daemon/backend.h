@@ -72,6 +72,8 @@ struct backend_job {
 	unsigned chunks_running;
 	uint64_t t_start;
 	uint64_t bytes_in, bytes_out;  /* GPU: staging copies of host tensors */
+	uint64_t t_submit, t_pick, t_done; /* GPU: submitted, taken by the worker, handed back */
+	bool loop_spin;                /* GPU: the loop polls without sleeping until it is back */
 	bool kernel_done, reply_delivered; /* GPU asynchronous mode: the two hand-backs */
 };
 

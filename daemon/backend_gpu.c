@@ -63,6 +63,14 @@
  * request arrives tens of microseconds after its reply, and a futex wake-up costs about as
  * much as the whole daemon's own work on a small request. */
 #define GPU_SPIN_NS 200000ull
+/* A small synchronous job on an idle GPU runs on the loop thread itself (gpu_try_inline): two
+ * thread hand-offs cost more than such a kernel. The loop is blocked for the kernel's time, so
+ * only below this many FLOPs (about 5 us of an H200). */
+#define GPU_INLINE_MAX_FLOP 1.0e9
+/* While a job below this many FLOPs (about 200 us of an H200) is on a worker, the loop polls
+ * without sleeping (a uv_idle handle): waking a sleeping loop thread costs 10-20 us, a large
+ * share of such a request's time; longer kernels hide it, and need no spinning core. */
+#define GPU_LOOP_SPIN_MAX_FLOP 6.4e10
 #define GPU_EVENT_DISABLE_TIMING 0x2
 #define GPU_EVENT_INTERPROCESS 0x4
 #define GPU_MAX_COMPILE_THREADS 16 /* --compile-threads' bound */
@@ -173,6 +181,10 @@ struct gpu_dev {
 	size_t scratch_size;
 	gpu_event pipe_ev[GPU_PIPE];             /* worker: one per job in flight */
 	atomic_uint pushes;                      /* jobs queued so far: the idle worker spins on it */
+	bool busy;                               /* under b->mu: the worker runs a batch */
+	gpu_stream inline_stream;                /* loop thread: gpu_try_inline's */
+	gpu_event inline_ev;
+	uint64_t inline_jobs;                    /* under b->mu */
 	/* The canary (worker only, but canary_ok_ns which the loop reads). */
 	struct fa_attn_fwd_desc canary_desc;
 	struct fa_tile canary_tile;              /* the planner's first: never the tuning table's */
@@ -192,6 +204,10 @@ struct gpu_backend {
 	uv_loop_t *loop;
 	uv_async_t async;
 	bool async_open;
+	uv_idle_t spin;                  /* started while spin_jobs > 0 (loop thread) */
+	bool spin_open;
+	unsigned spin_jobs;
+	unsigned handles_open;           /* async and spin: freed when both are closed */
 	backend_done_fn done;
 	void *done_arg;
 	void (*closed)(void *arg);
@@ -207,6 +223,8 @@ struct gpu_backend {
 	uint64_t fwd_ok, fwd_failed;   /* under mu */
 	uint64_t h2d_bytes, d2h_bytes; /* under mu: staging traffic of host regions */
 	uint64_t async_enqueued;       /* under mu: asynchronous jobs enqueued */
+	uint64_t lat_ns[4], lat_n;     /* under mu: sync jobs' submit->pick, pick->done, done->loop,
+	                                * and inline runs' time (where a request's time goes) */
 	uint64_t async_ns[4];          /* under mu: host time in the client-event wait, the launch,
 	                                * the event record, cuLaunchHostFunc (where async time goes) */
 	struct gpu_ticket *tickets;    /* under mu: asynchronous kernels not finished */
@@ -1247,6 +1265,7 @@ static unsigned gpu_take_batch_locked(struct gpu_dev *d, struct backend_job **ou
 /* Hand a finished job back (mutex held). */
 static void gpu_job_done_locked(struct gpu_backend *b, struct backend_job *job, bool sticky)
 {
+	job->t_done = util_now_ns();
 	if (job->status == FA_OK)
 		b->fwd_ok++;
 	else
@@ -1295,6 +1314,7 @@ static void *gpu_worker(void *arg)
 			break; /* stopping, and nothing left */
 		unsigned n = gpu_take_batch_locked(d, batch);
 		spin = true;
+		d->busy = true;
 		if (fault_marked(&b->base)) {
 			for (unsigned i = 0; i < n; i++)
 				gpu_finish_locked(b, batch[i], FA_EDEVICE, fault_why(&b->base));
@@ -1310,6 +1330,7 @@ static void *gpu_worker(void *arg)
 			struct backend_job *job = batch[0];
 			struct gpu_owner_dev *od = gpu_owner_dev(d, job);
 			pthread_mutex_lock(&b->mu);
+			d->busy = false;
 			atomic_fetch_sub(&b->base.running, 1);
 			if (od == NULL) {
 				gpu_job_done_locked(b, job, false);
@@ -1322,6 +1343,7 @@ static void *gpu_worker(void *arg)
 		for (unsigned i = 0; i < n; i++) {
 			bool s1 = false;
 			t0[i] = util_now_ns();
+			batch[i]->t_pick = t0[i];
 			batch[i]->status = FA_OK;
 			batch[i]->detail[0] = '\0';
 			gpu_enqueue(d, batch[i], d->stream, d->pipe_ev[i], &s1);
@@ -1330,6 +1352,11 @@ static void *gpu_worker(void *arg)
 		for (unsigned i = 0; i < n; i++) {
 			bool s1 = false;
 			gpu_complete(d, batch[i], d->pipe_ev[i], &s1);
+			if (i + 1 == n) {
+				pthread_mutex_lock(&b->mu);
+				d->busy = false;
+				pthread_mutex_unlock(&b->mu);
+			}
 			batch[i]->compute_ns = util_now_ns() - t0[i];
 			pthread_mutex_lock(&b->mu);
 			atomic_fetch_sub(&b->base.running, 1);
@@ -1374,11 +1401,68 @@ static void gpu_async_cb(uv_async_t *h)
 				b->done(job, b->done_arg);
 			}
 		} else {
+			if (job->loop_spin) {
+				job->loop_spin = false;
+				if (--b->spin_jobs == 0)
+					uv_idle_stop(&b->spin);
+			}
+			if (job->t_pick != 0 && job->t_done != 0) {
+				uint64_t now = util_now_ns();
+				pthread_mutex_lock(&b->mu);
+				b->lat_ns[0] += job->t_pick - job->t_submit;
+				b->lat_ns[1] += job->t_done - job->t_pick;
+				b->lat_ns[2] += now - job->t_done;
+				b->lat_n++;
+				pthread_mutex_unlock(&b->mu);
+			}
 			b->done(job, b->done_arg);
 		}
 		job = next;
 	}
 	fault_check(&b->base);
+}
+
+/* Run a small synchronous device-memory job on the loop thread when d's worker is idle and the
+ * kernel is loaded: no hand-off to the worker and back (tens of microseconds of a tiny request's
+ * latency). Returns whether it ran (then it is on the done list, answered this loop turn). */
+static bool gpu_try_inline(struct gpu_backend *b, struct gpu_dev *d, struct backend_job *job)
+{
+	const struct fa_attn_fwd_desc *ds = &job->desc;
+	double flop = 4.0 * (double)ds->B * (double)ds->Hq * (double)ds->Sq * (double)ds->Sk *
+	              (double)ds->D;
+
+	if (job->async || d->inline_stream == NULL || flop > GPU_INLINE_MAX_FLOP ||
+	    job->fault_injected || fault_marked(&b->base))
+		return false;
+	for (int i = 0; i < 5; i++)
+		if (!job->on_device[i] && (i < 4 || job->lse != NULL))
+			return false;
+	pthread_mutex_lock(&b->mu);
+	bool idle = !b->stopping && !d->busy && d->run_head == NULL;
+	if (idle)
+		atomic_fetch_add(&b->base.running, 1);
+	pthread_mutex_unlock(&b->mu);
+	if (!idle)
+		return false;
+	bool sticky = false, s2 = false;
+	uint64_t t0 = util_now_ns();
+	b->cu.CtxSetCurrent(d->ctx);
+	gpu_enqueue(d, job, d->inline_stream, d->inline_ev, &sticky);
+	gpu_complete(d, job, d->inline_ev, &s2);
+	job->compute_ns = util_now_ns() - t0;
+	pthread_mutex_lock(&b->mu);
+	b->lat_ns[3] += job->compute_ns;
+	atomic_fetch_sub(&b->base.running, 1);
+	d->inline_jobs++;
+	gpu_job_done_locked(b, job, sticky || s2);
+	pthread_mutex_unlock(&b->mu);
+	return true;
+}
+
+/* The idle handle's callback: nothing; while it is started the loop polls without sleeping. */
+static void gpu_spin_cb(uv_idle_t *h)
+{
+	(void)h;
 }
 
 /* Queue a job on its device: the one of its device buffers, else round robin. */
@@ -1394,16 +1478,28 @@ static fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	job->compute_ns = 0;
 	job->detail[0] = '\0';
 	job->enqueued = job->kernel_done = job->reply_delivered = false;
+	job->t_submit = util_now_ns();
+	job->t_pick = job->t_done = 0;
+	job->loop_spin = false;
 	/* A kernel not loaded yet is compiled by a compile thread while the worker serves other
 	 * jobs. The query is cheap and CPU-only; when it fails (the planner refuses the shape)
 	 * the worker's launch reports the same error. */
-	bool ready = true;
+	bool ready = true, known = false;
 	char key[COMPILE_KEY_MAX], why[FA_PROTO_DETAIL_MAX];
 	int kl = snprintf(key, sizeof key, "g%d/", job->dev);
-	if (b->ncompile > 0 && !fault_marked(&b->base) &&
-	    fa_gpu_kernel_lookup(d->g, &job->desc, &ready, key + kl, sizeof key - (size_t)kl, why,
-	                         sizeof why) != FA_OK)
-		ready = true;
+	if (b->ncompile > 0 && !fault_marked(&b->base)) {
+		known = fa_gpu_kernel_lookup(d->g, &job->desc, &ready, key + kl,
+		                             sizeof key - (size_t)kl, why, sizeof why) == FA_OK;
+		if (!known)
+			ready = true;
+	}
+	/* the loop never compiles: only a kernel known to be loaded runs inline */
+	if (known && ready && gpu_try_inline(b, d, job))
+		return FA_OK;
+	const struct fa_attn_fwd_desc *ds = &job->desc;
+	bool spin = b->spin_open && !job->async &&
+	            4.0 * (double)ds->B * (double)ds->Hq * (double)ds->Sq * (double)ds->Sk *
+	                    (double)ds->D <= GPU_LOOP_SPIN_MAX_FLOP;
 	pthread_mutex_lock(&b->mu);
 	if (b->stopping) {
 		pthread_mutex_unlock(&b->mu);
@@ -1415,10 +1511,14 @@ static fa_status gpu_submit(struct backend *base, struct backend_job *job)
 		pthread_cond_broadcast(&b->cv);
 	} else {
 		b->compile_jobs++;
+		spin = false; /* a compile takes milliseconds to seconds: no point spinning */
 		if (is_new)
 			pthread_cond_signal(&b->compile_cv);
 	}
+	job->loop_spin = spin; /* before the unlock: the job may come back at once */
 	pthread_mutex_unlock(&b->mu);
+	if (spin && b->spin_jobs++ == 0)
+		uv_idle_start(&b->spin, gpu_spin_cb);
 	return FA_OK;
 }
 
@@ -1594,9 +1694,12 @@ static void gpu_stats(struct backend *base, char *buf, size_t cap)
 	failed = b->fwd_failed;
 	h2d = b->h2d_bytes;
 	d2h = b->d2h_bytes;
-	uint64_t async_enq = b->async_enqueued, canary_runs = 0, canary_failed = 0;
-	uint64_t ans[4];
+	uint64_t async_enq = b->async_enqueued, canary_runs = 0, canary_failed = 0, inl = 0;
+	for (unsigned i = 0; i < b->ndevs; i++)
+		inl += b->devs[i].inline_jobs;
+	uint64_t ans[4], lat[4], latn = b->lat_n;
 	memcpy(ans, b->async_ns, sizeof ans);
+	memcpy(lat, b->lat_ns, sizeof lat);
 	unsigned async_running = b->ntickets;
 	double canary_err = 0;
 	for (unsigned i = 0; i < b->ndevs; i++) {
@@ -1632,11 +1735,15 @@ static void gpu_stats(struct backend *base, char *buf, size_t cap)
 		return;
 	n += m;
 	m = snprintf(buf + n, cap - (size_t)n,
-	             "gpu_async_enqueued:%" PRIu64 "\ngpu_async_running:%u\ngpu_async_host_us_wait:%"
+	             "gpu_inline_jobs:%" PRIu64 "\ngpu_inline_us_total:%" PRIu64
+	             "\ngpu_worker_jobs:%" PRIu64 "\ngpu_worker_us_to_pick:%" PRIu64
+	             "\ngpu_worker_us_to_done:%" PRIu64 "\ngpu_worker_us_to_loop:%" PRIu64
+	             "\ngpu_async_enqueued:%" PRIu64 "\ngpu_async_running:%u\ngpu_async_host_us_wait:%"
 	             PRIu64 "\ngpu_async_host_us_launch:%" PRIu64 "\ngpu_async_host_us_record:%" PRIu64
 	             "\ngpu_async_host_us_hostfn:%" PRIu64 "\ngpu_canary_runs:%" PRIu64
 	             "\ngpu_canary_failed:%" PRIu64 "\ngpu_canary_age_ms:%" PRIu64
 	             "\ngpu_canary_worst_err:%.3g\n",
+	             inl, lat[3] / 1000, latn, lat[0] / 1000, lat[1] / 1000, lat[2] / 1000,
 	             async_enq, async_running, ans[0] / 1000, ans[1] / 1000, ans[2] / 1000,
 	             ans[3] / 1000, canary_runs, canary_failed, canary_age / 1000000,
 	             canary_err);
@@ -1693,6 +1800,10 @@ static void gpu_dev_fini(struct gpu_backend *b, struct gpu_dev *d)
 		for (int i = 0; i < GPU_PIPE; i++)
 			if (d->pipe_ev[i] != NULL)
 				b->cu.EventDestroy(d->pipe_ev[i]);
+		if (d->inline_ev != NULL)
+			b->cu.EventDestroy(d->inline_ev);
+		if (d->inline_stream != NULL)
+			b->cu.StreamDestroy(d->inline_stream);
 		if (d->stream != NULL)
 			b->cu.StreamDestroy(d->stream);
 		b->cu.DevicePrimaryCtxRelease(d->cudev);
@@ -1725,13 +1836,15 @@ static void gpu_free(struct gpu_backend *b)
 	free(b);
 }
 
-/* The async handle is closed: release the backend. */
+/* A loop handle is closed: the last one releases the backend. */
 static void gpu_handle_closed(uv_handle_t *h)
 {
 	struct gpu_backend *b = h->data;
 	void (*closed)(void *) = b->closed;
 	void *arg = b->closed_arg;
 
+	if (--b->handles_open > 0)
+		return;
 	gpu_free(b);
 	if (closed != NULL)
 		closed(arg);
@@ -1781,6 +1894,10 @@ static void gpu_close(struct backend *base, void (*closed)(void *arg), void *arg
 	gpu_async_cb(&b->async); /* every job is handed back exactly once */
 	b->closed = closed;
 	b->closed_arg = arg;
+	if (b->spin_open) {
+		uv_idle_stop(&b->spin);
+		uv_close((uv_handle_t *)&b->spin, gpu_handle_closed);
+	}
 	uv_close((uv_handle_t *)&b->async, gpu_handle_closed);
 }
 
@@ -1823,6 +1940,16 @@ static fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordi
 		d->stream = NULL;
 		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: cuStreamCreate: CUDA error %d (%s)",
 		                 ordinal, r, gpu_errstr(b, r));
+	}
+	if ((r = b->cu.StreamCreate(&d->inline_stream, 1)) != 0 ||
+	    (r = b->cu.EventCreate(&d->inline_ev, GPU_EVENT_DISABLE_TIMING)) != 0) {
+		/* only a latency optimisation: carry on without it */
+		log_warn("gpu: GPU %d: no stream for small jobs on the loop: CUDA error %d (%s)",
+		         ordinal, r, gpu_errstr(b, r));
+		if (d->inline_stream != NULL)
+			b->cu.StreamDestroy(d->inline_stream);
+		d->inline_stream = NULL;
+		d->inline_ev = NULL;
 	}
 	for (int i = 0; i < GPU_PIPE; i++)
 		if ((r = b->cu.EventCreate(&d->pipe_ev[i], GPU_EVENT_DISABLE_TIMING)) != 0) {
@@ -1922,6 +2049,12 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 	}
 	b->async.data = b;
 	b->async_open = true;
+	b->handles_open = 1;
+	if (uv_idle_init(loop, &b->spin) == 0) { /* only latency: carry on without it */
+		b->spin.data = b;
+		b->spin_open = true;
+		b->handles_open++;
+	}
 
 	sigfillset(&all);
 	sigdelset(&all, SIGBUS);

@@ -991,6 +991,22 @@ static void print_results(bool lat_ok, const struct tput_result res[NTPUT][NRUNS
 		printf("  daemon STATS: gpu_fwd_ok %" PRIu64 ", gpu_fwd_failed %" PRIu64
 		       ", kernels compiled %" PRIu64 ", loaded from disk %" PRIu64 "\n",
 		       ok, failed, compiled, loads);
+		/* where the daemon's time goes (the whole run: both shapes and all modes) */
+		uint64_t inl = 0, inl_us = 0, wj = 0, pick = 0, run = 0, back = 0;
+		fa_stats_u64(stats, "gpu_inline_jobs", &inl);
+		fa_stats_u64(stats, "gpu_inline_us_total", &inl_us);
+		fa_stats_u64(stats, "gpu_worker_jobs", &wj);
+		fa_stats_u64(stats, "gpu_worker_us_to_pick", &pick);
+		fa_stats_u64(stats, "gpu_worker_us_to_done", &run);
+		fa_stats_u64(stats, "gpu_worker_us_to_loop", &back);
+		if (inl > 0)
+			printf("  daemon: %" PRIu64 " small jobs ran on the loop thread, %.1f us each\n",
+			       inl, (double)inl_us / (double)inl);
+		if (wj > 0)
+			printf("  daemon: %" PRIu64 " jobs on the GPU worker: submit->worker %.1f us, "
+			       "worker->done %.1f us, done->loop %.1f us (means)\n",
+			       wj, (double)pick / (double)wj, (double)run / (double)wj,
+			       (double)back / (double)wj);
 	}
 	fflush(stdout);
 }
