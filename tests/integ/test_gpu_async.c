@@ -7,7 +7,9 @@
  *   - the canary runs and passes (STATS), so the watchdog is fed;
  *   - with two or more GPUs: a buffer on GPU 1 is served there, a request mixing GPUs gets a
  *     clear FA_EINVAL (skipped, with the reason, on one GPU).
- * The cross-user refusal of the asynchronous mode (FA_EPERM) needs no GPU: test_bad_input.c.
+ *   - a client of another user (uid 65534, when run as root) is served in the synchronous mode
+ *     on its own device buffers and refused the asynchronous one (FA_EPERM);
+ * The cross-user refusal is also checked without a GPU in test_bad_input.c.
  *
  * CUDA does not survive fork(): the test process never initialises it; each case runs in a
  * forked child that loads libcuda.so.1 with dlopen and reports through its exit code.
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -410,6 +413,51 @@ static int child_second_gpu(void *arg)
 	return 0;
 }
 
+/* Run as uid 65534 (exec'd fresh by test_gpu_other_user_..., argv: --other-user URL): device
+ * buffers of another user register and compute in the synchronous mode (CUDA IPC memory handles
+ * open across users); the asynchronous mode gets FA_EPERM with the reason. */
+static int other_user_main(const char *url)
+{
+	struct fa_case cs = {.dtype = FA_DTYPE_BF16, .B = 1, .Sq = 200, .Sk = 300, .Hq = 4,
+	                     .Hkv = 1, .D = 128, .lse = true};
+	struct fa_case_layout l;
+	fa_client *c = NULL;
+	fa_buffer *b = NULL;
+	fa_attn_fwd_args a;
+	cu_ptr dmem = 0;
+	void *stream = NULL, *pinned = NULL;
+	uint64_t rng = 99;
+	char why[256];
+
+	CHECK(setgid(65534) == 0 && setuid(65534) == 0, "setuid 65534");
+	CHECK(cu_start(0) == 0, "no CUDA as uid 65534 (/dev/nvidia* permissions?)");
+	fa_case_layout(&cs, &l);
+	CHECK(cu.MemAlloc(&dmem, l.total) == 0, "cuMemAlloc");
+	CHECK(cu.MemHostAlloc(&pinned, l.total, 0) == 0, "cuMemHostAlloc");
+	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
+	fa_case_fill(&cs, &l, pinned, &rng);
+	CHECK(cu.MemcpyHtoDAsync(dmem, pinned, l.total, stream) == 0 &&
+	      cu.StreamSynchronize(stream) == 0, "upload");
+	CHECK(fa_client_open(&c, url) == FA_OK, "open as uid 65534: %s", fa_last_error_detail());
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)dmem, l.total, &b) == FA_OK,
+	      "register as uid 65534: %s", fa_last_error_detail());
+	fa_case_args(&cs, &l, b, &a);
+	fa_status st = fa_attn_fwd(c, &a);
+	CHECK(st == FA_OK, "synchronous as uid 65534: %s: %s", fa_status_name(st),
+	      fa_last_error_detail());
+	CHECK(cu.MemcpyDtoHAsync(pinned, dmem, l.total, stream) == 0 &&
+	      cu.StreamSynchronize(stream) == 0, "download");
+	CHECK(fa_case_check(&cs, &l, pinned, NULL, why, sizeof why), "%s", why);
+	st = fa_attn_fwd_async(c, &a, stream);
+	fprintf(stderr, "uid 65534: synchronous FA_OK and correct; asynchronous %s: %s\n",
+	        fa_status_name(st), fa_last_error_detail());
+	CHECK(st == FA_EPERM, "asynchronous across users: %s", fa_status_name(st));
+	fa_buffer_free(b);
+	fa_client_close(c);
+	cu.MemFree(dmem);
+	return 0;
+}
+
 /* How many GPUs (a child: the parent never initialises CUDA); -1 without any. */
 static int child_count(void *arg)
 {
@@ -484,6 +532,32 @@ static void test_gpu_async_client_with_a_stuck_event_stalls_only_itself(void **s
 	assert_int_equal(in_child(child_stuck_event_stalls_only_its_session, NULL, 120000), 0);
 }
 
+static void test_gpu_other_user_is_served_synchronously_and_refused_async(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	if (geteuid() != 0) {
+		fprintf(stderr, "skipped: becoming another user (uid 65534) needs root\n");
+		skip();
+	}
+	char dir[sizeof g_daemon.sock];
+	snprintf(dir, sizeof dir, "%s", g_daemon.sock);
+	*strrchr(dir, '/') = '\0';
+	assert_int_equal(chmod(dir, 0711), 0);
+	assert_int_equal(chmod(g_daemon.sock, 0666), 0);
+	fflush(stderr);
+	pid_t p = fork();
+	assert_true(p >= 0);
+	if (p == 0) {
+		execl("/proc/self/exe", "test_gpu_async", "--other-user", g_daemon.url, (char *)NULL);
+		_exit(127);
+	}
+	int rc = fa_test_waitpid(p, fa_test_ms(60000));
+	chmod(g_daemon.sock, 0600);
+	chmod(dir, 0700);
+	assert_int_equal(rc, 0);
+}
+
 static void test_gpu_second_device_serves_and_mixed_requests_are_refused(void **state)
 {
 	(void)state;
@@ -525,9 +599,12 @@ static int teardown(void **state)
 	return daemon_finish(&g_daemon);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+	if (argc == 3 && strcmp(argv[1], "--other-user") == 0)
+		return other_user_main(argv[2]);
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_gpu_other_user_is_served_synchronously_and_refused_async),
 		cmocka_unit_test(test_gpu_canary_runs_and_passes),
 		cmocka_unit_test(test_gpu_async_chain_is_ordered_both_ways),
 		cmocka_unit_test(test_gpu_async_returns_before_the_kernel_finishes),
