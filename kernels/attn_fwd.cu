@@ -10,7 +10,9 @@
  *   FA_D       head dim, a multiple of 8 in [8, 256]
  *   FA_NW      warps per block; FA_RT row tiles of 16 query rows per warp (block rows BR = 16*NW*RT)
  *   FA_BC      keys per step (multiple of 16)
- *   FA_STAGES  K/V pipeline depth (>= 2): tile j+STAGES-1 is in flight while tile j is computed
+ *   FA_STAGES  K/V pipeline depth: tile j+STAGES-1 is in flight while tile j is computed; 1 =
+ *              one buffer each, FlashAttention-2's order (V_j during Q K_j^T, K_j+1 during P V_j;
+ *              slower on the H200, so the planner does not offer it: PERF-NOTES.md v4)
  *   FA_MASK    0 none, 1 causal bottom-right (key j visible to query i iff j <= i + Sk - Sq),
  *              2 causal top-left (j <= i)
  *
@@ -126,7 +128,7 @@ __device__ __forceinline__ u32 pack_f16(float lo, float hi)
 #ifndef FA_SKIP_RESCALE /* skip O's rescale in steps where no row max of the warp grew */
 /* measured (PERF-NOTES.md v2): +2% at d128 128x64 w4r2, -7% at d64 w4r2 and d256 w8r1; fp32: the
  * FMULs are cheap next to 3 MMAs and the registers are not */
-#define FA_SKIP_RESCALE (FA_IN != 3 && FA_RT == 2 && DP == 128)
+#define FA_SKIP_RESCALE (RTHR > 0 || (FA_IN != 3 && FA_RT == 2 && DP == 128))
 #endif
 #ifndef FA_FOLD /* fold the scale into the FFMA that feeds ex2 (0: multiply the scores first) */
 #define FA_FOLD 1
@@ -136,6 +138,41 @@ __device__ __forceinline__ u32 pack_f16(float lo, float hi)
 #endif
 #ifndef FA_KUNROLL
 #define FA_KUNROLL 4 /* fp32 path: k steps of Q K^T unrolled together */
+#endif
+/* v4 switches (kernels/PERF-NOTES.md v4, all measured on the H200; each keeps the kernel exact;
+ * they act on the 16-bit path only, the fp32 kernels are the v3 code):
+ *   FA_LDFAST  1: whole K/V tiles by per-thread pointers fixed before the loop (one 64-bit add
+ *              per 16-byte copy, no predicates), the general loader for tails (+10% d64, +4-6%
+ *              d128, +2% d256)
+ *   FA_QREG    1: Q's A fragments loaded once into registers where they take at most 32
+ *              registers (padded D * row tiles <= 128; +3.8% d64)
+ *   FA_ONEBAR  0: one barrier per key step (K_j and V_j awaited together at its top): -2..+1%
+ *   FA_SADDR   0: ldmatrix addresses as a per-thread byte base plus constants: neutral
+ *   FA_MMAVOL  1: mma asm volatile (0 gave the same SASS)
+ *   FA_RTHR    0: keep a row's max until a score exceeds it by RTHR in the log2 domain (P <=
+ *              2^RTHR), with the rescale skip: O is almost never rescaled, but -6..-9% at d64 and
+ *              d256 (the skip branch keeps the exponentials out of the P V block)
+ *   FA_EARLYRS 0: O's rescale before the exponentials (with FA_RTHR): -4% d64, +-0 d256 */
+#ifndef FA_LDFAST
+#define FA_LDFAST 1
+#endif
+#ifndef FA_QREG
+#define FA_QREG 1
+#endif
+#ifndef FA_ONEBAR
+#define FA_ONEBAR 0
+#endif
+#ifndef FA_SADDR
+#define FA_SADDR 0
+#endif
+#ifndef FA_MMAVOL
+#define FA_MMAVOL 1
+#endif
+#ifndef FA_RTHR
+#define FA_RTHR 0
+#endif
+#ifndef FA_EARLYRS
+#define FA_EARLYRS 0
 #endif
 
 #define NT (FA_NW * 32)
@@ -164,6 +201,19 @@ typedef u16 in_t;
 #define SMEM_K (FA_BC * LDK)
 #define SMEM_V (FA_BC * LDV)
 
+/* The fast K/V loader: thread tid copies chunk column tid % CPR of rows tid / CPR + i * RSTEP. */
+#define LD_CPR ((DP + CPE - 1) / CPE)
+#define LD_RSTEP (NT / LD_CPR)
+/* Where the switches act: the 16-bit path only (the fp32 kernels stay as measured in v3); the fast
+ * loader where the threads tile the chunks of a row evenly (padded D 16, 32, 64, 128, 256); Q in
+ * registers where its fragments take at most 32 registers (padded D x row tiles <= 128) */
+#define LD_FAST (FA_LDFAST && FA_IN != 3 && NT % LD_CPR == 0 && (FA_BC * LD_CPR) % NT == 0)
+#define ONEBAR (FA_ONEBAR && FA_IN != 3)
+#define SADDR (FA_SADDR && FA_IN != 3)
+#define QREG (FA_QREG && FA_IN != 3 && FA_RT * DP <= 128)
+#define RTHR (FA_IN != 3 ? FA_RTHR : 0)
+#define EARLYRS (FA_EARLYRS && FA_IN != 3 && (FA_RT == 1 || DP <= 64)) /* d128 r2 spills */
+
 /* Load `NROWS` rows of a tile (row stride `rs` elements in global memory) into shared memory with
  * row stride `LD`; rows >= valid and chunks past the head dim are zero-filled. */
 template <int NROWS, int LD>
@@ -183,6 +233,19 @@ __device__ __forceinline__ void load_tile(in_t *s, const in_t *g, long long rs, 
 	}
 }
 
+/* A whole tile (every row valid) by the fast loader: `gp` points at this thread's first chunk
+ * (row tid / CPR, column (tid % CPR) * CPE; bytes 0 zero-fills a padding column, gp then points
+ * at column 0), `rstep` bytes between its rows; `sb` = the shared address of that chunk. */
+template <int NROWS, int LD>
+__device__ __forceinline__ void load_tile_fast(u32 sb, const char *gp, long long rstep, int bytes)
+{
+#pragma unroll
+	for (int it = 0; it < NROWS * LD_CPR / NT; it++) {
+		cp_async16(sb + it * LD_RSTEP * LD * ES, gp, bytes);
+		gp += rstep;
+	}
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Tensor-core primitives */
 #if FA_IN != 3
@@ -198,12 +261,17 @@ __device__ __forceinline__ void ldsm_x4_t(u32 &r0, u32 &r1, u32 &r2, u32 &r3, u3
 	             : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
 	             : "r"(addr));
 }
+#if FA_MMAVOL
+#define MMA_ASM asm volatile
+#else
+#define MMA_ASM asm /* no side effects: only its operands order it */
+#endif
 __device__ __forceinline__ void mma16(float *c, const u32 *a, u32 b0, u32 b1)
 {
 #if FA_IN == 1
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+	MMA_ASM("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
 #else
-	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+	MMA_ASM("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
 #endif
 	             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
 	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
@@ -338,6 +406,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 			                      p.Sk - s * FA_BC);
 		cp_async_commit();
 	}
+	if (FA_STAGES == 1) { /* one buffer each: K_0 now, V_j at the top of step j */
+		if (ntiles > 0)
+			load_tile<FA_BC, LDK>(sK, Kg, p.ks[1], p.Sk);
+		cp_async_commit();
+	}
 
 	/* A negative scale: negate Q in shared memory (exact), so that the row max of the raw
 	 * scores is the max of the scaled ones. The barrier at the top of the first step
@@ -347,7 +420,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 #else
 	const float sl_in = p.scale_log2, sl = 1.f;
 #endif
-	if (FA_NEGQ && p.neg_scale) {
+#if RTHR > 0
+	const float rthr = (float)RTHR / sl; /* the threshold in raw-score units (sl > 0) */
+#endif
+	if (FA_NEGQ && !QREG && p.neg_scale) {
 		cp_async_wait<2 * (FA_STAGES - 1)>(); /* Q has landed (this thread's part) */
 		__syncthreads();                      /* ... everyone's */
 		u32 *w = (u32 *)sQ;
@@ -368,22 +444,111 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	}
 	const int wrow = warp * 16 * FA_RT; /* first row of this warp inside the block */
 
+#if QREG
+	/* Q's A fragments for the whole row block of this warp, loaded once (a negative scale
+	 * flips their sign bits here instead of in shared memory). */
+	u32 qf[FA_RT][DP / 16][4];
+	cp_async_wait<2 * (FA_STAGES - 1)>(); /* Q has landed (this thread's part) */
+	__syncthreads();                      /* ... everyone's */
+#pragma unroll
+	for (int r = 0; r < FA_RT; r++)
+#pragma unroll
+		for (int kk = 0; kk < DP / 16; kk++) {
+			ldsm_x4(qf[r][kk][0], qf[r][kk][1], qf[r][kk][2], qf[r][kk][3],
+			        smem_u32(sQ + (wrow + r * 16 + (lane & 15)) * LDQ + kk * 16 + (lane >> 4) * 8));
+			if (FA_NEGQ && p.neg_scale)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					qf[r][kk][e] ^= 0x80008000u;
+		}
+#endif
+#if SADDR
+	/* ldmatrix row addresses of this lane (bytes); each use adds a constant */
+	const u32 qa0 = smem_u32(sQ + (wrow + (lane & 15)) * LDQ + (lane >> 4) * 8);
+	const u32 ka0 = smem_u32(sK + ((lane >> 4) * 8 + (lane & 7)) * LDK + ((lane >> 3) & 1) * 8);
+	const u32 va0 = smem_u32(sV + (((lane >> 3) & 1) * 8 + (lane & 7)) * LDV + (lane >> 4) * 8);
+#endif
+#if LD_FAST
+	/* This thread's chunk of every K/V tile: row lr0 (+ RSTEP i), column lcc; a padding column
+	 * (lcc >= D) zero-fills from column 0's address. Pointers to tile STAGES-1, advanced one
+	 * tile per step. */
+	const int lr0 = tid / LD_CPR, lcc = (tid % LD_CPR) * CPE;
+	const int lbytes = lcc < FA_D ? 16 : 0, lcol = lcc < FA_D ? lcc : 0;
+	const u32 sK0 = smem_u32(sK + lr0 * LDK + lcc), sV0 = smem_u32(sV + lr0 * LDV + lcc);
+	const long long krs = (long long)LD_RSTEP * p.ks[1] * ES, vrs = (long long)LD_RSTEP * p.vs[1] * ES;
+	const long long kts = (long long)FA_BC * p.ks[1] * ES, vts = (long long)FA_BC * p.vs[1] * ES;
+	const char *kgp = (const char *)(Kg + lr0 * p.ks[1] + lcol) + (FA_STAGES == 1 ? 1 : FA_STAGES - 1) * kts;
+	const char *vgp = (const char *)(Vg + lr0 * p.vs[1] + lcol) + (FA_STAGES - 1) * vts;
+#endif
+
+	/* Tile jn of K or V into ring buffer `buf` (the fast loader when the tile is whole: its
+	 * pointer, kgp or vgp, must point at tile jn) */
+#if LD_FAST
+#define LOAD_K(jn, buf)                                                                           \
+	do {                                                                                      \
+		if (p.Sk - (jn) * FA_BC >= FA_BC)                                                 \
+			load_tile_fast<FA_BC, LDK>(sK0 + (buf) * (SMEM_K * ES), kgp, krs, lbytes); \
+		else                                                                              \
+			load_tile<FA_BC, LDK>(sK + (buf) * SMEM_K,                                \
+			                      Kg + (long long)(jn) * FA_BC * p.ks[1], p.ks[1],    \
+			                      p.Sk - (jn) * FA_BC);                               \
+	} while (0)
+#define LOAD_V(jn, buf)                                                                           \
+	do {                                                                                      \
+		if (p.Sk - (jn) * FA_BC >= FA_BC)                                                 \
+			load_tile_fast<FA_BC, LDV>(sV0 + (buf) * (SMEM_V * ES), vgp, vrs, lbytes); \
+		else                                                                              \
+			load_tile<FA_BC, LDV>(sV + (buf) * SMEM_V,                                \
+			                      Vg + (long long)(jn) * FA_BC * p.vs[1], p.vs[1],    \
+			                      p.Sk - (jn) * FA_BC);                               \
+	} while (0)
+#define LOAD_NEXT(ptr, ts) ((ptr) += (ts))
+#else
+#define LOAD_K(jn, buf)                                                                           \
+	load_tile<FA_BC, LDK>(sK + (buf) * SMEM_K, Kg + (long long)(jn) * FA_BC * p.ks[1], p.ks[1], \
+	                      p.Sk - (jn) * FA_BC)
+#define LOAD_V(jn, buf)                                                                           \
+	load_tile<FA_BC, LDV>(sV + (buf) * SMEM_V, Vg + (long long)(jn) * FA_BC * p.vs[1], p.vs[1], \
+	                      p.Sk - (jn) * FA_BC)
+#define LOAD_NEXT(ptr, ts) ((void)0)
+#endif
+
 	for (int j = 0; j < ntiles; j++) {
+#if FA_STAGES == 1
+		/* FlashAttention-2's single buffers: V_j is loaded while Q K_j^T and the softmax
+		 * run, K_{j+1} while P V_j runs */
+		cp_async_wait<0>(); /* Q and K_j have landed (this thread's part) */
+		__syncthreads();    /* ... everyone's; V's buffer is free (P V_{j-1} is done) */
+		LOAD_V(j, 0);
+		cp_async_commit();
+		LOAD_NEXT(vgp, vts);
+#else
+#if ONEBAR
+		cp_async_wait<2 * FA_STAGES - 4>(); /* Q, K_j and V_j have landed (this thread's part) */
+#else
 		cp_async_wait<2 * FA_STAGES - 3>(); /* Q and K_j have landed (this thread's part) */
-		__syncthreads();                    /* ... everyone's; buffer (j-1) is free */
+#endif
+		__syncthreads(); /* ... everyone's; buffer (j-1) is free */
 		{
 			const int jn = j + FA_STAGES - 1, bn = jn % FA_STAGES;
 			if (jn < ntiles)
-				load_tile<FA_BC, LDK>(sK + bn * SMEM_K, Kg + (long long)jn * FA_BC * p.ks[1],
-				                      p.ks[1], p.Sk - jn * FA_BC);
+				LOAD_K(jn, bn);
 			cp_async_commit();
 			if (jn < ntiles)
-				load_tile<FA_BC, LDV>(sV + bn * SMEM_V, Vg + (long long)jn * FA_BC * p.vs[1],
-				                      p.vs[1], p.Sk - jn * FA_BC);
+				LOAD_V(jn, bn);
 			cp_async_commit();
+			LOAD_NEXT(kgp, kts);
+			LOAD_NEXT(vgp, vts);
 		}
+#endif
 		const in_t *cK = sK + (j % FA_STAGES) * SMEM_K;
 		const in_t *cV = sV + (j % FA_STAGES) * SMEM_V;
+#if SADDR
+		const u32 ka = ka0 + (j % FA_STAGES) * (SMEM_K * ES);
+		const u32 va = va0 + (j % FA_STAGES) * (SMEM_V * ES);
+		(void)cK;
+		(void)cV;
+#endif
 
 		/* S = Q K^T */
 		float s[FA_RT][NJ][4];
@@ -395,24 +560,39 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 #if FA_IN != 3
 #pragma unroll
 		for (int kk = 0; kk < DP / 16; kk++) {
+#if QREG
+#define QFRAG(r) qf[r][kk]
+#else
 			u32 a[FA_RT][4];
+#define QFRAG(r) a[r]
 #pragma unroll
 			for (int r = 0; r < FA_RT; r++)
+#if SADDR
+				ldsm_x4(a[r][0], a[r][1], a[r][2], a[r][3],
+				        qa0 + (r * 16 * LDQ + kk * 16) * ES);
+#else
 				ldsm_x4(a[r][0], a[r][1], a[r][2], a[r][3],
 				        smem_u32(sQ + (wrow + r * 16 + (lane & 15)) * LDQ + kk * 16 +
 				                 (lane >> 4) * 8));
+#endif
+#endif
 #pragma unroll
 			for (int n = 0; n < NJ; n += 2) {
 				u32 b0, b1, b2, b3;
+#if SADDR
+				ldsm_x4(b0, b1, b2, b3, ka + (n * 8 * LDK + kk * 16) * ES);
+#else
 				ldsm_x4(b0, b1, b2, b3,
 				        smem_u32(cK + (n * 8 + (lane >> 4) * 8 + (lane & 7)) * LDK + kk * 16 +
 				                 ((lane >> 3) & 1) * 8));
+#endif
 #pragma unroll
 				for (int r = 0; r < FA_RT; r++) {
-					mma16(s[r][n], a[r], b0, b1);
-					mma16(s[r][n + 1], a[r], b2, b3);
+					mma16(s[r][n], QFRAG(r), b0, b1);
+					mma16(s[r][n + 1], QFRAG(r), b2, b3);
 				}
 			}
+#undef QFRAG
 		}
 #else
 #pragma unroll FA_KUNROLL
@@ -469,6 +649,63 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 		 * P = exp2(s sl - m sl) with one FFMA per score, the running sum rescaled. O is
 		 * rescaled only when some row max of the warp grew (alpha is exactly 1 otherwise:
 		 * m sl - m sl with the product rounded once, not contracted into an FFMA). */
+#if EARLYRS
+		/* The same, ordered max -> O's rescale -> exponentials: the exponentials and P V then
+		 * share one basic block even when the rescale is a (rarely taken) branch, so the
+		 * scheduler can overlap this warp's MUFU work with its first P V products. */
+		float alpha[FA_RT][2], msc[FA_RT][2];
+		bool grew = false;
+		(void)grew;
+#pragma unroll
+		for (int r = 0; r < FA_RT; r++) {
+#pragma unroll
+			for (int hh = 0; hh < 2; hh++) {
+				float mx = mrow[r][hh];
+#pragma unroll
+				for (int n = 0; n < NJ; n++)
+					mx = fmaxf(mx, fmaxf(s[r][n][2 * hh], s[r][n][2 * hh + 1]));
+				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+				const float mo = mrow[r][hh];
+#if RTHR > 0
+				if (mx <= mo + rthr)
+					mx = mo;
+#endif
+				grew |= mx != mo;
+				msc[r][hh] = mx == NEG_INF ? 0.f : __fmul_rn(mx, sl);
+				alpha[r][hh] = fast_exp2(__fmul_rn(mo, sl) - msc[r][hh]);
+				mrow[r][hh] = mx;
+			}
+		}
+#if FA_SKIP_RESCALE
+		if (__any_sync(0xffffffffu, grew))
+#endif
+		{
+#pragma unroll
+			for (int r = 0; r < FA_RT; r++)
+#pragma unroll
+				for (int n = 0; n < ND; n++) {
+					acc[r][n][0] *= alpha[r][0];
+					acc[r][n][1] *= alpha[r][0];
+					acc[r][n][2] *= alpha[r][1];
+					acc[r][n][3] *= alpha[r][1];
+				}
+		}
+#pragma unroll
+		for (int r = 0; r < FA_RT; r++) {
+#pragma unroll
+			for (int hh = 0; hh < 2; hh++) {
+				float sum = 0.f;
+#pragma unroll
+				for (int n = 0; n < NJ; n++) {
+					s[r][n][2 * hh] = fast_exp2(fmaf(s[r][n][2 * hh], sl, -msc[r][hh]));
+					s[r][n][2 * hh + 1] = fast_exp2(fmaf(s[r][n][2 * hh + 1], sl, -msc[r][hh]));
+					sum += s[r][n][2 * hh] + s[r][n][2 * hh + 1];
+				}
+				lrow[r][hh] = lrow[r][hh] * alpha[r][hh] + sum;
+			}
+		}
+#else
 		float alpha[FA_RT][2];
 		bool grew = false;
 		(void)grew;
@@ -483,6 +720,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
 				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
 				const float mo = mrow[r][hh];
+#if RTHR > 0
+				/* P = 2^(s sl - m sl) <= 2^RTHR with the kept max: exact in fp32 and bf16
+				 * alike, and O's rescale is skipped in most steps */
+				if (mx <= mo + rthr)
+					mx = mo;
+#endif
 				grew |= mx != mo;
 				const float ms = mx == NEG_INF ? 0.f : __fmul_rn(mx, sl);
 				alpha[r][hh] = fast_exp2(__fmul_rn(mo, sl) - ms);
@@ -518,8 +761,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 		}
 #endif
 
+#endif
+
+#if FA_STAGES == 1
+		cp_async_wait<0>(); /* V_j has landed (this thread's part) */
+		__syncthreads();    /* ... everyone's; K's buffer is free (Q K_j^T is done) */
+		if (j + 1 < ntiles)
+			LOAD_K(j + 1, 0);
+		cp_async_commit();
+		LOAD_NEXT(kgp, kts);
+#elif !ONEBAR
 		cp_async_wait<2 * FA_STAGES - 2>(); /* V_j has landed */
 		__syncthreads();
+#endif
 
 		/* O += P V */
 #if FA_IN != 3
@@ -536,9 +790,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 #pragma unroll
 			for (int n = 0; n < ND; n += 2) {
 				u32 b0, b1, b2, b3;
+#if SADDR
+				ldsm_x4_t(b0, b1, b2, b3, va + (kk * 16 * LDV + n * 8) * ES);
+#else
 				ldsm_x4_t(b0, b1, b2, b3,
 				          smem_u32(cV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDV +
 				                   n * 8 + (lane >> 4) * 8));
+#endif
 #pragma unroll
 				for (int r = 0; r < FA_RT; r++) {
 					mma16(acc[r][n], a[r], b0, b1);

@@ -233,6 +233,9 @@ static int max_threads_per_sm(int sm)
 fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *req,
                   struct fa_tile *out, int max, int *n, char *err, size_t errlen)
 {
+	/* One stage (single K and V buffers, FlashAttention-2's order; attn_fwd.cu has it) is not
+	 * offered: on the H200 it was 7-10% slower than two at d64, d128 and d256, also where it
+	 * lets two blocks share an SM (d256 64x64 w4r1; kernels/PERF-NOTES.md v4). */
 	static const int nws[] = {2, 4, 8}, rts[] = {1, 2}, bcs[] = {16, 32, 64, 128},
 	                 stgs[] = {2, 3};
 	struct fa_tile all[FA_PLAN_MAX_CANDIDATES];
