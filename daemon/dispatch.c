@@ -235,7 +235,10 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 		.running = srv->backend ? atomic_load(&srv->backend->running) : 0,
 	};
 
-	char extra[1024] = "";
+	/* The backend's sections (the GPU's: devices, async, canary, tuning, kernels: ~2 KiB); a
+	 * backend that runs out of room drops whole sections, so give it plenty. */
+	static char extra[8192];
+	extra[0] = '\0';
 	if (srv->backend != NULL && srv->backend->ops->stats != NULL)
 		srv->backend->ops->stats(srv->backend, extra, sizeof extra);
 	in.backend_text = extra;

@@ -523,6 +523,10 @@ static void test_gpu_canary_runs_and_passes(void **state)
 	        (unsigned long long)runs, (unsigned long long)failed, (unsigned long long)age);
 	assert_int_equal(failed, 0);
 	assert_true(age < 5000);
+	/* every section of the GPU backend's STATS made it into the reply (a 1 KiB buffer once
+	 * dropped the tuning and kernel-cache sections without a word) */
+	assert_true(stat_now("tune_entries") != UINT64_MAX);
+	assert_true(stat_now("kernels_loaded") != UINT64_MAX && stat_now("kernels_loaded") > 0);
 }
 
 static void test_gpu_async_client_with_a_stuck_event_stalls_only_itself(void **state)
