@@ -49,6 +49,7 @@
 #include <nanomsg/nn.h>
 #include <nanomsg/reqrep.h>
 
+#include "fa_cudrv.h"
 #include "fa_gpu.h"
 #include "fa_integ.h"
 #include "fa_proto.h"
@@ -144,34 +145,8 @@ static int fail(const char *fmt, ...)
 
 /* ---- the CUDA driver, loaded in children only (never linked) --------------------------------- */
 
-typedef int cu_res;
-
-static struct {
-	void *lib;
-	cu_res (*Init)(unsigned);
-	cu_res (*DeviceGetCount)(int *);
-	cu_res (*DeviceGet)(int *, int);
-	cu_res (*DeviceGetName)(char *, int, int);
-	cu_res (*DevicePrimaryCtxRetain)(void **, int);
-	cu_res (*CtxSetCurrent)(void *);
-	cu_res (*MemAlloc)(CUdeviceptr *, size_t);
-	cu_res (*MemFree)(CUdeviceptr);
-	cu_res (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
-	cu_res (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
-	cu_res (*StreamCreate)(CUstream *, unsigned);
-	cu_res (*StreamSynchronize)(CUstream);
-	cu_res (*StreamDestroy)(CUstream);
-	cu_res (*GetErrorString)(cu_res, const char **);
-} cu;
-
-/* The driver's text for an error code (failure lines must say what went wrong). */
-static const char *cu_text(cu_res r)
-{
-	const char *s = NULL;
-	if (cu.GetErrorString == NULL || cu.GetErrorString(r, &s) != 0 || s == NULL)
-		return "no text";
-	return s;
-}
+/* tests/helpers/fa_cudrv.h: the table `cu` and fa_cu_start. */
+#define cu_text fa_cu_text
 
 #define CU_TRY(call)                                                                               \
 	do {                                                                                       \
@@ -184,58 +159,7 @@ static const char *cu_text(cu_res r)
  * the client library use). 0, or -1 with the reason in why. */
 static int cu_open(char *why, size_t cap)
 {
-	typedef cu_res (*getproc_t)(const char *, void **, int, uint64_t, int *);
-	int dev = 0, count = 0;
-	void *ctx = NULL;
-	cu_res r;
-
-	if ((cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) == NULL) {
-		snprintf(why, cap, "libcuda.so.1 cannot be loaded: %s", dlerror());
-		return -1;
-	}
-	getproc_t gp = (getproc_t)(uintptr_t)dlsym(cu.lib, "cuGetProcAddress_v2");
-	if (gp == NULL) {
-		snprintf(why, cap, "CUDA driver too old: no cuGetProcAddress_v2 (need CUDA 12+)");
-		return -1;
-	}
-#define SYM(f, n)                                                                                  \
-	do {                                                                                       \
-		int st_ = 0;                                                                       \
-		if (gp(n, (void **)&cu.f, 12000, 0, &st_) != 0 || cu.f == NULL) {                  \
-			snprintf(why, cap, "the CUDA driver has no %s", n);                        \
-			return -1;                                                                 \
-		}                                                                                  \
-	} while (0)
-	SYM(GetErrorString, "cuGetErrorString");
-	SYM(Init, "cuInit");
-	SYM(DeviceGetCount, "cuDeviceGetCount");
-	SYM(DeviceGet, "cuDeviceGet");
-	SYM(DeviceGetName, "cuDeviceGetName");
-	SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-	SYM(CtxSetCurrent, "cuCtxSetCurrent");
-	SYM(MemAlloc, "cuMemAlloc");
-	SYM(MemFree, "cuMemFree");
-	SYM(MemcpyHtoD, "cuMemcpyHtoD");
-	SYM(MemcpyDtoH, "cuMemcpyDtoH");
-	SYM(StreamCreate, "cuStreamCreate");
-	SYM(StreamSynchronize, "cuStreamSynchronize");
-	SYM(StreamDestroy, "cuStreamDestroy");
-#undef SYM
-	if ((r = cu.Init(0)) != 0) {
-		snprintf(why, cap, "cuInit: CUDA error %d (%s)", r, cu_text(r));
-		return -1;
-	}
-	if ((r = cu.DeviceGetCount(&count)) != 0 || count < 1) {
-		snprintf(why, cap, "no CUDA device (cuDeviceGetCount: %d devices, error %d)", count,
-			 r);
-		return -1;
-	}
-	if ((r = cu.DeviceGet(&dev, 0)) != 0 || (r = cu.DevicePrimaryCtxRetain(&ctx, dev)) != 0 ||
-	    (r = cu.CtxSetCurrent(ctx)) != 0) {
-		snprintf(why, cap, "GPU 0's primary context: CUDA error %d (%s)", r, cu_text(r));
-		return -1;
-	}
-	return 0;
+	return fa_cu_start(0, why, cap);
 }
 
 /* ---- one problem in device memory ------------------------------------------------------------ */
@@ -538,7 +462,7 @@ static int child_inproc(const void *arg)
 	(void)arg;
 	char why[512], err[1024], name[64];
 	struct fa_gpu *g = NULL;
-	CUstream s = NULL;
+	void *s = NULL;
 	fa_status st;
 	cu_res r;
 	double *v = calloc((size_t)g_n, sizeof *v);

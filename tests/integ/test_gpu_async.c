@@ -14,7 +14,6 @@
  * CUDA does not survive fork(): the test process never initialises it; each case runs in a
  * forked child that loads libcuda.so.1 with dlopen and reports through its exit code.
  */
-#include <dlfcn.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,6 +27,7 @@
 
 #include <cmocka.h>
 
+#include "fa_cudrv.h"
 #include "fa_integ.h"
 
 #define CHAIN 24 /* asynchronous calls chained on one stream before the first synchronisation */
@@ -36,104 +36,23 @@ static struct fa_daemon g_daemon;
 static bool g_no_gpu;
 static int g_ngpus;
 
-/* ---- the CUDA driver, loaded in children ------------------------------------------------------ */
-
-typedef int cu_res;
-typedef unsigned long long cu_ptr;
-
-static struct {
-	void *lib;
-	cu_res (*Init)(unsigned);
-	cu_res (*DeviceGetCount)(int *);
-	cu_res (*DeviceGet)(int *, int);
-	cu_res (*DevicePrimaryCtxRetain)(void **, int);
-	cu_res (*CtxSetCurrent)(void *);
-	cu_res (*MemAlloc)(cu_ptr *, size_t);
-	cu_res (*MemFree)(cu_ptr);
-	cu_res (*StreamCreate)(void **, unsigned);
-	cu_res (*StreamDestroy)(void *);
-	cu_res (*StreamSynchronize)(void *);
-	cu_res (*MemcpyHtoDAsync)(cu_ptr, const void *, size_t, void *);
-	cu_res (*MemcpyDtoHAsync)(void *, cu_ptr, size_t, void *);
-	cu_res (*MemsetD8Async)(cu_ptr, unsigned char, size_t, void *);
-	cu_res (*MemHostAlloc)(void **, size_t, unsigned);
-	cu_res (*EventCreate)(void **, unsigned);
-	cu_res (*EventRecord)(void *, void *);
-	cu_res (*StreamWaitEvent)(void *, void *, unsigned);
-	cu_res (*StreamWaitValue32)(void *, cu_ptr, uint32_t, unsigned);
-	cu_res (*MemHostGetDevicePointer)(cu_ptr *, void *, unsigned);
-} cu;
+/* ---- the CUDA driver (tests/helpers/fa_cudrv.h), loaded in children ------------------------------ */
 
 /* Load the driver and make GPU `ordinal`'s primary context current. 0, or -1 with a message. */
 static int cu_start(int ordinal)
 {
-	typedef cu_res (*getproc_t)(const char *, void **, int, uint64_t, int *);
-	int dev = 0;
-	void *ctx = NULL;
-
-	if ((cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) == NULL)
-		return -1;
-	getproc_t gp = (getproc_t)(uintptr_t)dlsym(cu.lib, "cuGetProcAddress_v2");
-	if (gp == NULL)
-		return -1;
-#define SYM(f, n)                                                                       \
-	do {                                                                            \
-		int st_ = 0;                                                            \
-		if (gp(n, (void **)&cu.f, 12000, 0, &st_) != 0 || cu.f == NULL) {       \
-			fprintf(stderr, "cuda: no %s\n", n);                            \
-			return -1;                                                      \
-		}                                                                       \
-	} while (0)
-	SYM(Init, "cuInit");
-	SYM(DeviceGetCount, "cuDeviceGetCount");
-	SYM(DeviceGet, "cuDeviceGet");
-	SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-	SYM(CtxSetCurrent, "cuCtxSetCurrent");
-	SYM(MemAlloc, "cuMemAlloc");
-	SYM(MemFree, "cuMemFree");
-	SYM(StreamCreate, "cuStreamCreate");
-	SYM(StreamDestroy, "cuStreamDestroy");
-	SYM(StreamSynchronize, "cuStreamSynchronize");
-	SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync");
-	SYM(MemcpyDtoHAsync, "cuMemcpyDtoHAsync");
-	SYM(MemsetD8Async, "cuMemsetD8Async");
-	SYM(MemHostAlloc, "cuMemHostAlloc");
-	SYM(EventCreate, "cuEventCreate");
-	SYM(EventRecord, "cuEventRecord");
-	SYM(StreamWaitEvent, "cuStreamWaitEvent");
-	SYM(StreamWaitValue32, "cuStreamWaitValue32");
-	SYM(MemHostGetDevicePointer, "cuMemHostGetDevicePointer");
-#undef SYM
-	if (cu.Init(0) != 0 || cu.DeviceGet(&dev, ordinal) != 0 ||
-	    cu.DevicePrimaryCtxRetain(&ctx, dev) != 0 || cu.CtxSetCurrent(ctx) != 0) {
-		fprintf(stderr, "cuda: GPU %d cannot be made current\n", ordinal);
+	char why[256];
+	if (fa_cu_start(ordinal, why, sizeof why) != 0) {
+		fprintf(stderr, "cuda: %s\n", why);
 		return -1;
 	}
 	return 0;
 }
 
-#define CHECK(cond, ...)                                                                   \
-	do {                                                                               \
-		if (!(cond)) {                                                             \
-			fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__,   \
-			        #cond);                                                    \
-			fprintf(stderr, __VA_ARGS__);                                      \
-			fputc('\n', stderr);                                               \
-			return 1;                                                          \
-		}                                                                          \
-	} while (0)
-
-/* Run fn in a forked child; its exit code (0 = pass), or -1 when it did not end in time. */
+/* A child, fn starting CUDA itself (its GPU, or after changing user). */
 static int in_child(int (*fn)(void *), void *arg, int timeout_ms)
 {
-	fflush(stdout);
-	fflush(stderr);
-	pid_t p = fork();
-	if (p < 0)
-		return -1;
-	if (p == 0)
-		_exit(fn(arg));
-	return fa_test_waitpid(p, fa_test_ms(timeout_ms));
+	return fa_cu_in_child(fn, arg, timeout_ms, -1);
 }
 
 /* ---- children ------------------------------------------------------------------------------------- */

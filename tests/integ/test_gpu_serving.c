@@ -30,6 +30,7 @@
 
 #include <cmocka.h>
 
+#include "fa_cudrv.h"
 #include "fa_integ.h"
 #include "fa_raw.h"
 #include "fa_tune.h"
@@ -58,111 +59,27 @@ struct shared {
 };
 static struct shared *g_sh;
 
-/* ---- the CUDA driver, loaded here (never linked) --------------------------------------------- */
-
-typedef int cu_res;
-typedef unsigned long long cu_ptr;
-
-static struct {
-	void *lib;
-	cu_res (*Init)(unsigned);
-	cu_res (*DeviceGet)(int *, int);
-	cu_res (*DeviceGetUuid)(unsigned char *, int);
-	cu_res (*DevicePrimaryCtxRetain)(void **, int);
-	cu_res (*CtxSetCurrent)(void *);
-	cu_res (*MemAlloc)(cu_ptr *, size_t);
-	cu_res (*MemFree)(cu_ptr);
-	cu_res (*MemAllocAsync)(cu_ptr *, size_t, void *);
-	cu_res (*MemFreeAsync)(cu_ptr, void *);
-	cu_res (*StreamSynchronize)(void *);
-	cu_res (*MemcpyHtoD)(cu_ptr, const void *, size_t);
-	cu_res (*MemcpyDtoH)(void *, cu_ptr, size_t);
-	cu_res (*MemGetInfo)(size_t *, size_t *);
-	cu_res (*MemsetD8)(cu_ptr, unsigned char, size_t);
-	cu_res (*IpcGetMemHandle)(unsigned char *, cu_ptr); /* CUipcMemHandle: 64 bytes */
-} cu;
+/* ---- the CUDA driver (tests/helpers/fa_cudrv.h), loaded in children ------------------------------ */
 
 /* Load the driver, make GPU 0's primary context current (in a child). 0 or -1. */
 static int cu_start(void)
 {
-	typedef cu_res (*getproc_t)(const char *, void **, int, uint64_t, int *);
-	int dev = 0;
-	void *ctx = NULL;
-
-	if ((cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) == NULL)
+	char why[256];
+	if (fa_cu_start(0, why, sizeof why) != 0) {
+		fprintf(stderr, "cuda: %s\n", why);
 		return -1;
-	getproc_t gp = (getproc_t)(uintptr_t)dlsym(cu.lib, "cuGetProcAddress_v2");
-	if (gp == NULL)
-		return -1;
-#define SYM(f, n)                                                                       \
-	do {                                                                            \
-		int st_ = 0;                                                            \
-		if (gp(n, (void **)&cu.f, 12000, 0, &st_) != 0 || cu.f == NULL) {       \
-			fprintf(stderr, "cuda: no %s\n", n);                            \
-			return -1;                                              \
-		}                                                                       \
-	} while (0)
-	SYM(Init, "cuInit");
-	SYM(DeviceGet, "cuDeviceGet");
-	SYM(DeviceGetUuid, "cuDeviceGetUuid");
-	SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-	SYM(CtxSetCurrent, "cuCtxSetCurrent");
-	SYM(MemAlloc, "cuMemAlloc");
-	SYM(MemFree, "cuMemFree");
-	SYM(MemAllocAsync, "cuMemAllocAsync");
-	SYM(MemFreeAsync, "cuMemFreeAsync");
-	SYM(StreamSynchronize, "cuStreamSynchronize");
-	SYM(MemcpyHtoD, "cuMemcpyHtoD");
-	SYM(MemcpyDtoH, "cuMemcpyDtoH");
-	SYM(MemGetInfo, "cuMemGetInfo");
-	SYM(MemsetD8, "cuMemsetD8");
-	SYM(IpcGetMemHandle, "cuIpcGetMemHandle");
-#undef SYM
-	if (cu.Init(0) != 0 || cu.DeviceGet(&dev, 0) != 0 ||
-	    cu.DevicePrimaryCtxRetain(&ctx, dev) != 0 || cu.CtxSetCurrent(ctx) != 0)
-		return -1;
+	}
 	return 0;
 }
 
 /* ---- children -------------------------------------------------------------------------------- */
-
-#define CHECK(cond, ...)                                                                   \
-	do {                                                                               \
-		if (!(cond)) {                                                             \
-			fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__,   \
-			        #cond);                                                    \
-			fprintf(stderr, __VA_ARGS__);                                      \
-			fputc('\n', stderr);                                               \
-			return 1;                                                          \
-		}                                                                          \
-	} while (0)
 
 typedef int (*child_fn)(void *arg);
 
 /* Run fn in a child process (CUDA started there); its exit code, or -1 after a timeout. */
 static int in_child(child_fn fn, void *arg, int timeout_ms)
 {
-	fflush(stdout);
-	fflush(stderr);
-	pid_t p = fork();
-	if (p < 0)
-		return -1;
-	if (p == 0) {
-		if (cu_start() != 0) {
-			fprintf(stderr, "child: cannot start CUDA\n");
-			_exit(90);
-		}
-		_exit(fn(arg));
-	}
-	int code = fa_test_waitpid(p, fa_test_ms(timeout_ms));
-	if (code < 0) {
-		fprintf(stderr, "child %d ran past %d ms: killed\n", (int)p, fa_test_ms(timeout_ms));
-		kill(p, SIGKILL);
-		fa_test_waitpid(p, 5000);
-	} else if (code != 0) {
-		fprintf(stderr, "child %d ended with %d\n", (int)p, code);
-	}
-	return code;
+	return fa_cu_in_child(fn, arg, timeout_ms, 0); /* GPU 0 current in the child */
 }
 
 /* A client on the daemon at url, with a generous timeout (the first call of a kernel compiles). */
