@@ -152,7 +152,9 @@ __device__ __forceinline__ u32 pack_f16(float lo, float hi)
  *   FA_RTHR    0: keep a row's max until a score exceeds it by RTHR in the log2 domain (P <=
  *              2^RTHR), with the rescale skip: O is almost never rescaled, but -6..-9% at d64 and
  *              d256 (the skip branch keeps the exponentials out of the P V block)
- *   FA_EARLYRS 0: O's rescale before the exponentials (with FA_RTHR): -4% d64, +-0 d256 */
+ *   FA_EARLYRS 0: O's rescale before the exponentials (with FA_RTHR): -4% d64, +-0 d256
+ * v5 (PERF-NOTES.md v5): FA_PAIR, warp pairs sharing K/V fragments across 32 rows (below):
+ *   2 on d256 128x64 w8r1 (+2.7%), 0 elsewhere unless asked; 1 measured -3% */
 #ifndef FA_LDFAST
 #define FA_LDFAST 1
 #endif
@@ -209,10 +211,49 @@ typedef u16 in_t;
  * registers where its fragments take at most 32 registers (padded D x row tiles <= 128) */
 #define LD_FAST (FA_LDFAST && FA_IN != 3 && NT % LD_CPR == 0 && (FA_BC * LD_CPR) % NT == 0)
 #define ONEBAR (FA_ONEBAR && FA_IN != 3)
-#define SADDR (FA_SADDR && FA_IN != 3)
+#define SADDR ((FA_SADDR || PAIR) && FA_IN != 3) /* the pairs need it: they spill without */
 #define QREG (FA_QREG && FA_IN != 3 && FA_RT * DP <= 128)
 #define RTHR (FA_IN != 3 ? FA_RTHR : 0)
 #define EARLYRS (FA_EARLYRS && FA_IN != 3 && (FA_RT == 1 || DP <= 64)) /* d128 r2 spills */
+
+/* Warp pairs (FA_PAIR, kernels/PERF-NOTES.md v5): with one row tile per warp, every K and V
+ * fragment read from shared memory feeds one row tile only (144 ldmatrix per 256 MMA at d256).
+ * The two warps of a pair share their 32 rows: each computes O for both row tiles and half the
+ * head dim, so each V fragment feeds two row tiles; P goes to the partner through shared memory
+ * (16 bytes per lane and k16 slice, written before the mid-step barrier the V tile needs anyway).
+ *   FA_PAIR 1: each warp computes S for its own 16 rows and all keys (K fragments as before);
+ *              the rescale factors of its rows go with P.        ldmatrix/256 MMA 144 -> 112 (+8)
+ *   FA_PAIR 2: each warp computes S for both row tiles and half the keys (each K fragment also
+ *              feeds two row tiles); the row maxima are exchanged first (a 64-thread barrier),
+ *              the row sums are per-warp partial sums added at the end.  144 -> 96 (+8)
+ * Where it applies (the planner reserves the exchange buffer, fa_tile_smem, for exactly these
+ * tiles): the 16-bit path, one row tile per warp, >= 2 stages with the mid-step barrier (not
+ * FA_ONEBAR), padded D > 128 and a multiple of 32 (halves of whole ldmatrix.x4). The planner
+ * reads the switch from FA_NVRTC_EXTRA too (planner.c: pair_mode), so its default is in both:
+ * FA_PAIR 2 on the tiles measured (padded D 256, 64 keys, 8 warps), off elsewhere unless asked.
+ * Measured (PERF-NOTES.md v5): PAIR 2 +2.7% at d256 (294.5 vs 286.8), PAIR 1 -3% (it spills). */
+#ifndef FA_PAIR /* on by default where measured (v5, H200): d256 128x64 w8r1 s2 +2.7% / +2.0% causal */
+/* D == 256 exactly: d248 pads to the same tile but was never run paired on a GPU */
+#define FA_PAIR (FA_D == 256 && FA_BC == 64 && FA_NW == 8 ? 2 : 0)
+#endif
+#define PAIR_OK (FA_IN != 3 && FA_RT == 1 && FA_STAGES >= 2 && DP % 32 == 0 && DP > 128)
+#define PAIR (PAIR_OK && !ONEBAR ? (FA_PAIR == 2 && FA_BC % 32 != 0 ? 1 : FA_PAIR) : 0)
+#if PAIR
+#define SRT (PAIR == 2 ? 2 : 1)     /* row tiles of S per warp */
+#define SNJ (PAIR == 2 ? NJ / 2 : NJ) /* n8 key tiles of S per warp */
+#define ORT 2                       /* row tiles of O per warp */
+#define ONDW (ND / 2)               /* n8 tiles of O per warp */
+#else
+#define SRT FA_RT
+#define SNJ NJ
+#define ORT FA_RT
+#define ONDW ND
+#endif
+/* Exchange buffer after the K/V ring (bytes): P in A-fragment order (16 B per lane, row tile
+ * and k16 slice: NW * BC * 32; the epilogue's row sums reuse it), per-lane rescale factors or
+ * row maxima (NW * 512). Mirrored by fa_tile_smem in planner.c. */
+#define SMEM_XP (FA_NW * FA_BC * 32)
+#define SMEM_XR (FA_NW * 512)
 
 /* Load `NROWS` rows of a tile (row stride `rs` elements in global memory) into shared memory with
  * row stride `LD`; rows >= valid and chunks past the head dim are zero-filled. */
@@ -276,6 +317,11 @@ __device__ __forceinline__ void mma16(float *c, const u32 *a, u32 b0, u32 b1)
 	             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
 	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
 	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* The 64 threads of warps 2i and 2i+1 (FA_PAIR): named barrier 1 + i. */
+__device__ __forceinline__ void pair_sync(int warp)
+{
+	asm volatile("bar.sync %0, 64;\n" ::"r"(1 + (warp >> 1)) : "memory");
 }
 __device__ __forceinline__ u32 pack_in(float lo, float hi)
 {
@@ -432,17 +478,43 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 			w[i] ^= ES == 2 ? 0x80008000u : 0x80000000u;
 	}
 
-	float acc[FA_RT][ND][4];
-	float mrow[FA_RT][2], lrow[FA_RT][2];
+	float acc[ORT][ONDW][4];
+	float mrow[SRT][2], lrow[SRT][2];
 #pragma unroll
-	for (int r = 0; r < FA_RT; r++) {
+	for (int r = 0; r < ORT; r++)
 #pragma unroll
-		for (int n = 0; n < ND; n++)
+		for (int n = 0; n < ONDW; n++)
 			acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.f;
+#pragma unroll
+	for (int r = 0; r < SRT; r++) {
 		mrow[r][0] = mrow[r][1] = NEG_INF;
 		lrow[r][0] = lrow[r][1] = 0.f;
 	}
 	const int wrow = warp * 16 * FA_RT; /* first row of this warp inside the block */
+#if PAIR
+	/* The pair: warps 2i and 2i+1 own rows 32i .. 32i+31; this warp is half ph of it. S rows
+	 * from srow (PAIR 1: its own tile; PAIR 2: both tiles), S keys from kbase (PAIR 2: its half
+	 * of the step's keys), O columns from ocol (its half of the head dim). acc[0] is row tile 0
+	 * of S (PAIR 1: this warp's rows, acc[1] the partner's; PAIR 2: the pair's tiles 0 and 1). */
+	const int ph = warp & 1;
+	const int srow = PAIR == 2 ? wrow - ph * 16 : wrow;
+	const int kbase = PAIR == 2 ? ph * (FA_BC / 2) : 0;
+	const int ocol = ph * (DP / 2);
+	uint4 *const xp = (uint4 *)(smem_raw + (SMEM_Q + FA_STAGES * (SMEM_K + SMEM_V)) * ES);
+	float4 *const xr = (float4 *)((unsigned char *)xp + SMEM_XP);
+	float4 *const xl = (float4 *)xp; /* the epilogue's, after a barrier */
+	uint4 *const xp_own = xp + warp * (SRT * SNJ / 2) * 32 + lane;
+	const uint4 *const xp_par = xp + (warp ^ 1) * (SRT * SNJ / 2) * 32 + lane;
+	{
+		/* the launch must have reserved the exchange buffer (planner.c mirrors FA_PAIR) */
+		u32 dyn;
+		asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+		if (dyn < (SMEM_Q + FA_STAGES * (SMEM_K + SMEM_V)) * ES + SMEM_XP + SMEM_XR)
+			__trap();
+	}
+#else
+	const int srow = wrow, kbase = 0, ocol = 0;
+#endif
 
 #if QREG
 	/* Q's A fragments for the whole row block of this warp, loaded once (a negative scale
@@ -464,9 +536,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 #endif
 #if SADDR
 	/* ldmatrix row addresses of this lane (bytes); each use adds a constant */
-	const u32 qa0 = smem_u32(sQ + (wrow + (lane & 15)) * LDQ + (lane >> 4) * 8);
-	const u32 ka0 = smem_u32(sK + ((lane >> 4) * 8 + (lane & 7)) * LDK + ((lane >> 3) & 1) * 8);
-	const u32 va0 = smem_u32(sV + (((lane >> 3) & 1) * 8 + (lane & 7)) * LDV + (lane >> 4) * 8);
+	const u32 qa0 = smem_u32(sQ + (srow + (lane & 15)) * LDQ + (lane >> 4) * 8);
+	const u32 ka0 = smem_u32(sK + (kbase + (lane >> 4) * 8 + (lane & 7)) * LDK + ((lane >> 3) & 1) * 8);
+	const u32 va0 = smem_u32(sV + (((lane >> 3) & 1) * 8 + (lane & 7)) * LDV + ocol + (lane >> 4) * 8);
 #endif
 #if LD_FAST
 	/* This thread's chunk of every K/V tile: row lr0 (+ RSTEP i), column lcc; a padding column
@@ -551,11 +623,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 #endif
 
 		/* S = Q K^T */
-		float s[FA_RT][NJ][4];
+		float s[SRT][SNJ][4];
 #pragma unroll
-		for (int r = 0; r < FA_RT; r++)
+		for (int r = 0; r < SRT; r++)
 #pragma unroll
-			for (int n = 0; n < NJ; n++)
+			for (int n = 0; n < SNJ; n++)
 				s[r][n][0] = s[r][n][1] = s[r][n][2] = s[r][n][3] = 0.f;
 #if FA_IN != 3
 #pragma unroll
@@ -563,31 +635,31 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 #if QREG
 #define QFRAG(r) qf[r][kk]
 #else
-			u32 a[FA_RT][4];
+			u32 a[SRT][4];
 #define QFRAG(r) a[r]
 #pragma unroll
-			for (int r = 0; r < FA_RT; r++)
+			for (int r = 0; r < SRT; r++)
 #if SADDR
 				ldsm_x4(a[r][0], a[r][1], a[r][2], a[r][3],
 				        qa0 + (r * 16 * LDQ + kk * 16) * ES);
 #else
 				ldsm_x4(a[r][0], a[r][1], a[r][2], a[r][3],
-				        smem_u32(sQ + (wrow + r * 16 + (lane & 15)) * LDQ + kk * 16 +
+				        smem_u32(sQ + (srow + r * 16 + (lane & 15)) * LDQ + kk * 16 +
 				                 (lane >> 4) * 8));
 #endif
 #endif
 #pragma unroll
-			for (int n = 0; n < NJ; n += 2) {
+			for (int n = 0; n < SNJ; n += 2) {
 				u32 b0, b1, b2, b3;
 #if SADDR
 				ldsm_x4(b0, b1, b2, b3, ka + (n * 8 * LDK + kk * 16) * ES);
 #else
 				ldsm_x4(b0, b1, b2, b3,
-				        smem_u32(cK + (n * 8 + (lane >> 4) * 8 + (lane & 7)) * LDK + kk * 16 +
-				                 ((lane >> 3) & 1) * 8));
+				        smem_u32(cK + (kbase + n * 8 + (lane >> 4) * 8 + (lane & 7)) * LDK +
+				                 kk * 16 + ((lane >> 3) & 1) * 8));
 #endif
 #pragma unroll
-				for (int r = 0; r < FA_RT; r++) {
+				for (int r = 0; r < SRT; r++) {
 					mma16(s[r][n], QFRAG(r), b0, b1);
 					mma16(s[r][n + 1], QFRAG(r), b2, b3);
 				}
@@ -620,9 +692,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 
 #if !FA_FOLD
 #pragma unroll
-		for (int r = 0; r < FA_RT; r++)
+		for (int r = 0; r < SRT; r++)
 #pragma unroll
-			for (int n = 0; n < NJ; n++)
+			for (int n = 0; n < SNJ; n++)
 #pragma unroll
 				for (int e = 0; e < 4; e++)
 					s[r][n][e] *= sl_in;
@@ -632,19 +704,44 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 		const bool need_mask = kv0 + FA_BC > p.Sk || (FA_MASK && kv0 + FA_BC - 1 > q0 + off);
 		if (need_mask) {
 #pragma unroll
-			for (int r = 0; r < FA_RT; r++)
+			for (int r = 0; r < SRT; r++)
 #pragma unroll
-				for (int n = 0; n < NJ; n++)
+				for (int n = 0; n < SNJ; n++)
 #pragma unroll
 					for (int e = 0; e < 4; e++) {
-						int row = q0 + wrow + r * 16 + g + (e >> 1) * 8;
-						int col = kv0 + n * 8 + 2 * t + (e & 1);
+						int row = q0 + srow + r * 16 + g + (e >> 1) * 8;
+						int col = kv0 + kbase + n * 8 + 2 * t + (e & 1);
 						bool vis = col < p.Sk && (!FA_MASK || col <= row + off);
 						if (!vis)
 							s[r][n][e] = NEG_INF;
 					}
 		}
 
+#if PAIR == 2
+		/* Each warp of the pair saw half the keys: the maxima of its half, then of both. */
+		float mxp[SRT][2];
+#pragma unroll
+		for (int r = 0; r < SRT; r++)
+#pragma unroll
+			for (int hh = 0; hh < 2; hh++) {
+				float mx = NEG_INF;
+#pragma unroll
+				for (int n = 0; n < SNJ; n++)
+					mx = fmaxf(mx, fmaxf(s[r][n][2 * hh], s[r][n][2 * hh + 1]));
+				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+				mxp[r][hh] = mx;
+			}
+		xr[warp * 32 + lane] = make_float4(mxp[0][0], mxp[0][1], mxp[1][0], mxp[1][1]);
+		pair_sync(warp);
+		{
+			const float4 o = xr[(warp ^ 1) * 32 + lane];
+			mxp[0][0] = fmaxf(mxp[0][0], o.x);
+			mxp[0][1] = fmaxf(mxp[0][1], o.y);
+			mxp[1][0] = fmaxf(mxp[1][0], o.z);
+			mxp[1][1] = fmaxf(mxp[1][1], o.w);
+		}
+#endif
 		/* Online softmax on raw scores (sl > 0: a negative scale negated Q): new row max,
 		 * P = exp2(s sl - m sl) with one FFMA per score, the running sum rescaled. O is
 		 * rescaled only when some row max of the warp grew (alpha is exactly 1 otherwise:
@@ -653,19 +750,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 		/* The same, ordered max -> O's rescale -> exponentials: the exponentials and P V then
 		 * share one basic block even when the rescale is a (rarely taken) branch, so the
 		 * scheduler can overlap this warp's MUFU work with its first P V products. */
-		float alpha[FA_RT][2], msc[FA_RT][2];
+		float alpha[SRT][2], msc[SRT][2];
 		bool grew = false;
 		(void)grew;
 #pragma unroll
-		for (int r = 0; r < FA_RT; r++) {
+		for (int r = 0; r < SRT; r++) {
 #pragma unroll
 			for (int hh = 0; hh < 2; hh++) {
+#if PAIR == 2
+				float mx = fmaxf(mrow[r][hh], mxp[r][hh]);
+#else
 				float mx = mrow[r][hh];
 #pragma unroll
-				for (int n = 0; n < NJ; n++)
+				for (int n = 0; n < SNJ; n++)
 					mx = fmaxf(mx, fmaxf(s[r][n][2 * hh], s[r][n][2 * hh + 1]));
 				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
 				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+#endif
 				const float mo = mrow[r][hh];
 #if RTHR > 0
 				if (mx <= mo + rthr)
@@ -682,9 +783,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 #endif
 		{
 #pragma unroll
-			for (int r = 0; r < FA_RT; r++)
+			for (int r = 0; r < SRT; r++)
 #pragma unroll
-				for (int n = 0; n < ND; n++) {
+				for (int n = 0; n < ONDW; n++) {
 					acc[r][n][0] *= alpha[r][0];
 					acc[r][n][1] *= alpha[r][0];
 					acc[r][n][2] *= alpha[r][1];
@@ -692,12 +793,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 				}
 		}
 #pragma unroll
-		for (int r = 0; r < FA_RT; r++) {
+		for (int r = 0; r < SRT; r++) {
 #pragma unroll
 			for (int hh = 0; hh < 2; hh++) {
 				float sum = 0.f;
 #pragma unroll
-				for (int n = 0; n < NJ; n++) {
+				for (int n = 0; n < SNJ; n++) {
 					s[r][n][2 * hh] = fast_exp2(fmaf(s[r][n][2 * hh], sl, -msc[r][hh]));
 					s[r][n][2 * hh + 1] = fast_exp2(fmaf(s[r][n][2 * hh + 1], sl, -msc[r][hh]));
 					sum += s[r][n][2 * hh] + s[r][n][2 * hh + 1];
@@ -706,19 +807,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 			}
 		}
 #else
-		float alpha[FA_RT][2];
+		float alpha[SRT][2];
 		bool grew = false;
 		(void)grew;
 #pragma unroll
-		for (int r = 0; r < FA_RT; r++) {
+		for (int r = 0; r < SRT; r++) {
 #pragma unroll
 			for (int hh = 0; hh < 2; hh++) {
+#if PAIR == 2
+				float mx = fmaxf(mrow[r][hh], mxp[r][hh]);
+#else
 				float mx = mrow[r][hh];
 #pragma unroll
-				for (int n = 0; n < NJ; n++)
+				for (int n = 0; n < SNJ; n++)
 					mx = fmaxf(mx, fmaxf(s[r][n][2 * hh], s[r][n][2 * hh + 1]));
 				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
 				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+#endif
 				const float mo = mrow[r][hh];
 #if RTHR > 0
 				/* P = 2^(s sl - m sl) <= 2^RTHR with the kept max: exact in fp32 and bf16
@@ -732,7 +837,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 				mrow[r][hh] = mx;
 				float sum = 0.f;
 #pragma unroll
-				for (int n = 0; n < NJ; n++) {
+				for (int n = 0; n < SNJ; n++) {
 					s[r][n][2 * hh] = fast_exp2(fmaf(s[r][n][2 * hh], sl, -ms));
 					s[r][n][2 * hh + 1] = fast_exp2(fmaf(s[r][n][2 * hh + 1], sl, -ms));
 					sum += s[r][n][2 * hh] + s[r][n][2 * hh + 1];
@@ -740,7 +845,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 				lrow[r][hh] = lrow[r][hh] * alpha[r][hh] + sum;
 #if !FA_SKIP_RESCALE
 #pragma unroll
-				for (int n = 0; n < ND; n++) {
+				for (int n = 0; n < ONDW; n++) {
 					acc[r][n][2 * hh] *= alpha[r][hh];
 					acc[r][n][2 * hh + 1] *= alpha[r][hh];
 				}
@@ -750,9 +855,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 #if FA_SKIP_RESCALE
 		if (__any_sync(0xffffffffu, grew)) {
 #pragma unroll
-			for (int r = 0; r < FA_RT; r++)
+			for (int r = 0; r < SRT; r++)
 #pragma unroll
-				for (int n = 0; n < ND; n++) {
+				for (int n = 0; n < ONDW; n++) {
 					acc[r][n][0] *= alpha[r][0];
 					acc[r][n][1] *= alpha[r][0];
 					acc[r][n][2] *= alpha[r][1];
@@ -761,6 +866,26 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 		}
 #endif
 
+#endif
+#if PAIR
+		/* This warp's P, packed, to the partner (A-fragment order: one 16-byte store per lane
+		 * and k16 slice); PAIR 1 also sends its rows' rescale factors. The mid-step barrier
+		 * below publishes them; the barrier at the top of the next step frees the buffer. */
+		u32 pw[SRT][SNJ / 2][4];
+#pragma unroll
+		for (int r = 0; r < SRT; r++)
+#pragma unroll
+			for (int kk = 0; kk < SNJ / 2; kk++) {
+				pw[r][kk][0] = pack_in(s[r][2 * kk][0], s[r][2 * kk][1]);
+				pw[r][kk][1] = pack_in(s[r][2 * kk][2], s[r][2 * kk][3]);
+				pw[r][kk][2] = pack_in(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
+				pw[r][kk][3] = pack_in(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
+				xp_own[(r * (SNJ / 2) + kk) * 32] =
+				    make_uint4(pw[r][kk][0], pw[r][kk][1], pw[r][kk][2], pw[r][kk][3]);
+			}
+#if PAIR == 1
+		xr[warp * 32 + lane] = make_float4(alpha[0][0], alpha[0][1], 0.f, 0.f);
+#endif
 #endif
 
 #if FA_STAGES == 1
@@ -776,7 +901,76 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 #endif
 
 		/* O += P V */
-#if FA_IN != 3
+#if PAIR
+		/* For the pair's two row tiles and this warp's half of the head dim: each V fragment
+		 * feeds both. PAIR 1: k slices in order, this warp's P from registers and the
+		 * partner's from shared memory (the partner's rows rescaled by its factors first).
+		 * PAIR 2: this warp's half of the keys from registers, then the partner's half. */
+#if PAIR == 1
+		{
+			const float4 al = xr[(warp ^ 1) * 32 + lane];
+#pragma unroll
+			for (int n = 0; n < ONDW; n++) {
+				acc[1][n][0] *= al.x;
+				acc[1][n][1] *= al.x;
+				acc[1][n][2] *= al.y;
+				acc[1][n][3] *= al.y;
+			}
+		}
+#endif
+#pragma unroll
+		for (int half = 0; half < (PAIR == 2 ? 2 : 1); half++)
+#pragma unroll
+			for (int kk = 0; kk < (PAIR == 2 ? FA_BC / 32 : FA_BC / 16); kk++) {
+				u32 a[ORT][4];
+				int vrow;
+				if (PAIR == 1) {
+					const uint4 x = xp_par[kk * 32];
+					a[0][0] = pw[0][kk][0];
+					a[0][1] = pw[0][kk][1];
+					a[0][2] = pw[0][kk][2];
+					a[0][3] = pw[0][kk][3];
+					a[1][0] = x.x;
+					a[1][1] = x.y;
+					a[1][2] = x.z;
+					a[1][3] = x.w;
+					vrow = kk * 16;
+				} else {
+#pragma unroll
+					for (int r = 0; r < ORT; r++) {
+						if (half == 0) {
+							a[r][0] = pw[r % SRT][kk % (SNJ / 2)][0];
+							a[r][1] = pw[r % SRT][kk % (SNJ / 2)][1];
+							a[r][2] = pw[r % SRT][kk % (SNJ / 2)][2];
+							a[r][3] = pw[r % SRT][kk % (SNJ / 2)][3];
+						} else {
+							const uint4 x = xp_par[(r * (SNJ / 2) + kk) * 32];
+							a[r][0] = x.x;
+							a[r][1] = x.y;
+							a[r][2] = x.z;
+							a[r][3] = x.w;
+						}
+					}
+					vrow = (half == 0 ? kbase : kbase ^ (FA_BC / 2)) + kk * 16;
+				}
+#pragma unroll
+				for (int n = 0; n < ONDW; n += 2) {
+					u32 b0, b1, b2, b3;
+#if SADDR
+					ldsm_x4_t(b0, b1, b2, b3, va + (vrow * LDV + n * 8) * ES);
+#else
+					ldsm_x4_t(b0, b1, b2, b3,
+					          smem_u32(cV + (vrow + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDV +
+					                   ocol + n * 8 + (lane >> 4) * 8));
+#endif
+#pragma unroll
+					for (int r = 0; r < ORT; r++) {
+						mma16(acc[r][n], a[r], b0, b1);
+						mma16(acc[r][n + 1], a[r], b2, b3);
+					}
+				}
+			}
+#elif FA_IN != 3
 #pragma unroll
 		for (int kk = 0; kk < FA_BC / 16; kk++) {
 			u32 a[FA_RT][4];
@@ -866,6 +1060,75 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	}
 	cp_async_wait<0>();
 
+#if PAIR
+	/* Epilogue of a pair: the row sums quad-reduced, then PAIR 1 takes the sums of the partner's
+	 * rows and PAIR 2 adds the partner's partial sums (its half of the keys); O /= l on this
+	 * warp's half of the head dim for both row tiles, lse by the warp that owns the row. */
+	{
+		float lq[SRT][2];
+#pragma unroll
+		for (int r = 0; r < SRT; r++)
+#pragma unroll
+			for (int hh = 0; hh < 2; hh++) {
+				float l = lrow[r][hh];
+				l += __shfl_xor_sync(0xffffffffu, l, 1);
+				l += __shfl_xor_sync(0xffffffffu, l, 2);
+				lq[r][hh] = l;
+			}
+		__syncthreads(); /* the partner has read the last step's P */
+		xl[warp * 32 + lane] = make_float4(lq[0][0], lq[0][1], lq[SRT - 1][0], lq[SRT - 1][1]);
+		__syncthreads();
+		const float4 o = xl[(warp ^ 1) * 32 + lane];
+		float lt[ORT][2], mt[ORT][2];
+		if (PAIR == 1) {
+			lt[0][0] = lq[0][0];
+			lt[0][1] = lq[0][1];
+			lt[1][0] = o.x;
+			lt[1][1] = o.y;
+		} else {
+			lt[0][0] = lq[0][0] + o.x;
+			lt[0][1] = lq[0][1] + o.y;
+			lt[1][0] = lq[SRT - 1][0] + o.z;
+			lt[1][1] = lq[SRT - 1][1] + o.w;
+		}
+#pragma unroll
+		for (int r = 0; r < ORT; r++) {
+			mt[r][0] = mrow[r % SRT][0];
+			mt[r][1] = mrow[r % SRT][1];
+		}
+#pragma unroll
+		for (int r = 0; r < ORT; r++) {
+#pragma unroll
+			for (int hh = 0; hh < 2; hh++) {
+				const float l = lt[r][hh];
+				const float inv = l > 0.f ? 1.f / l : 0.f;
+				const int rbase = PAIR == 1 ? (r == 0 ? wrow : wrow ^ 16) : srow + r * 16;
+				const int row = q0 + rbase + g + hh * 8;
+				if (row >= p.Sq)
+					continue;
+				const bool own = PAIR == 1 ? r == 0 : r == ph;
+				if (p.lse && t == 0 && own)
+					p.lse[b * p.ls[0] + h * p.ls[1] + row * p.ls[2]] =
+					    l > 0.f ? (mt[r][hh] * sl + fast_log2(l)) * 0.69314718055994531f : NEG_INF;
+				const long long ob = b * p.os[0] + h * p.os[2] + (long long)row * p.os[1];
+#pragma unroll
+				for (int n = 0; n < ONDW; n++) {
+					const int col = ocol + n * 8 + 2 * t;
+					if (col >= FA_D)
+						continue;
+					const float x0 = acc[r][n][2 * hh] * inv, x1 = acc[r][n][2 * hh + 1] * inv;
+#if FA_OUT == 3
+					*(float2 *)((float *)p.o + ob + col) = make_float2(x0, x1);
+#elif FA_OUT == 2
+					*(u32 *)((u16 *)p.o + ob + col) = pack_bf16(x0, x1);
+#else
+					*(u32 *)((u16 *)p.o + ob + col) = pack_f16(x0, x1);
+#endif
+				}
+			}
+		}
+	}
+#else
 	/* Epilogue: O /= l, logsumexp = (m + log2 l) ln 2. */
 #pragma unroll
 	for (int r = 0; r < FA_RT; r++) {
@@ -898,6 +1161,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 			}
 		}
 	}
+#endif
 }
 
 /* fp32 [B, S, H, D] (strided, head dim contiguous) -> dense bf16 [B, S, H, D]: the staging step

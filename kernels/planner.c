@@ -136,13 +136,36 @@ int fa_tile_padded_d(int path, int D)
 	return path == FA_KPATH_16 ? (D + 15) / 16 * 16 : D;
 }
 
-/* Mirrors SMEM_Q/K/V in attn_fwd.cu. */
+/* FA_PAIR of attn_fwd.cu as NVRTC compiles it for a tile: the default there (2 at head dim 256
+ * exactly with 64 keys and 8 warps, the tile where it was measured faster and tested on a GPU,
+ * else 0), or the last -DFA_PAIR[=N] in FA_NVRTC_EXTRA, the experiments' switch (gpu_nvrtc.c
+ * passes the same tokens). */
+static int pair_mode(const struct fa_tile *t, int D)
+{
+	const char *e = getenv("FA_NVRTC_EXTRA");
+	int m = D == 256 && t->bc == 64 && t->nw == 8 ? 2 : 0;
+	for (const char *p = e; p && (p = strstr(p, "-DFA_PAIR")) != NULL; p += 9) {
+		if (p[9] == '=')
+			m = atoi(p + 10);
+		else if (p[9] == ' ' || p[9] == '\0')
+			m = 1;
+	}
+	return m;
+}
+
+/* Mirrors SMEM_Q/K/V in attn_fwd.cu, plus the warp pairs' exchange buffer (SMEM_XP + SMEM_XR)
+ * on the tiles where FA_PAIR is on and applies (PAIR_OK there: one row tile per warp, >= 2
+ * stages, padded D > 128 and a multiple of 32). */
 size_t fa_tile_smem(const struct fa_tile *t, int D)
 {
 	size_t br = (size_t)16 * t->nw * t->rt;
 	if (t->path == FA_KPATH_16) {
-		size_t ld = (size_t)fa_tile_padded_d(t->path, D) + 8;
-		return 2 * (br * ld + (size_t)t->stages * t->bc * 2 * ld);
+		int dp = fa_tile_padded_d(t->path, D);
+		size_t ld = (size_t)dp + 8;
+		size_t x = 0;
+		if (t->rt == 1 && t->stages >= 2 && dp % 32 == 0 && dp > 128 && pair_mode(t, D) != 0)
+			x = (size_t)t->nw * t->bc * 32 + (size_t)t->nw * 512;
+		return 2 * (br * ld + (size_t)t->stages * t->bc * 2 * ld) + x;
 	}
 	size_t ldq = (size_t)D + (D % 16 == 0 ? 8 : 0), ldv = (size_t)D + 4;
 	return 4 * (br * ldq + (size_t)t->stages * t->bc * (ldq + ldv));

@@ -6,16 +6,22 @@
 #   FA_KEEP="-D..."      the variant checked for correctness first (default: the source's defaults)
 #   FA_VARIANTS="a|b|c"  the variants, '|'-separated ('-' = the defaults); default: the list below
 #   FA_PV_DS="64 128 256"  head dims;  FA_PV_LIMIT=170  seconds after which no new timing starts
+#   FA_PV_DS0="..."      head dims of the first variant only (default FA_PV_DS): e.g. the defaults
+#                        at every dim, the candidates only where they apply
 #   FA_PV_TEST=0         skip the correctness check
+#   FA_PV_TEST2="FA_GPU_GRID=full FA_GPU_GRID_D=256"  a second check of FA_KEEP with these settings
+#                        (pv-test2.log), e.g. every length pair at the head dims a switch acts on
 #   FA_PV_TILES="64 128 64 4 2 1|..."  also time these tiles (D BR BC NW RT STAGES; tools/perf-tiles.c)
 #                        under each '|'-separated FA_PV_TEXTRA (default: the defaults)
 #   FA_PV_ANCHORS=1      PyTorch SDPA flash and cuDNN at the same shapes, in the same run
 # Output: $OUT/pv-build.log, $OUT/pv-test.log, $OUT/pv-bench.log, $OUT/pv.tsv (variant, D, causal,
 # TFLOP/s), pv-tiles.log, pv-anchors.log; the table is the last thing printed. More than the 8 files
 # the device tool brings back: give it OUT=$OUT/pv and tar that folder afterwards.
+# Order: build, checks, variants, anchors, tiles (the anchors before the optional tiles).
 # Cost on the H200 (v4): sample-grid test 25 s, about 2.5 s per variant and head dim, 4 s per tile
 # and mask, anchors 20 s; `FA_BENCH_BF16=1 sh tools/gpu-run.sh bench` (18 shapes and all anchors
-# of tools/sdpa_anchors.py) about 40 s more.
+# of tools/sdpa_anchors.py) about 40 s more. v5 call: build 1 s (after test_nvrtc_compile's), sample
+# grid 29 s, FA_GPU_GRID=full FA_GPU_GRID_D=256 17 s, 7 timings 20 s, anchors 13 s, 2 tiles 10 s.
 set -u
 OUT=${OUT:-/tmp/fa-gpu-out}
 B=${BUILD:-build-gpu}
@@ -42,9 +48,17 @@ if [ "${FA_PV_TEST:-1}" = 1 ]; then
 	echo "test of '${FA_KEEP:-}' (exit $rc) at $(el) s:"
 	grep -E "^FAIL" "$OUT/pv-test.log" | head -10
 	grep -E "compiled|cases,|worst|PASSED|FAILED|SKIPPED" "$OUT/pv-test.log" | head -14
+	if [ -n "${FA_PV_TEST2:-}" ]; then
+		# shellcheck disable=SC2086
+		env FA_NVRTC_EXTRA="${FA_KEEP:-}" $FA_PV_TEST2 timeout ${FA_TEST2_TIMEOUT:-60} \
+			"$B/tests/gpu/test_attn_fwd_gpu" > "$OUT/pv-test2.log" 2>&1 || rc=1
+		echo "second test of '${FA_KEEP:-}' ($FA_PV_TEST2; exit $rc) at $(el) s:"
+		grep -E "^FAIL" "$OUT/pv-test2.log" | head -10
+		grep -E "GRID_D|compiled|cases,|worst|PASSED|FAILED|SKIPPED" "$OUT/pv-test2.log" | head -14
+	fi
 fi
-# the v4 switches against the defaults (kernels/PERF-NOTES.md v4); '-' twice gives the spread
-DEF='-|-DFA_QREG=0|-DFA_LDFAST=0|-DFA_ONEBAR=1 -DFA_SADDR=1|-DFA_EARLYRS=1 -DFA_RTHR=8|-'
+# the v4 and v5 switches against the defaults (kernels/PERF-NOTES.md); '-' twice gives the spread
+DEF='-|-DFA_PAIR=0|-DFA_QREG=0|-DFA_LDFAST=0|-DFA_ONEBAR=1 -DFA_SADDR=1|-DFA_EARLYRS=1 -DFA_RTHR=8|-'
 VARS=${FA_VARIANTS:-$DEF}
 : > "$OUT/pv.tsv"
 rm -f "$OUT/pv-tiles.log" "$OUT/pv-anchors.log"
@@ -55,7 +69,9 @@ for v in $VARS; do
 	IFS=' '
 	[ "$v" = - ] && v=
 	n=$((n + 1))
-	for d in ${FA_PV_DS:-64 128 256}; do
+	ds=${FA_PV_DS:-64 128 256}
+	[ "$n" = 1 ] && ds=${FA_PV_DS0:-$ds}
+	for d in $ds; do
 		if [ "$(el)" -gt "${FA_PV_LIMIT:-170}" ]; then
 			echo "time limit: variant $n '$v' D=$d and later not timed"; break 2
 		fi
@@ -71,22 +87,6 @@ for v in $VARS; do
 	IFS='|'
 done
 IFS=' '
-# FA_PV_TILES="D BR BC NW RT ST|...": given tiles, timed under each '|'-separated FA_PV_TEXTRA
-if [ -n "${FA_PV_TILES:-}" ]; then
-	cc -std=c11 -D_GNU_SOURCE -O2 -Iclient/include -Ikernels -o "$B/perf-tiles" tools/perf-tiles.c \
-		"$B/libfakernels.a" "$B/libfaproto.a" -lpthread -ldl -lm || rc=1
-	IFS='|'
-	for x in ${FA_PV_TEXTRA:--}; do
-		[ "$x" = - ] && x=
-		if [ "$(el)" -gt "${FA_PV_TLIMIT:-190}" ]; then echo "time limit: tiles under '$x' not timed"; break; fi
-		set -f
-		# shellcheck disable=SC2086
-		FA_NVRTC_EXTRA="$x" timeout 60 "$B/perf-tiles" $FA_PV_TILES > "$OUT/pv-tiles-one.log" 2>&1
-		set +f
-		sed "s/^/[$x] /" "$OUT/pv-tiles-one.log" >> "$OUT/pv-tiles.log"
-	done
-	IFS=' '
-fi
 # FA_PV_ANCHORS=1: PyTorch SDPA flash and cuDNN at the same shapes, same run (as tools/sdpa_anchors.py)
 if [ "${FA_PV_ANCHORS:-0}" = 1 ]; then
 	PYTHONUNBUFFERED=1 timeout ${FA_PV_ATIMEOUT:-60} python3 - > "$OUT/pv-anchors.log" 2>&1 <<'EOF'
@@ -105,6 +105,22 @@ for d in (64, 128, 256):
                                  warmup=50, rep=200, return_mode="median")
             print("anchor D=%d %s %s %.3f ms %.1f TFLOP/s" % (d, "causal" if causal else "-", name, ms, fl / ms / 1e9), flush=True)
 EOF
+fi
+# FA_PV_TILES="D BR BC NW RT ST|...": given tiles, timed under each '|'-separated FA_PV_TEXTRA
+if [ -n "${FA_PV_TILES:-}" ]; then
+	cc -std=c11 -D_GNU_SOURCE -O2 -Iclient/include -Ikernels -o "$B/perf-tiles" tools/perf-tiles.c \
+		"$B/libfakernels.a" "$B/libfaproto.a" -lpthread -ldl -lm || rc=1
+	IFS='|'
+	for x in ${FA_PV_TEXTRA:--}; do
+		[ "$x" = - ] && x=
+		if [ "$(el)" -gt "${FA_PV_TLIMIT:-190}" ]; then echo "time limit: tiles under '$x' not timed"; break; fi
+		set -f
+		# shellcheck disable=SC2086
+		FA_NVRTC_EXTRA="$x" timeout 60 "$B/perf-tiles" $FA_PV_TILES > "$OUT/pv-tiles-one.log" 2>&1
+		set +f
+		sed "s/^/[$x] /" "$OUT/pv-tiles-one.log" >> "$OUT/pv-tiles.log"
+	done
+	IFS=' '
 fi
 [ -f "$OUT/pv-tiles.log" ] && cat "$OUT/pv-tiles.log"
 [ -f "$OUT/pv-anchors.log" ] && grep -E "anchor|torch|Error" "$OUT/pv-anchors.log"

@@ -6,7 +6,8 @@
  * ieee/3xtf32 1e-5, tf32 2e-3, bf16 1e-2, fp16 2e-3; NaN never passes) and the logsumexp.
  * Small cases use fa_attn_fwd_ref64 over every row; large ones a float64 oracle on sampled rows
  * (first, last and random rows of every (batch, head)), after checking that no output element
- * kept its poison. Default: a representative sample; FA_GPU_GRID=full: the whole grid.
+ * kept its poison. Default: a representative sample; FA_GPU_GRID=full: the whole grid;
+ * FA_GPU_GRID_D="192 256": only those head dims.
  * Without a GPU it prints why and skips.
  */
 #include <math.h>
@@ -490,6 +491,21 @@ static void test_attn_fwd_gpu_matches_the_float64_reference(void **state)
 			                  1, 4, 2, i, 1};
 			cases[n++] = c;
 		}
+	/* FA_GPU_GRID_D="160 256": only these head dims (kernel work on some dims, one device call) */
+	const char *only = getenv("FA_GPU_GRID_D");
+	if (only && *only) {
+		int m = 0;
+		for (int i = 0; i < n; i++) {
+			char want[16];
+			snprintf(want, sizeof want, " %d ", cases[i].D);
+			char have[128];
+			snprintf(have, sizeof have, " %.120s ", only);
+			if (strstr(have, want))
+				cases[m++] = cases[i];
+		}
+		printf("FA_GPU_GRID_D=%s: %d of %d cases\n", only, m, n);
+		n = m;
+	}
 	uint64_t t0 = fa_test_now_ms();
 	struct prep p = {.cases = cases, .n = n};
 	pthread_mutex_init(&p.lock, NULL);
