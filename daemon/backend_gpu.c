@@ -1318,6 +1318,7 @@ static void *gpu_worker(void *arg)
 		if (fault_marked(&b->base)) {
 			for (unsigned i = 0; i < n; i++)
 				gpu_finish_locked(b, batch[i], FA_EDEVICE, fault_why(&b->base));
+			d->busy = false;
 			uv_async_send(&b->async);
 			continue;
 		}
