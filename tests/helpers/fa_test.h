@@ -148,6 +148,14 @@ double fa_test_percentile(double *v, size_t n, double p);
 int fa_test_write_all(int fd, const void *p, size_t n);
 int fa_test_read_full(int fd, void *p, size_t n, int timeout_ms);
 
+/* Run this test program again, as `prog flag URL` (URL: d's), in a child, with d's directory
+ * (0711) and socket (0666) opened to other users while it runs: for cases where a client of
+ * another uid talks to d. The child is exec'd fresh (nanomsg and CUDA do not survive fork) and
+ * drops to the other uid itself, first thing. Returns its exit code, or -1 when it could not start
+ * or ran past timeout_ms (then it is killed). The modes go back to 0700/0600. */
+int daemon_run_self_for_another_user(const struct fa_daemon *d, const char *prog, const char *flag,
+                                     int timeout_ms);
+
 /* Wait for a forked child with a bound. Returns its exit code (0..255), 128 + signal, or -1 on
  * timeout (the child is left running: kill it). */
 int fa_test_waitpid(pid_t pid, int timeout_ms);

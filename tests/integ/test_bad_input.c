@@ -17,7 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -1172,22 +1171,8 @@ static void test_bad_input_async_mode_needs_the_gpu_backend_and_the_daemons_user
 		fprintf(stderr, "the cross-user case needs root (to become uid 65534): skipped\n");
 		skip();
 	}
-	char dir[sizeof g_d.sock];
-	snprintf(dir, sizeof dir, "%s", g_d.sock);
-	*strrchr(dir, '/') = '\0';
-	assert_int_equal(chmod(dir, 0711), 0);
-	assert_int_equal(chmod(g_d.sock, 0666), 0);
-	fflush(stderr);
-	pid_t p = fork();
-	assert_true(p >= 0);
-	if (p == 0) {
-		execl("/proc/self/exe", "test_bad_input", "--foreign-async", g_d.url, (char *)NULL);
-		_exit(127);
-	}
-	int rc = fa_test_waitpid(p, fa_test_ms(20000));
-	chmod(g_d.sock, 0600);
-	chmod(dir, 0700);
-	assert_int_equal(rc, 0);
+	assert_int_equal(daemon_run_self_for_another_user(&g_d, "test_bad_input", "--foreign-async",
+	                                                  20000), 0);
 	assert_serving();
 }
 
