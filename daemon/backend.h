@@ -77,6 +77,18 @@ struct backend_job {
 	bool kernel_done, reply_delivered; /* GPU asynchronous mode: the two hand-backs */
 };
 
+/* Append job to the list head..tail (job->next links it): the backends' run and done queues. */
+static inline void backend_job_append(struct backend_job **head, struct backend_job **tail,
+                                      struct backend_job *job)
+{
+	job->next = NULL;
+	if (*tail != NULL)
+		(*tail)->next = job;
+	else
+		*head = job;
+	*tail = job;
+}
+
 /* Called on the loop thread when a job is finished (computed, failed or cancelled). */
 typedef void (*backend_done_fn)(struct backend_job *job, void *arg);
 

@@ -117,28 +117,6 @@ static fa_status cpu_run_chunk(const struct backend_job *job, int64_t bh0, int64
 	return st;
 }
 
-/* Append a finished job to the done list (mutex held). */
-static void cpu_push_done(struct cpu_backend *b, struct backend_job *job)
-{
-	job->next = NULL;
-	if (b->done_tail != NULL)
-		b->done_tail->next = job;
-	else
-		b->done_head = job;
-	b->done_tail = job;
-}
-
-/* Append a job to the tail of the run queue (mutex held). */
-static void cpu_push_run(struct cpu_backend *b, struct backend_job *job)
-{
-	job->next = NULL;
-	if (b->run_tail != NULL)
-		b->run_tail->next = job;
-	else
-		b->run_head = job;
-	b->run_tail = job;
-}
-
 /* The detail text a failed job carries back to its client. */
 static void cpu_fail_detail(struct backend_job *job, fa_status st)
 {
@@ -182,7 +160,7 @@ static void *cpu_worker(void *arg)
 			bh1 = job->bh_total; /* an earlier chunk failed: skip the rest */
 		job->bh_next = bh1;
 		if (bh1 < job->bh_total)
-			cpu_push_run(b, job); /* round-robin: its next chunk waits its turn */
+			backend_job_append(&b->run_head, &b->run_tail, job); /* round-robin: its next chunk waits its turn */
 		if (job->status == FA_OK) {
 			if (bh0 == 0) {
 				job->t_start = util_now_ns();
@@ -207,7 +185,7 @@ static void *cpu_worker(void *arg)
 			}
 			job->compute_ns = util_now_ns() - job->t_start;
 			atomic_fetch_sub(&b->base.running, 1);
-			cpu_push_done(b, job);
+			backend_job_append(&b->done_head, &b->done_tail, job);
 			uv_async_send(&b->async);
 		}
 	}
@@ -270,7 +248,7 @@ static fa_status cpu_submit(struct backend *base, struct backend_job *job)
 		pthread_mutex_unlock(&b->mu);
 		return FA_ECLOSED;
 	}
-	cpu_push_run(b, job);
+	backend_job_append(&b->run_head, &b->run_tail, job);
 	if (nchunks > 1)
 		pthread_cond_broadcast(&b->cv);
 	else
@@ -295,7 +273,7 @@ static unsigned cpu_cancel(struct backend *base, const void *owner, fa_status st
 				b->run_tail = prev;
 			job->status = st;
 			snprintf(job->detail, sizeof job->detail, "%s", why);
-			cpu_push_done(b, job);
+			backend_job_append(&b->done_head, &b->done_tail, job);
 			n++;
 			continue;
 		}

@@ -362,16 +362,6 @@ static void gpu_uuid_text(const uint8_t u[16], char out[48])
 
 /* ---- queues (mutex held) ----------------------------------------------------------------------- */
 
-static void gpu_push(struct backend_job **head, struct backend_job **tail, struct backend_job *job)
-{
-	job->next = NULL;
-	if (*tail != NULL)
-		(*tail)->next = job;
-	else
-		*head = job;
-	*tail = job;
-}
-
 /* A polite busy-wait step. */
 static inline void gpu_relax(void)
 {
@@ -383,7 +373,7 @@ static inline void gpu_relax(void)
 /* Queue a job on d's worker (mutex held; the caller wakes it). */
 static void gpu_queue_locked(struct gpu_dev *d, struct backend_job *job)
 {
-	gpu_push(&d->run_head, &d->run_tail, job);
+	backend_job_append(&d->run_head, &d->run_tail, job);
 	atomic_fetch_add(&d->pushes, 1);
 }
 
@@ -393,7 +383,7 @@ static void gpu_finish_locked(struct gpu_backend *b, struct backend_job *job, fa
 {
 	job->status = st;
 	snprintf(job->detail, sizeof job->detail, "%s", detail);
-	gpu_push(&b->done_head, &b->done_tail, job);
+	backend_job_append(&b->done_head, &b->done_tail, job);
 }
 
 /* Answer the jobs of owner (all: NULL) waiting for a compile with st and why (mutex held; the
@@ -419,7 +409,7 @@ static void gpu_async_finish_locked(struct gpu_backend *b, struct backend_job *j
 	job->kernel_done = true;
 	if (job->reply_delivered) {
 		job->enqueued = false;
-		gpu_push(&b->done_head, &b->done_tail, job);
+		backend_job_append(&b->done_head, &b->done_tail, job);
 	}
 }
 
@@ -937,7 +927,7 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	b->async_enqueued++;
 	job->enqueued = true;
 	job->kernel_done = job->reply_delivered = false;
-	gpu_push(&b->done_head, &b->done_tail, job); /* the reply */
+	backend_job_append(&b->done_head, &b->done_tail, job); /* the reply */
 	pthread_mutex_unlock(&b->mu);
 	uint64_t th = util_now_ns();
 	r = cu->LaunchHostFunc(od->stream, gpu_async_done, t);
@@ -1237,6 +1227,24 @@ static bool gpu_canary_turn_locked(struct gpu_dev *d)
 
 /* ---- the worker ----------------------------------------------------------------------------- */
 
+/* Whether the job stages a tensor through the device scratch (a host-memory region). */
+static bool gpu_job_stages_host(const struct backend_job *job)
+{
+	for (int i = 0; i < 5; i++)
+		if (!job->on_device[i] && (i < 4 || job->lse != NULL))
+			return true;
+	return false;
+}
+
+/* The job's FLOPs, 4*B*Hq*Sq*Sk*D (the masked half counted too: a bound, for the latency
+ * policies below). */
+static double gpu_job_flop(const struct backend_job *job)
+{
+	const struct fa_attn_fwd_desc *ds = &job->desc;
+	return 4.0 * (double)ds->B * (double)ds->Hq * (double)ds->Sq * (double)ds->Sk *
+	       (double)ds->D;
+}
+
 /* Take up to GPU_PIPE synchronous jobs off d's queue (mutex held): device-memory jobs, and at
  * most one that stages host memory (the scratch is one), which ends the batch. An asynchronous
  * job at the head is taken alone (n = 1, returned in out[0]). */
@@ -1246,9 +1254,7 @@ static unsigned gpu_take_batch_locked(struct gpu_dev *d, struct backend_job **ou
 
 	while (d->run_head != NULL && n < GPU_PIPE) {
 		struct backend_job *job = d->run_head;
-		bool host = false;
-		for (int i = 0; i < 5; i++)
-			host |= !job->on_device[i] && (i < 4 || job->lse != NULL);
+		bool host = gpu_job_stages_host(job);
 		if (job->async && n > 0)
 			break;
 		d->run_head = job->next;
@@ -1270,7 +1276,7 @@ static void gpu_job_done_locked(struct gpu_backend *b, struct backend_job *job, 
 		b->fwd_ok++;
 	else
 		b->fwd_failed++;
-	gpu_push(&b->done_head, &b->done_tail, job);
+	backend_job_append(&b->done_head, &b->done_tail, job);
 	if (sticky)
 		gpu_fatal_locked(b, job->detail);
 	uv_async_send(&b->async);
@@ -1337,7 +1343,7 @@ static void *gpu_worker(void *arg)
 				gpu_job_done_locked(b, job, false);
 				continue;
 			}
-			gpu_push(&od->head, &od->tail, job);
+			backend_job_append(&od->head, &od->tail, job);
 			pthread_cond_signal(&od->cv);
 			continue;
 		}
@@ -1345,8 +1351,6 @@ static void *gpu_worker(void *arg)
 			bool s1 = false;
 			t0[i] = util_now_ns();
 			batch[i]->t_pick = t0[i];
-			batch[i]->status = FA_OK;
-			batch[i]->detail[0] = '\0';
 			gpu_enqueue(d, batch[i], d->stream, d->pipe_ev[i], &s1);
 			sticky |= s1;
 		}
@@ -1428,16 +1432,9 @@ static void gpu_async_cb(uv_async_t *h)
  * latency). Returns whether it ran (then it is on the done list, answered this loop turn). */
 static bool gpu_try_inline(struct gpu_backend *b, struct gpu_dev *d, struct backend_job *job)
 {
-	const struct fa_attn_fwd_desc *ds = &job->desc;
-	double flop = 4.0 * (double)ds->B * (double)ds->Hq * (double)ds->Sq * (double)ds->Sk *
-	              (double)ds->D;
-
-	if (job->async || d->inline_stream == NULL || flop > GPU_INLINE_MAX_FLOP ||
-	    job->fault_injected || fault_marked(&b->base))
+	if (job->async || d->inline_stream == NULL || gpu_job_flop(job) > GPU_INLINE_MAX_FLOP ||
+	    job->fault_injected || fault_marked(&b->base) || gpu_job_stages_host(job))
 		return false;
-	for (int i = 0; i < 5; i++)
-		if (!job->on_device[i] && (i < 4 || job->lse != NULL))
-			return false;
 	pthread_mutex_lock(&b->mu);
 	bool idle = !b->stopping && !d->busy && d->run_head == NULL;
 	if (idle)
@@ -1497,10 +1494,7 @@ static fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	/* the loop never compiles: only a kernel known to be loaded runs inline */
 	if (known && ready && gpu_try_inline(b, d, job))
 		return FA_OK;
-	const struct fa_attn_fwd_desc *ds = &job->desc;
-	bool spin = b->spin_open && !job->async &&
-	            4.0 * (double)ds->B * (double)ds->Hq * (double)ds->Sq * (double)ds->Sk *
-	                    (double)ds->D <= GPU_LOOP_SPIN_MAX_FLOP;
+	bool spin = b->spin_open && !job->async && gpu_job_flop(job) <= GPU_LOOP_SPIN_MAX_FLOP;
 	pthread_mutex_lock(&b->mu);
 	if (b->stopping) {
 		pthread_mutex_unlock(&b->mu);

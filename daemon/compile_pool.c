@@ -5,18 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Append job to a list. */
-static void compile_push(struct backend_job **head, struct backend_job **tail,
-                         struct backend_job *job)
-{
-	job->next = NULL;
-	if (*tail != NULL)
-		(*tail)->next = job;
-	else
-		*head = job;
-	*tail = job;
-}
-
 /* Unlink w from the table (prev: the entry before it, or NULL) and free it. */
 static void compile_unlink(struct compile_table *t, struct compile_wait *prev,
                            struct compile_wait *w)
@@ -74,7 +62,7 @@ fa_status compile_table_add(struct compile_table *t, const char *key, struct bac
 		t->entries++;
 		*is_new = true;
 	}
-	compile_push(&w->head, &w->tail, job);
+	backend_job_append(&w->head, &w->tail, job);
 	w->njobs++;
 	t->jobs++;
 	return FA_OK;
@@ -122,7 +110,7 @@ struct backend_job *compile_table_cancel(struct compile_table *t, const void *ow
 				*pp = job->next;
 				w->njobs--;
 				t->jobs--;
-				compile_push(&out_head, &out_tail, job);
+				backend_job_append(&out_head, &out_tail, job);
 				(*n)++;
 				continue;
 			}
