@@ -202,6 +202,7 @@ static int dev_case_open(struct dev_case *dc, const struct fa_case *cs, uint64_t
 			return fail("malloc(%zu)", dc->l.total);
 		fa_case_fill(cs, &dc->l, dc->host, &rng);
 		CU_TRY(cu.MemcpyHtoD(dc->mem, dc->host, dc->l.total));
+		CU_TRY(cu.StreamSynchronize(NULL)); /* a pageable upload may return before its DMA */
 		return 0;
 	}
 	const size_t piece = 8u << 20;
@@ -218,6 +219,7 @@ static int dev_case_open(struct dev_case *dc, const struct fa_case *cs, uint64_t
 		}
 	}
 	free(pat);
+	CU_TRY(cu.StreamSynchronize(NULL)); /* a pageable upload may return before its DMA */
 	return 0;
 }
 

@@ -187,6 +187,38 @@ static inline int fa_raw_register(int s, uint64_t sid, uint64_t seq, const char 
 	return st;
 }
 
+/* REGISTER a CUDA IPC memory handle (cuIpcGetMemHandle's 64 bytes) of the GPU whose 16-byte UUID
+ * is uuid, `size` bytes, in session sid. Returns the status; *rid the id. */
+static inline int fa_raw_register_ipc(int s, uint64_t sid, uint64_t seq, const void *handle,
+                                      const void *uuid, uint64_t size, uint64_t *rid,
+                                      struct fa_proto_rep *rep)
+{
+	struct fa_proto_req req;
+	memset(&req, 0, sizeof req);
+	req.op = FA_OP_REGISTER;
+	req.session = sid;
+	req.seq = seq;
+	req.u.reg.kind = FA_REGION_CUDA_IPC;
+	req.u.reg.size = size;
+	memcpy(req.u.reg.ipc_handle, handle, sizeof req.u.reg.ipc_handle);
+	memcpy(req.u.reg.gpu_uuid, uuid, sizeof req.u.reg.gpu_uuid);
+	int st = fa_raw_call(s, &req, rep);
+	if (rid)
+		*rid = st == FA_OK ? rep->u.reg.region : 0;
+	return st;
+}
+
+/* Make an ATTN_FWD request asynchronous (PROTOCOL.md 4.3) on slot; ev, when not NULL, is the
+ * client's event handle (FA_PROTO_IPC_HANDLE_LEN bytes) sent as `ev`. */
+static inline void fa_raw_fwd_async(struct fa_proto_req *req, uint32_t slot, const void *ev)
+{
+	req->u.fwd.async = true;
+	req->u.fwd.slot = slot;
+	req->u.fwd.has_event = ev != NULL;
+	if (ev != NULL)
+		memcpy(req->u.fwd.event, ev, sizeof req->u.fwd.event);
+}
+
 /* A wire tensor from an API tensor, in region rid (0 for an absent one). */
 static inline void fa_raw_tensor(const fa_tensor *t, uint64_t rid, struct fa_proto_tensor *w)
 {

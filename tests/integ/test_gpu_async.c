@@ -3,7 +3,10 @@
  *   - fa_attn_fwd_async orders the daemon's kernel after the work queued on the caller's stream
  *     and the caller's later work after the kernel: inputs are uploaded on the stream with no
  *     synchronisation, many calls are chained, every output is checked against the reference;
- *   - a client event that is not an event, host buffers in the asynchronous mode: clear statuses;
+ *   - a client event that does not open (raw requests: zeros, random bytes) gets FA_EINVAL
+ *     naming the event, nothing is enqueued and the daemon serves on; host (shared-memory)
+ *     buffers in the asynchronous mode get FA_EINVAL naming the tensor, checked before any event
+ *     is opened (libfaclient refuses them locally, so these requests are sent raw);
  *   - the canary runs and passes (STATS), so the watchdog is fed;
  *   - with two or more GPUs: a buffer on GPU 1 is served there, a request mixing GPUs gets a
  *     clear FA_EINVAL (skipped, with the reason, on one GPU).
@@ -14,6 +17,7 @@
  * CUDA does not survive fork(): the test process never initialises it; each case runs in a
  * forked child that loads libcuda.so.1 with dlopen and reports through its exit code.
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,6 +32,7 @@
 
 #include "fa_cudrv.h"
 #include "fa_integ.h"
+#include "fa_raw.h"
 
 #define CHAIN 24 /* asynchronous calls chained on one stream before the first synchronisation */
 
@@ -276,6 +281,198 @@ static int child_stuck_event_stalls_only_its_session(void *arg)
 	return 0;
 }
 
+/* A raw session on device buffers asks for the asynchronous mode with client events that are no
+ * events (zeros, then random bytes): the daemon's cuIpcOpenEventHandle fails, and each request
+ * gets FA_EINVAL naming the event (not FA_EDEVICE: a client's bytes are no GPU fault), with
+ * nothing enqueued (the buffer is byte for byte what was uploaded). The daemon serves on: the
+ * same session synchronously, and another client in the asynchronous mode, both right. */
+static int child_client_event_that_does_not_open(void *arg)
+{
+	(void)arg;
+	struct fa_case cs = {.dtype = FA_DTYPE_FP16, .B = 1, .Sq = 128, .Sk = 192, .Hq = 4,
+	                     .Hkv = 2, .D = 64, .lse = true};
+	struct fa_case_layout l;
+	struct fa_proto_req req;
+	struct fa_proto_rep rep;
+	fa_attn_fwd_args a;
+	unsigned char handle[FA_PROTO_IPC_HANDLE_LEN], uuid[FA_PROTO_UUID_LEN];
+	unsigned char ev[FA_PROTO_IPC_HANDLE_LEN];
+	fa_client *c = NULL;
+	fa_buffer *b = NULL;
+	cu_ptr dmem = 0;
+	void *stream = NULL;
+	uint64_t rng = 0xe7e7, seq = 1, rid = 0;
+	int dev = 0, st;
+	char why[256];
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	fa_case_layout(&cs, &l);
+	char *host = calloc(1, l.total), *back = calloc(1, l.total);
+	CHECK(host != NULL && back != NULL, "calloc %zu", l.total);
+	fa_case_fill(&cs, &l, host, &rng);
+	CHECK(cu.MemAlloc(&dmem, l.total) == 0, "cuMemAlloc %zu", l.total);
+	CHECK(cu.MemcpyHtoD(dmem, host, l.total) == 0 && cu.StreamSynchronize(NULL) == 0, "upload");
+	CHECK(cu.IpcGetMemHandle(handle, dmem) == 0, "cuIpcGetMemHandle");
+	CHECK(cu.DeviceGet(&dev, 0) == 0 && cu.DeviceGetUuid(uuid, dev) == 0, "GPU 0's UUID");
+
+	int s = fa_raw_open(g_daemon.url, fa_test_ms(60000)); /* the first call may compile */
+	CHECK(s >= 0, "fa_raw_open(%s)", g_daemon.url);
+	uint64_t sid = fa_raw_hello(s, seq++, &rep);
+	CHECK(sid != 0, "HELLO: %s", rep.detail);
+	st = fa_raw_register_ipc(s, sid, seq++, handle, uuid, l.total, &rid, &rep);
+	CHECK(st == FA_OK, "REGISTER the device buffer: %s: %s", fa_status_name((fa_status)st),
+	      rep.detail);
+	fa_case_args(&cs, &l, FA_RAW_BUF, &a);
+	for (int round = 0; round < 2; round++) {
+		const char *what = round == 0 ? "zeros" : "random bytes";
+		if (round == 0)
+			memset(ev, 0, sizeof ev);
+		else
+			fa_fill_bytes(ev, sizeof ev, &rng);
+		fa_raw_fwd_req(&a, sid, seq++, rid, &req);
+		fa_raw_fwd_async(&req, round == 0 ? 0 : 5, ev);
+		st = fa_raw_call(s, &req, &rep);
+		fprintf(stderr, "client event of %s: %s: %s\n", what, fa_status_name((fa_status)st),
+		        rep.detail);
+		CHECK(st == FA_EINVAL, "client event of %s: got %s (%d), want FA_EINVAL", what,
+		      fa_status_name((fa_status)st), st);
+		CHECK(strstr(rep.detail, "CUDA IPC event cannot be opened") != NULL,
+		      "client event of %s: the reason does not name the event: %s", what,
+		      rep.detail);
+		CHECK(!rep.u.fwd.async, "client event of %s: a refusal carries the daemon's event",
+		      what);
+	}
+	CHECK(cu.MemcpyDtoH(back, dmem, l.total) == 0, "download");
+	CHECK(memcmp(back, host, l.total) == 0, "a refused request wrote to the buffer");
+
+	/* The same session, synchronously, on the same buffer. */
+	fa_raw_fwd_req(&a, sid, seq++, rid, &req);
+	st = fa_raw_call(s, &req, &rep);
+	CHECK(st == FA_OK, "same session, synchronous: %s: %s", fa_status_name((fa_status)st),
+	      rep.detail);
+	CHECK(cu.MemcpyDtoH(back, dmem, l.total) == 0, "download");
+	CHECK(fa_case_check(&cs, &l, back, NULL, why, sizeof why), "same session, synchronous: %s",
+	      why);
+	CHECK(fa_raw_simple(s, FA_OP_BYE, sid, seq++, &rep) == FA_OK, "BYE: %s", rep.detail);
+	nn_close(s);
+
+	/* Another client, asynchronously with a real event, on the same memory (poisoned again). */
+	CHECK(cu.MemcpyHtoD(dmem, host, l.total) == 0 && cu.StreamSynchronize(NULL) == 0, "upload");
+	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
+	CHECK(fa_client_open(&c, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	fa_client_set_timeout(c, fa_test_ms(60000));
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)dmem, l.total, &b) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_case_args(&cs, &l, b, &a);
+	fa_status fst = fa_attn_fwd_async(c, &a, stream);
+	CHECK(fst == FA_OK, "another client, asynchronous: %s: %s", fa_status_name(fst),
+	      fa_last_error_detail());
+	CHECK(cu.StreamSynchronize(stream) == 0 && cu.MemcpyDtoH(back, dmem, l.total) == 0,
+	      "download");
+	CHECK(fa_case_check(&cs, &l, back, NULL, why, sizeof why),
+	      "another client, asynchronous: %s", why);
+	fprintf(stderr, "after the refusals: the same session (synchronous) and another client "
+	        "(asynchronous) served, right\n");
+	CHECK(fa_buffer_free(b) == FA_OK, "unregister: %s", fa_last_error_detail());
+	fa_client_close(c);
+	cu.StreamDestroy(stream);
+	cu.MemFree(dmem);
+	free(host);
+	free(back);
+	return 0;
+}
+
+/* The asynchronous mode takes device buffers only, and the daemon checks that before anything
+ * reaches the GPU: raw asynchronous requests on a host (shared-memory) region get FA_EINVAL
+ * naming the first tensor in host memory: all in host memory, without and with a client event
+ * (made-up bytes: the host-buffer reason comes back, not the event's, so the event was never
+ * opened), and only O in host memory, the rest on the device. Nothing is written; the same
+ * session is then served synchronously on the host region, right. */
+static int child_async_host_buffers(void *arg)
+{
+	(void)arg;
+	struct fa_case cs = {.dtype = FA_DTYPE_BF16, .B = 1, .Sq = 96, .Sk = 160, .Hq = 4,
+	                     .Hkv = 1, .D = 128, .mask = FA_MASK_CAUSAL_BOTTOM_RIGHT, .lse = true};
+	static const struct {
+		const char *what;
+		bool ev;      /* send a client event */
+		bool only_o;  /* O in the host region, the rest in the device region */
+		const char *names; /* what the reason must name */
+	} rounds[] = {
+		{"host buffers, no event", false, false, "q is in host memory"},
+		{"host buffers, a made-up event", true, false, "q is in host memory"},
+		{"O in a host buffer, the rest on the device", false, true, "o is in host memory"},
+	};
+	struct fa_case_layout l;
+	struct fa_raw_shm m = {.fd = -1};
+	struct fa_proto_req req;
+	struct fa_proto_rep rep;
+	fa_attn_fwd_args a;
+	unsigned char handle[FA_PROTO_IPC_HANDLE_LEN], uuid[FA_PROTO_UUID_LEN];
+	unsigned char ev[FA_PROTO_IPC_HANDLE_LEN];
+	cu_ptr dmem = 0;
+	uint64_t rng = 0x4057, seq = 1, hrid = 0, drid = 0;
+	int dev = 0, st;
+	char why[256];
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	fa_case_layout(&cs, &l);
+	CHECK(fa_raw_shm_create(&m, l.total, &rng) == 0, "shared memory of %zu bytes: %s", l.total,
+	      strerror(errno));
+	fa_case_fill(&cs, &l, m.map, &rng);
+	char *before = malloc(l.total);
+	CHECK(before != NULL, "malloc %zu", l.total);
+	memcpy(before, m.map, l.total);
+	CHECK(cu.MemAlloc(&dmem, l.total) == 0, "cuMemAlloc %zu", l.total);
+	CHECK(cu.MemcpyHtoD(dmem, before, l.total) == 0 && cu.StreamSynchronize(NULL) == 0,
+	      "upload");
+	CHECK(cu.IpcGetMemHandle(handle, dmem) == 0, "cuIpcGetMemHandle");
+	CHECK(cu.DeviceGet(&dev, 0) == 0 && cu.DeviceGetUuid(uuid, dev) == 0, "GPU 0's UUID");
+
+	int s = fa_raw_open(g_daemon.url, fa_test_ms(60000)); /* the first call may compile */
+	CHECK(s >= 0, "fa_raw_open(%s)", g_daemon.url);
+	uint64_t sid = fa_raw_hello(s, seq++, &rep);
+	CHECK(sid != 0, "HELLO: %s", rep.detail);
+	st = fa_raw_register(s, sid, seq++, m.name, l.total, &hrid, &rep);
+	CHECK(st == FA_OK, "REGISTER the host buffer: %s: %s", fa_status_name((fa_status)st),
+	      rep.detail);
+	st = fa_raw_register_ipc(s, sid, seq++, handle, uuid, l.total, &drid, &rep);
+	CHECK(st == FA_OK, "REGISTER the device buffer: %s: %s", fa_status_name((fa_status)st),
+	      rep.detail);
+	fa_case_args(&cs, &l, FA_RAW_BUF, &a);
+	fa_fill_bytes(ev, sizeof ev, &rng);
+	for (size_t i = 0; i < sizeof rounds / sizeof rounds[0]; i++) {
+		fa_raw_fwd_req(&a, sid, seq++, rounds[i].only_o ? drid : hrid, &req);
+		if (rounds[i].only_o)
+			req.u.fwd.o.region = hrid;
+		fa_raw_fwd_async(&req, (uint32_t)i, rounds[i].ev ? ev : NULL);
+		st = fa_raw_call(s, &req, &rep);
+		fprintf(stderr, "asynchronous, %s: %s: %s\n", rounds[i].what,
+		        fa_status_name((fa_status)st), rep.detail);
+		CHECK(st == FA_EINVAL, "%s: got %s (%d), want FA_EINVAL", rounds[i].what,
+		      fa_status_name((fa_status)st), st);
+		CHECK(strstr(rep.detail, "device buffers only") != NULL &&
+		      strstr(rep.detail, rounds[i].names) != NULL,
+		      "%s: the reason does not say \"device buffers only\" and \"%s\": %s",
+		      rounds[i].what, rounds[i].names, rep.detail);
+	}
+	CHECK(memcmp(m.map, before, l.total) == 0, "a refused request wrote to the host buffer");
+
+	/* The same session, synchronously, on the host region. */
+	fa_raw_fwd_req(&a, sid, seq++, hrid, &req);
+	st = fa_raw_call(s, &req, &rep);
+	CHECK(st == FA_OK, "synchronous on the host buffer: %s: %s", fa_status_name((fa_status)st),
+	      rep.detail);
+	CHECK(fa_case_check(&cs, &l, m.map, NULL, why, sizeof why), "synchronous: %s", why);
+	fprintf(stderr, "the same session, synchronous on the host buffer: served, right\n");
+	CHECK(fa_raw_simple(s, FA_OP_BYE, sid, seq++, &rep) == FA_OK, "BYE: %s", rep.detail);
+	nn_close(s);
+	fa_raw_shm_destroy(&m);
+	cu.MemFree(dmem);
+	free(before);
+	return 0;
+}
+
 /* Device buffers on GPU 1 are served there; a request mixing GPU 0 and GPU 1 is refused. */
 static int child_second_gpu(void *arg)
 {
@@ -479,6 +676,27 @@ static void test_gpu_second_device_serves_and_mixed_requests_are_refused(void **
 	assert_int_equal(in_child(child_second_gpu, NULL, 120000), 0);
 }
 
+static void test_gpu_async_bad_client_event_gets_einval_and_daemon_serves_on(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_client_event_that_does_not_open, NULL, 120000), 0);
+	/* each refused job was handed back once: nothing stays in flight or enqueued */
+	uint64_t v = 0;
+	assert_true(fa_integ_wait_stat(NULL, g_daemon.url, "inflight", 0, fa_test_ms(10000), &v));
+	assert_true(fa_integ_wait_stat(NULL, g_daemon.url, "gpu_async_running", 0,
+	                               fa_test_ms(10000), &v));
+}
+
+static void test_gpu_async_host_buffers_get_einval(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_async_host_buffers, NULL, 120000), 0);
+	uint64_t v = 0;
+	assert_true(fa_integ_wait_stat(NULL, g_daemon.url, "inflight", 0, fa_test_ms(10000), &v));
+}
+
 /* ---- setup ---------------------------------------------------------------------------------------- */
 
 static int setup(void **state)
@@ -519,6 +737,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_gpu_async_returns_before_the_kernel_finishes),
 		cmocka_unit_test(test_gpu_async_client_with_a_stuck_event_stalls_only_itself),
 		cmocka_unit_test(test_gpu_second_device_serves_and_mixed_requests_are_refused),
+		/* Last: refusals that, should the daemon regress, could take it down */
+		cmocka_unit_test(test_gpu_async_host_buffers_get_einval),
+		cmocka_unit_test(test_gpu_async_bad_client_event_gets_einval_and_daemon_serves_on),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -120,7 +120,8 @@ static int dev_run(fa_client *c, const struct fa_case *cs, fa_buffer *b, uint64_
 	char *host = malloc(l.total);
 	CHECK(host != NULL, "malloc");
 	fa_case_fill(cs, &l, host, rng);
-	CHECK(cu.MemcpyHtoD(mem, host, l.total) == 0, "upload");
+	/* a pageable upload may return before its DMA lands: the API asks Q/K/V finished */
+	CHECK(cu.MemcpyHtoD(mem, host, l.total) == 0 && cu.StreamSynchronize(NULL) == 0, "upload");
 	fa_case_args(cs, &l, b, &a);
 	uint64_t t0 = fa_test_now_us();
 	st = fa_attn_fwd(c, &a);
@@ -226,7 +227,8 @@ static int child_latency(void *arg)
 	char *host = malloc(l.total);
 	CHECK(host != NULL && cu.MemAlloc(&mem, l.total) == 0, "alloc");
 	fa_case_fill(&cs, &l, host, &rng);
-	CHECK(cu.MemcpyHtoD(mem, host, l.total) == 0, "upload");
+	/* a pageable upload may return before its DMA lands: the API asks Q/K/V finished */
+	CHECK(cu.MemcpyHtoD(mem, host, l.total) == 0 && cu.StreamSynchronize(NULL) == 0, "upload");
 	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)mem, l.total, &db) == FA_OK, "%s",
 	      fa_last_error_detail());
 	CHECK(fa_buffer_alloc_host(c, l.total, &hb) == FA_OK, "%s", fa_last_error_detail());
