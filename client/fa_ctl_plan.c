@@ -162,7 +162,10 @@ int fa_ctl_plan_main(int argc, char **argv)
 	fa_tile_format(&t[0], tb, sizeof tb);
 	printf("chosen:    %s  (%d rows x %d keys per step, %d warps, %d row tiles per warp, %d "
 	       "stages, %s path)\n", tb, t[0].br, t[0].bc, t[0].nw, t[0].rt, t[0].stages,
-	       t[0].path == FA_KPATH_16 ? "16-bit" : "fp32");
+	       t[0].path == FA_KPATH_16                                   ? "16-bit mma.sync"
+	       : t[0].path == FA_KPATH_32                                 ? "fp32 mma.sync"
+	       : t[0].path == FA_KPATH_WG32X3                             ? "sm_90a wgmma 3xtf32"
+	                                                                  : "sm_90a wgmma tf32");
 	printf("shared:    %zu of %zu bytes (%.0f%%), ~%d registers/thread, %d block(s)/SM\n",
 	       t[0].smem, model.smem_optin, 100.0 * (double)t[0].smem / (double)model.smem_optin,
 	       t[0].regs, t[0].blocks_per_sm);

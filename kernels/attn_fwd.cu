@@ -5,7 +5,7 @@
  *
  *   FA_IN      element type read from Q/K/V: 1 fp16, 2 bf16, 3 fp32
  *   FA_OUT     element type written to O: 1 fp16, 2 bf16, 3 fp32 (fp32 O with bf16 inputs is the
- *              second half of the fp32 "bf16" precision, whose inputs fa_cvt_f32_bf16 converted)
+ *              second half of the fp32 "bf16" precision, whose K and V the host converted)
  *   FA_PREC    fp32 inputs only: 1 ieee (FFMA), 2 3xtf32, 3 tf32
  *   FA_D       head dim, a multiple of 8 in [8, 256]
  *   FA_NW      warps per block; FA_RT row tiles of 16 query rows per warp (block rows BR = 16*NW*RT)
@@ -15,6 +15,11 @@
  *              slower on the H200, so the planner does not offer it: PERF-NOTES.md v4)
  *   FA_MASK    0 none, 1 causal bottom-right (key j visible to query i iff j <= i + Sk - Sq),
  *              2 causal top-left (j <= i)
+ *   FA_QIN     element type of Q in global memory, FA_IN by default; 3 (fp32) with FA_IN 2 is
+ *              the fp32 "bf16" staging (PERF-NOTES.md, "v6: bf16 staging"): the kernel rounds Q
+ *              to bf16 (cvt.rn, as fa_cvt_f32_bf16 does) as it stores it into shared memory, so
+ *              the host converts only K and V (FA_QLATE 1: Q converted after the first K/V tiles
+ *              are issued, the variant measured in v6; 0, before them, keeps v5's main loop)
  *
  * Structure (FlashAttention-2): a block owns BR query rows of one (batch, head); each warp owns
  * 16*RT rows. S = Q K^T with mma.sync, online softmax on fp32 registers (scores kept in the log2
@@ -255,6 +260,25 @@ typedef u16 in_t;
 #define SMEM_XP (FA_NW * FA_BC * 32)
 #define SMEM_XR (FA_NW * 512)
 
+/* Q read as fp32 and converted in the prologue (FA_QIN 3, 16-bit path): Q is read once per
+ * block, so the conversion costs the block a few hundred instructions, against a pass of 6 bytes
+ * per element over the whole tensor on the host's side. */
+#ifndef FA_QIN
+#define FA_QIN FA_IN
+#endif
+#ifndef FA_QLATE /* 1: Q converted after the first K/V tiles are issued (see the prologue) */
+#define FA_QLATE 0
+#endif
+#if FA_QIN != FA_IN && !(FA_QIN == 3 && FA_IN != 3)
+#error "FA_QIN: FA_IN, or 3 (fp32 Q) with a 16-bit FA_IN"
+#endif
+#define QCVT (FA_QIN != FA_IN)
+#if QCVT
+typedef float qin_t;
+#else
+typedef in_t qin_t;
+#endif
+
 /* Load `NROWS` rows of a tile (row stride `rs` elements in global memory) into shared memory with
  * row stride `LD`; rows >= valid and chunks past the head dim are zero-filled. */
 template <int NROWS, int LD>
@@ -412,6 +436,32 @@ __device__ __forceinline__ void mma32(float *c, const op32 *a, op32 b0, op32 b1)
 }
 #endif
 
+#if QCVT
+/* Q's BR rows from fp32 global memory (row stride rs elements) into the 16-bit tile, rounded to
+ * nearest even: per chunk of 8 elements two 16-byte loads (the host's fp32 alignment rules: a
+ * 16-byte aligned pointer and strides of whole 16 bytes) and one 16-byte store. Rows >= valid
+ * and the head-dim padding get zeros, as load_tile's zero-fill gives. Plain stores: the barriers
+ * that publish the cp.async version of the tile publish these too. */
+__device__ __forceinline__ void load_q_f32(in_t *s, const float *g, long long rs, int valid)
+{
+	const int CPR = DP / 8, TOTAL = BR * CPR; /* TOTAL % NT == 0: BR*CPR/NT = RT*DP/16 */
+#pragma unroll
+	for (int it = 0; it < TOTAL / NT; it++) {
+		const int i = it * NT + (int)threadIdx.x;
+		const int r = i / CPR, c = i - r * CPR;
+		float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+		if (r < valid && c * 8 < FA_D) {
+			const float4 *src = (const float4 *)(g + r * rs + c * 8);
+			x0 = src[0];
+			x1 = src[1];
+		}
+		*(uint4 *)(s + r * LDQ + c * 8) =
+			make_uint4(pack_in(x0.x, x0.y), pack_in(x0.z, x0.w), pack_in(x1.x, x1.y),
+			           pack_in(x1.z, x1.w));
+	}
+}
+#endif
+
 /* ---------------------------------------------------------------------------------------------
  * The forward kernel */
 extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams p)
@@ -428,7 +478,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	const int q0 = mb * BR;
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
 
-	const in_t *Qg = (const in_t *)p.q + b * p.qs[0] + h * p.qs[2] + (long long)q0 * p.qs[1];
+	const qin_t *Qg = (const qin_t *)p.q + b * p.qs[0] + h * p.qs[2] + (long long)q0 * p.qs[1];
 	const in_t *Kg = (const in_t *)p.k + b * p.ks[0] + hk * p.ks[2];
 	const in_t *Vg = (const in_t *)p.v + b * p.vs[0] + hk * p.vs[2];
 
@@ -439,8 +489,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	}
 
 	/* Prologue: Q, then tiles 0 .. STAGES-2 (one commit group each for K and V). */
+#if QCVT
+	/* Here, before the K/V tiles are issued (FA_QLATE 1: after them, while they fly, as
+	 * measured on the H200; ptxas then spends 10-15 more instructions per key step of the
+	 * main loop, SASS sm_90, PERF-NOTES.md "v6: bf16 staging"; here the loop is v5's,
+	 * instruction for instruction, at d128 and d256) */
+	if (!FA_QLATE)
+		load_q_f32(sQ, Qg, p.qs[1], p.Sq - q0);
+#else
 	load_tile<BR, LDQ>(sQ, Qg, p.qs[1], p.Sq - q0);
-	cp_async_commit();
+#endif
+	cp_async_commit(); /* QCVT: an empty group, so that every wait below counts the same */
 #pragma unroll
 	for (int s = 0; s < FA_STAGES - 1; s++) {
 		if (s < ntiles)
@@ -457,6 +516,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 			load_tile<FA_BC, LDK>(sK, Kg, p.ks[1], p.Sk);
 		cp_async_commit();
 	}
+#if QCVT
+	if (FA_QLATE)
+		load_q_f32(sQ, Qg, p.qs[1], p.Sq - q0);
+#endif
 
 	/* A negative scale: negate Q in shared memory (exact), so that the row max of the raw
 	 * scores is the max of the scaled ones. The barrier at the top of the first step
@@ -1165,7 +1228,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 }
 
 /* fp32 [B, S, H, D] (strided, head dim contiguous) -> dense bf16 [B, S, H, D]: the staging step
- * of the fp32 "bf16" precision. Four elements per thread. */
+ * of the fp32 "bf16" precision for K and V with gaps between their rows (and for all three
+ * under FA_BF16_STAGE=v5, gpu_cuda.c). Four elements per thread. */
 extern "C" __global__ void fa_cvt_f32_bf16(const float *src, long long sb, long long ss,
                                            long long sh, int S, int H, int D, u16 *dst,
                                            long long nquads)
@@ -1184,5 +1248,27 @@ extern "C" __global__ void fa_cvt_f32_bf16(const float *src, long long sb, long 
 		y.x = pack_bf16(x.x, x.y);
 		y.y = pack_bf16(x.z, x.w);
 		*(uint2 *)(dst + row * D + c) = y;
+	}
+}
+
+/* The staging of K and V (blockIdx.y 0 and 1) that fill their ranges (BSHD, BHSD, any order
+ * without gaps): one flat pass each, so the bf16 copy keeps the source's strides. Eight
+ * elements per thread and step, two 16-byte loads (evict-first: read once) and one 16-byte
+ * store; no index arithmetic: 98% of a device copy's bandwidth on the H200 (PERF-NOTES.md, "v6:
+ * bf16 staging"). n8 = elements / 8. */
+extern "C" __global__ void fa_cvt_f32_bf16_flat(const float4 *k, uint4 *kd, const float4 *v,
+                                                uint4 *vd, long long n8)
+{
+	const float4 *src = blockIdx.y ? v : k;
+	uint4 *dst = blockIdx.y ? vd : kd;
+	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n8;
+	     i += (long long)gridDim.x * blockDim.x) {
+		float4 a, b;
+		asm("ld.global.cs.v4.f32 {%0,%1,%2,%3}, [%4];"
+		    : "=f"(a.x), "=f"(a.y), "=f"(a.z), "=f"(a.w) : "l"(src + 2 * i));
+		asm("ld.global.cs.v4.f32 {%0,%1,%2,%3}, [%4];"
+		    : "=f"(b.x), "=f"(b.y), "=f"(b.z), "=f"(b.w) : "l"(src + 2 * i + 1));
+		dst[i] = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y),
+		                    pack_bf16(b.z, b.w));
 	}
 }

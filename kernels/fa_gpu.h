@@ -35,15 +35,24 @@ struct fa_kernel_spec {
 	int sm;                 /* target architecture, e.g. 90 */
 	fa_dtype in;            /* element type the kernel reads (bf16 for fp32 staged as bf16) */
 	fa_dtype out;           /* element type of O */
+	fa_dtype qin;           /* element type of Q in memory: in, or fp32 for the bf16 staging
+	                         * (the kernel converts Q itself; 0 reads as in) */
 	fa_precision precision; /* fp32 path: IEEE, 3XTF32 or TF32; else FA_PREC_DEFAULT */
 	int D;                  /* head dim */
 	fa_mask mask;
 	struct fa_tile tile;    /* path, nw, rt, bc, stages (smem is recomputed) */
 };
 
-/* The specialisation that serves (dtype, precision, D, mask) with `tile` on architecture sm. */
+/* The specialisation that serves (dtype, precision, D, mask) with `tile` on architecture sm.
+ * fp32 with precision bf16: a bf16 kernel reading fp32 Q and writing fp32 O (qin fp32); with
+ * FA_BF16_STAGE=v5 in the environment (an experiment: kernels/PERF-NOTES.md, "v6: bf16
+ * staging") qin is bf16, the host converting Q as well, as before v6. */
 void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_precision prec, int D,
                          fa_mask mask, const struct fa_tile *tile);
+
+/* The CUDA source a specialisation compiles: attn_fwd.cu, or attn_fwd_sm90.cu on the wgmma
+ * paths (fa_kpath_is_wg). Static storage. */
+void fa_kernel_source(const struct fa_kernel_spec *s, const char **src, size_t *len);
 
 /* A short unique name of a specialisation ("sm90 bf16>bf16 d128 none 128x64 w4r2 s2"). */
 void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len);
@@ -76,7 +85,7 @@ fa_status fa_nvrtc_compile(struct fa_nvrtc *n, const struct fa_kernel_spec *s, v
 /* The NVRTC option list of a specialisation, in the order the compile passes it: -arch, the
  * -D specialisation macros, and FA_NVRTC_EXTRA's tokens (experiments). The disk cache hashes
  * exactly this list (fa_diskcache.h). */
-#define FA_NVRTC_MAX_OPTS 16
+#define FA_NVRTC_MAX_OPTS 17
 struct fa_nvrtc_opts {
 	int n;
 	char v[FA_NVRTC_MAX_OPTS][48];

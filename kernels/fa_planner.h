@@ -36,7 +36,17 @@ const struct fa_device_model *fa_device_model_find(const char *name);
 enum fa_kpath {
 	FA_KPATH_16 = 1, /* 16-bit shared memory, m16n8k16 (fp16, bf16, and fp32 staged as bf16) */
 	FA_KPATH_32 = 2, /* fp32 shared memory, m16n8k8 tf32 / 3xtf32, or FFMA for ieee */
+	/* sm_90 only (attn_fwd_sm90.cu, compiled for sm_90a): fp32 inputs on wgmma tf32, K and V
+	 * pre-rounded into tile images; nw = 4 per warpgroup, rt = 1 (64 query rows per group) */
+	FA_KPATH_WG32 = 3,   /* tf32: K and V^T per stage */
+	FA_KPATH_WG32X3 = 4, /* 3xtf32: K, K_lo, V^T, V^T_lo per stage */
 };
+
+/* Whether a path is one of the wgmma paths. */
+static inline bool fa_kpath_is_wg(int path)
+{
+	return path == FA_KPATH_WG32 || path == FA_KPATH_WG32X3;
+}
 
 /* One tile configuration and what it costs. */
 struct fa_tile {
@@ -74,8 +84,13 @@ bool fa_prec_parse(const char *s, fa_precision *out);
 /* "none", "causal-bottom-right", "causal-top-left". */
 const char *fa_mask_name(fa_mask m);
 
-/* The data path a (dtype, precision) runs on. */
+/* The data path a (dtype, precision) runs on before sm_90 (mma.sync; fa_plan adds the wgmma
+ * paths on sm_90 for fp32 tf32 and 3xtf32). */
 int fa_plan_path(fa_dtype dt, fa_precision p);
+
+/* Whether fa_plan offers the wgmma paths: an sm_90 device and $FA_WGMMA not "0" (the switch
+ * that lets benchmarks compare with the mma.sync kernel in one run). */
+bool fa_plan_wgmma_enabled(const struct fa_device_model *dev);
 
 /* Head dim as the kernel pads it (16-bit path: next multiple of 16). */
 int fa_tile_padded_d(int path, int D);

@@ -47,6 +47,24 @@ struct fa_kparams {
 };
 _Static_assert(sizeof(struct fa_kparams) == 192, "kernel parameter block layout");
 
+/* attn_fwd_sm90.cu's fa_wgparams and fa_wgprep (same order, same types). */
+struct fa_wgparams {
+	uint64_t q, o, lse;
+	uint64_t kh, kl, vh, vl;
+	long long qs[3], os[3], ls[3];
+	int B, Sq, Sk, Hq, Hkv, group, skp;
+	float scale_log2;
+	int neg_scale;
+};
+_Static_assert(sizeof(struct fa_wgparams) == 164 || sizeof(struct fa_wgparams) == 168,
+               "wgmma kernel parameter block layout");
+struct fa_wgprep {
+	uint64_t k, v;
+	uint64_t kh, kl, vh, vl;
+	long long ks[3], vs[3];
+	int B, Sk, Hkv, skp;
+};
+
 struct cu_api {
 	void *lib;
 	curesult (*Init)(unsigned);
@@ -87,7 +105,8 @@ struct cu_api {
 struct kcache_entry {
 	struct fa_kernel_spec spec;
 	cumod mod;
-	cufunc fwd, cvt;
+	cufunc fwd, cvt, cvt_flat;
+	cufunc prep; /* wgmma paths: fa_wg_prep (K, V -> tile images); cvt and cvt_flat are 0 */
 };
 
 struct fa_gpu {
@@ -326,7 +345,7 @@ static void gpu_log(const struct fa_gpu *g, int level, const char *msg)
  * them loaded the same kernel again for every new shape). */
 static bool spec_same(const struct fa_kernel_spec *a, const struct fa_kernel_spec *b)
 {
-	return a->sm == b->sm && a->in == b->in && a->out == b->out &&
+	return a->sm == b->sm && a->in == b->in && a->out == b->out && a->qin == b->qin &&
 	       a->precision == b->precision && a->D == b->D && a->mask == b->mask &&
 	       a->tile.path == b->tile.path && a->tile.nw == b->tile.nw &&
 	       a->tile.rt == b->tile.rt && a->tile.br == b->tile.br && a->tile.bc == b->tile.bc &&
@@ -399,8 +418,12 @@ static fa_status get_kernel_try(struct fa_gpu *g, const struct fa_kernel_spec *s
 	}
 	if (r)
 		return cu_fail(g, r, "cuModuleLoadData", err, errlen);
+	e.cvt = e.cvt_flat = e.prep = 0;
+	bool wg = fa_kpath_is_wg(s->tile.path);
 	if ((r = g->cu.ModuleGetFunction(&e.fwd, e.mod, "fa_attn_fwd")) ||
-	    (r = g->cu.ModuleGetFunction(&e.cvt, e.mod, "fa_cvt_f32_bf16")) ||
+	    (wg && (r = g->cu.ModuleGetFunction(&e.prep, e.mod, "fa_wg_prep"))) ||
+	    (!wg && (r = g->cu.ModuleGetFunction(&e.cvt, e.mod, "fa_cvt_f32_bf16"))) ||
+	    (!wg && (r = g->cu.ModuleGetFunction(&e.cvt_flat, e.mod, "fa_cvt_f32_bf16_flat"))) ||
 	    (r = g->cu.FuncSetAttribute(e.fwd, FUNC_ATTR_MAX_DYN_SMEM, (int)s->tile.smem))) {
 		st = cu_fail(g, r, "loading fa_attn_fwd", err, errlen);
 		g->cu.ModuleUnload(e.mod);
@@ -506,6 +529,84 @@ static fa_status check_align(const char *name, CUdeviceptr p, const int64_t *str
 	return FA_OK;
 }
 
+/* The wgmma paths (attn_fwd_sm90.cu): fa_wg_prep writes K and V, rounded to tf32 (and their
+ * remainders for 3xtf32), as the attention kernel's shared-memory tile images into scratch
+ * allocated in stream order; then the attention kernel; the scratch is freed in stream order.
+ * Scratch: 2 (tf32) or 4 (3xtf32) images of B * Hkv * skp * D floats, skp = Sk rounded up to
+ * the tile's keys per step. */
+static fa_status launch_wg(struct fa_gpu *g, const struct kcache_entry *ke,
+                           const struct fa_kernel_spec *spec, const struct fa_attn_fwd_desc *d,
+                           CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
+                           CUdeviceptr lse, CUstream s, char *err, size_t errlen)
+{
+	const bool x3 = spec->tile.path == FA_KPATH_WG32X3;
+	const int64_t skp = (d->Sk + spec->tile.bc - 1) / spec->tile.bc * spec->tile.bc;
+	const size_t img = (size_t)(d->B * d->Hkv * skp * d->D) * 4;
+	const size_t imga = (img + 255) / 256 * 256;
+	CUdeviceptr scratch = 0;
+	curesult r = g->cu.MemAllocAsync(&scratch, imga * (x3 ? 4 : 2), (custream)s);
+	if (r)
+		return cu_fail(g, r, "cuMemAllocAsync (tf32 K/V tile images)", err, errlen);
+
+	struct fa_wgprep pp;
+	memset(&pp, 0, sizeof pp);
+	pp.k = k;
+	pp.v = v;
+	pp.kh = scratch;
+	pp.vh = scratch + imga;
+	pp.kl = x3 ? scratch + 2 * imga : 0;
+	pp.vl = x3 ? scratch + 3 * imga : 0;
+	for (int i = 0; i < 3; i++) {
+		pp.ks[i] = d->k_stride[i];
+		pp.vs[i] = d->v_stride[i];
+	}
+	pp.B = (int)d->B;
+	pp.Sk = (int)d->Sk;
+	pp.Hkv = (int)d->Hkv;
+	pp.skp = (int)skp;
+	int64_t chunks = d->B * d->Hkv * skp * (d->D / 4);
+	int64_t blocks = (chunks + 255) / 256;
+	if (blocks > 8 * 1024)
+		blocks = 8 * 1024;
+	void *pargs[] = {&pp};
+	r = g->cu.LaunchKernel(ke->prep, (unsigned)blocks, 1, 1, 256, 1, 1, 0, (custream)s, pargs,
+	                       NULL);
+	if (r == 0) {
+		struct fa_wgparams p;
+		memset(&p, 0, sizeof p);
+		p.q = q;
+		p.o = o;
+		p.lse = lse;
+		p.kh = pp.kh;
+		p.kl = pp.kl;
+		p.vh = pp.vh;
+		p.vl = pp.vl;
+		for (int i = 0; i < 3; i++) {
+			p.qs[i] = d->q_stride[i];
+			p.os[i] = d->o_stride[i];
+			p.ls[i] = d->lse_stride[i];
+		}
+		p.B = (int)d->B;
+		p.Sq = (int)d->Sq;
+		p.Sk = (int)d->Sk;
+		p.Hq = (int)d->Hq;
+		p.Hkv = (int)d->Hkv;
+		p.group = (int)(d->Hq / d->Hkv);
+		p.skp = (int)skp;
+		p.scale_log2 = (float)(fabs(d->scale) * 1.4426950408889634);
+		p.neg_scale = d->scale < 0;
+		unsigned gx = (unsigned)((d->Sq + spec->tile.br - 1) / spec->tile.br);
+		void *args[] = {&p};
+		r = g->cu.LaunchKernel(ke->fwd, gx, (unsigned)d->Hq, (unsigned)d->B,
+		                       (unsigned)(32 * spec->tile.nw), 1, 1, (unsigned)spec->tile.smem,
+		                       (custream)s, args, NULL);
+	}
+	g->cu.MemFreeAsync(scratch, (custream)s);
+	if (r)
+		return cu_fail(g, r, "launching fa_wg_prep / fa_attn_fwd (wgmma)", err, errlen);
+	return FA_OK;
+}
+
 static fa_status launch_cvt(struct fa_gpu *g, cufunc f, CUdeviceptr src, const int64_t *st,
                             int64_t B, int64_t S, int64_t H, int64_t D, CUdeviceptr dst,
                             CUstream s, char *err, size_t errlen)
@@ -519,6 +620,48 @@ static fa_status launch_cvt(struct fa_gpu *g, cufunc f, CUdeviceptr src, const i
 	void *args[] = {&src, &sb, &ss, &sh, &Si, &Hi, &Di, &dst, &nq};
 	curesult r = g->cu.LaunchKernel(f, blocks, 1, 1, 256, 1, 1, 0, (custream)s, args, NULL);
 	return r ? cu_fail(g, r, "launching fa_cvt_f32_bf16", err, errlen) : FA_OK;
+}
+
+/* Whether a [B, S, H, D] tensor (head dim contiguous) fills exactly the B*S*H*D elements from
+ * its first one: its dimensions of size > 1, ordered by stride, each step over the one before
+ * (BSHD, BHSD, any order without gaps). Such a tensor converts as one flat range, and the copy
+ * keeps its strides (multiples of D, so of 16 bytes in bf16). */
+static bool fills_range(const int64_t *shape, const int64_t *stride, int64_t D)
+{
+	int64_t sz[3], st[3];
+	int n = 0;
+	for (int i = 0; i < 3; i++)
+		if (shape[i] > 1) {
+			int j = n++;
+			for (; j > 0 && st[j - 1] > stride[i]; j--) {
+				st[j] = st[j - 1];
+				sz[j] = sz[j - 1];
+			}
+			st[j] = stride[i];
+			sz[j] = shape[i];
+		}
+	int64_t want = D;
+	for (int i = 0; i < n; i++) {
+		if (st[i] != want)
+			return false;
+		want *= sz[i];
+	}
+	return true;
+}
+
+/* K and V, both filling their ranges, in one launch: 8 elements per thread and step, enough
+ * blocks for every SM to keep loads in flight (the grid-stride loop takes the rest). */
+static fa_status launch_cvt_flat(struct fa_gpu *g, cufunc f, CUdeviceptr k, CUdeviceptr kd,
+                                 CUdeviceptr v, CUdeviceptr vd, int64_t n, CUstream s,
+                                 char *err, size_t errlen)
+{
+	long long n8 = (long long)(n / 8);
+	unsigned blocks = (unsigned)((n8 + 255) / 256);
+	if (blocks > 132u * 64u)
+		blocks = 132u * 64u;
+	void *args[] = {&k, &kd, &v, &vd, &n8};
+	curesult r = g->cu.LaunchKernel(f, blocks, 2, 1, 256, 1, 1, 0, (custream)s, args, NULL);
+	return r ? cu_fail(g, r, "launching fa_cvt_f32_bf16_flat", err, errlen) : FA_OK;
 }
 
 fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
@@ -569,6 +712,9 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	if ((st = get_kernel(g, &spec, &ke, err, errlen)))
 		return st;
 
+	if (fa_kpath_is_wg(spec.tile.path))
+		return launch_wg(g, ke, &spec, d, q, k, v, o, lse, s, err, errlen);
+
 	struct fa_kparams p;
 	memset(&p, 0, sizeof p);
 	p.q = q;
@@ -592,31 +738,53 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	p.scale_log2 = (float)(fabs(d->scale) * 1.4426950408889634);
 	p.neg_scale = d->scale < 0;
 
-	/* fp32 staged as bf16: convert Q, K, V into dense bf16 scratch (stream-ordered), run the
-	 * bf16 kernel writing fp32 O, free the scratch in stream order. */
+	/* fp32 staged as bf16 (kernels/PERF-NOTES.md, "v6: bf16 staging"): K and V converted into
+	 * bf16 scratch (stream-ordered; one flat pass keeping their strides where they fill their
+	 * ranges, else dense BSHD), Q read as fp32 by the kernel itself (spec.qin), which writes
+	 * fp32 O; the scratch is freed in stream order. FA_BF16_STAGE=v5 (spec.qin bf16): Q, K and
+	 * V through the strided conversion, as before v6. */
 	CUdeviceptr scratch = 0;
 	if (d->dtype == FA_DTYPE_FP32 && spec.in == FA_DTYPE_BF16) {
+		const bool v5 = spec.qin != FA_DTYPE_FP32;
+		const bool flat = !v5 && fills_range(kshape, d->k_stride, d->D) &&
+		                  fills_range(kshape, d->v_stride, d->D);
 		size_t nq = (size_t)(d->B * d->Sq * d->Hq * d->D), nk = (size_t)(d->B * d->Sk * d->Hkv * d->D);
-		size_t bq = (nq * 2 + 255) / 256 * 256, bk = (nk * 2 + 255) / 256 * 256;
+		size_t bq = v5 ? (nq * 2 + 255) / 256 * 256 : 0, bk = (nk * 2 + 255) / 256 * 256;
 		curesult r = g->cu.MemAllocAsync(&scratch, bq + 2 * bk, (custream)s);
 		if (r)
 			return cu_fail(g, r, "cuMemAllocAsync (bf16 staging)", err, errlen);
 		CUdeviceptr dq = scratch, dk = scratch + bq, dv = scratch + bq + bk;
-		if ((st = launch_cvt(g, ke->cvt, q, d->q_stride, d->B, d->Sq, d->Hq, d->D, dq, s, err, errlen)) ||
-		    (st = launch_cvt(g, ke->cvt, k, d->k_stride, d->B, d->Sk, d->Hkv, d->D, dk, s, err, errlen)) ||
-		    (st = launch_cvt(g, ke->cvt, v, d->v_stride, d->B, d->Sk, d->Hkv, d->D, dv, s, err, errlen))) {
+		if (flat) {
+			st = launch_cvt_flat(g, ke->cvt_flat, k, dk, v, dv, (int64_t)nk, s, err,
+			                     errlen);
+		} else {
+			if (v5)
+				st = launch_cvt(g, ke->cvt, q, d->q_stride, d->B, d->Sq, d->Hq,
+				                d->D, dq, s, err, errlen);
+			if (!st)
+				st = launch_cvt(g, ke->cvt, k, d->k_stride, d->B, d->Sk, d->Hkv,
+				                d->D, dk, s, err, errlen);
+			if (!st)
+				st = launch_cvt(g, ke->cvt, v, d->v_stride, d->B, d->Sk, d->Hkv,
+				                d->D, dv, s, err, errlen);
+		}
+		if (st) {
 			g->cu.MemFreeAsync(scratch, (custream)s);
 			return st;
 		}
-		p.q = dq;
+		if (v5) {
+			p.q = dq;
+			p.qs[0] = d->Sq * d->Hq * d->D;
+			p.qs[1] = d->Hq * d->D;
+			p.qs[2] = d->D;
+		}
 		p.k = dk;
 		p.v = dv;
-		p.qs[0] = d->Sq * d->Hq * d->D;
-		p.qs[1] = d->Hq * d->D;
-		p.qs[2] = d->D;
-		p.ks[0] = p.vs[0] = d->Sk * d->Hkv * d->D;
-		p.ks[1] = p.vs[1] = d->Hkv * d->D;
-		p.ks[2] = p.vs[2] = d->D;
+		if (!flat) {
+			p.ks[0] = p.vs[0] = d->Sk * d->Hkv * d->D;
+			p.ks[1] = p.vs[1] = d->Hkv * d->D;
+			p.ks[2] = p.vs[2] = d->D;
+		}
 	}
 	unsigned gx = (unsigned)((d->Sq + spec.tile.br - 1) / spec.tile.br);
 	void *args[] = {&p};

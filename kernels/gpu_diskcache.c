@@ -184,7 +184,10 @@ void fa_diskcache_key_for_spec(struct fa_diskcache_key *k, const struct fa_nvrtc
 		o = &local;
 	fa_nvrtc_options(spec, o);
 	fa_nvrtc_version(n, &major, &minor);
-	fa_diskcache_key_make(k, fa_src_attn_fwd, fa_src_attn_fwd_len, o, major, minor);
+	const char *src;
+	size_t srclen;
+	fa_kernel_source(spec, &src, &srclen);
+	fa_diskcache_key_make(k, src, srclen, o, major, minor);
 }
 
 void fa_diskcache_key_hex(const struct fa_diskcache_key *k, char out[33])

@@ -20,6 +20,8 @@
 /* The kernel source, embedded by tools/embed.sh from kernels/attn_fwd.cu. */
 extern const char fa_src_attn_fwd[];
 extern const unsigned long fa_src_attn_fwd_len;
+extern const char fa_src_attn_fwd_sm90[];
+extern const unsigned long fa_src_attn_fwd_sm90_len;
 
 typedef int nvrtcResult_t;
 typedef void *nvrtcProgram_t;
@@ -114,7 +116,9 @@ void fa_nvrtc_version(const struct fa_nvrtc *n, int *major, int *minor)
 	*minor = n ? n->minor : 0;
 }
 
-/* fp32 staged as bf16 is a bf16 kernel writing fp32; other fp32 precisions read fp32. */
+/* fp32 staged as bf16 is a bf16 kernel reading fp32 Q and writing fp32; other fp32 precisions
+ * read fp32. FA_BF16_STAGE=v5: Q staged by the host too (the comparison in PERF-NOTES.md, "v6:
+ * bf16 staging"). */
 void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_precision prec, int D,
                          fa_mask mask, const struct fa_tile *tile)
 {
@@ -125,15 +129,22 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 	s->tile = *tile;
 	prec = fa_prec_resolve(dt, prec);
 	if (dt == FA_DTYPE_FP32 && prec == FA_PREC_BF16) {
+		const char *v5 = getenv("FA_BF16_STAGE");
 		s->in = FA_DTYPE_BF16;
 		s->out = FA_DTYPE_FP32;
+		s->qin = v5 && strcmp(v5, "v5") == 0 ? FA_DTYPE_BF16 : FA_DTYPE_FP32;
 		s->precision = FA_PREC_DEFAULT;
 	} else {
 		s->in = dt;
 		s->out = dt;
+		s->qin = dt;
 		s->precision = dt == FA_DTYPE_FP32 ? prec : FA_PREC_DEFAULT;
 	}
-	s->tile.path = s->in == FA_DTYPE_FP32 ? FA_KPATH_32 : FA_KPATH_16;
+	if (fa_kpath_is_wg(tile->path) && s->in == FA_DTYPE_FP32 &&
+	    (s->precision == FA_PREC_TF32 || s->precision == FA_PREC_3XTF32))
+		s->tile.path = s->precision == FA_PREC_3XTF32 ? FA_KPATH_WG32X3 : FA_KPATH_WG32;
+	else
+		s->tile.path = s->in == FA_DTYPE_FP32 ? FA_KPATH_32 : FA_KPATH_16;
 	s->tile.br = 16 * s->tile.nw * s->tile.rt;
 	s->tile.smem = fa_tile_smem(&s->tile, D);
 }
@@ -147,8 +158,10 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 {
 	char tb[48];
 	fa_tile_format(&s->tile, tb, sizeof tb);
-	snprintf(buf, len, "sm%d %s>%s%s%s d%d %s %s", s->sm, short_dt(s->in), short_dt(s->out),
-	         s->in == FA_DTYPE_FP32 ? " " : "",
+	/* Q read as fp32 by a 16-bit kernel: "bf16+q32" */
+	bool q32 = s->qin == FA_DTYPE_FP32 && s->in != FA_DTYPE_FP32;
+	snprintf(buf, len, "sm%d %s%s>%s%s%s d%d %s %s", s->sm, short_dt(s->in), q32 ? "+q32" : "",
+	         short_dt(s->out), s->in == FA_DTYPE_FP32 ? " " : "",
 	         s->in == FA_DTYPE_FP32 ? fa_prec_name(s->precision) : "", s->D,
 	         s->mask == FA_MASK_NONE ? "nomask" : s->mask == FA_MASK_CAUSAL_TOP_LEFT ? "causal-tl" : "causal-br",
 	         tb);
@@ -156,6 +169,13 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 
 /* Read "<n> bytes stack frame, <n> bytes spill stores, <n> bytes spill loads" and "Used <n>
  * registers" for the entry fa_attn_fwd from ptxas' verbose log. */
+void fa_kernel_source(const struct fa_kernel_spec *s, const char **src, size_t *len)
+{
+	bool wg = fa_kpath_is_wg(s->tile.path);
+	*src = wg ? fa_src_attn_fwd_sm90 : fa_src_attn_fwd;
+	*len = wg ? fa_src_attn_fwd_sm90_len : fa_src_attn_fwd_len;
+}
+
 static void parse_usage(const char *log, struct fa_kernel_usage *u)
 {
 	u->regs = u->stack = u->spill_stores = u->spill_loads = -1;
@@ -195,6 +215,18 @@ void fa_nvrtc_options(const struct fa_kernel_spec *s, struct fa_nvrtc_opts *o)
 	int prec = s->precision == FA_PREC_IEEE ? 1 : s->precision == FA_PREC_TF32 ? 3 : 2;
 
 	memset(o, 0, sizeof *o);
+	if (fa_kpath_is_wg(s->tile.path)) { /* attn_fwd_sm90.cu: wgmma needs the "a" target */
+		snprintf(o->v[k++], sizeof o->v[0], "-arch=sm_%da", s->sm);
+		snprintf(o->v[k++], sizeof o->v[0], "-std=c++17");
+		snprintf(o->v[k++], sizeof o->v[0], "--ptxas-options=-v");
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_PREC=%d", prec);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_D=%d", s->D);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NWG=%d", s->tile.nw / 4);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BC=%d", s->tile.bc);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
+		goto extra;
+	}
 	snprintf(o->v[k++], sizeof o->v[0], "-arch=sm_%d", s->sm);
 	snprintf(o->v[k++], sizeof o->v[0], "-std=c++17");
 	snprintf(o->v[k++], sizeof o->v[0], "--ptxas-options=-v");
@@ -207,9 +239,14 @@ void fa_nvrtc_options(const struct fa_kernel_spec *s, struct fa_nvrtc_opts *o)
 	snprintf(o->v[k++], sizeof o->v[0], "-DFA_BC=%d", s->tile.bc);
 	snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
 	snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
+	/* only where Q's type differs, so that the other option lists (and cache keys) stay */
+	if (s->qin && s->qin != s->in)
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_QIN=%d",
+		         s->qin == FA_DTYPE_FP16 ? 1 : s->qin == FA_DTYPE_BF16 ? 2 : 3);
 	/* Experiments only (tools/gpu-run.sh variants, kernels/PERF-NOTES.md): extra -D options
 	 * from FA_NVRTC_EXTRA ("-DX=1 -DY=2"), at most 4, each cut to 47 bytes. They are part of
 	 * the option list, hence of the disk cache's key. */
+extra:;
 	const char *extra = getenv("FA_NVRTC_EXTRA");
 	int ne = 0;
 	if (extra) {
@@ -255,7 +292,13 @@ fa_status fa_nvrtc_compile_opts(struct fa_nvrtc *n, const struct fa_kernel_spec 
 		opts[i] = o->v[i];
 
 	nvrtcProgram_t prog = NULL;
-	nvrtcResult_t r = n->CreateProgram(&prog, fa_src_attn_fwd, "attn_fwd.cu", 0, NULL, NULL);
+	const char *src;
+	size_t srclen;
+	fa_kernel_source(s, &src, &srclen);
+	nvrtcResult_t r = n->CreateProgram(&prog, src,
+	                                   fa_kpath_is_wg(s->tile.path) ? "attn_fwd_sm90.cu"
+	                                                                : "attn_fwd.cu",
+	                                   0, NULL, NULL);
 	if (r != 0) {
 		snprintf(err, errlen, "nvrtcCreateProgram: %s", n->GetErrorString(r));
 		return FA_EINTERNAL;

@@ -159,6 +159,9 @@ static int pair_mode(const struct fa_tile *t, int D)
 size_t fa_tile_smem(const struct fa_tile *t, int D)
 {
 	size_t br = (size_t)16 * t->nw * t->rt;
+	if (fa_kpath_is_wg(t->path)) /* attn_fwd_sm90.cu: Q, then per stage 2 or 4 tile images */
+		return 4 * (br * (size_t)D +
+		            (size_t)t->stages * t->bc * D * (t->path == FA_KPATH_WG32X3 ? 4 : 2));
 	if (t->path == FA_KPATH_16) {
 		int dp = fa_tile_padded_d(t->path, D);
 		size_t ld = (size_t)dp + 8;
@@ -188,6 +191,10 @@ static int tile_regs_raw(const struct fa_tile *t, int D, fa_precision p)
 {
 	int dp = fa_tile_padded_d(t->path, D);
 	int acc = t->rt * dp / 2, s = t->rt * t->bc / 2;
+	/* wgmma: O and S accumulators, 3xtf32 keeps Q's remainder as register A fragments */
+	if (fa_kpath_is_wg(t->path))
+		return t->path == FA_KPATH_WG32X3 ? 24 + 3 * D / 2 + s /* + Q_lo, P V partial */
+		                                  : 40 + acc + s + 4;
 	if (t->path == FA_KPATH_16)
 		return 48 + acc + 2 * s;
 	/* 3xtf32 keeps P split (big + small) for a whole step: one more register per score */
@@ -241,6 +248,69 @@ static int cmp_tile(const void *a, const void *b)
 	if (x->smem != y->smem)
 		return x->smem < y->smem ? -1 : 1;
 	return 0;
+}
+
+bool fa_plan_wgmma_enabled(const struct fa_device_model *dev)
+{
+	const char *e = getenv("FA_WGMMA");
+	return dev->sm == 90 && !(e && strcmp(e, "0") == 0);
+}
+
+/* The wgmma candidates (fp32 tf32 / 3xtf32 on sm_90): 1 or 2 warpgroups, 16-64 keys, 2-3
+ * stages. They rank above every mma.sync tile (whose scores are below 1): the tensor-core rate
+ * is twice mma.sync's (kernels/PERF-NOTES.md v6). Within them: two warpgroups (one block's
+ * softmax overlaps the other's MMAs), wider key steps, the waves. */
+static void wg_candidates(const struct fa_device_model *dev, const struct fa_plan_req *req,
+                          fa_precision prec, struct fa_tile *all, int *nall, size_t *min_smem,
+                          struct fa_tile *smallest)
+{
+	static const int nwgs[] = {1, 2}, bcs[] = {16, 32, 64}, stgs[] = {2, 3};
+	/* experiments (kernels/PERF-NOTES.md): FA_WG_BC, FA_WG_STAGES, FA_WG_NWG keep one value */
+	const char *only_bc = getenv("FA_WG_BC"), *only_st = getenv("FA_WG_STAGES"),
+	           *only_nwg = getenv("FA_WG_NWG");
+	for (size_t a = 0; a < 2; a++)
+		for (size_t c = 0; c < 3; c++)
+			for (size_t d = 0; d < 2; d++) {
+				if ((only_bc && atoi(only_bc) != bcs[c]) ||
+				    (only_st && atoi(only_st) != stgs[d]) ||
+				    (only_nwg && atoi(only_nwg) != nwgs[a]))
+					continue;
+				struct fa_tile t = {0};
+				t.path = prec == FA_PREC_3XTF32 ? FA_KPATH_WG32X3 : FA_KPATH_WG32;
+				t.nw = 4 * nwgs[a];
+				t.rt = 1;
+				t.br = 16 * t.nw;
+				t.bc = bcs[c];
+				t.stages = stgs[d];
+				t.smem = fa_tile_smem(&t, req->D);
+				t.regs = fa_tile_regs(&t, req->D, prec);
+				if (t.smem < *min_smem) {
+					*min_smem = t.smem;
+					*smallest = t;
+				}
+				/* 3xtf32 keeps Q's remainder and a P V partial sum in registers: D <= 128 */
+				if (tile_regs_raw(&t, req->D, prec) > 250 || t.smem > dev->smem_optin ||
+				    req->D > FA_ATTN_MAX_HEAD_DIM ||
+				    (t.path == FA_KPATH_WG32X3 && req->D > 128))
+					continue;
+				int by_regs = dev->regs_per_sm / (((t.regs + 7) / 8 * 8) * 32 * t.nw);
+				t.blocks_per_sm = (int)(dev->smem_per_sm / (t.smem + 1024));
+				if (by_regs < t.blocks_per_sm)
+					t.blocks_per_sm = by_regs;
+				if (t.blocks_per_sm < 1)
+					t.blocks_per_sm = 1;
+				double f_bc = (double)t.bc / (t.bc + 20.0), f_wave = 1.0;
+				if (req->Sq > 0 && req->B > 0 && req->H > 0 && dev->sm_count > 0) {
+					double nq = ceil((double)req->Sq / t.br);
+					double nblk = nq * (double)req->B * (double)req->H;
+					double slots = (double)dev->sm_count * t.blocks_per_sm;
+					f_wave = nblk / (ceil(nblk / slots) * slots);
+					f_wave = (0.5 + 0.5 * f_wave) * (0.2 + 0.8 * (double)req->Sq / (nq * t.br));
+				}
+				t.score = 2.0 * (nwgs[a] == 2 ? 1.0 : 0.7) * f_bc * f_wave;
+				if (*nall < FA_PLAN_MAX_CANDIDATES)
+					all[(*nall)++] = t;
+			}
 }
 
 /* Threads one SM can hold: 1536 on sm_86/sm_89, 1024 on sm_75, 2048 otherwise. */
@@ -322,6 +392,9 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 					if (nall < FA_PLAN_MAX_CANDIDATES)
 						all[nall++] = t;
 				}
+	if (req->dtype == FA_DTYPE_FP32 && (prec == FA_PREC_TF32 || prec == FA_PREC_3XTF32) &&
+	    fa_plan_wgmma_enabled(dev))
+		wg_candidates(dev, req, prec, all, &nall, &min_smem, &smallest);
 	if (nall == 0) {
 		char tb[48];
 		fa_tile_format(&smallest, tb, sizeof tb);
@@ -351,7 +424,10 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 /* "128x64 w4r2 s2". */
 void fa_tile_format(const struct fa_tile *t, char *buf, size_t len)
 {
-	snprintf(buf, len, "%dx%d w%dr%d s%d", t->br, t->bc, t->nw, t->rt, t->stages);
+	if (fa_kpath_is_wg(t->path)) /* "128x64 wg2 s2": warpgroups */
+		snprintf(buf, len, "%dx%d wg%d s%d", t->br, t->bc, t->nw / 4, t->stages);
+	else
+		snprintf(buf, len, "%dx%d w%dr%d s%d", t->br, t->bc, t->nw, t->rt, t->stages);
 }
 
 /* See fa_planner.h. */

@@ -31,6 +31,8 @@
 
 extern const char fa_src_attn_fwd[];
 extern const unsigned long fa_src_attn_fwd_len;
+extern const char fa_src_attn_fwd_sm90[];
+extern const unsigned long fa_src_attn_fwd_sm90_len;
 
 #define WANTED_MAX 64
 #define FILE_MAX (16u << 20) /* larger files are not read (4096 entries need ~1.5 MiB) */
@@ -58,6 +60,7 @@ void fa_tune_src_hash(uint8_t out[32])
 	const char *extra = getenv("FA_NVRTC_EXTRA");
 	fa_sha256_init(&c);
 	fa_sha256_update(&c, fa_src_attn_fwd, fa_src_attn_fwd_len);
+	fa_sha256_update(&c, fa_src_attn_fwd_sm90, fa_src_attn_fwd_sm90_len);
 	/* experiments change the kernel without changing its text */
 	fa_sha256_update(&c, "\0extra=", 7);
 	if (extra)
@@ -221,6 +224,10 @@ static bool tile_sane(const struct fa_tile *t, bool may_be_none)
 {
 	if (may_be_none && t->path == 0 && t->nw == 0 && t->br == 0)
 		return true;
+	if (fa_kpath_is_wg(t->path))
+		return (t->nw == 4 || t->nw == 8) && t->rt == 1 && t->br == 16 * t->nw &&
+		       (t->bc == 16 || t->bc == 32 || t->bc == 64) &&
+		       (t->stages == 2 || t->stages == 3);
 	return (t->path == FA_KPATH_16 || t->path == FA_KPATH_32) &&
 	       (t->nw == 2 || t->nw == 4 || t->nw == 8) && (t->rt == 1 || t->rt == 2) &&
 	       t->br == 16 * t->nw * t->rt && (t->bc == 16 || t->bc == 32 || t->bc == 64 ||

@@ -7,7 +7,8 @@
  * Small cases use fa_attn_fwd_ref64 over every row; large ones a float64 oracle on sampled rows
  * (first, last and random rows of every (batch, head)), after checking that no output element
  * kept its poison. Default: a representative sample; FA_GPU_GRID=full: the whole grid;
- * FA_GPU_GRID_D="192 256": only those head dims.
+ * FA_GPU_GRID_D="192 256": only those head dims; FA_GPU_GRID_DT="fp32-bf16 bf16": only those
+ * kinds (the names of the worst-error lines, '-' for the space).
  * Without a GPU it prints why and skips.
  */
 #include <math.h>
@@ -504,6 +505,25 @@ static void test_attn_fwd_gpu_matches_the_float64_reference(void **state)
 				cases[m++] = cases[i];
 		}
 		printf("FA_GPU_GRID_D=%s: %d of %d cases\n", only, m, n);
+		n = m;
+	}
+	/* FA_GPU_GRID_DT="fp32-bf16": only these kinds (work on one path, one device call) */
+	const char *kinds = getenv("FA_GPU_GRID_DT");
+	if (kinds && *kinds) {
+		int m = 0;
+		char have[128];
+		snprintf(have, sizeof have, " %.120s ", kinds);
+		for (int i = 0; i < n; i++) {
+			char want[24];
+			int sl = slot_of(cases[i].dt, cases[i].prec);
+			snprintf(want, sizeof want, " %s ", slot_name[sl]);
+			for (char *c = want + 1; c[1]; c++) /* "fp32 bf16" -> "fp32-bf16" */
+				if (*c == ' ')
+					*c = '-';
+			if (strstr(have, want))
+				cases[m++] = cases[i];
+		}
+		printf("FA_GPU_GRID_DT=%s: %d of %d cases\n", kinds, m, n);
 		n = m;
 	}
 	uint64_t t0 = fa_test_now_ms();

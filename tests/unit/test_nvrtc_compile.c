@@ -123,6 +123,16 @@ static void test_nvrtc_compiles_the_planned_specialisations_without_spills(void 
 		add_jobs("sm_90", FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, FA_MASK_NONE, 1);
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_DEFAULT, 128, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1);
 		add_jobs("sm_89", FA_DTYPE_FP32, FA_PREC_DEFAULT, 128, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1);
+		/* the bf16 staging (Q converted in the kernel, FA_QIN): the headline shape, and a
+		 * head dim padded to 16 (the rotation above gives it d160 only) */
+		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_BF16, 128, FA_MASK_NONE, 1);
+		add_jobs("sm_80", FA_DTYPE_FP32, FA_PREC_BF16, 40, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1);
+		/* the wgmma kernel (attn_fwd_sm90.cu, sm_90a): its first three tiles at the headline
+		 * shape for tf32 and 3xtf32, and odd head dims (slices of the P V wgmma: 8..128) */
+		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_TF32, 128, FA_MASK_NONE, 3);
+		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 128, FA_MASK_NONE, 3);
+		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_TF32, 248, FA_MASK_CAUSAL_TOP_LEFT, 1);
+		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 40, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1);
 	}
 	int nthreads = 2;
 	const char *e = getenv("FA_COMPILE_THREADS");

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -100,6 +101,55 @@ static void test_planner_fp32_d128_fits_sm89_above_48k(void **state)
 	assert_int_equal(fa_tile_smem(&x, 128), 4 * (64 * 136 + 2 * 32 * (136 + 132)));
 	struct fa_tile y = {.path = FA_KPATH_16, .nw = 4, .rt = 2, .bc = 64, .stages = 2};
 	assert_int_equal(fa_tile_smem(&y, 40), 2 * (128 * 56 + 2 * 64 * 2 * 56));
+}
+
+/* sm_90 runs fp32 tf32 and 3xtf32 on the wgmma kernel (attn_fwd_sm90.cu) where it fits, with
+ * its shared memory exactly as that kernel lays it out; other devices, other precisions, 3xtf32
+ * above head dim 128 (registers) and FA_WGMMA=0 stay on mma.sync. */
+static void test_planner_sm90_fp32_takes_the_wgmma_path(void **state)
+{
+	(void)state;
+	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+	int n = 0;
+	char err[512], tb[48];
+	const struct fa_device_model *h = fa_device_model_find("h200"), *l = fa_device_model_find("l40s");
+	struct fa_plan_req r = req(FA_DTYPE_FP32, FA_PREC_TF32, 128, FA_MASK_NONE);
+	assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+	assert_int_equal(t[0].path, FA_KPATH_WG32);
+	assert_int_equal(t[0].rt, 1);
+	assert_int_equal(t[0].br, 16 * t[0].nw);
+	/* Q (128 x 128) + 2 stages x (K, V^T) of 64 keys, fp32 */
+	assert_int_equal(t[0].smem, 4 * (128 * 128 + 2 * 64 * 128 * 2));
+	fa_tile_format(&t[0], tb, sizeof tb);
+	assert_string_equal(tb, "128x64 wg2 s2");
+	bool mma = false;
+	for (int i = 0; i < n; i++)
+		mma |= t[i].path == FA_KPATH_32; /* the mma.sync tiles stay as candidates (tuner) */
+	assert_true(mma);
+	r.precision = FA_PREC_DEFAULT; /* 3xtf32: K, K_lo, V^T, V^T_lo per stage */
+	assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+	assert_int_equal(t[0].path, FA_KPATH_WG32X3);
+	assert_int_equal(t[0].smem, 4 * ((size_t)t[0].br * 128 + (size_t)t[0].stages * t[0].bc * 128 * 4));
+	r.D = 160;
+	assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+	assert_int_equal(t[0].path, FA_KPATH_32);
+	r.D = 256;
+	r.precision = FA_PREC_TF32;
+	assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+	assert_int_equal(t[0].path, FA_KPATH_WG32);
+	assert_true(t[0].smem <= h->smem_optin);
+	r.D = 128;
+	assert_int_equal(fa_plan(l, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+	assert_int_equal(t[0].path, FA_KPATH_32);
+	r.precision = FA_PREC_IEEE;
+	assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+	assert_int_equal(t[0].path, FA_KPATH_32);
+	r.precision = FA_PREC_TF32;
+	setenv("FA_WGMMA", "0", 1);
+	assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+	unsetenv("FA_WGMMA");
+	for (int i = 0; i < n; i++)
+		assert_false(fa_kpath_is_wg(t[i].path));
 }
 
 /* A bigger device never offers fewer configurations. */
@@ -200,6 +250,7 @@ int main(void)
 		cmocka_unit_test(test_planner_knows_the_named_device_models),
 		cmocka_unit_test(test_planner_fits_every_head_dim_on_every_sm80_plus_model),
 		cmocka_unit_test(test_planner_fp32_d128_fits_sm89_above_48k),
+		cmocka_unit_test(test_planner_sm90_fp32_takes_the_wgmma_path),
 		cmocka_unit_test(test_planner_larger_devices_offer_more_tiles),
 		cmocka_unit_test(test_planner_nofit_names_shape_need_and_limit),
 		cmocka_unit_test(test_planner_rejects_bad_head_dims_and_dtypes),
