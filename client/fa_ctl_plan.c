@@ -165,6 +165,7 @@ int fa_ctl_plan_main(int argc, char **argv)
 	       t[0].path == FA_KPATH_16                                   ? "16-bit mma.sync"
 	       : t[0].path == FA_KPATH_32                                 ? "fp32 mma.sync"
 	       : t[0].path == FA_KPATH_WG32X3                             ? "sm_90a wgmma 3xtf32"
+	       : t[0].path == FA_KPATH_WG16                               ? "sm_90a wgmma 16-bit"
 	                                                                  : "sm_90a wgmma tf32");
 	printf("shared:    %zu of %zu bytes (%.0f%%), ~%d registers/thread, %d block(s)/SM\n",
 	       t[0].smem, model.smem_optin, 100.0 * (double)t[0].smem / (double)model.smem_optin,

@@ -63,6 +63,7 @@ struct fa_kernel_usage {
 	int stack;        /* bytes of stack frame */
 	int spill_stores; /* bytes */
 	int spill_loads;  /* bytes */
+	bool serialized;  /* ptxas serialized the wgmmas (C7513/C7514: the overlap is lost) */
 	double compile_s; /* wall time of the NVRTC call */
 };
 

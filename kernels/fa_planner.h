@@ -40,12 +40,13 @@ enum fa_kpath {
 	 * pre-rounded into tile images; nw = 4 per warpgroup, rt = 1 (64 query rows per group) */
 	FA_KPATH_WG32 = 3,   /* tf32: K and V^T per stage */
 	FA_KPATH_WG32X3 = 4, /* 3xtf32: K, K_lo, V^T, V^T_lo per stage */
+	FA_KPATH_WG16 = 5,   /* fp16, bf16, fp32 staged as bf16: K and V^T per stage, 16-bit */
 };
 
 /* Whether a path is one of the wgmma paths. */
 static inline bool fa_kpath_is_wg(int path)
 {
-	return path == FA_KPATH_WG32 || path == FA_KPATH_WG32X3;
+	return path == FA_KPATH_WG32 || path == FA_KPATH_WG32X3 || path == FA_KPATH_WG16;
 }
 
 /* One tile configuration and what it costs. */
@@ -89,8 +90,10 @@ const char *fa_mask_name(fa_mask m);
 int fa_plan_path(fa_dtype dt, fa_precision p);
 
 /* Whether fa_plan offers the wgmma paths: an sm_90 device and $FA_WGMMA not "0" (the switch
- * that lets benchmarks compare with the mma.sync kernel in one run). */
+ * that lets benchmarks compare with the mma.sync kernel in one run). The 16-bit one also needs
+ * $FA_WGMMA16 not "0". */
 bool fa_plan_wgmma_enabled(const struct fa_device_model *dev);
+bool fa_plan_wgmma16_enabled(const struct fa_device_model *dev);
 
 /* Head dim as the kernel pads it (16-bit path: next multiple of 16). */
 int fa_tile_padded_d(int path, int D);

@@ -532,6 +532,8 @@ static fa_status check_align(const char *name, CUdeviceptr p, const int64_t *str
 /* The wgmma paths (attn_fwd_sm90.cu): fa_wg_prep writes K and V, rounded to tf32 (and their
  * remainders for 3xtf32), as the attention kernel's shared-memory tile images into scratch
  * allocated in stream order; then the attention kernel; the scratch is freed in stream order.
+ * 16-bit (fp16, bf16, fp32 staged as bf16: the prep converts K and V, the kernel Q): 2 images of
+ * 16-bit elements, head dim padded to 16. fp32: rounds to tf32.
  * Scratch: 2 (tf32) or 4 (3xtf32) images of B * Hkv * skp * D floats, skp = Sk rounded up to
  * the tile's keys per step. */
 static fa_status launch_wg(struct fa_gpu *g, const struct kcache_entry *ke,
@@ -539,14 +541,15 @@ static fa_status launch_wg(struct fa_gpu *g, const struct kcache_entry *ke,
                            CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
                            CUdeviceptr lse, CUstream s, char *err, size_t errlen)
 {
-	const bool x3 = spec->tile.path == FA_KPATH_WG32X3;
+	const bool x3 = spec->tile.path == FA_KPATH_WG32X3, w16 = spec->tile.path == FA_KPATH_WG16;
 	const int64_t skp = (d->Sk + spec->tile.bc - 1) / spec->tile.bc * spec->tile.bc;
-	const size_t img = (size_t)(d->B * d->Hkv * skp * d->D) * 4;
+	const int64_t dp = w16 ? (d->D + 15) / 16 * 16 : d->D; /* the images' padded head dim */
+	const size_t img = (size_t)(d->B * d->Hkv * skp * dp) * (w16 ? 2 : 4);
 	const size_t imga = (img + 255) / 256 * 256;
 	CUdeviceptr scratch = 0;
 	curesult r = g->cu.MemAllocAsync(&scratch, imga * (x3 ? 4 : 2), (custream)s);
 	if (r)
-		return cu_fail(g, r, "cuMemAllocAsync (tf32 K/V tile images)", err, errlen);
+		return cu_fail(g, r, "cuMemAllocAsync (K/V tile images)", err, errlen);
 
 	struct fa_wgprep pp;
 	memset(&pp, 0, sizeof pp);
@@ -564,7 +567,7 @@ static fa_status launch_wg(struct fa_gpu *g, const struct kcache_entry *ke,
 	pp.Sk = (int)d->Sk;
 	pp.Hkv = (int)d->Hkv;
 	pp.skp = (int)skp;
-	int64_t chunks = d->B * d->Hkv * skp * (d->D / 4);
+	int64_t chunks = d->B * d->Hkv * skp * (dp / (w16 ? 8 : 4));
 	int64_t blocks = (chunks + 255) / 256;
 	if (blocks > 8 * 1024)
 		blocks = 8 * 1024;

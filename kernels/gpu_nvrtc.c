@@ -143,6 +143,11 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 	if (fa_kpath_is_wg(tile->path) && s->in == FA_DTYPE_FP32 &&
 	    (s->precision == FA_PREC_TF32 || s->precision == FA_PREC_3XTF32))
 		s->tile.path = s->precision == FA_PREC_3XTF32 ? FA_KPATH_WG32X3 : FA_KPATH_WG32;
+	else if (fa_kpath_is_wg(tile->path) && s->in != FA_DTYPE_FP32) {
+		s->tile.path = FA_KPATH_WG16;
+		if (dt == FA_DTYPE_FP32) /* the wgmma kernel converts Q, K and V itself */
+			s->qin = FA_DTYPE_FP32;
+	}
 	else
 		s->tile.path = s->in == FA_DTYPE_FP32 ? FA_KPATH_32 : FA_KPATH_16;
 	s->tile.br = 16 * s->tile.nw * s->tile.rt;
@@ -179,6 +184,7 @@ void fa_kernel_source(const struct fa_kernel_spec *s, const char **src, size_t *
 static void parse_usage(const char *log, struct fa_kernel_usage *u)
 {
 	u->regs = u->stack = u->spill_stores = u->spill_loads = -1;
+	u->serialized = strstr(log, "wgmma.mma_async instructions are serialized") != NULL;
 	const char *p = strstr(log, "Function properties for fa_attn_fwd");
 	if (!p)
 		return;
@@ -219,7 +225,14 @@ void fa_nvrtc_options(const struct fa_kernel_spec *s, struct fa_nvrtc_opts *o)
 		snprintf(o->v[k++], sizeof o->v[0], "-arch=sm_%da", s->sm);
 		snprintf(o->v[k++], sizeof o->v[0], "-std=c++17");
 		snprintf(o->v[k++], sizeof o->v[0], "--ptxas-options=-v");
-		snprintf(o->v[k++], sizeof o->v[0], "-DFA_PREC=%d", prec);
+		if (s->tile.path == FA_KPATH_WG16) {
+			int qin = s->qin == FA_DTYPE_FP32 ? 3 : in;
+			snprintf(o->v[k++], sizeof o->v[0], "-DFA_IN=%d", in);
+			snprintf(o->v[k++], sizeof o->v[0], "-DFA_QIN=%d", qin);
+			snprintf(o->v[k++], sizeof o->v[0], "-DFA_OUT=%d", out);
+		} else {
+			snprintf(o->v[k++], sizeof o->v[0], "-DFA_PREC=%d", prec);
+		}
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_D=%d", s->D);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NWG=%d", s->tile.nw / 4);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BC=%d", s->tile.bc);

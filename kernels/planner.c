@@ -159,6 +159,10 @@ static int pair_mode(const struct fa_tile *t, int D)
 size_t fa_tile_smem(const struct fa_tile *t, int D)
 {
 	size_t br = (size_t)16 * t->nw * t->rt;
+	if (t->path == FA_KPATH_WG16) { /* attn_fwd_sm90.cu: Q, K, V^T; head dim padded to 16 */
+		size_t dp = (size_t)(D + 15) / 16 * 16;
+		return 2 * (br * dp + (size_t)t->stages * t->bc * dp * 2);
+	}
 	if (fa_kpath_is_wg(t->path)) /* attn_fwd_sm90.cu: Q, then per stage 2 or 4 tile images */
 		return 4 * (br * (size_t)D +
 		            (size_t)t->stages * t->bc * D * (t->path == FA_KPATH_WG32X3 ? 4 : 2));
@@ -192,6 +196,8 @@ static int tile_regs_raw(const struct fa_tile *t, int D, fa_precision p)
 	int dp = fa_tile_padded_d(t->path, D);
 	int acc = t->rt * dp / 2, s = t->rt * t->bc / 2;
 	/* wgmma: O and S accumulators, 3xtf32 keeps Q's remainder as register A fragments */
+	if (t->path == FA_KPATH_WG16) /* O, S, packed P */
+		return 40 + (D + 15) / 16 * 8 + s + s / 2;
 	if (fa_kpath_is_wg(t->path))
 		return t->path == FA_KPATH_WG32X3 ? 24 + 3 * D / 2 + s /* + Q_lo, P V partial */
 		                                  : 40 + acc + s + 4;
@@ -256,6 +262,12 @@ bool fa_plan_wgmma_enabled(const struct fa_device_model *dev)
 	return dev->sm == 90 && !(e && strcmp(e, "0") == 0);
 }
 
+bool fa_plan_wgmma16_enabled(const struct fa_device_model *dev)
+{
+	const char *e = getenv("FA_WGMMA16");
+	return fa_plan_wgmma_enabled(dev) && !(e && strcmp(e, "0") == 0);
+}
+
 /* The wgmma candidates (fp32 tf32 / 3xtf32 on sm_90): 1 or 2 warpgroups, 16-64 keys, 2-3
  * stages. They rank above every mma.sync tile (whose scores are below 1): the tensor-core rate
  * is twice mma.sync's (kernels/PERF-NOTES.md v6). Within them: two warpgroups (one block's
@@ -264,19 +276,23 @@ static void wg_candidates(const struct fa_device_model *dev, const struct fa_pla
                           fa_precision prec, struct fa_tile *all, int *nall, size_t *min_smem,
                           struct fa_tile *smallest)
 {
-	static const int nwgs[] = {1, 2}, bcs[] = {16, 32, 64}, stgs[] = {2, 3};
+	static const int nwgs[] = {1, 2}, bcs[] = {16, 32, 64, 128}, stgs[] = {2, 3};
+	const bool w16 = req->dtype != FA_DTYPE_FP32 || prec == FA_PREC_BF16;
 	/* experiments (kernels/PERF-NOTES.md): FA_WG_BC, FA_WG_STAGES, FA_WG_NWG keep one value */
 	const char *only_bc = getenv("FA_WG_BC"), *only_st = getenv("FA_WG_STAGES"),
 	           *only_nwg = getenv("FA_WG_NWG");
 	for (size_t a = 0; a < 2; a++)
-		for (size_t c = 0; c < 3; c++)
+		for (size_t c = 0; c < 4; c++)
 			for (size_t d = 0; d < 2; d++) {
+				if (bcs[c] == (w16 ? 16 : 128)) /* 16-bit: k16 steps; fp32: N <= 64 measured */
+					continue;
 				if ((only_bc && atoi(only_bc) != bcs[c]) ||
 				    (only_st && atoi(only_st) != stgs[d]) ||
 				    (only_nwg && atoi(only_nwg) != nwgs[a]))
 					continue;
 				struct fa_tile t = {0};
-				t.path = prec == FA_PREC_3XTF32 ? FA_KPATH_WG32X3 : FA_KPATH_WG32;
+				t.path = w16 ? FA_KPATH_WG16
+				             : prec == FA_PREC_3XTF32 ? FA_KPATH_WG32X3 : FA_KPATH_WG32;
 				t.nw = 4 * nwgs[a];
 				t.rt = 1;
 				t.br = 16 * t.nw;
@@ -305,12 +321,31 @@ static void wg_candidates(const struct fa_device_model *dev, const struct fa_pla
 					double nblk = nq * (double)req->B * (double)req->H;
 					double slots = (double)dev->sm_count * t.blocks_per_sm;
 					f_wave = nblk / (ceil(nblk / slots) * slots);
-					f_wave = (0.5 + 0.5 * f_wave) * (0.2 + 0.8 * (double)req->Sq / (nq * t.br));
+					/* rows past Sq cost a warpgroup's whole MMA: the tail weighs more */
+					f_wave = (0.5 + 0.5 * f_wave) * (0.1 + 0.9 * (double)req->Sq / (nq * t.br));
 				}
-				t.score = 2.0 * (nwgs[a] == 2 ? 1.0 : 0.7) * f_bc * f_wave;
+				/* 16-bit: three stages run the overlapped loop (softmax under P V), measured
+				 * no faster than two with wider key steps (PERF-NOTES.md v8) */
+				double f_ovl = w16 && t.stages == 3 ? 0.9 : 1.0;
+				t.score = 2.0 * (nwgs[a] == 2 ? 1.0 : 0.7) * f_bc * f_wave * f_ovl;
 				if (*nall < FA_PLAN_MAX_CANDIDATES)
 					all[(*nall)++] = t;
 			}
+}
+
+/* Where the 16-bit wgmma kernel beat the mma.sync one on the H200 (PERF-NOTES.md v8, same run,
+ * S=4096): no mask, and fp32 staged as bf16 from head dim 128 (349 vs 329 TFLOP/s; the staging
+ * is then as fast as the bf16 kernel), fp16/bf16 above 192 (d256 325 vs 295). Elsewhere it was
+ * slower (d64 273 vs 336; every causal shape) and mma.sync stays. $FA_WGMMA16=1 offers it
+ * everywhere (experiments). */
+static bool wg16_wins(const struct fa_plan_req *req, fa_precision prec)
+{
+	const char *e = getenv("FA_WGMMA16");
+	if (e && strcmp(e, "1") == 0)
+		return true;
+	if (req->mask != FA_MASK_NONE)
+		return false;
+	return req->dtype == FA_DTYPE_FP32 && prec == FA_PREC_BF16 ? req->D >= 128 : req->D > 192;
 }
 
 /* Threads one SM can hold: 1536 on sm_86/sm_89, 1024 on sm_75, 2048 otherwise. */
@@ -394,6 +429,9 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 				}
 	if (req->dtype == FA_DTYPE_FP32 && (prec == FA_PREC_TF32 || prec == FA_PREC_3XTF32) &&
 	    fa_plan_wgmma_enabled(dev))
+		wg_candidates(dev, req, prec, all, &nall, &min_smem, &smallest);
+	else if ((req->dtype != FA_DTYPE_FP32 || prec == FA_PREC_BF16) &&
+	         fa_plan_wgmma16_enabled(dev) && wg16_wins(req, prec))
 		wg_candidates(dev, req, prec, all, &nall, &min_smem, &smallest);
 	if (nall == 0) {
 		char tb[48];

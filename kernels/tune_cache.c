@@ -226,7 +226,7 @@ static bool tile_sane(const struct fa_tile *t, bool may_be_none)
 		return true;
 	if (fa_kpath_is_wg(t->path))
 		return (t->nw == 4 || t->nw == 8) && t->rt == 1 && t->br == 16 * t->nw &&
-		       (t->bc == 16 || t->bc == 32 || t->bc == 64) &&
+		       (t->bc == 16 || t->bc == 32 || t->bc == 64 || t->bc == 128) &&
 		       (t->stages == 2 || t->stages == 3);
 	return (t->path == FA_KPATH_16 || t->path == FA_KPATH_32) &&
 	       (t->nw == 2 || t->nw == 4 || t->nw == 8) && (t->rt == 1 || t->rt == 2) &&
