@@ -333,6 +333,15 @@ static void wg_candidates(const struct fa_device_model *dev, const struct fa_pla
 			}
 }
 
+/* The wgmma kernel runs one block per SM with a heavier start (Q's rounding, the K/V prep): on
+ * the H200 it lost at S = 1024 (tf32 d128 114 vs 125 TFLOP/s, causal 69 vs 107; bf16 d256 155
+ * vs 265) and won from S = 4096 on (PERF-NOTES.md v8). Offered from 2048 keys and 128 query
+ * rows, or when the lengths are unknown (offline plans). */
+static bool wg_long_enough(const struct fa_plan_req *req)
+{
+	return (req->Sk == 0 || req->Sk >= 2048) && (req->Sq == 0 || req->Sq >= 128);
+}
+
 /* Where the 16-bit wgmma kernel beat the mma.sync one on the H200 (PERF-NOTES.md v8, same run,
  * S=4096): no mask, and fp32 staged as bf16 from head dim 128 (349 vs 329 TFLOP/s; the staging
  * is then as fast as the bf16 kernel), fp16/bf16 above 192 (d256 325 vs 295). Elsewhere it was
@@ -428,10 +437,10 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 						all[nall++] = t;
 				}
 	if (req->dtype == FA_DTYPE_FP32 && (prec == FA_PREC_TF32 || prec == FA_PREC_3XTF32) &&
-	    fa_plan_wgmma_enabled(dev))
+	    fa_plan_wgmma_enabled(dev) && wg_long_enough(req))
 		wg_candidates(dev, req, prec, all, &nall, &min_smem, &smallest);
 	else if ((req->dtype != FA_DTYPE_FP32 || prec == FA_PREC_BF16) &&
-	         fa_plan_wgmma16_enabled(dev) && wg16_wins(req, prec))
+	         fa_plan_wgmma16_enabled(dev) && wg_long_enough(req) && wg16_wins(req, prec))
 		wg_candidates(dev, req, prec, all, &nall, &min_smem, &smallest);
 	if (nall == 0) {
 		char tb[48];
