@@ -14,7 +14,10 @@
  *   FA_D       head dim, a multiple of 8 in [8, 256] (16-bit: padded with zeros to 16)
  *   FA_NWG     consumer warpgroups per block; each owns 64 query rows (BR = 64 * NWG)
  *   FA_BC      keys per step: 16, 32, 64 or 128 (the N of the S = Q K^T wgmma)
- *   FA_STAGES  K/V pipeline depth (2 or 3)
+ *   FA_STAGES  K/V pipeline depth (2 or 3; 16-bit with 3 runs FA3's intra-warpgroup overlap:
+ *              the softmax of tile j+1 while P_j V_j is on the tensor cores)
+ *   experiments: FA_X3_TERMS (which 3xtf32 correction products run), PV_W (3xtf32 columns of
+ *              one P V partial sum), OVL (0: the plain loop at 3 stages)
  *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_fwd.cu)
  *
  * Why a second kernel: mma.sync caps tf32 at 321 TFLOP/s on the H200, 3xtf32 at 107 and bf16 at

@@ -582,22 +582,6 @@ static int victim(int w)
 
 /* ---- handles of other processes, stale handles ----------------------------------------------- */
 
-/* REGISTER a CUDA IPC handle on a raw session; the reply's status (rep filled). */
-static int raw_register_ipc(int s, uint64_t sid, uint64_t seq, const unsigned char *handle,
-                            const unsigned char *uuid, uint64_t size, struct fa_proto_rep *rep)
-{
-	struct fa_proto_req req;
-	memset(&req, 0, sizeof req);
-	req.op = FA_OP_REGISTER;
-	req.session = sid;
-	req.seq = seq;
-	req.u.reg.kind = FA_REGION_CUDA_IPC;
-	req.u.reg.size = size;
-	memcpy(req.u.reg.ipc_handle, handle, sizeof req.u.reg.ipc_handle);
-	memcpy(req.u.reg.gpu_uuid, uuid, sizeof req.u.reg.gpu_uuid);
-	return fa_raw_call(s, &req, rep);
-}
-
 /* UNREGISTER on a raw session; the reply's status. */
 static int raw_unregister(int s, uint64_t sid, uint64_t seq, uint64_t region,
                           struct fa_proto_rep *rep)
@@ -628,7 +612,7 @@ static int raw_try_register(const unsigned char *handle, const unsigned char *uu
 		nn_close(s);
 		return FA_RAW_NO_REPLY;
 	}
-	int st = raw_register_ipc(s, sid, 2, handle, uuid, size, &rep);
+	int st = fa_raw_register_ipc(s, sid, 2, handle, uuid, size, NULL, &rep);
 	snprintf(why, whycap, "%s", rep.detail);
 	if (st == FA_OK)
 		raw_unregister(s, sid, 3, rep.u.reg.region, &rep);
@@ -1284,7 +1268,7 @@ static void test_gpu_handle_of_another_process_live_registers_dead_gets_einval(v
 		int s = fa_raw_open(g_daemon.url, fa_test_ms(20000));
 		uint64_t sid = s >= 0 ? fa_raw_hello(s, 1, &rep) : 0;
 		if (sid != 0) {
-			st = raw_register_ipc(s, sid, 2, g_sh->handle, g_sh->uuid, g_sh->alloc_size,
+			st = fa_raw_register_ipc(s, sid, 2, g_sh->handle, g_sh->uuid, g_sh->alloc_size, NULL,
 			                      &rep);
 			fprintf(stderr, "  another process's live handle: %s (%d)%s%s\n",
 			        fa_status_name((fa_status)st), st, rep.detail[0] ? ": " : "",
