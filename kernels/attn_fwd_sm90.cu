@@ -402,14 +402,16 @@ __device__ __forceinline__ void wg16_rs_n128(float *d, u32 a0, u32 a1, u32 a2, u
 }
 #endif
 
-/* The wrappers of the kernel's type: WG_SS(N) / WG_RS(N). */
+/* The wrappers of the kernel's type: WG_SS(N) / WG_RS(N), N a literal or a macro of one. */
 #if W16
-#define WG_SS(n) wg16_ss_n##n
-#define WG_RS(n) wg16_rs_n##n
+#define WG_PFX wg16
 #else
-#define WG_SS(n) wg_ss_n##n
-#define WG_RS(n) wg_rs_n##n
+#define WG_PFX wg
 #endif
+#define WG_NAME_(pfx, form, n) pfx##_##form##_n##n
+#define WG_NAME(pfx, form, n) WG_NAME_(pfx, form, n)
+#define WG_SS(n) WG_NAME(WG_PFX, ss, n)
+#define WG_RS(n) WG_NAME(WG_PFX, rs, n)
 
 /* O += A V over the head dim: the N of one wgmma is at most 128, so D is split into slices of
  * 128, 64, 32, 16 and 8 columns (D0: the first column of the rest). */
@@ -436,27 +438,11 @@ __device__ __forceinline__ void pv_rs(float *acc, u32 a0, u32 a1, u32 a2, u32 a3
 /* S += Q K^T for one k step (N = FA_BC keys). */
 __device__ __forceinline__ void s_ss(float *s, u64 dq, u64 dk)
 {
-#if FA_BC == 128
-	WG_SS(128)(s, dq, dk);
-#elif FA_BC == 64
-	WG_SS(64)(s, dq, dk);
-#elif FA_BC == 32
-	WG_SS(32)(s, dq, dk);
-#else
-	WG_SS(16)(s, dq, dk);
-#endif
+	WG_SS(FA_BC)(s, dq, dk);
 }
 __device__ __forceinline__ void s_rs(float *s, const u32 *a, u64 dk)
 {
-#if FA_BC == 128
-	WG_RS(128)(s, a[0], a[1], a[2], a[3], dk);
-#elif FA_BC == 64
-	WG_RS(64)(s, a[0], a[1], a[2], a[3], dk);
-#elif FA_BC == 32
-	WG_RS(32)(s, a[0], a[1], a[2], a[3], dk);
-#else
-	WG_RS(16)(s, a[0], a[1], a[2], a[3], dk);
-#endif
+	WG_RS(FA_BC)(s, a[0], a[1], a[2], a[3], dk);
 }
 
 /* Load 8 elements of type FA_QIN at p (16-byte aligned for 16-bit, 32 for fp32... 16 each half)
