@@ -218,48 +218,42 @@ void fa_nvrtc_options(const struct fa_kernel_spec *s, struct fa_nvrtc_opts *o)
 	int k = 0;
 	int in = s->in == FA_DTYPE_FP16 ? 1 : s->in == FA_DTYPE_BF16 ? 2 : 3;
 	int out = s->out == FA_DTYPE_FP16 ? 1 : s->out == FA_DTYPE_BF16 ? 2 : 3;
+	int qin = s->qin == FA_DTYPE_FP16 ? 1 : s->qin == FA_DTYPE_BF16 ? 2
+	        : s->qin == FA_DTYPE_FP32 ? 3 : in;
 	int prec = s->precision == FA_PREC_IEEE ? 1 : s->precision == FA_PREC_TF32 ? 3 : 2;
+	/* attn_fwd_sm90.cu (wg): the "a" target for wgmma, warpgroups instead of warps and row
+	 * tiles; its 16-bit kernel (w16) takes the element types, its fp32 one the precision */
+	bool wg = fa_kpath_is_wg(s->tile.path), w16 = s->tile.path == FA_KPATH_WG16;
 
 	memset(o, 0, sizeof *o);
-	if (fa_kpath_is_wg(s->tile.path)) { /* attn_fwd_sm90.cu: wgmma needs the "a" target */
-		snprintf(o->v[k++], sizeof o->v[0], "-arch=sm_%da", s->sm);
-		snprintf(o->v[k++], sizeof o->v[0], "-std=c++17");
-		snprintf(o->v[k++], sizeof o->v[0], "--ptxas-options=-v");
-		if (s->tile.path == FA_KPATH_WG16) {
-			int qin = s->qin == FA_DTYPE_FP32 ? 3 : in;
-			snprintf(o->v[k++], sizeof o->v[0], "-DFA_IN=%d", in);
-			snprintf(o->v[k++], sizeof o->v[0], "-DFA_QIN=%d", qin);
-			snprintf(o->v[k++], sizeof o->v[0], "-DFA_OUT=%d", out);
-		} else {
-			snprintf(o->v[k++], sizeof o->v[0], "-DFA_PREC=%d", prec);
-		}
-		snprintf(o->v[k++], sizeof o->v[0], "-DFA_D=%d", s->D);
-		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NWG=%d", s->tile.nw / 4);
-		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BC=%d", s->tile.bc);
-		snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
-		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
-		goto extra;
-	}
-	snprintf(o->v[k++], sizeof o->v[0], "-arch=sm_%d", s->sm);
+	snprintf(o->v[k++], sizeof o->v[0], wg ? "-arch=sm_%da" : "-arch=sm_%d", s->sm);
 	snprintf(o->v[k++], sizeof o->v[0], "-std=c++17");
 	snprintf(o->v[k++], sizeof o->v[0], "--ptxas-options=-v");
-	snprintf(o->v[k++], sizeof o->v[0], "-DFA_IN=%d", in);
-	snprintf(o->v[k++], sizeof o->v[0], "-DFA_OUT=%d", out);
-	snprintf(o->v[k++], sizeof o->v[0], "-DFA_PREC=%d", prec);
+	if (!wg || w16)
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_IN=%d", in);
+	if (w16)
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_QIN=%d", qin);
+	if (!wg || w16)
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_OUT=%d", out);
+	if (!w16)
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_PREC=%d", prec);
 	snprintf(o->v[k++], sizeof o->v[0], "-DFA_D=%d", s->D);
-	snprintf(o->v[k++], sizeof o->v[0], "-DFA_NW=%d", s->tile.nw);
-	snprintf(o->v[k++], sizeof o->v[0], "-DFA_RT=%d", s->tile.rt);
+	if (wg) {
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NWG=%d", s->tile.nw / 4);
+	} else {
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NW=%d", s->tile.nw);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_RT=%d", s->tile.rt);
+	}
 	snprintf(o->v[k++], sizeof o->v[0], "-DFA_BC=%d", s->tile.bc);
 	snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
 	snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
-	/* only where Q's type differs, so that the other option lists (and cache keys) stay */
-	if (s->qin && s->qin != s->in)
-		snprintf(o->v[k++], sizeof o->v[0], "-DFA_QIN=%d",
-		         s->qin == FA_DTYPE_FP16 ? 1 : s->qin == FA_DTYPE_BF16 ? 2 : 3);
+	/* attn_fwd.cu: only where Q's type differs, so that the other option lists (and cache
+	 * keys) stay */
+	if (!wg && qin != in)
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_QIN=%d", qin);
 	/* Experiments only (tools/gpu-run.sh variants, kernels/PERF-NOTES.md): extra -D options
 	 * from FA_NVRTC_EXTRA ("-DX=1 -DY=2"), at most 4, each cut to 47 bytes. They are part of
 	 * the option list, hence of the disk cache's key. */
-extra:;
 	const char *extra = getenv("FA_NVRTC_EXTRA");
 	int ne = 0;
 	if (extra) {
