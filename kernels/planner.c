@@ -215,6 +215,45 @@ int fa_tile_regs(const struct fa_tile *t, int D, fa_precision p)
 	return r > 255 ? 255 : r;
 }
 
+/* Threads one SM can hold: 1536 on sm_86/sm_89, 1024 on sm_75, 2048 otherwise. */
+static int max_threads_per_sm(int sm)
+{
+	if (sm == 86 || sm == 89)
+		return 1536;
+	if (sm == 75)
+		return 1024;
+	return 2048;
+}
+
+/* How well t's blocks fill the device: *f_wave the share of the slots (SMs x blocks per SM) busy
+ * over the waves they take, *f_tail the share of real rows in the query tiles. False (both
+ * left alone) when the shape is not known (offline planning). */
+static bool tile_fill(const struct fa_device_model *dev, const struct fa_plan_req *r,
+                      const struct fa_tile *t, double *f_wave, double *f_tail)
+{
+	if (!(r->Sq > 0 && r->B > 0 && r->H > 0 && dev->sm_count > 0))
+		return false;
+	double nq = ceil((double)r->Sq / t->br);
+	double nblk = nq * (double)r->B * (double)r->H;
+	double slots = (double)dev->sm_count * t->blocks_per_sm;
+	double waves = ceil(nblk / slots);
+	*f_wave = nblk / (waves * slots);
+	*f_tail = (double)r->Sq / (nq * t->br);
+	return true;
+}
+
+/* Blocks of t one SM holds, by shared memory, registers and threads (at least 1). */
+static int tile_blocks_per_sm(const struct fa_device_model *dev, const struct fa_tile *t)
+{
+	int nt = 32 * t->nw;
+	int by_smem = (int)(dev->smem_per_sm / (t->smem + 1024));
+	int by_regs = dev->regs_per_sm / (((t->regs + 7) / 8 * 8) * nt);
+	int by_thr = max_threads_per_sm(dev->sm) / nt;
+	int bps = by_smem < by_regs ? by_smem : by_regs;
+	bps = bps < by_thr ? bps : by_thr;
+	return bps < 1 ? 1 : bps;
+}
+
 /* The heuristic: tensor-core operand reuse (row tiles per warp), per-step overhead (keys per
  * step), latency hiding (resident warps), register risk, and, when the shape is known, how well
  * the blocks fill the waves of the device and the last query tile. */
@@ -232,16 +271,8 @@ static double tile_score(const struct fa_device_model *dev, const struct fa_plan
 	/* very wide key steps inflate the score registers for long head dims */
 	double f_wide = (t->bc >= 128 && r->D > 64) ? 0.85 : 1.0;
 	double f_wave = 1.0, f_tail = 1.0;
-	if (r->Sq > 0 && r->B > 0 && r->H > 0 && dev->sm_count > 0) {
-		double nq = ceil((double)r->Sq / t->br);
-		double nblk = nq * (double)r->B * (double)r->H;
-		double slots = (double)dev->sm_count * t->blocks_per_sm;
-		double waves = ceil(nblk / slots);
-		f_wave = nblk / (waves * slots);
-		if (f_wave < 0.05)
-			f_wave = 0.05;
-		f_tail = (double)r->Sq / (nq * t->br);
-	}
+	if (tile_fill(dev, r, t, &f_wave, &f_tail) && f_wave < 0.05)
+		f_wave = 0.05;
 	return f_rt * f_bc * f_occ * f_reg * f_st * f_wide * (0.5 + 0.5 * f_wave) * (0.2 + 0.8 * f_tail);
 }
 
@@ -268,9 +299,9 @@ bool fa_plan_wgmma16_enabled(const struct fa_device_model *dev)
 	return fa_plan_wgmma_enabled(dev) && !(e && strcmp(e, "0") == 0);
 }
 
-/* The wgmma candidates (fp32 tf32 / 3xtf32 on sm_90): 1 or 2 warpgroups, 16-64 keys, 2-3
- * stages. They rank above every mma.sync tile (whose scores are below 1): the tensor-core rate
- * is twice mma.sync's (kernels/PERF-NOTES.md v6). Within them: two warpgroups (one block's
+/* The wgmma candidates (sm_90): 1 or 2 warpgroups, 16-64 keys (fp32) or 32-128 (16-bit), 2-3
+ * stages. They rank above every mma.sync tile (whose scores are below 1): where the planner
+ * offers them they measured faster (kernels/PERF-NOTES.md v7, v8). Within them: two warpgroups (one block's
  * softmax overlaps the other's MMAs), wider key steps, the waves. */
 static void wg_candidates(const struct fa_device_model *dev, const struct fa_plan_req *req,
                           fa_precision prec, struct fa_tile *all, int *nall, size_t *min_smem,
@@ -309,25 +340,15 @@ static void wg_candidates(const struct fa_device_model *dev, const struct fa_pla
 				    req->D > FA_ATTN_MAX_HEAD_DIM ||
 				    (t.path == FA_KPATH_WG32X3 && req->D > 128))
 					continue;
-				int by_regs = dev->regs_per_sm / (((t.regs + 7) / 8 * 8) * 32 * t.nw);
-				t.blocks_per_sm = (int)(dev->smem_per_sm / (t.smem + 1024));
-				if (by_regs < t.blocks_per_sm)
-					t.blocks_per_sm = by_regs;
-				if (t.blocks_per_sm < 1)
-					t.blocks_per_sm = 1;
-				double f_bc = (double)t.bc / (t.bc + 20.0), f_wave = 1.0;
-				if (req->Sq > 0 && req->B > 0 && req->H > 0 && dev->sm_count > 0) {
-					double nq = ceil((double)req->Sq / t.br);
-					double nblk = nq * (double)req->B * (double)req->H;
-					double slots = (double)dev->sm_count * t.blocks_per_sm;
-					f_wave = nblk / (ceil(nblk / slots) * slots);
-					/* rows past Sq cost a warpgroup's whole MMA: the tail weighs more */
-					f_wave = (0.5 + 0.5 * f_wave) * (0.1 + 0.9 * (double)req->Sq / (nq * t.br));
-				}
+				t.blocks_per_sm = tile_blocks_per_sm(dev, &t);
+				double f_bc = (double)t.bc / (t.bc + 20.0), f_fill = 1.0, f_wave, f_tail;
+				/* rows past Sq cost a warpgroup's whole MMA: the tail weighs more */
+				if (tile_fill(dev, req, &t, &f_wave, &f_tail))
+					f_fill = (0.5 + 0.5 * f_wave) * (0.1 + 0.9 * f_tail);
 				/* 16-bit: three stages run the overlapped loop (softmax under P V), measured
 				 * no faster than two with wider key steps (PERF-NOTES.md v8) */
 				double f_ovl = w16 && t.stages == 3 ? 0.9 : 1.0;
-				t.score = 2.0 * (nwgs[a] == 2 ? 1.0 : 0.7) * f_bc * f_wave * f_ovl;
+				t.score = 2.0 * (nwgs[a] == 2 ? 1.0 : 0.7) * f_bc * f_fill * f_ovl;
 				if (*nall < FA_PLAN_MAX_CANDIDATES)
 					all[(*nall)++] = t;
 			}
@@ -355,16 +376,6 @@ static bool wg16_wins(const struct fa_plan_req *req, fa_precision prec)
 	if (req->mask != FA_MASK_NONE)
 		return false;
 	return req->dtype == FA_DTYPE_FP32 && prec == FA_PREC_BF16 ? req->D >= 128 : req->D > 192;
-}
-
-/* Threads one SM can hold: 1536 on sm_86/sm_89, 1024 on sm_75, 2048 otherwise. */
-static int max_threads_per_sm(int sm)
-{
-	if (sm == 86 || sm == 89)
-		return 1536;
-	if (sm == 75)
-		return 1024;
-	return 2048;
 }
 
 fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *req,
@@ -425,13 +436,7 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 						continue;
 					if (req->D > FA_ATTN_MAX_HEAD_DIM)
 						continue;
-					int nt = 32 * t.nw;
-					int by_smem = (int)(dev->smem_per_sm / (t.smem + 1024));
-					int by_regs = dev->regs_per_sm / (((t.regs + 7) / 8 * 8) * nt);
-					int by_thr = max_threads_per_sm(dev->sm) / nt;
-					int bps = by_smem < by_regs ? by_smem : by_regs;
-					bps = bps < by_thr ? bps : by_thr;
-					t.blocks_per_sm = bps < 1 ? 1 : bps;
+					t.blocks_per_sm = tile_blocks_per_sm(dev, &t);
 					t.score = tile_score(dev, req, &t);
 					if (nall < FA_PLAN_MAX_CANDIDATES)
 						all[nall++] = t;
