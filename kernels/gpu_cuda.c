@@ -10,6 +10,7 @@
 #include "fa_tune.h"
 
 #include <dlfcn.h>
+#include <stddef.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -36,28 +37,39 @@ enum {
 	POOL_ATTR_RELEASE_THRESHOLD = 4,
 };
 
+/* Runs of fields both kernels' parameter blocks carry, in this order (ints and a float: no
+ * padding, so embedding them leaves the blocks' layouts as the kernels declare them). */
+struct fa_kdims {
+	int B, Sq, Sk, Hq, Hkv, group; /* group = Hq / Hkv */
+};
+struct fa_kscale {
+	float scale_log2; /* |scale| * log2(e) */
+	int neg_scale;    /* scale < 0: the kernel negates Q (exactly) */
+};
+
 /* The kernel's parameter block: the same fields, order and types as struct fa_kparams in
  * attn_fwd.cu. */
 struct fa_kparams {
 	uint64_t q, k, v, o, lse;
 	long long qs[3], ks[3], vs[3], os[3], ls[3];
-	int B, Sq, Sk, Hq, Hkv, group;
-	float scale_log2; /* |scale| * log2(e) */
-	int neg_scale;    /* scale < 0: the kernel negates Q (exactly) in shared memory */
+	struct fa_kdims dims;
+	struct fa_kscale sc;
 };
-_Static_assert(sizeof(struct fa_kparams) == 192, "kernel parameter block layout");
+_Static_assert(sizeof(struct fa_kparams) == 192 && offsetof(struct fa_kparams, dims) == 160 &&
+               offsetof(struct fa_kparams, sc) == 184, "kernel parameter block layout");
 
 /* attn_fwd_sm90.cu's fa_wgparams and fa_wgprep (same order, same types). */
 struct fa_wgparams {
 	uint64_t q, o, lse;
 	uint64_t kh, kl, vh, vl;
 	long long qs[3], os[3], ls[3];
-	int B, Sq, Sk, Hq, Hkv, group, skp;
-	float scale_log2;
-	int neg_scale;
+	struct fa_kdims dims;
+	int skp;
+	struct fa_kscale sc;
 };
-_Static_assert(sizeof(struct fa_wgparams) == 164 || sizeof(struct fa_wgparams) == 168,
-               "wgmma kernel parameter block layout");
+_Static_assert(offsetof(struct fa_wgparams, dims) == 128 &&
+               offsetof(struct fa_wgparams, skp) == 152 && offsetof(struct fa_wgparams, sc) == 156 &&
+               sizeof(struct fa_wgparams) == 168, "wgmma kernel parameter block layout");
 struct fa_wgprep {
 	uint64_t k, v;
 	uint64_t kh, kl, vh, vl;
@@ -536,6 +548,17 @@ static fa_status check_align(const char *name, CUdeviceptr p, const int64_t *str
  * 16-bit elements, head dim padded to 16. fp32: rounds to tf32.
  * Scratch: 2 (tf32) or 4 (3xtf32) images of B * Hkv * skp * D floats, skp = Sk rounded up to
  * the tile's keys per step. */
+static struct fa_kdims kdims_of(const struct fa_attn_fwd_desc *d)
+{
+	return (struct fa_kdims){(int)d->B, (int)d->Sq, (int)d->Sk, (int)d->Hq, (int)d->Hkv,
+	                         (int)(d->Hq / d->Hkv)};
+}
+
+static struct fa_kscale kscale_of(const struct fa_attn_fwd_desc *d)
+{
+	return (struct fa_kscale){(float)(fabs(d->scale) * 1.4426950408889634), d->scale < 0};
+}
+
 static fa_status launch_wg(struct fa_gpu *g, const struct kcache_entry *ke,
                            const struct fa_kernel_spec *spec, const struct fa_attn_fwd_desc *d,
                            CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
@@ -589,15 +612,9 @@ static fa_status launch_wg(struct fa_gpu *g, const struct kcache_entry *ke,
 			p.os[i] = d->o_stride[i];
 			p.ls[i] = d->lse_stride[i];
 		}
-		p.B = (int)d->B;
-		p.Sq = (int)d->Sq;
-		p.Sk = (int)d->Sk;
-		p.Hq = (int)d->Hq;
-		p.Hkv = (int)d->Hkv;
-		p.group = (int)(d->Hq / d->Hkv);
+		p.dims = kdims_of(d);
 		p.skp = (int)skp;
-		p.scale_log2 = (float)(fabs(d->scale) * 1.4426950408889634);
-		p.neg_scale = d->scale < 0;
+		p.sc = kscale_of(d);
 		unsigned gx = (unsigned)((d->Sq + spec->tile.br - 1) / spec->tile.br);
 		void *args[] = {&p};
 		r = g->cu.LaunchKernel(ke->fwd, gx, (unsigned)d->Hq, (unsigned)d->B,
@@ -732,14 +749,8 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 		p.os[i] = d->o_stride[i];
 		p.ls[i] = d->lse_stride[i];
 	}
-	p.B = (int)d->B;
-	p.Sq = (int)d->Sq;
-	p.Sk = (int)d->Sk;
-	p.Hq = (int)d->Hq;
-	p.Hkv = (int)d->Hkv;
-	p.group = (int)(d->Hq / d->Hkv);
-	p.scale_log2 = (float)(fabs(d->scale) * 1.4426950408889634);
-	p.neg_scale = d->scale < 0;
+	p.dims = kdims_of(d);
+	p.sc = kscale_of(d);
 
 	/* fp32 staged as bf16 (kernels/PERF-NOTES.md, "v6: bf16 staging"): K and V converted into
 	 * bf16 scratch (stream-ordered; one flat pass keeping their strides where they fill their
