@@ -2,6 +2,7 @@
 # ASan+UBSan; PREFIX/DESTDIR for install. `make help` lists the targets.
 #
 # Parts (each folder's README says more):
+#   common/   -> $(BUILD)/libfacommon.a    types, statuses, request checks, CUDA driver shim (all parts)
 #   proto/    -> $(BUILD)/libfaproto.a     wire contract (msgpack-c)
 #   kernels/  -> $(BUILD)/libfakernels.a   CPU reference, planner, GPU launcher (CUDA loaded at run time)
 #   client/   -> libfaclient.so.$(MAJOR), libfaclient.a, libfaclient.pc, fa-ctl (nanomsg)
@@ -52,7 +53,7 @@ CUDA_CFLAGS := $(if $(wildcard $(CUDA_HOME)/include/cuda.h),-I$(CUDA_HOME)/inclu
 
 # ---- flags ---------------------------------------------------------------------------------------
 WARN := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wno-missing-field-initializers
-BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -fPIC $(WARN) -Iclient/include -Iproto -Ikernels \
+BASE_CFLAGS := -std=c11 -D_GNU_SOURCE -O2 -g -fPIC $(WARN) -Iclient/include -Icommon -Iproto -Ikernels \
                -I$(BUILD)/gen -DFA_CUDA_HOME='"$(CUDA_HOME)"'
 ifeq ($(SAN),1)
 BASE_CFLAGS += -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -66,6 +67,7 @@ ALL_LDFLAGS = $(SAN_LDFLAGS) $(LDFLAGS)
 SYS_LIBS := -lpthread -ldl -lm -lrt
 
 # ---- sources -------------------------------------------------------------------------------------
+COMMON_SRC  := $(wildcard common/*.c)
 PROTO_SRC   := $(wildcard proto/*.c)
 KERNELS_SRC := $(wildcard kernels/*.c)
 KERNELS_CU  := $(wildcard kernels/*.cu)
@@ -76,6 +78,7 @@ DAEMON_MAIN := daemon/main.c
 HELPER_SRC  := $(wildcard tests/helpers/*.c)
 
 obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
+COMMON_OBJ  := $(call obj,$(COMMON_SRC))
 PROTO_OBJ   := $(call obj,$(PROTO_SRC))
 # The CUDA sources are embedded as C strings for NVRTC (kernels/*.cu -> $(BUILD)/gen/*_cu.c).
 KERNELS_GEN := $(patsubst kernels/%.cu,$(BUILD)/gen/%_cu.c,$(KERNELS_CU))
@@ -87,6 +90,7 @@ DAEMON_OBJ  := $(call obj,$(DAEMON_SRC))
 DAEMON_LIBOBJ := $(filter-out $(call obj,$(DAEMON_MAIN)),$(DAEMON_OBJ))
 HELPER_OBJ  := $(call obj,$(HELPER_SRC))
 
+LIBCOMMON  := $(BUILD)/libfacommon.a
 LIBPROTO   := $(BUILD)/libfaproto.a
 LIBKERNELS := $(BUILD)/libfakernels.a
 LIBCLIENT_A  := $(BUILD)/libfaclient.a
@@ -140,6 +144,11 @@ check-deps:
 	$(Q)sh tools/deps.sh check
 
 # ---- compile rules -------------------------------------------------------------------------------
+# common/ objects go into every program and into libfaclient.so (hidden, like proto/'s).
+$(BUILD)/common/%.o: common/%.c
+	$(call msg,CC,$<)
+	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) -fvisibility=hidden $(CUDA_CFLAGS) -MMD -MP -c $< -o $@
+
 # proto/ objects go into libfaclient.so too: hidden, so the .so exports only FA_API declarations.
 $(BUILD)/proto/%.o: proto/%.c
 	$(call msg,CC,$<)
@@ -170,6 +179,10 @@ $(BUILD)/tests/%.o: tests/%.c
 	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) $(CMOCKA_CFLAGS) $(NN_CFLAGS) $(UV_CFLAGS) $(CUDA_CFLAGS) -Idaemon -Itests/helpers -MMD -MP -c $< -o $@
 
 # ---- libraries and programs ---------------------------------------------------------------------
+$(LIBCOMMON): $(COMMON_OBJ)
+	$(call msg,AR,$@)
+	$(Q)mkdir -p $(@D) && rm -f $@ && ar rcs $@ $^
+
 $(LIBPROTO): $(PROTO_OBJ)
 	$(call msg,AR,$@)
 	$(Q)rm -f $@ && ar rcs $@ $^
@@ -178,11 +191,11 @@ $(LIBKERNELS): $(KERNELS_OBJ)
 	$(call msg,AR,$@)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(LIBCLIENT_A): $(CLIENT_OBJ) $(PROTO_OBJ)
+$(LIBCLIENT_A): $(CLIENT_OBJ) $(PROTO_OBJ) $(COMMON_OBJ)
 	$(call msg,AR,$@)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(LIBCLIENT_SO): $(CLIENT_OBJ) $(PROTO_OBJ)
+$(LIBCLIENT_SO): $(CLIENT_OBJ) $(PROTO_OBJ) $(COMMON_OBJ)
 	$(call msg,LD,$@)
 	$(Q)$(CC) -shared -Wl,-soname,$(LIBCLIENT_SONAME) -Wl,--no-undefined $(ALL_LDFLAGS) -o $@ $^ \
 		$(NN_LIBS) $(MSGPACK_LIBS) $(SYS_LIBS)
@@ -193,40 +206,40 @@ $(CLIENT_PC): client/libfaclient.pc.in $(HDR)
 	$(call msg,GEN,$@)
 	$(Q)mkdir -p $(@D) && sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
 
-$(DAEMON_BIN): $(DAEMON_OBJ) $(LIBKERNELS) $(LIBPROTO)
+$(DAEMON_BIN): $(DAEMON_OBJ) $(LIBKERNELS) $(LIBPROTO) $(LIBCOMMON)
 	$(call msg,LD,$@)
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBKERNELS) $(LIBPROTO) $(UV_LIBS) \
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $(DAEMON_OBJ) $(LIBKERNELS) $(LIBPROTO) $(LIBCOMMON) $(UV_LIBS) \
 		$(MSGPACK_LIBS) $(SYSTEMD_LIBS) $(SYS_LIBS)
 
-$(CTL_BIN): $(CTL_OBJ) $(LIBCLIENT_A) $(LIBKERNELS)
+$(CTL_BIN): $(CTL_OBJ) $(LIBCLIENT_A) $(LIBKERNELS) $(LIBCOMMON)
 	$(call msg,LD,$@)
-	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $(CTL_OBJ) $(LIBCLIENT_A) $(LIBKERNELS) $(NN_LIBS) $(MSGPACK_LIBS) $(SYS_LIBS)
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $(CTL_OBJ) $(LIBCLIENT_A) $(LIBKERNELS) $(LIBCOMMON) $(NN_LIBS) $(MSGPACK_LIBS) $(SYS_LIBS)
 
 # tests/unit: pure code (proto, kernels' C parts)
-$(UNIT_BIN): %: %.o $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO)
+$(UNIT_BIN): %: %.o $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO) $(LIBCOMMON)
 	$(call msg,LD,$@)
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(MSGPACK_LIBS) $(SYS_LIBS)
 
 # tests/daemon: the daemon's own parts without main(), spoken to by nanomsg REQ clients
-$(DTEST_BIN): %: %.o $(DAEMON_LIBOBJ) $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO)
+$(DTEST_BIN): %: %.o $(DAEMON_LIBOBJ) $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO) $(LIBCOMMON)
 	$(call msg,LD,$@)
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(UV_LIBS) $(NN_LIBS) $(MSGPACK_LIBS) $(SYSTEMD_LIBS) $(SYS_LIBS)
 
 # tests/integ, bench, demo: real client processes (nanomsg side) against the real fa-daemon binary
-$(INTEG_BIN): %: %.o $(HELPER_OBJ) $(LIBCLIENT_A) $(LIBKERNELS) | $(DAEMON_BIN) $(CTL_BIN)
+$(INTEG_BIN): %: %.o $(HELPER_OBJ) $(LIBCLIENT_A) $(LIBKERNELS) $(LIBCOMMON) | $(DAEMON_BIN) $(CTL_BIN)
 	$(call msg,LD,$@)
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(NN_LIBS) $(MSGPACK_LIBS) $(SYS_LIBS)
 
-$(BENCH_BIN): %: %.o $(HELPER_OBJ) $(LIBCLIENT_A) $(LIBKERNELS) | $(DAEMON_BIN)
+$(BENCH_BIN): %: %.o $(HELPER_OBJ) $(LIBCLIENT_A) $(LIBKERNELS) $(LIBCOMMON) | $(DAEMON_BIN)
 	$(call msg,LD,$@)
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(NN_LIBS) $(MSGPACK_LIBS) $(SYS_LIBS)
 
-$(DEMO_BIN): %: %.o $(HELPER_OBJ) $(LIBCLIENT_A) $(LIBKERNELS) | $(DAEMON_BIN)
+$(DEMO_BIN): %: %.o $(HELPER_OBJ) $(LIBCLIENT_A) $(LIBKERNELS) $(LIBCOMMON) | $(DAEMON_BIN)
 	$(call msg,LD,$@)
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(NN_LIBS) $(MSGPACK_LIBS) $(SYS_LIBS)
 
 # tests/gpu: kernels and their launcher in-process (CUDA loaded at run time; skipped without a GPU)
-$(GPU_BIN): %: %.o $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO)
+$(GPU_BIN): %: %.o $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO) $(LIBCOMMON)
 	$(call msg,LD,$@)
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(MSGPACK_LIBS) $(SYS_LIBS)
 
@@ -274,10 +287,11 @@ fuzz:
 fuzz-run: $(FUZZ_BIN)
 	$(Q)for f in $(FUZZ_BIN); do sh tests/fuzz/run-fuzz.sh $$f $(FUZZ_SECONDS) || exit 1; done
 
-$(FUZZ_BIN): $(BUILD)/tests/fuzz/%: tests/fuzz/%.c $(PROTO_SRC) $(wildcard proto/*.h)
+$(FUZZ_BIN): $(BUILD)/tests/fuzz/%: tests/fuzz/%.c $(PROTO_SRC) $(COMMON_SRC) $(wildcard proto/*.h common/*.h)
 	$(call msg,FUZZ,$@)
 	$(Q)mkdir -p $(@D) && $(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
-		-Iclient/include -Iproto $(MSGPACK_CFLAGS) -o $@ $< $(PROTO_SRC) $(MSGPACK_LIBS)
+		-Iclient/include -Icommon -Iproto $(MSGPACK_CFLAGS) $(CUDA_CFLAGS) -o $@ $< $(PROTO_SRC) $(COMMON_SRC) \
+		$(MSGPACK_LIBS) $(SYS_LIBS)
 
 # ---- install -------------------------------------------------------------------------------------
 install: $(DAEMON_BIN) $(CTL_BIN) $(LIBCLIENT_SO) $(LIBCLIENT_A) $(CLIENT_PC)
