@@ -118,8 +118,8 @@ BENCH_BIN := $(call prog,$(BENCH_SRC))
 DEMO_BIN  := $(call prog,$(DEMO_SRC))
 TEST_BINS := $(UNIT_BIN) $(DTEST_BIN) $(INTEG_BIN) $(GPU_BIN)
 
-.PHONY: all deps check-deps test test-quick test-san test-gpu test-gpu-full bench demo fuzz fuzz-run \
-        install install-systemd uninstall clean help
+.PHONY: all deps check-deps check-cycles test test-quick test-san test-gpu test-gpu-full bench demo \
+        fuzz fuzz-run install install-systemd uninstall clean help
 .DEFAULT_GOAL := all
 
 all: $(DAEMON_BIN) $(CTL_BIN) $(LIBCLIENT_SO) $(LIBCLIENT_A) $(CLIENT_PC) $(TEST_BINS) $(BENCH_BIN) $(DEMO_BIN)
@@ -130,6 +130,7 @@ help:
 	@echo "make demo           daemon + 4 client processes doing attention, checked, with a table"
 	@echo "make test           every test (unit, daemon, integration, GPU or skipped, sanitizers, fuzz)"
 	@echo "make test-quick     the tests without the sanitizer rebuild and fuzzing"
+	@echo "make check-cycles   fail on a call cycle between source files (test-quick runs it)"
 	@echo "make test-gpu-full  the full GPU grid (on a GPU host)"
 	@echo "make bench          the benchmarks (latency; kernel TFLOP/s on a GPU host)"
 	@echo "make fuzz           the decoder fuzzer for FUZZ_SECONDS (default 60) with clang"
@@ -249,12 +250,17 @@ $(GPU_BIN): %: %.o $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO) $(LIBCOMMON)
 # a Makefile is parsed, so they must be read after a fresh machine installed the libraries.
 test-quick: check-deps
 	$(Q)$(MAKE) --no-print-directory all
+	$(Q)sh tools/cycles.sh $(BUILD)
 	$(Q)sh tests/run.sh $(BUILD) $(TEST_BINS)
 	$(Q)sh tests/install-check.sh $(BUILD)
 
 test: test-quick
 	$(Q)$(MAKE) --no-print-directory SAN=1 BUILD=$(BUILD)-san test-san
 	$(Q)$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(or $(FUZZ_SECONDS),60)
+
+# No two source files may call each other in a loop (daemon/README.md, "Who calls whom").
+check-cycles: all
+	$(Q)sh tools/cycles.sh $(BUILD)
 
 test-san: all
 	$(Q)sh tests/run.sh $(BUILD) $(TEST_BINS)

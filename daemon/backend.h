@@ -19,6 +19,7 @@
 #include "config.h"
 #include "fa_attn.h"
 #include "fa_proto.h"
+#include "fault.h"
 
 #define BACKEND_MAX_RANGES 5
 
@@ -138,12 +139,7 @@ struct backend {
 	bool device_memory;   /* serves FA_REGION_CUDA_IPC regions */
 	bool async_events;    /* serves the asynchronous mode (CUDA IPC events) */
 	atomic_uint running;  /* jobs started and not finished (set by the backend's threads) */
-	/* Faults (fault.c owns these; backends call fault_mark and fault_check): */
-	atomic_int fault_state;              /* 0 healthy, 1 being marked, 2 lost (why is set) */
-	char fault_why[FA_PROTO_DETAIL_MAX];
-	bool fault_reported;                 /* loop: on_fault was called */
-	void (*on_fault)(struct backend *b, const char *why, void *arg); /* set by the server */
-	void *on_fault_arg;
+	struct fault fault;   /* fault.c's: backends use fault_mark/fault_marked/fault_check */
 	uint64_t fault_inject_after;         /* test-only: the Nth job submitted faults; 0 never */
 	uint64_t fwd_submitted;              /* loop: jobs taken by submit */
 };

@@ -220,7 +220,7 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 {
 	struct server *srv = c->srv;
 	struct stats_info in = {
-		.version = server_version(),
+		.version = util_version(),
 		.epoch = srv->epoch,
 		.pid = (long)getpid(),
 		.uptime_s = (util_now_ns() - srv->start_ns) / 1000000000u,
@@ -579,7 +579,6 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 		s->inflight--;
 		srv->inflight--;
 		dispatch_request_free(r);
-		server_check_drained(srv);
 		return;
 	}
 	dispatch_rep_reset(rep, FA_OP_ATTN_FWD, r->seq);
@@ -613,5 +612,4 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 		    job->desc.D, fa_dtype_name(job->desc.dtype), (double)job->compute_ns / 1000.0);
 	dispatch_send(srv, s, r->dd, &r->hdr, rep);
 	dispatch_request_free(r);
-	server_check_drained(srv);
 }

@@ -1,15 +1,12 @@
-/* fault.c - a lost engine, from the mark (any thread) to the daemon's exit 70; see fault.h. */
+/* fault.c - a lost engine's mark, from any thread to the server's handler; see fault.h. */
 #include "fault.h"
 
 #include <errno.h>
-#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
+#include "backend.h"
 #include "log.h"
-#include "notify.h"
-#include "server.h"
 
 enum { FAULT_NONE = 0, FAULT_MARKING = 1, FAULT_MARKED = 2 };
 
@@ -17,74 +14,47 @@ enum { FAULT_NONE = 0, FAULT_MARKING = 1, FAULT_MARKED = 2 };
  * whole. */
 bool fault_mark(struct backend *b, const char *why)
 {
+	struct fault *f = &b->fault;
 	int expected = FAULT_NONE;
 
-	if (!atomic_compare_exchange_strong(&b->fault_state, &expected, FAULT_MARKING))
+	if (!atomic_compare_exchange_strong(&f->state, &expected, FAULT_MARKING))
 		return false;
-	snprintf(b->fault_why, sizeof b->fault_why, "%s", why != NULL ? why : "device fault");
-	atomic_store(&b->fault_state, FAULT_MARKED);
+	snprintf(f->why, sizeof f->why, "%s", why != NULL ? why : "device fault");
+	atomic_store(&f->state, FAULT_MARKED);
 	return true;
 }
 
 /* See fault.h. */
 bool fault_marked(const struct backend *b)
 {
-	return atomic_load(&((struct backend *)b)->fault_state) != FAULT_NONE;
+	return atomic_load(&((struct backend *)b)->fault.state) != FAULT_NONE;
 }
 
 /* See fault.h. */
 const char *fault_why(const struct backend *b)
 {
-	if (atomic_load(&((struct backend *)b)->fault_state) != FAULT_MARKED)
+	if (atomic_load(&((struct backend *)b)->fault.state) != FAULT_MARKED)
 		return "";
-	return b->fault_why;
+	return b->fault.why;
 }
 
 /* See fault.h. A mark still being written is reported by the async its writer sends after. */
 void fault_check(struct backend *b)
 {
-	if (b->fault_reported || atomic_load(&b->fault_state) != FAULT_MARKED)
+	struct fault *f = &b->fault;
+
+	if (f->reported || atomic_load(&f->state) != FAULT_MARKED)
 		return;
-	b->fault_reported = true;
-	if (b->on_fault != NULL)
-		b->on_fault(b, b->fault_why, b->on_fault_arg);
+	f->reported = true;
+	if (f->handler != NULL)
+		f->handler(b, f->why, f->handler_arg);
 }
 
-/* See fault.h. Queued jobs are failed here; running ones are failed as they finish
- * (server.c's done hook, once srv->faulted is set); server_stop does the rest. */
-void fault_fatal(struct server *srv, const char *why)
+/* See fault.h. */
+void fault_set_handler(struct backend *b, fault_handler_fn handler, void *arg)
 {
-	char status[FA_PROTO_DETAIL_MAX + 64];
-
-	if (srv->faulted)
-		return;
-	srv->faulted = true;
-	snprintf(srv->fault_why, sizeof srv->fault_why, "%s", why);
-	srv->exit_code = FAULT_EXIT_CODE; /* also when a graceful stop was already under way */
-	if (srv->backend != NULL)
-		fault_mark(srv->backend, why); /* the injected fault was marked by nobody yet */
-	log_err("server: the device is lost: %s; answering every pending request FA_EDEVICE and "
-	        "exiting with status %d for a restart with a clean context (new epoch)",
-	        why, FAULT_EXIT_CODE);
-	if (srv->backend != NULL) {
-		char detail[FA_PROTO_DETAIL_MAX];
-		snprintf(detail, sizeof detail,
-		         "device fault (%.140s) before this request ran; the daemon restarts: "
-		         "reconnect and retry",
-		         why);
-		unsigned n = backend_fail_queued(srv->backend, detail);
-		if (n > 0)
-			log_info("server: %u queued requests will be answered FA_EDEVICE", n);
-	}
-	if (srv->state >= SERVER_CLOSING)
-		return; /* everything answered and closing: only the exit code changes */
-	snprintf(status, sizeof status,
-	         "STOPPING=1\nSTATUS=device fault: %s; exiting %d for a restart", why,
-	         FAULT_EXIT_CODE);
-	if (srv->state == SERVER_RUNNING)
-		server_stop(srv, status);
-	else
-		notify_send(status); /* a graceful stop was already under way: say why it ends so */
+	b->fault.handler = handler;
+	b->fault.handler_arg = arg;
 }
 
 /* See fault.h. */

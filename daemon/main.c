@@ -18,6 +18,7 @@
 #include "log.h"
 #include "notify.h"
 #include "server.h"
+#include "util.h"
 
 enum { MAIN_EXIT_OK = 0, MAIN_EXIT_FAILED = 1, MAIN_EXIT_USAGE = 2 };
 
@@ -76,7 +77,7 @@ int main(int argc, char **argv)
 		return MAIN_EXIT_OK;
 	}
 	if (action == CONFIG_VERSION) {
-		printf("fa-daemon %s (protocol %d)\n", server_version(), FA_PROTO_VERSION);
+		printf("fa-daemon %s (protocol %d)\n", util_version(), FA_PROTO_VERSION);
 		return MAIN_EXIT_OK;
 	}
 	log_init(cfg.verbose);

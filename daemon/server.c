@@ -1,4 +1,6 @@
-/* server.c - start, glue and stop: wires ipc, sessions, dispatch and the backend together. */
+/* server.c - start, glue and stop: wires ipc, sessions, dispatch and the backend together. The
+ * one file that stops the server: SIGTERM (server_shutdown, from main) and a lost device
+ * (server_fault, the handler the backend's fault mark reaches) both end in server_stop. */
 #include "server.h"
 
 #include <inttypes.h>
@@ -19,14 +21,9 @@
 #define SERVER_DEDUPE_EXTRA 32   /* ring entries beyond --max-inflight: recent finished requests */
 #define SERVER_DEDUPE_MAX 1024   /* past this, scans cost more than rare unprotected repeats */
 
-#define STR_(x) #x
-#define STR(x) STR_(x)
-
-/* The version from the public header's three macros. */
-const char *server_version(void)
-{
-	return STR(FA_VERSION_MAJOR) "." STR(FA_VERSION_MINOR) "." STR(FA_VERSION_PATCH);
-}
+static void server_stop(struct server *srv, const char *notify_text);
+static void server_check_drained(struct server *srv);
+static void server_fault(struct server *srv, const char *why);
 
 /* ---- glue ------------------------------------------------------------------------------------ */
 
@@ -45,9 +42,10 @@ static void server_on_pipe_closed(void *arg, const struct ipc_peer *peer)
 }
 
 /* The backend finished a job (on the loop). The fatal path's hook: the test-only injected fault
- * becomes a device fault here, a fault marked by the backend starts fault_fatal before its job is
- * answered, and a job that finishes after the fault is answered FA_EDEVICE whatever it computed
- * (the device it ran on is not trusted any more). */
+ * becomes a device fault here, a fault marked by the backend starts server_fault before its job
+ * is answered, and a job that finishes after the fault is answered FA_EDEVICE whatever it
+ * computed (the device it ran on is not trusted any more). Once answered, a stop in progress may
+ * be able to proceed. */
 static void server_on_job_done(struct backend_job *job, void *arg)
 {
 	struct server *srv = arg;
@@ -62,7 +60,7 @@ static void server_on_job_done(struct backend_job *job, void *arg)
 		fault_mark(srv->backend, job->detail);
 	}
 	if (!srv->faulted && srv->backend != NULL && fault_why(srv->backend)[0] != '\0')
-		fault_fatal(srv, fault_why(srv->backend));
+		server_fault(srv, fault_why(srv->backend));
 	else if (srv->faulted && job->status == FA_OK) {
 		job->status = FA_EDEVICE;
 		snprintf(job->detail, sizeof job->detail,
@@ -71,13 +69,14 @@ static void server_on_job_done(struct backend_job *job, void *arg)
 		         srv->fault_why);
 	}
 	dispatch_fwd_done(srv, job);
+	server_check_drained(srv);
 }
 
 /* The backend marked a fault and woke the loop (fault_check): the fatal path. */
 static void server_on_fault(struct backend *b, const char *why, void *arg)
 {
 	(void)b;
-	fault_fatal(arg, why);
+	server_fault(arg, why);
 }
 
 /* A session is closing: its queued work will never be wanted. */
@@ -138,7 +137,7 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 	srv->sessions.on_free_arg = srv;
 
 	config_describe(cfg, desc, sizeof desc);
-	log_notice("fa-daemon %s (protocol %d) pid %ld starting", server_version(),
+	log_notice("fa-daemon %s (protocol %d) pid %ld starting", util_version(),
 	           FA_PROTO_VERSION, (long)getpid());
 	log_notice("config: %s", desc);
 
@@ -149,8 +148,7 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 		srv->backend = NULL;
 		return st;
 	}
-	srv->backend->on_fault = server_on_fault;
-	srv->backend->on_fault_arg = srv;
+	fault_set_handler(srv->backend, server_on_fault, srv);
 	srv->backend->fault_inject_after = fault_inject_after_env();
 	struct ipc_params p = {
 		.path = cfg->socket,
@@ -217,7 +215,7 @@ static void server_teardown(struct server *srv)
 	}
 	/* Unmap only: a clean restart keeps the clients' shm objects for the next daemon. */
 	session_table_fini(&srv->sessions, false);
-	/* A lost device set exit_code (fault_fatal): systemd's Restart=on-failure then brings
+	/* A lost device set exit_code (server_fault): systemd's Restart=on-failure then brings
 	 * back a clean context. */
 	if (srv->backend != NULL) {
 		srv->closing++;
@@ -241,8 +239,9 @@ static void server_linger_cb(uv_timer_t *t)
 	}
 }
 
-/* When shutting down and nothing is in flight, start the linger. */
-void server_check_drained(struct server *srv)
+/* When shutting down and nothing is in flight, start the linger. Called after every answered
+ * forward request and when the stop begins. */
+static void server_check_drained(struct server *srv)
 {
 	if (srv->state != SERVER_DRAINING || srv->inflight > 0)
 		return;
@@ -273,8 +272,9 @@ void server_shutdown(struct server *srv, void (*closed)(void *arg), void *arg)
 	server_stop(srv, "STOPPING=1\nSTATUS=stopping");
 }
 
-/* See server.h. */
-void server_stop(struct server *srv, const char *notify_text)
+/* The stop itself (server_shutdown and server_fault): STOPPING=1 with `notify_text` (the whole
+ * datagram, "STOPPING=1\nSTATUS=..."), cancel the queued, wait for the running. Idempotent. */
+static void server_stop(struct server *srv, const char *notify_text)
 {
 	if (srv->state != SERVER_RUNNING)
 		return;
@@ -288,4 +288,44 @@ void server_stop(struct server *srv, const char *notify_text)
 			log_info("server: %u queued requests will be answered FA_ECLOSED", n);
 	}
 	server_check_drained(srv);
+}
+
+/* ---- a lost device --------------------------------------------------------------------------- */
+
+/* The daemon's fatal path (fault.h), on the loop thread; idempotent. Queued jobs are failed
+ * here; running ones are failed as they finish (server_on_job_done, once srv->faulted is set);
+ * server_stop does the rest. */
+static void server_fault(struct server *srv, const char *why)
+{
+	char status[FA_PROTO_DETAIL_MAX + 64];
+
+	if (srv->faulted)
+		return;
+	srv->faulted = true;
+	snprintf(srv->fault_why, sizeof srv->fault_why, "%s", why);
+	srv->exit_code = FAULT_EXIT_CODE; /* also when a graceful stop was already under way */
+	if (srv->backend != NULL)
+		fault_mark(srv->backend, why); /* the injected fault was marked by nobody yet */
+	log_err("server: the device is lost: %s; answering every pending request FA_EDEVICE and "
+	        "exiting with status %d for a restart with a clean context (new epoch)",
+	        why, FAULT_EXIT_CODE);
+	if (srv->backend != NULL) {
+		char detail[FA_PROTO_DETAIL_MAX];
+		snprintf(detail, sizeof detail,
+		         "device fault (%.140s) before this request ran; the daemon restarts: "
+		         "reconnect and retry",
+		         why);
+		unsigned n = backend_fail_queued(srv->backend, detail);
+		if (n > 0)
+			log_info("server: %u queued requests will be answered FA_EDEVICE", n);
+	}
+	if (srv->state >= SERVER_CLOSING)
+		return; /* everything answered and closing: only the exit code changes */
+	snprintf(status, sizeof status,
+	         "STOPPING=1\nSTATUS=device fault: %s; exiting %d for a restart", why,
+	         FAULT_EXIT_CODE);
+	if (srv->state == SERVER_RUNNING)
+		server_stop(srv, status);
+	else
+		notify_send(status); /* a graceful stop was already under way: say why it ends so */
 }

@@ -6,7 +6,8 @@
  * socket closes, regions are unmapped (not unlinked: clients own their shm names and register
  * them with the next daemon), the backend's threads stop, and `closed` runs.
  * A lost device (fault.h) stops the server the same way by itself, answering FA_EDEVICE, and
- * sets exit_code to FAULT_EXIT_CODE.
+ * sets exit_code to FAULT_EXIT_CODE: the backend's fault mark reaches the server through the
+ * handler it installs (fault_set_handler), and only server.c ever stops the server.
  */
 #ifndef FA_DAEMON_SERVER_H
 #define FA_DAEMON_SERVER_H
@@ -51,7 +52,7 @@ struct server {
 	void (*closed)(void *arg);
 	void *closed_arg;
 	int exit_code;            /* for main: 0, or FAULT_EXIT_CODE after a device fault */
-	bool faulted;             /* fault_fatal ran: everything left is answered FA_EDEVICE */
+	bool faulted;             /* the fatal path ran: everything left is answered FA_EDEVICE */
 	char fault_why[FA_PROTO_DETAIL_MAX];
 
 	/* Scratch for the loop thread: one reply is built and encoded at a time. */
@@ -69,18 +70,8 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
  * the server is closed and its memory released (NULL: keep the one set before). */
 void server_shutdown(struct server *srv, void (*closed)(void *arg), void *arg);
 
-/* The `closed` callback for a stop the server starts by itself (a device fault, fault.c): the
- * owner of the loop sets it once the server is open. */
+/* The `closed` callback for a stop the server starts by itself (a device fault): the owner of
+ * the loop sets it once the server is open. */
 void server_set_closed(struct server *srv, void (*closed)(void *arg), void *arg);
-
-/* The stop itself (fault.c and server_shutdown): STOPPING=1 with `notify_text` (the whole
- * datagram, "STOPPING=1\nSTATUS=..."), cancel the queued, wait for the running. Idempotent. */
-void server_stop(struct server *srv, const char *notify_text);
-
-/* A forward request was answered: shutdown may proceed when none is left. (dispatch.c) */
-void server_check_drained(struct server *srv);
-
-/* "0.1.0" */
-const char *server_version(void);
 
 #endif /* FA_DAEMON_SERVER_H */

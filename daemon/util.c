@@ -1,4 +1,4 @@
-/* util.c - random ids, the monotonic clock, error text into fixed buffers. */
+/* util.c - random ids, the monotonic clock, the version, error text into fixed buffers. */
 #include "util.h"
 
 #include <errno.h>
@@ -29,6 +29,16 @@ uint64_t util_now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+#define UTIL_STR_(x) #x
+#define UTIL_STR(x) UTIL_STR_(x)
+
+/* Below the server, so the dispatcher's STATS and main's --version need nothing above them. */
+const char *util_version(void)
+{
+	return UTIL_STR(FA_VERSION_MAJOR) "." UTIL_STR(FA_VERSION_MINOR) "." UTIL_STR(
+	    FA_VERSION_PATCH);
 }
 
 /* Format the reason into err (when there is room) and hand back the status. */

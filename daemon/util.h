@@ -16,6 +16,10 @@ fa_status util_random_u64(uint64_t *out);
 /* CLOCK_MONOTONIC in nanoseconds. */
 uint64_t util_now_ns(void);
 
+/* The daemon's version, "MAJOR.MINOR.PATCH" from the public header's FA_VERSION_* macros
+ * (static; for the startup line, --version and STATS). */
+const char *util_version(void);
+
 /* snprintf into a fixed buffer that may be NULL or 0 bytes; never overflows, always terminates.
  * Returns st, so error paths read `return util_fail(err, errlen, FA_EINVAL, "...")`. */
 fa_status util_fail(char *err, size_t errlen, fa_status st, const char *fmt, ...)
