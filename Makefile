@@ -5,7 +5,8 @@
 #   common/   -> $(BUILD)/libfacommon.a    types, statuses, request checks, CUDA driver shim (all parts)
 #   proto/    -> $(BUILD)/libfaproto.a     wire contract (msgpack-c)
 #   kernels/  -> $(BUILD)/libfakernels.a   CPU reference, planner, GPU launcher (CUDA loaded at run time)
-#   client/   -> libfaclient.so.$(MAJOR), libfaclient.a, libfaclient.pc, fa-ctl (nanomsg)
+#   client/   -> libfaclient.so.$(MAJOR), libfaclient.a, libfaclient.pc (nanomsg)
+#   ctl/      -> $(BUILD)/fa-ctl           the command-line tool (libfaclient + kernels/)
 #   daemon/   -> fa-daemon (libuv; its own SP/IPC transport: daemon/README.md says why not NNG)
 #   tests/    -> unit, daemon, integ, gpu, bench, fuzz programs
 
@@ -71,8 +72,8 @@ COMMON_SRC  := $(wildcard common/*.c)
 PROTO_SRC   := $(wildcard proto/*.c)
 KERNELS_SRC := $(wildcard kernels/*.c)
 KERNELS_CU  := $(wildcard kernels/*.cu)
-CLIENT_SRC  := $(filter-out client/fa_ctl%.c,$(wildcard client/*.c))
-CTL_SRC     := $(wildcard client/fa_ctl*.c)
+CLIENT_SRC  := $(wildcard client/*.c)
+CTL_SRC     := $(wildcard ctl/*.c)
 DAEMON_SRC  := $(wildcard daemon/*.c)
 DAEMON_MAIN := daemon/main.c
 HELPER_SRC  := $(wildcard tests/helpers/*.c)
@@ -169,6 +170,11 @@ $(BUILD)/gen/%.o: $(BUILD)/gen/%.c
 $(BUILD)/client/%.o: client/%.c
 	$(call msg,CC,$<)
 	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) -fvisibility=hidden $(NN_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -c $< -o $@
+
+# fa-ctl: a client of the public API that also links kernels/ (plan, tune); nothing hidden.
+$(BUILD)/ctl/%.o: ctl/%.c
+	$(call msg,CC,$<)
+	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/daemon/%.o: daemon/%.c
 	$(call msg,CC,$<)
