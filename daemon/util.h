@@ -15,8 +15,4 @@
  * Returns FA_OK or FA_ESYS (the kernel could not give randomness: errno set). */
 fa_status util_random_u64(uint64_t *out);
 
-/* The old names, until every caller says fa_err / fa_now_ns (the next commit). */
-#define util_fail fa_err
-#define util_now_ns fa_now_ns
-
 #endif /* FA_DAEMON_UTIL_H */
