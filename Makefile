@@ -5,7 +5,8 @@
 #   common/   -> $(BUILD)/libfacommon.a    types, statuses, request checks, CUDA driver shim (all parts)
 #   proto/    -> $(BUILD)/libfaproto.a     wire contract (msgpack-c)
 #   kernels/  -> $(BUILD)/libfakernels.a   CPU reference, planner, GPU launcher (CUDA loaded at run time)
-#   client/   -> libfaclient.so.$(MAJOR), libfaclient.a, libfaclient.pc, fa-ctl (nanomsg)
+#   client/   -> libfaclient.so.$(MAJOR), libfaclient.a, libfaclient.pc (nanomsg)
+#   ctl/      -> $(BUILD)/fa-ctl           the command-line tool (libfaclient + kernels/)
 #   daemon/   -> fa-daemon (libuv; its own SP/IPC transport: daemon/README.md says why not NNG)
 #   tests/    -> unit, daemon, integ, gpu, bench, fuzz programs
 
@@ -26,11 +27,15 @@ Q := @
 msg = @printf '  %-7s %s\n' $(1) $(2)
 endif
 
-# ---- version, from the public header --------------------------------------------------------
+# ---- version, from the public types header -----------------------------------------------------
+# The installed headers: fa_client.h includes fa_types.h, which lives in common/ (every part uses
+# it; -Icommon finds it in the tree) and is installed beside fa_client.h (found there by the
+# quoted include).
 HDR := client/include/fa/fa_client.h
-VMAJOR := $(shell awk '/define FA_VERSION_MAJOR/{print $$3}' $(HDR))
-VMINOR := $(shell awk '/define FA_VERSION_MINOR/{print $$3}' $(HDR))
-VPATCH := $(shell awk '/define FA_VERSION_PATCH/{print $$3}' $(HDR))
+TYPES_HDR := common/fa_types.h
+VMAJOR := $(shell awk '/define FA_VERSION_MAJOR/{print $$3}' $(TYPES_HDR))
+VMINOR := $(shell awk '/define FA_VERSION_MINOR/{print $$3}' $(TYPES_HDR))
+VPATCH := $(shell awk '/define FA_VERSION_PATCH/{print $$3}' $(TYPES_HDR))
 VERSION := $(VMAJOR).$(VMINOR).$(VPATCH)
 
 # ---- libraries through pkg-config (plain -l fallbacks) -------------------------------------------
@@ -71,8 +76,8 @@ COMMON_SRC  := $(wildcard common/*.c)
 PROTO_SRC   := $(wildcard proto/*.c)
 KERNELS_SRC := $(wildcard kernels/*.c)
 KERNELS_CU  := $(wildcard kernels/*.cu)
-CLIENT_SRC  := $(filter-out client/fa_ctl%.c,$(wildcard client/*.c))
-CTL_SRC     := $(wildcard client/fa_ctl*.c)
+CLIENT_SRC  := $(wildcard client/*.c)
+CTL_SRC     := $(wildcard ctl/*.c)
 DAEMON_SRC  := $(wildcard daemon/*.c)
 DAEMON_MAIN := daemon/main.c
 HELPER_SRC  := $(wildcard tests/helpers/*.c)
@@ -171,6 +176,11 @@ $(BUILD)/client/%.o: client/%.c
 	$(call msg,CC,$<)
 	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) -fvisibility=hidden $(NN_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -c $< -o $@
 
+# fa-ctl: a client of the public API that also links kernels/ (plan, tune); nothing hidden.
+$(BUILD)/ctl/%.o: ctl/%.c
+	$(call msg,CC,$<)
+	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -c $< -o $@
+
 $(BUILD)/daemon/%.o: daemon/%.c
 	$(call msg,CC,$<)
 	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) $(UV_CFLAGS) $(SYSTEMD_CFLAGS) $(CUDA_CFLAGS) -Idaemon -MMD -MP -c $< -o $@
@@ -203,7 +213,7 @@ $(LIBCLIENT_SO): $(CLIENT_OBJ) $(PROTO_OBJ) $(COMMON_OBJ)
 	$(Q)ln -sf libfaclient.so.$(VERSION) $(BUILD)/$(LIBCLIENT_SONAME)
 	$(Q)ln -sf $(LIBCLIENT_SONAME) $(BUILD)/libfaclient.so
 
-$(CLIENT_PC): client/libfaclient.pc.in $(HDR)
+$(CLIENT_PC): client/libfaclient.pc.in $(TYPES_HDR)
 	$(call msg,GEN,$@)
 	$(Q)mkdir -p $(@D) && sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' $< > $@
 
@@ -307,7 +317,7 @@ install: $(DAEMON_BIN) $(CTL_BIN) $(LIBCLIENT_SO) $(LIBCLIENT_A) $(CLIENT_PC)
 	ln -sf libfaclient.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(LIBCLIENT_SONAME)
 	ln -sf $(LIBCLIENT_SONAME) $(DESTDIR)$(PREFIX)/lib/libfaclient.so
 	install -m 644 $(LIBCLIENT_A) $(DESTDIR)$(PREFIX)/lib/
-	install -m 644 $(HDR) $(DESTDIR)$(PREFIX)/include/fa/
+	install -m 644 $(HDR) $(TYPES_HDR) $(DESTDIR)$(PREFIX)/include/fa/
 	@# Written here, not copied from $(BUILD): the .pc names PREFIX, which may differ from the build's.
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' client/libfaclient.pc.in \
 		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/libfaclient.pc
@@ -322,7 +332,8 @@ install-systemd:
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/fa-daemon $(DESTDIR)$(PREFIX)/bin/fa-ctl \
 		$(DESTDIR)$(PREFIX)/lib/libfaclient.* $(DESTDIR)$(PREFIX)/lib/pkgconfig/libfaclient.pc \
-		$(DESTDIR)$(PREFIX)/include/fa/fa_client.h
+		$(DESTDIR)$(PREFIX)/include/fa/fa_client.h $(DESTDIR)$(PREFIX)/include/fa/fa_types.h
+	-rmdir $(DESTDIR)$(PREFIX)/include/fa 2>/dev/null
 
 clean:
 	rm -rf $(BUILD) $(BUILD)-san

@@ -6,80 +6,28 @@
  * client. Every other call takes a socket of the transport's pool, so calls from several threads
  * are in flight at once; nothing is held locked while a request is on the wire.
  *
- * Arguments are checked here before anything is sent (NULL pointers, enum values, the head dim's
- * stride, each tensor inside its buffer), with the statuses the daemon would give, so a bad call
- * costs no round trip; the daemon checks everything again, since it cannot trust any client.
+ * Arguments are checked here before anything is sent (NULL pointers, enum values, shapes, each
+ * tensor inside its buffer) by the daemon's own rules (common/fa_check.h), so a bad call costs no
+ * round trip and gets the status and detail the daemon would give; the daemon checks everything
+ * again, since it cannot trust any client.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "fa_check.h"
 #include "fa_client_int.h"
-
-/* The detail of the last failed call on this thread (fa_last_error_detail). */
-static _Thread_local char tls_detail[FA_PROTO_DETAIL_MAX];
-
-/* ---- errors, debug output, time ------------------------------------------------------------------ */
-
-/* Clear this thread's detail; see fa_client_int.h. */
-void fa_detail_clear(void)
-{
-	tls_detail[0] = '\0';
-}
-
-/* Set this thread's detail and return st; see fa_client_int.h. */
-fa_status fa_fail(fa_status st, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(tls_detail, sizeof tls_detail, fmt, ap);
-	va_end(ap);
-	return st;
-}
-
-/* A debug line on stderr when FA_DEBUG is set; see fa_client_int.h. */
-void fa_debug(const char *fmt, ...)
-{
-	const char *env = getenv("FA_DEBUG");
-	va_list ap;
-
-	if (env == NULL || env[0] == '\0' || strcmp(env, "0") == 0)
-		return;
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fputc('\n', stderr);
-}
-
-/* CLOCK_MONOTONIC in nanoseconds; see fa_client_int.h. */
-int64_t fa_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-/* The deadline of a call; see fa_client_int.h. */
-int64_t fa_deadline(int timeout_ms)
-{
-	return timeout_ms <= 0 ? 0 : fa_now_ns() + (int64_t)timeout_ms * 1000000;
-}
 
 /* The detail text of the last failed call on this thread; see fa_client.h. */
 FA_API const char *fa_last_error_detail(void)
 {
-	return tls_detail;
+	return fa__detail();
 }
 
 /* ---- configuration --------------------------------------------------------------------------------- */
@@ -97,7 +45,7 @@ static int env_ms(const char *name, int def)
 	errno = 0;
 	v = strtol(s, &end, 10);
 	if (errno != 0 || *end != '\0' || v < 0 || v > INT_MAX) {
-		fa_debug("fa: ignoring %s=%s (want milliseconds, 0 or more)", name, s);
+		fa__debug("fa: ignoring %s=%s (want milliseconds, 0 or more)", name, s);
 		return def;
 	}
 	return (int)v;
@@ -128,13 +76,13 @@ static fa_status resolve_path(const char *addr, char path[FA_SOCK_PATH_MAX])
 	if (strncmp(addr, "ipc://", 6) == 0)
 		addr += 6;
 	else if (strstr(addr, "://") != NULL)
-		return fa_fail(FA_EINVAL, "%s \"%.64s\": only ipc:// addresses are supported", from,
-		               addr);
+		return fa__fail(FA_EINVAL, "%s \"%.64s\": only ipc:// addresses are supported", from,
+		                addr);
 	if (addr[0] == '\0')
-		return fa_fail(FA_EINVAL, "%s: empty socket path", from);
+		return fa__fail(FA_EINVAL, "%s: empty socket path", from);
 	if (strlen(addr) >= FA_SOCK_PATH_MAX)
-		return fa_fail(FA_EINVAL, "%s: socket path is %zu bytes; Unix sockets take at most %d",
-		               from, strlen(addr), FA_SOCK_PATH_MAX - 1);
+		return fa__fail(FA_EINVAL, "%s: socket path is %zu bytes; Unix sockets take at most %d",
+		                from, strlen(addr), FA_SOCK_PATH_MAX - 1);
 	memcpy(path, addr, strlen(addr) + 1);
 	return FA_OK;
 }
@@ -156,88 +104,7 @@ static void program_name(char name[FA_PROTO_NAME_MAX])
 		snprintf(name, FA_PROTO_NAME_MAX, "%s", program_invocation_short_name);
 }
 
-/* The group owning the socket file; see fa_client_int.h. */
-bool fa_client_socket_gid(const fa_client *c, gid_t *gid)
-{
-	struct stat sb;
-
-	if (stat(c->path, &sb) != 0)
-		return false;
-	*gid = sb.st_gid;
-	return true;
-}
-
 /* ---- calls ----------------------------------------------------------------------------------------- */
-
-/* A request for op on this client's session, with the next sequence number. Sequence numbers
- * start at 1: 0 marks a reply to a request the daemon could not decode. */
-static void req_init(fa_client *c, struct fa_proto_req *req, uint32_t op)
-{
-	memset(req, 0, sizeof *req);
-	req->v = FA_PROTO_VERSION;
-	req->op = op;
-	req->session = c->session;
-	req->seq = atomic_fetch_add(&c->seq, 1) + 1;
-}
-
-/* The daemon's status from a reply, its detail kept for fa_last_error_detail(). */
-static fa_status reply_status(const fa_client *c, const struct fa_proto_rep *rep)
-{
-	if (rep->status == FA_OK)
-		return FA_OK;
-	if (rep->detail[0] != '\0')
-		return fa_fail((fa_status)rep->status, "%s", rep->detail);
-	if (rep->status == FA_ESESSION && rep->epoch != c->epoch)
-		return fa_fail(FA_ESESSION,
-		               "the daemon restarted (epoch %016" PRIx64 ", was %016" PRIx64
-		               "); call fa_client_reconnect",
-		               rep->epoch, c->epoch);
-	return (fa_status)rep->status;
-}
-
-/* Is the daemon's socket file gone? (A daemon that stopped removes it.) */
-static bool socket_file_gone(const fa_client *c)
-{
-	struct stat sb;
-
-	return stat(c->path, &sb) != 0 && (errno == ENOENT || errno == ENOTDIR);
-}
-
-/* One call on a pooled socket: returns the daemon's status or a transport status; the reply is in
- * *rep when the status is the daemon's. */
-static fa_status client_call(fa_client *c, struct fa_proto_req *req, struct fa_proto_rep *rep,
-                             int timeout_ms)
-{
-	int64_t deadline = fa_deadline(timeout_ms);
-	struct fa_tslot *s;
-	fa_status st;
-
-	/* A stat costs about a microsecond; without it a call to a daemon that stopped would wait
-	 * for its whole timeout (nanomsg just keeps trying to reconnect). */
-	if (socket_file_gone(c))
-		return fa_fail(FA_EUNAVAIL, "no daemon socket at %s: the daemon stopped", c->path);
-	st = fa_transport_acquire(c->tr, deadline, &s);
-	if (st != FA_OK)
-		return st;
-	st = fa_transport_roundtrip(c->tr, s, req, rep, deadline);
-	fa_transport_release(c->tr, s);
-	if (st == FA_ETIMEDOUT && socket_file_gone(c))
-		return fa_fail(FA_EUNAVAIL, "no reply, and no daemon socket at %s: the daemon stopped",
-		               c->path);
-	if (st != FA_OK)
-		return st;
-	return reply_status(c, rep);
-}
-
-/* A reply buffer: large (the STATS text), so on the heap rather than on a caller's stack. */
-static struct fa_proto_rep *rep_alloc(void)
-{
-	struct fa_proto_rep *rep = malloc(sizeof *rep);
-
-	if (rep == NULL)
-		fa_fail(FA_ENOMEM, "no memory for a reply");
-	return rep;
-}
 
 /* Can this process reach a daemon at the socket path at all? Fails fast, before nanomsg (which
  * connects asynchronously and would only show a timeout). */
@@ -247,17 +114,17 @@ static fa_status check_socket_file(const fa_client *c)
 
 	if (stat(c->path, &sb) != 0) {
 		if (errno == ENOENT || errno == ENOTDIR)
-			return fa_fail(FA_EUNAVAIL, "no daemon socket at %s; is fa-daemon running?",
-			               c->path);
-		return fa_fail(FA_EUNAVAIL, "cannot reach %s: %s", c->path, strerror(errno));
+			return fa__fail(FA_EUNAVAIL, "no daemon socket at %s; is fa-daemon running?",
+			                c->path);
+		return fa__fail(FA_EUNAVAIL, "cannot reach %s: %s", c->path, strerror(errno));
 	}
 	if (!S_ISSOCK(sb.st_mode))
-		return fa_fail(FA_EUNAVAIL, "%s is not a socket", c->path);
+		return fa__fail(FA_EUNAVAIL, "%s is not a socket", c->path);
 	/* connect() on a Unix socket needs write permission on its file. */
 	if (faccessat(AT_FDCWD, c->path, W_OK, AT_EACCESS) != 0 && errno == EACCES)
-		return fa_fail(FA_EUNAVAIL,
-		               "no permission to connect to %s; members of group %u may",
-		               c->path, (unsigned)sb.st_gid);
+		return fa__fail(FA_EUNAVAIL,
+		                "no permission to connect to %s; members of group %u may",
+		                c->path, (unsigned)sb.st_gid);
 	return FA_OK;
 }
 
@@ -272,26 +139,26 @@ static fa_status hello(fa_client *c)
 
 	if ((st = check_socket_file(c)) != FA_OK)
 		return st;
-	if ((rep = rep_alloc()) == NULL)
+	if ((rep = fa__rep_alloc()) == NULL)
 		return FA_ENOMEM;
 	/* A short timeout: a socket file without a listener (a dead daemon's) looks like a slow
 	 * daemon to nanomsg, and nobody wants to wait 30 s to learn that. */
-	deadline = fa_deadline(c->connect_timeout_ms);
+	deadline = fa__deadline(c->connect_timeout_ms);
 	st = fa_transport_acquire(c->tr, deadline, &s);
 	if (st == FA_OK) {
-		req_init(c, &req, FA_OP_HELLO);
+		fa__req_init(c, &req, FA_OP_HELLO);
 		req.session = 0;
 		req.u.hello.pid = (uint32_t)getpid();
 		memcpy(req.u.hello.name, c->name, sizeof req.u.hello.name);
 		st = fa_transport_roundtrip(c->tr, s, &req, rep, deadline);
 		if (st == FA_ETIMEDOUT)
-			st = fa_fail(FA_EUNAVAIL, "no daemon answered at %s within %d ms", c->path,
-			             c->connect_timeout_ms);
+			st = fa__fail(FA_EUNAVAIL, "no daemon answered at %s within %d ms", c->path,
+			              c->connect_timeout_ms);
 		else if (st == FA_OK)
-			st = reply_status(c, rep);
+			st = fa__reply_status(c, rep);
 	}
 	if (st == FA_OK && rep->u.hello.session == 0)
-		st = fa_fail(FA_EPROTO, "the daemon's HELLO reply has session 0");
+		st = fa__fail(FA_EPROTO, "the daemon's HELLO reply has session 0");
 	if (st == FA_OK) {
 		c->session = rep->u.hello.session;
 		c->epoch = rep->epoch;
@@ -300,8 +167,8 @@ static fa_status hello(fa_client *c)
 		c->max_regions = rep->u.hello.max_regions;
 		c->backend = rep->u.hello.backend;
 		c->anchor = s;
-		fa_debug("fa: session %016" PRIx64 " on %s (epoch %016" PRIx64 ", backend %u)",
-		         c->session, c->path, c->epoch, (unsigned)c->backend);
+		fa__debug("fa: session %016" PRIx64 " on %s (epoch %016" PRIx64 ", backend %u)",
+		          c->session, c->path, c->epoch, (unsigned)c->backend);
 	} else {
 		fa_transport_release(c->tr, s);
 	}
@@ -321,14 +188,14 @@ static void bye(fa_client *c)
 		return;
 	rep = malloc(sizeof *rep);
 	if (rep != NULL && check_socket_file(c) == FA_OK) {
-		req_init(c, &req, FA_OP_BYE);
+		fa__req_init(c, &req, FA_OP_BYE);
 		st = fa_transport_roundtrip(c->tr, c->anchor, &req, rep,
-		                            fa_deadline(c->connect_timeout_ms));
+		                            fa__deadline(c->connect_timeout_ms));
 		if (st == FA_OK)
 			st = (fa_status)rep->status;
 		if (st != FA_OK)
-			fa_debug("fa: BYE for session %016" PRIx64 ": %s", c->session,
-			         fa_status_name(st));
+			fa__debug("fa: BYE for session %016" PRIx64 ": %s", c->session,
+			          fa_status_name(st));
 	}
 	free(rep);
 	fa_transport_release(c->tr, c->anchor);
@@ -341,13 +208,13 @@ FA_API fa_status fa_client_open(fa_client **out, const char *addr)
 	fa_client *c;
 	fa_status st;
 
-	fa_detail_clear();
+	fa__detail_clear();
 	if (out == NULL)
-		return fa_fail(FA_EINVAL, "fa_client_open: out is NULL");
+		return fa__fail(FA_EINVAL, "fa_client_open: out is NULL");
 	*out = NULL;
 	c = calloc(1, sizeof *c);
 	if (c == NULL)
-		return fa_fail(FA_ENOMEM, "no memory for a client");
+		return fa__fail(FA_ENOMEM, "no memory for a client");
 	if ((st = resolve_path(addr, c->path)) != FA_OK) {
 		free(c);
 		return st;
@@ -363,7 +230,7 @@ FA_API fa_status fa_client_open(fa_client **out, const char *addr)
 	program_name(c->name);
 	if (pthread_mutex_init(&c->lock, NULL) != 0) {
 		free(c);
-		return fa_fail(FA_ESYS, "pthread_mutex_init failed");
+		return fa__fail(FA_ESYS, "pthread_mutex_init failed");
 	}
 	st = fa_transport_open(&c->tr, c->path);
 	if (st == FA_OK)
@@ -413,11 +280,11 @@ FA_API void fa_client_close(fa_client *c)
 /* Set the timeout of later calls; see fa_client.h. */
 FA_API fa_status fa_client_set_timeout(fa_client *c, int timeout_ms)
 {
-	fa_detail_clear();
+	fa__detail_clear();
 	if (c == NULL)
-		return fa_fail(FA_EINVAL, "fa_client_set_timeout: client is NULL");
+		return fa__fail(FA_EINVAL, "fa_client_set_timeout: client is NULL");
 	if (timeout_ms < 0)
-		return fa_fail(FA_EINVAL, "timeout %d ms is negative (0 waits forever)", timeout_ms);
+		return fa__fail(FA_EINVAL, "timeout %d ms is negative (0 waits forever)", timeout_ms);
 	atomic_store(&c->timeout_ms, timeout_ms);
 	return FA_OK;
 }
@@ -426,44 +293,6 @@ FA_API fa_status fa_client_set_timeout(fa_client *c, int timeout_ms)
 FA_API uint64_t fa_client_epoch(const fa_client *c)
 {
 	return c == NULL ? 0 : c->epoch;
-}
-
-/* REGISTER b (already described by its ops) and return the region id in *region. */
-static fa_status register_region(fa_client *c, fa_buffer *b, uint64_t *region)
-{
-	struct fa_proto_req req;
-	struct fa_proto_rep *rep;
-	fa_status st;
-
-	*region = 0;
-	if ((rep = rep_alloc()) == NULL)
-		return FA_ENOMEM;
-	req_init(c, &req, FA_OP_REGISTER);
-	b->ops->describe(b, &req);
-	st = client_call(c, &req, rep, atomic_load(&c->timeout_ms));
-	if (st == FA_OK && rep->u.reg.region == 0)
-		st = fa_fail(FA_EPROTO, "the daemon's REGISTER reply has region 0");
-	if (st == FA_OK)
-		*region = rep->u.reg.region;
-	free(rep);
-	return st;
-}
-
-/* Register and list a new buffer; see fa_client_int.h. */
-fa_status fa_buffer_register(fa_client *c, fa_buffer *b)
-{
-	fa_status st = register_region(c, b, &b->region);
-
-	if (st != FA_OK)
-		return st;
-	pthread_mutex_lock(&c->lock);
-	b->prev = NULL;
-	b->next = c->buffers;
-	if (c->buffers != NULL)
-		c->buffers->prev = b;
-	c->buffers = b;
-	pthread_mutex_unlock(&c->lock);
-	return FA_OK;
 }
 
 /* Statuses after which registering the next buffer is pointless: the daemon is gone, or the new
@@ -494,13 +323,13 @@ static fa_status reregister(fa_client *c, fa_buffer *b)
 	if (b->ops->revive != NULL)
 		st = b->ops->revive(b, false);
 	if (st == FA_OK)
-		st = register_region(c, b, &b->region);
+		st = fa__register_region(c, b, &b->region);
 	if (st != FA_OK && !status_is_fatal_for_session(st) && b->ops->revive != NULL) {
-		fa_debug("fa: re-registering a %s buffer failed (%s: %s); moving it to a new object",
-		         b->ops->name, fa_status_name(st), fa_last_error_detail());
+		fa__debug("fa: re-registering a %s buffer failed (%s: %s); moving it to a new object",
+		          b->ops->name, fa_status_name(st), fa_last_error_detail());
 		st = b->ops->revive(b, true);
 		if (st == FA_OK)
-			st = register_region(c, b, &b->region);
+			st = fa__register_region(c, b, &b->region);
 	}
 	return st;
 }
@@ -512,16 +341,16 @@ FA_API fa_status fa_client_reconnect(fa_client *c)
 	char detail[FA_PROTO_DETAIL_MAX] = "";
 	unsigned failed = 0;
 
-	fa_detail_clear();
+	fa__detail_clear();
 	if (c == NULL)
-		return fa_fail(FA_EINVAL, "fa_client_reconnect: client is NULL");
+		return fa__fail(FA_EINVAL, "fa_client_reconnect: client is NULL");
 	/* End the old session if the same daemon still has it (after a restart BYE gets
 	 * FA_ESESSION), and close its connections: nothing is in flight, by the contract. */
 	bye(c);
 	fa_transport_drop_idle(c->tr);
 	if ((st = hello(c)) != FA_OK)
 		return st;
-	fa_detail_clear();
+	fa__detail_clear();
 	pthread_mutex_lock(&c->lock);
 	for (fa_buffer *b = c->buffers; b != NULL; b = b->next) {
 		if (first != FA_OK && status_is_fatal_for_session(first)) {
@@ -540,9 +369,9 @@ FA_API fa_status fa_client_reconnect(fa_client *c)
 	}
 	pthread_mutex_unlock(&c->lock);
 	if (first != FA_OK)
-		return fa_fail(first, "%u buffer(s) could not be registered again; first: %s", failed,
-		               detail);
-	fa_detail_clear();
+		return fa__fail(first, "%u buffer(s) could not be registered again; first: %s", failed,
+		                detail);
+	fa__detail_clear();
 	return FA_OK;
 }
 
@@ -553,13 +382,13 @@ FA_API fa_status fa_ping(fa_client *c)
 	struct fa_proto_rep *rep;
 	fa_status st;
 
-	fa_detail_clear();
+	fa__detail_clear();
 	if (c == NULL)
-		return fa_fail(FA_EINVAL, "fa_ping: client is NULL");
-	if ((rep = rep_alloc()) == NULL)
+		return fa__fail(FA_EINVAL, "fa_ping: client is NULL");
+	if ((rep = fa__rep_alloc()) == NULL)
 		return FA_ENOMEM;
-	req_init(c, &req, FA_OP_PING);
-	st = client_call(c, &req, rep, atomic_load(&c->timeout_ms));
+	fa__req_init(c, &req, FA_OP_PING);
+	st = fa__call(c, &req, rep, atomic_load(&c->timeout_ms));
 	free(rep);
 	return st;
 }
@@ -571,16 +400,16 @@ FA_API fa_status fa_stats(fa_client *c, char *buf, size_t len)
 	struct fa_proto_rep *rep;
 	fa_status st;
 
-	fa_detail_clear();
+	fa__detail_clear();
 	if (c == NULL || buf == NULL || len == 0)
-		return fa_fail(FA_EINVAL, "fa_stats: %s", c == NULL     ? "client is NULL"
+		return fa__fail(FA_EINVAL, "fa_stats: %s", c == NULL     ? "client is NULL"
 		                                        : buf == NULL ? "buf is NULL"
 		                                                      : "len is 0");
 	buf[0] = '\0';
-	if ((rep = rep_alloc()) == NULL)
+	if ((rep = fa__rep_alloc()) == NULL)
 		return FA_ENOMEM;
-	req_init(c, &req, FA_OP_STATS);
-	st = client_call(c, &req, rep, atomic_load(&c->timeout_ms));
+	fa__req_init(c, &req, FA_OP_STATS);
+	st = fa__call(c, &req, rep, atomic_load(&c->timeout_ms));
 	if (st == FA_OK) {
 		size_t n = strnlen(rep->u.stats.text, sizeof rep->u.stats.text);
 		if (n >= len)
@@ -600,7 +429,7 @@ FA_API fa_status fa_buffer_free(fa_buffer *b)
 	fa_client *c;
 	fa_status st = FA_OK;
 
-	fa_detail_clear();
+	fa__detail_clear();
 	if (b == NULL)
 		return FA_OK;
 	c = b->client;
@@ -614,11 +443,11 @@ FA_API fa_status fa_buffer_free(fa_buffer *b)
 	pthread_mutex_unlock(&c->lock);
 	if (b->region != 0) {
 		struct fa_proto_req req;
-		struct fa_proto_rep *rep = rep_alloc();
+		struct fa_proto_rep *rep = fa__rep_alloc();
 		if (rep != NULL) {
-			req_init(c, &req, FA_OP_UNREGISTER);
+			fa__req_init(c, &req, FA_OP_UNREGISTER);
 			req.u.unreg.region = b->region;
-			st = client_call(c, &req, rep, atomic_load(&c->timeout_ms));
+			st = fa__call(c, &req, rep, atomic_load(&c->timeout_ms));
 			free(rep);
 		} else {
 			st = FA_ENOMEM;
@@ -642,189 +471,69 @@ FA_API size_t fa_buffer_size(const fa_buffer *b)
 
 /* ---- attention --------------------------------------------------------------------------------------- */
 
-/* Bytes per element; 0 for a value that is not an fa_dtype (libfaclient does not link kernels/). */
-static size_t dtype_size(fa_dtype dt)
-{
-	switch (dt) {
-	case FA_DTYPE_FP16:
-	case FA_DTYPE_BF16:
-		return 2;
-	case FA_DTYPE_FP32:
-		return 4;
-	default:
-		return 0;
-	}
-}
-
-/* One past the last byte a tensor touches, relative to its buffer: offset + (sum (shape[i]-1) *
- * stride[i] + 1) * elem, overflow-checked (the values come from the caller, and a wrapped extent
- * would pass the range check). The same rule as kernels/ fa_tensor_extent(). */
-static bool tensor_end(const fa_tensor *t, size_t elem, uint64_t *end)
-{
-	int64_t last = 0, step, bytes;
-	uint64_t e;
-
-	for (int i = 0; i < 4; i++) {
-		if (__builtin_mul_overflow(t->shape[i] - 1, t->stride[i], &step) ||
-		    __builtin_add_overflow(last, step, &last))
-			return false;
-	}
-	if (__builtin_add_overflow(last, (int64_t)1, &last) ||
-	    __builtin_mul_overflow(last, (int64_t)elem, &bytes) ||
-	    __builtin_add_overflow(t->offset, (uint64_t)bytes, &e))
-		return false;
-	*end = e;
-	return true;
-}
-
-/* Check a tensor's buffer and dtype (cheap checks, first) and write its region id. */
+/* Check a tensor's buffer (cheap checks, first) and write its region id, offset and layout. */
 static fa_status tensor_buffer(fa_client *c, const char *name, const fa_tensor *t, bool optional,
                                struct fa_proto_tensor *w)
 {
 	memset(w, 0, sizeof *w);
 	if (t->buf == NULL)
-		return optional ? FA_OK : fa_fail(FA_EINVAL, "%s: no buffer", name);
+		return optional ? FA_OK : fa__fail(FA_EINVAL, "%s: no buffer", name);
 	if (t->buf->client != c)
-		return fa_fail(FA_EREGION, "%s: the buffer belongs to another fa_client", name);
+		return fa__fail(FA_EREGION, "%s: the buffer belongs to another fa_client", name);
 	if (t->buf->region == 0)
-		return fa_fail(FA_EREGION,
-		               "%s: the buffer is not registered (fa_client_reconnect failed for it)",
-		               name);
-	if (dtype_size(t->dtype) == 0)
-		return fa_fail(FA_EDTYPE, "%s: dtype %d is unknown (fp16, bf16 or fp32)", name,
-		               (int)t->dtype);
+		return fa__fail(FA_EREGION,
+		                "%s: the buffer is not registered (fa_client_reconnect failed for it)",
+		                name);
 	w->region = t->buf->region;
 	/* A device buffer starts inside its registered allocation. */
 	if (__builtin_add_overflow(t->offset, t->buf->region_offset, &w->offset))
-		return fa_fail(FA_ERANGE, "%s: offset %" PRIu64 " overflows", name, t->offset);
+		return fa__fail(FA_ERANGE, "%s: offset %" PRIu64 " overflows", name, t->offset);
 	w->dtype = (uint8_t)t->dtype;
 	memcpy(w->shape, t->shape, sizeof w->shape);
 	memcpy(w->stride, t->stride, sizeof w->stride);
 	return FA_OK;
 }
 
-/* Check that a tensor's sizes are >= 1. */
-static fa_status tensor_sizes(const char *name, const fa_tensor *t)
-{
-	if (t->buf == NULL)
-		return FA_OK;
-	for (int i = 0; i < 4; i++)
-		if (t->shape[i] < 1)
-			return fa_fail(FA_ESHAPE, "%s: shape[%d] is %" PRId64 ": sizes must be >= 1", name,
-			               i, t->shape[i]);
-	return FA_OK;
-}
-
-/* Check that a tensor has the shape the others imply. */
-static fa_status tensor_shape_is(const char *name, const fa_tensor *t, const int64_t want[4],
-                                 const char *layout)
-{
-	if (t->buf == NULL || memcmp(t->shape, want, sizeof t->shape) == 0)
-		return FA_OK;
-	return fa_fail(FA_ESHAPE,
-	               "%s: shape [%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "], want %s = [%" PRId64
-	               ", %" PRId64 ", %" PRId64 ", %" PRId64 "]",
-	               name, t->shape[0], t->shape[1], t->shape[2], t->shape[3], layout, want[0],
-	               want[1], want[2], want[3]);
-}
-
-/* The shapes of one problem: K and V alike, O like Q, lse [B, Hq, Sq, 1], D a multiple of 8 up
- * to 256, Hq a multiple of Hkv. Checked here (in the daemon's order: shapes before extents) so a
- * call with inconsistent shapes gets FA_ESHAPE, whatever its extents. */
-static fa_status fwd_shapes(const fa_attn_fwd_args *a)
-{
-	const int64_t *q = a->q.shape, *k = a->k.shape;
-	const int64_t kv[4] = {q[0], k[1], k[2], q[3]};
-	const int64_t lse[4] = {q[0], q[2], q[1], 1};
-	fa_status st;
-
-	if ((st = tensor_sizes("q", &a->q)) != FA_OK || (st = tensor_sizes("k", &a->k)) != FA_OK ||
-	    (st = tensor_sizes("v", &a->v)) != FA_OK || (st = tensor_sizes("o", &a->o)) != FA_OK ||
-	    (st = tensor_sizes("lse", &a->lse)) != FA_OK)
-		return st;
-	if ((st = tensor_shape_is("k", &a->k, kv, "[B, Sk, Hkv, D] of q")) != FA_OK ||
-	    (st = tensor_shape_is("v", &a->v, k, "k's shape")) != FA_OK ||
-	    (st = tensor_shape_is("o", &a->o, q, "q's shape")) != FA_OK ||
-	    (st = tensor_shape_is("lse", &a->lse, lse, "[B, Hq, Sq, 1] of q")) != FA_OK)
-		return st;
-	if (q[3] % 8 != 0 || q[3] > 256)
-		return fa_fail(FA_ESHAPE, "head dim %" PRId64 " is not a multiple of 8 from 8 to 256",
-		               q[3]);
-	if (q[2] % k[2] != 0)
-		return fa_fail(FA_ESHAPE, "Hq %" PRId64 " is not a multiple of Hkv %" PRId64, q[2],
-		               k[2]);
-	return FA_OK;
-}
-
-/* Check a tensor's strides and its extent against its buffer (sizes checked already). */
-static fa_status tensor_layout(const char *name, const fa_tensor *t, bool head_dim_contiguous)
-{
-	uint64_t end;
-
-	if (t->buf == NULL)
-		return FA_OK;
-	for (int i = 0; i < 4; i++)
-		if (t->stride[i] < 0)
-			return fa_fail(FA_EINVAL, "%s: stride[%d] is %" PRId64 ": strides must be >= 0",
-			               name, i, t->stride[i]);
-	if (head_dim_contiguous && t->stride[3] != 1)
-		return fa_fail(FA_ESHAPE,
-		               "%s: stride[3] is %" PRId64 ": the head dim must be contiguous (stride 1)",
-		               name, t->stride[3]);
-	if (!tensor_end(t, dtype_size(t->dtype), &end))
-		return fa_fail(FA_ERANGE, "%s: extent overflows 64 bits", name);
-	if (end > t->buf->size)
-		return fa_fail(FA_ERANGE, "%s: extent ends at byte %" PRIu64 ", region has %zu", name,
-		               end, t->buf->size);
-	return FA_OK;
-}
-
-/* Check the arguments locally and fill the request. */
+/* Check the arguments locally, with the daemon's rules and texts (common/fa_check.h) in the
+ * daemon's order (types, each tensor's sizes and strides, shapes, values, extents), and fill the
+ * request. The daemon alone checks overlaps and alignment: they depend on its regions and its
+ * backend. */
 static fa_status fwd_request(fa_client *c, const fa_attn_fwd_args *a, struct fa_proto_req *req)
 {
+	const fa_tensor *t[FA_FWD_NTENSORS] = {&a->q, &a->k, &a->v, &a->o, &a->lse};
+	struct fa_proto_tensor *w[FA_FWD_NTENSORS] = {&req->u.fwd.q, &req->u.fwd.k, &req->u.fwd.v,
+	                                              &req->u.fwd.o, &req->u.fwd.lse};
+	bool has_lse = a->lse.buf != NULL;
+	int n = has_lse ? FA_FWD_NTENSORS : FA_FWD_LSE;
+	char *err = fa__detail();
+	size_t errlen = FA_PROTO_DETAIL_MAX;
+	int dts[FA_FWD_NTENSORS];
 	fa_status st;
 
-	if ((st = tensor_buffer(c, "q", &a->q, false, &req->u.fwd.q)) != FA_OK ||
-	    (st = tensor_buffer(c, "k", &a->k, false, &req->u.fwd.k)) != FA_OK ||
-	    (st = tensor_buffer(c, "v", &a->v, false, &req->u.fwd.v)) != FA_OK ||
-	    (st = tensor_buffer(c, "o", &a->o, false, &req->u.fwd.o)) != FA_OK ||
-	    (st = tensor_buffer(c, "lse", &a->lse, true, &req->u.fwd.lse)) != FA_OK)
+	for (int i = 0; i < FA_FWD_NTENSORS; i++)
+		if ((st = tensor_buffer(c, fa_fwd_names[i], t[i], i == FA_FWD_LSE, w[i])) != FA_OK)
+			return st;
+	for (int i = 0; i < FA_FWD_NTENSORS; i++)
+		dts[i] = (int)t[i]->dtype;
+	if ((st = fa_check_fwd_dtypes(dts, has_lse, err, errlen)) != FA_OK)
 		return st;
-	if (a->k.dtype != a->q.dtype || a->v.dtype != a->q.dtype || a->o.dtype != a->q.dtype)
-		return fa_fail(FA_EDTYPE, "dtypes differ: q %d, k %d, v %d, o %d (one for all four)",
-		               (int)a->q.dtype, (int)a->k.dtype, (int)a->v.dtype, (int)a->o.dtype);
-	if (a->lse.buf != NULL && a->lse.dtype != FA_DTYPE_FP32)
-		return fa_fail(FA_EDTYPE, "lse: dtype %d; logsumexp is fp32", (int)a->lse.dtype);
-	if (!isfinite(a->scale))
-		return fa_fail(FA_EINVAL, "scale %g is not finite", a->scale);
-	switch (a->mask) {
-	case FA_MASK_NONE:
-	case FA_MASK_CAUSAL_BOTTOM_RIGHT:
-	case FA_MASK_CAUSAL_TOP_LEFT:
-		break;
-	default:
-		return fa_fail(FA_EINVAL,
-		               "mask %d is unknown (0 none, 1 causal bottom-right, 2 causal top-left)",
-		               (int)a->mask);
+	for (int i = 0; i < n; i++)
+		if ((st = fa_check_tensor_dims(fa_fwd_names[i], t[i]->shape, t[i]->stride,
+		                               i != FA_FWD_LSE, err, errlen)) != FA_OK)
+			return st;
+	if ((st = fa_check_fwd_shapes(a->q.shape, a->k.shape, a->v.shape, a->o.shape,
+	                              has_lse ? a->lse.shape : NULL, err, errlen)) != FA_OK ||
+	    (st = fa_check_head_dim(a->q.shape[3], err, errlen)) != FA_OK ||
+	    (st = fa_check_mask((int)a->mask, err, errlen)) != FA_OK ||
+	    (st = fa_check_precision((int)a->precision, err, errlen)) != FA_OK ||
+	    (st = fa_check_scale(a->scale, err, errlen)) != FA_OK)
+		return st;
+	for (int i = 0; i < n; i++) {
+		size_t el = i == FA_FWD_LSE ? sizeof(float) : fa_dtype_size(a->q.dtype);
+		if ((st = fa_check_extent(fa_fwd_names[i], t[i]->offset, t[i]->shape, t[i]->stride, el,
+		                          t[i]->buf->size, NULL, err, errlen)) != FA_OK)
+			return st;
 	}
-	switch (a->precision) {
-	case FA_PREC_DEFAULT:
-	case FA_PREC_IEEE:
-	case FA_PREC_3XTF32:
-	case FA_PREC_TF32:
-	case FA_PREC_BF16:
-		break;
-	default:
-		return fa_fail(FA_EINVAL, "precision %d is unknown", (int)a->precision);
-	}
-	if ((st = fwd_shapes(a)) != FA_OK)
-		return st;
-	if ((st = tensor_layout("q", &a->q, true)) != FA_OK ||
-	    (st = tensor_layout("k", &a->k, true)) != FA_OK ||
-	    (st = tensor_layout("v", &a->v, true)) != FA_OK ||
-	    (st = tensor_layout("o", &a->o, true)) != FA_OK ||
-	    (st = tensor_layout("lse", &a->lse, false)) != FA_OK)
-		return st;
 	req->u.fwd.scale = a->scale;
 	req->u.fwd.mask = (uint8_t)a->mask;
 	req->u.fwd.precision = (uint8_t)a->precision;
@@ -838,15 +547,15 @@ FA_API fa_status fa_attn_fwd(fa_client *c, const fa_attn_fwd_args *args)
 	struct fa_proto_rep *rep;
 	fa_status st;
 
-	fa_detail_clear();
+	fa__detail_clear();
 	if (c == NULL || args == NULL)
-		return fa_fail(FA_EINVAL, "fa_attn_fwd: %s is NULL", c == NULL ? "client" : "args");
-	req_init(c, &req, FA_OP_ATTN_FWD);
+		return fa__fail(FA_EINVAL, "fa_attn_fwd: %s is NULL", c == NULL ? "client" : "args");
+	fa__req_init(c, &req, FA_OP_ATTN_FWD);
 	if ((st = fwd_request(c, args, &req)) != FA_OK)
 		return st;
-	if ((rep = rep_alloc()) == NULL)
+	if ((rep = fa__rep_alloc()) == NULL)
 		return FA_ENOMEM;
-	st = client_call(c, &req, rep, atomic_load(&c->timeout_ms));
+	st = fa__call(c, &req, rep, atomic_load(&c->timeout_ms));
 	free(rep);
 	return st;
 }
@@ -864,24 +573,24 @@ FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, v
 	struct fa_tslot *s;
 	fa_status st;
 
-	fa_detail_clear();
+	fa__detail_clear();
 	if (c == NULL || args == NULL)
-		return fa_fail(FA_EINVAL, "fa_attn_fwd_async: %s is NULL",
-		               c == NULL ? "client" : "args");
-	req_init(c, &req, FA_OP_ATTN_FWD);
+		return fa__fail(FA_EINVAL, "fa_attn_fwd_async: %s is NULL",
+		                c == NULL ? "client" : "args");
+	fa__req_init(c, &req, FA_OP_ATTN_FWD);
 	if ((st = fwd_request(c, args, &req)) != FA_OK)
 		return st;
 	const fa_tensor *t[5] = {&args->q, &args->k, &args->v, &args->o, &args->lse};
 	for (int i = 0; i < 5; i++)
 		if (t[i]->buf != NULL && t[i]->buf->ops->kind != FA_REGION_CUDA_IPC)
-			return fa_fail(FA_EINVAL, "fa_attn_fwd_async: %s is a host buffer; the "
-			               "asynchronous mode takes device buffers "
-			               "(fa_buffer_register_device) only", names[i]);
-	if (socket_file_gone(c))
-		return fa_fail(FA_EUNAVAIL, "no daemon socket at %s: the daemon stopped", c->path);
-	if ((rep = rep_alloc()) == NULL)
+			return fa__fail(FA_EINVAL, "fa_attn_fwd_async: %s is a host buffer; the "
+			                "asynchronous mode takes device buffers "
+			                "(fa_buffer_register_device) only", names[i]);
+	if (fa__socket_file_gone(c))
+		return fa__fail(FA_EUNAVAIL, "no daemon socket at %s: the daemon stopped", c->path);
+	if ((rep = fa__rep_alloc()) == NULL)
 		return FA_ENOMEM;
-	int64_t deadline = fa_deadline(atomic_load(&c->timeout_ms));
+	int64_t deadline = fa__deadline(atomic_load(&c->timeout_ms));
 	if ((st = fa_transport_acquire(c->tr, deadline, &s)) != FA_OK) {
 		free(rep);
 		return st;
@@ -893,17 +602,17 @@ FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, v
 	st = fa_cuda_async_record(sl, stream, req.u.fwd.event);
 	if (st == FA_OK)
 		st = fa_transport_roundtrip(c->tr, s, &req, rep, deadline);
-	if (st == FA_OK && (st = reply_status(c, rep)) == FA_OK) {
+	if (st == FA_OK && (st = fa__reply_status(c, rep)) == FA_OK) {
 		if (!rep->u.fwd.async)
-			st = fa_fail(FA_EPROTO, "the daemon answered an asynchronous request "
-			             "without its completion event");
+			st = fa__fail(FA_EPROTO, "the daemon answered an asynchronous request "
+			              "without its completion event");
 		else
 			st = fa_cuda_async_wait(sl, stream, rep->u.fwd.event);
 	}
 	fa_transport_release(c->tr, s);
-	if (st == FA_ETIMEDOUT && socket_file_gone(c))
-		st = fa_fail(FA_EUNAVAIL, "no reply, and no daemon socket at %s: the daemon stopped",
-		             c->path);
+	if (st == FA_ETIMEDOUT && fa__socket_file_gone(c))
+		st = fa__fail(FA_EUNAVAIL, "no reply, and no daemon socket at %s: the daemon stopped",
+		              c->path);
 	free(rep);
 	return st;
 }

@@ -1,14 +1,17 @@
 /* fa_client_int.h - libfaclient's private parts, shared by the client sources and never installed.
  *
- * Layers, bottom up:
+ * Layers, bottom up (each file calls only the ones above it: no call cycle):
+ *   fa_util.c       this thread's detail text, debug lines, deadlines
  *   fa_transport.c  nanomsg REQ sockets: a pool, one socket per in-flight call (the only file that
  *                   includes <nanomsg/nn.h>, so the transport can change without touching the rest)
- *   fa_client.c     sessions (HELLO/BYE/reconnect), sequence numbers, argument checks, the calls
+ *   fa_call.c       one call on the session: request header, reply status, buffer registration
  *   fa_shm.c        host buffers in POSIX shared memory (one kind of buffer)
  *   fa_cuda.c       device buffers: the caller's cudaMalloc memory, exported as a CUDA IPC handle
  *                   (libcuda.so.1 loaded with dlopen on first use, never linked)
- * Everything here is hidden: the Makefile compiles client/ with -fvisibility=hidden and only the
- * FA_API declarations of fa/fa_client.h are exported.
+ *   fa_client.c     the public calls: sessions (HELLO/BYE/reconnect), argument checks, attention
+ * Internal helpers are named fa__ (libuv's uv__), which no public name uses. Everything here is
+ * hidden: the Makefile compiles client/ with -fvisibility=hidden and only the FA_API declarations
+ * of fa/fa_client.h (and fa/fa_types.h) are exported.
  */
 #ifndef FA_CLIENT_INT_H
 #define FA_CLIENT_INT_H
@@ -21,7 +24,9 @@
 #include <sys/types.h>
 
 #include "fa/fa_client.h"
+#include "fa_err.h"
 #include "fa_proto.h"
+#include "fa_time.h"
 
 /* Unix socket paths hold at most 107 bytes and a NUL; nanomsg aborts on 108..127. */
 #define FA_SOCK_PATH_MAX 108
@@ -30,18 +35,20 @@
 /* At most this many sockets (= calls in flight) per client; a call beyond waits for one. */
 #define FA_TRANSPORT_MAX_SOCKETS 64
 
-/* ---- errors and time (fa_client.c) ------------------------------------------------------------ */
+/* ---- errors and time (fa_util.c) -------------------------------------------------------------- */
 
 /* Clear this thread's detail text (at the start of every public call). */
-void fa_detail_clear(void);
-/* Set this thread's detail text (printf-style) and return st, so `return fa_fail(...)` reads. */
-__attribute__((format(printf, 2, 3))) fa_status fa_fail(fa_status st, const char *fmt, ...);
+void fa__detail_clear(void);
+/* Set this thread's detail text (printf-style) and return st, so `return fa__fail(...)` reads. */
+__attribute__((format(printf, 2, 3))) fa_status fa__fail(fa_status st, const char *fmt, ...);
+/* This thread's detail text: FA_PROTO_DETAIL_MAX bytes, thread-local, never NULL; the err buffer
+ * for common/ checks, whose texts become the detail as they are. */
+char *fa__detail(void);
 /* Print a line to stderr when FA_DEBUG is set in the environment; otherwise nothing. */
-__attribute__((format(printf, 1, 2))) void fa_debug(const char *fmt, ...);
-/* CLOCK_MONOTONIC in nanoseconds. */
-int64_t fa_now_ns(void);
-/* The deadline for a call of timeout_ms from now; 0 (wait forever) gives 0. */
-int64_t fa_deadline(int timeout_ms);
+__attribute__((format(printf, 1, 2))) void fa__debug(const char *fmt, ...);
+/* The deadline (CLOCK_MONOTONIC ns, fa_now_ns) for a call of timeout_ms from now; 0 (wait
+ * forever) gives 0. */
+int64_t fa__deadline(int timeout_ms);
 
 /* ---- transport (fa_transport.c) ----------------------------------------------------------------- */
 
@@ -73,7 +80,7 @@ fa_status fa_transport_roundtrip(struct fa_transport *t, struct fa_tslot *s,
                                  const struct fa_proto_req *req, struct fa_proto_rep *rep,
                                  int64_t deadline_ns);
 
-/* ---- client and buffers (fa_client.c) ------------------------------------------------------------ */
+/* ---- client and buffers ------------------------------------------------------------ */
 
 /* What differs between kinds of buffers (host shared memory now, CUDA IPC device memory later).
  * The client core only registers, re-registers and releases through this table. */
@@ -150,11 +157,30 @@ struct fa_client {
 	struct fa_async_slot async[FA_TRANSPORT_MAX_SOCKETS]; /* per socket slot (fa_cuda.c) */
 };
 
+/* ---- one call on the session (fa_call.c) ----------------------------------------------------- */
+
+/* A request for op on c's session, with the next sequence number (they start at 1: 0 marks a
+ * reply to a request the daemon could not decode). */
+void fa__req_init(fa_client *c, struct fa_proto_req *req, uint32_t op);
+/* The daemon's status from a reply, its detail kept as this thread's detail. */
+fa_status fa__reply_status(const fa_client *c, const struct fa_proto_rep *rep);
+/* Is the daemon's socket file gone? (A daemon that stopped removes it.) */
+bool fa__socket_file_gone(const fa_client *c);
+/* One call on a pooled socket within timeout_ms: returns the daemon's status or a transport
+ * status (FA_EUNAVAIL when the socket file is gone); the reply is in *rep when the status is the
+ * daemon's. */
+fa_status fa__call(fa_client *c, struct fa_proto_req *req, struct fa_proto_rep *rep,
+                   int timeout_ms);
+/* A reply buffer on the heap (the STATS text makes it large); NULL with the detail set when out
+ * of memory. Freed with free(). */
+struct fa_proto_rep *fa__rep_alloc(void);
+/* REGISTER b (already described by its ops) and return the region id in *region (0 on failure).
+ * Returns the daemon's status or a transport status. */
+fa_status fa__register_region(fa_client *c, fa_buffer *b, uint64_t *region);
 /* Register b (its ops and fields filled, region 0) with the daemon and add it to the client's list.
  * Returns the daemon's status or a transport status; on failure b is not in the list. */
-fa_status fa_buffer_register(fa_client *c, fa_buffer *b);
-
+fa_status fa__buffer_register(fa_client *c, fa_buffer *b);
 /* The group id owning the daemon's socket file, or false if it cannot be read. */
-bool fa_client_socket_gid(const fa_client *c, gid_t *gid);
+bool fa__socket_gid(const fa_client *c, gid_t *gid);
 
 #endif /* FA_CLIENT_INT_H */

@@ -66,12 +66,12 @@ static fa_status dev_not_exportable(cu_ptr p)
 	else
 		what = "a VMM allocation (cuMemCreate, e.g. PyTorch's expandable_segments) or other "
 		       "non-exportable memory";
-	return fa_fail(FA_EIPC,
-	               "device pointer 0x%llx is %s: CUDA IPC exports only plain cudaMalloc/"
-	               "cuMemAlloc allocations (pools, managed and VMM memory cannot be shared; "
-	               "copy into a cudaMalloc buffer, or unset PYTORCH_CUDA_ALLOC_CONF="
-	               "expandable_segments)",
-	               (unsigned long long)p, what);
+	return fa__fail(FA_EIPC,
+	                "device pointer 0x%llx is %s: CUDA IPC exports only plain cudaMalloc/"
+	                "cuMemAlloc allocations (pools, managed and VMM memory cannot be shared; "
+	                "copy into a cudaMalloc buffer, or unset PYTORCH_CUDA_ALLOC_CONF="
+	                "expandable_segments)",
+	                (unsigned long long)p, what);
 }
 
 /* Find the allocation, export it, read its GPU's UUID (the pointer's context pushed). */
@@ -89,34 +89,34 @@ static fa_status dev_export(fa_buffer *b, cu_ptr p, size_t size)
 
 	r = fa_cu->PointerGetAttribute(&ctx, CU_ATTR_CONTEXT, p);
 	if (r != 0)
-		return fa_fail(FA_EINVAL, "0x%llx is not a CUDA device pointer (%s)",
-		               (unsigned long long)p, fa_cu_errstr(r));
+		return fa__fail(FA_EINVAL, "0x%llx is not a CUDA device pointer (%s)",
+		                (unsigned long long)p, fa_cu_errstr(r));
 	if ((r = fa_cu->PointerGetAttribute(&capable, CU_ATTR_IS_LEGACY_IPC_CAPABLE, p)) != 0)
-		return fa_fail(FA_EINVAL, "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE) on "
-		               "0x%llx: %s", (unsigned long long)p, fa_cu_errstr(r));
+		return fa__fail(FA_EINVAL, "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE) on "
+		                "0x%llx: %s", (unsigned long long)p, fa_cu_errstr(r));
 	if (!capable)
 		return dev_not_exportable(p);
 	if ((r = fa_cu->PointerGetAttribute(&ordinal, CU_ATTR_DEVICE_ORDINAL, p)) != 0)
-		return fa_fail(FA_EINVAL, "cuPointerGetAttribute(DEVICE_ORDINAL) on 0x%llx: %s",
-		               (unsigned long long)p, fa_cu_errstr(r));
+		return fa__fail(FA_EINVAL, "cuPointerGetAttribute(DEVICE_ORDINAL) on 0x%llx: %s",
+		                (unsigned long long)p, fa_cu_errstr(r));
 	if (ctx != NULL && (r = fa_cu->CtxPushCurrent(ctx)) != 0)
-		return fa_fail(FA_EINVAL, "cuCtxPushCurrent for 0x%llx: %s", (unsigned long long)p,
-		               fa_cu_errstr(r));
+		return fa__fail(FA_EINVAL, "cuCtxPushCurrent for 0x%llx: %s", (unsigned long long)p,
+		                fa_cu_errstr(r));
 	if ((r = fa_cu->MemGetAddressRange(&base, &asize, p)) != 0) {
-		st = fa_fail(FA_EINVAL, "cuMemGetAddressRange(0x%llx): %s", (unsigned long long)p,
-		             fa_cu_errstr(r));
+		st = fa__fail(FA_EINVAL, "cuMemGetAddressRange(0x%llx): %s", (unsigned long long)p,
+		              fa_cu_errstr(r));
 	} else if (p - base > asize || size > asize - (p - base)) {
-		st = fa_fail(FA_EINVAL,
-		             "[0x%llx, +%zu) leaves its allocation [0x%llx, +%zu): a buffer must lie "
-		             "inside one cudaMalloc allocation",
-		             (unsigned long long)p, size, (unsigned long long)base, asize);
+		st = fa__fail(FA_EINVAL,
+		              "[0x%llx, +%zu) leaves its allocation [0x%llx, +%zu): a buffer must lie "
+		              "inside one cudaMalloc allocation",
+		              (unsigned long long)p, size, (unsigned long long)base, asize);
 	} else if ((r = fa_cu->IpcGetMemHandle(&h, base)) != 0) {
-		st = fa_fail(r == 1 ? FA_EIPC : FA_EINVAL,
-		             "cuIpcGetMemHandle(0x%llx): CUDA error %d (%s)",
-		             (unsigned long long)base, r, fa_cu_errstr(r));
+		st = fa__fail(r == 1 ? FA_EIPC : FA_EINVAL,
+		              "cuIpcGetMemHandle(0x%llx): CUDA error %d (%s)",
+		              (unsigned long long)base, r, fa_cu_errstr(r));
 	} else if ((r = fa_cu->DeviceGet(&dev, ordinal)) != 0 ||
 	           (r = fa_cu->DeviceGetUuid(uuid, dev)) != 0) {
-		st = fa_fail(FA_EINVAL, "the UUID of GPU %d: %s", ordinal, fa_cu_errstr(r));
+		st = fa__fail(FA_EINVAL, "the UUID of GPU %d: %s", ordinal, fa_cu_errstr(r));
 	}
 	if (ctx != NULL)
 		fa_cu->CtxPopCurrent(&popped);
@@ -136,34 +136,34 @@ FA_API fa_status fa_buffer_register_device(fa_client *c, void *dptr, size_t size
 	fa_buffer *b;
 	fa_status st;
 
-	fa_detail_clear();
+	fa__detail_clear();
 	if (out == NULL)
-		return fa_fail(FA_EINVAL, "fa_buffer_register_device: out is NULL");
+		return fa__fail(FA_EINVAL, "fa_buffer_register_device: out is NULL");
 	*out = NULL;
 	if (c == NULL)
-		return fa_fail(FA_EINVAL, "fa_buffer_register_device: client is NULL");
+		return fa__fail(FA_EINVAL, "fa_buffer_register_device: client is NULL");
 	if (dptr == NULL)
-		return fa_fail(FA_EINVAL, "fa_buffer_register_device: dptr is NULL");
+		return fa__fail(FA_EINVAL, "fa_buffer_register_device: dptr is NULL");
 	if (size == 0)
-		return fa_fail(FA_EINVAL, "buffer size is 0");
+		return fa__fail(FA_EINVAL, "buffer size is 0");
 	if ((st = fa_cu_load()) != FA_OK)
-		return fa_fail(st, "%s", fa_cu_why());
+		return fa__fail(st, "%s", fa_cu_why());
 	if ((b = calloc(1, sizeof *b)) == NULL)
-		return fa_fail(FA_ENOMEM, "no memory for a buffer");
+		return fa__fail(FA_ENOMEM, "no memory for a buffer");
 	b->client = c;
 	b->ops = &dev_ops;
 	b->size = size;
 	b->data = dptr;
 	if ((st = dev_export(b, (cu_ptr)(uintptr_t)dptr, size)) != FA_OK ||
-	    (st = fa_buffer_register(c, b)) != FA_OK) {
+	    (st = fa__buffer_register(c, b)) != FA_OK) {
 		free(b);
 		return st;
 	}
 	*out = b;
-	fa_debug("fa: device buffer 0x%llx (%zu bytes) registered: offset %" PRIu64
-	         " in a %" PRIu64 "-byte allocation, region %016" PRIx64,
-	         (unsigned long long)(uintptr_t)dptr, size, b->region_offset, b->u.dev.alloc_size,
-	         b->region);
+	fa__debug("fa: device buffer 0x%llx (%zu bytes) registered: offset %" PRIu64
+	          " in a %" PRIu64 "-byte allocation, region %016" PRIx64,
+	          (unsigned long long)(uintptr_t)dptr, size, b->region_offset, b->u.dev.alloc_size,
+	          b->region);
 	return FA_OK;
 }
 
@@ -179,14 +179,14 @@ static fa_status async_push(void *stream, cu_ctx *ctx)
 	cu_res r;
 
 	if ((st = fa_cu_load()) != FA_OK)
-		return fa_fail(st, "%s", fa_cu_why());
+		return fa__fail(st, "%s", fa_cu_why());
 	if ((r = fa_cu->StreamGetCtx(stream, ctx)) != 0)
-		return fa_fail(FA_EINVAL, "the stream's context (cuStreamGetCtx): CUDA error %d (%s); "
-		               "pass a CUstream / cudaStream_t of a live context, or NULL for the "
-		               "current context's default stream", r, fa_cu_errstr(r));
+		return fa__fail(FA_EINVAL, "the stream's context (cuStreamGetCtx): CUDA error %d (%s); "
+		                "pass a CUstream / cudaStream_t of a live context, or NULL for the "
+		                "current context's default stream", r, fa_cu_errstr(r));
 	if ((r = fa_cu->CtxPushCurrent(*ctx)) != 0)
-		return fa_fail(FA_EINVAL, "cuCtxPushCurrent: CUDA error %d (%s)", r,
-		               fa_cu_errstr(r));
+		return fa__fail(FA_EINVAL, "cuCtxPushCurrent: CUDA error %d (%s)", r,
+		                fa_cu_errstr(r));
 	return FA_OK;
 }
 
@@ -216,22 +216,22 @@ fa_status fa_cuda_async_record(struct fa_async_slot *sl, void *stream,
 	if (sl->ev == NULL) {
 		if ((r = fa_cu->EventCreate(&sl->ev, FA_EVENT_FLAGS)) != 0) {
 			sl->ev = NULL;
-			st = fa_fail(r == 2 ? FA_ENOMEM : FA_EINVAL,
-			             "cuEventCreate(INTERPROCESS): CUDA error %d (%s)", r,
-			             fa_cu_errstr(r));
+			st = fa__fail(r == 2 ? FA_ENOMEM : FA_EINVAL,
+			              "cuEventCreate(INTERPROCESS): CUDA error %d (%s)", r,
+			              fa_cu_errstr(r));
 		} else if ((r = fa_cu->IpcGetEventHandle(&h, sl->ev)) != 0) {
 			fa_cu->EventDestroy(sl->ev);
 			sl->ev = NULL;
-			st = fa_fail(FA_EINVAL, "cuIpcGetEventHandle: CUDA error %d (%s)", r,
-			             fa_cu_errstr(r));
+			st = fa__fail(FA_EINVAL, "cuIpcGetEventHandle: CUDA error %d (%s)", r,
+			              fa_cu_errstr(r));
 		} else {
 			memcpy(sl->ev_handle, h.reserved, sizeof sl->ev_handle);
 			sl->ctx = ctx;
 		}
 	}
 	if (st == FA_OK && (r = fa_cu->EventRecord(sl->ev, stream)) != 0)
-		st = fa_fail(FA_EINVAL, "cuEventRecord on the caller's stream: CUDA error %d (%s)", r,
-		             fa_cu_errstr(r));
+		st = fa__fail(FA_EINVAL, "cuEventRecord on the caller's stream: CUDA error %d (%s)", r,
+		              fa_cu_errstr(r));
 	if (st == FA_OK)
 		memcpy(handle, sl->ev_handle, FA_PROTO_IPC_HANDLE_LEN);
 	fa_cu->CtxPopCurrent(&popped);
@@ -257,18 +257,18 @@ fa_status fa_cuda_async_wait(struct fa_async_slot *sl, void *stream,
 		memcpy(h.reserved, handle, sizeof h.reserved);
 		if ((r = fa_cu->IpcOpenEventHandle(&sl->daemon_ev, h)) != 0) {
 			sl->daemon_ev = NULL;
-			st = fa_fail(FA_EDEVICE,
-			             "the daemon's completion event cannot be opened "
-			             "(cuIpcOpenEventHandle): CUDA error %d (%s); the kernel is "
-			             "enqueued: synchronise the whole device before reading O",
-			             r, fa_cu_errstr(r));
+			st = fa__fail(FA_EDEVICE,
+			              "the daemon's completion event cannot be opened "
+			              "(cuIpcOpenEventHandle): CUDA error %d (%s); the kernel is "
+			              "enqueued: synchronise the whole device before reading O",
+			              r, fa_cu_errstr(r));
 		} else {
 			memcpy(sl->daemon_handle, handle, sizeof sl->daemon_handle);
 		}
 	}
 	if (st == FA_OK && (r = fa_cu->StreamWaitEvent(stream, sl->daemon_ev, 0)) != 0)
-		st = fa_fail(FA_EDEVICE, "cuStreamWaitEvent on the daemon's event: CUDA error %d (%s)",
-		             r, fa_cu_errstr(r));
+		st = fa__fail(FA_EDEVICE, "cuStreamWaitEvent on the daemon's event: CUDA error %d (%s)",
+		              r, fa_cu_errstr(r));
 	fa_cu->CtxPopCurrent(&popped);
 	return st;
 }

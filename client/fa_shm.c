@@ -56,7 +56,7 @@ static fa_status random_name(char name[FA_PROTO_SHM_NAME_MAX])
 		n = getrandom(&r, sizeof r, 0);
 	while (n < 0 && errno == EINTR);
 	if (n != (ssize_t)sizeof r)
-		return fa_fail(FA_ESYS, "getrandom: %s", n < 0 ? strerror(errno) : "short read");
+		return fa__fail(FA_ESYS, "getrandom: %s", n < 0 ? strerror(errno) : "short read");
 	snprintf(name, FA_PROTO_SHM_NAME_MAX, "/fa.%u.%d.%016" PRIx64, (unsigned)geteuid(),
 	         (int)getpid(), r);
 	return FA_OK;
@@ -69,18 +69,18 @@ static fa_status set_group(fa_client *c, int fd, const char *name)
 {
 	gid_t gid;
 
-	if (!fa_client_socket_gid(c, &gid) || gid == getegid())
+	if (!fa__socket_gid(c, &gid) || gid == getegid())
 		return FA_OK;
 	if (geteuid() != 0 && !in_group(gid))
 		return FA_OK;
 	if (fchown(fd, (uid_t)-1, gid) == 0)
 		return FA_OK;
 	if (errno == EPERM) {
-		fa_debug("fa: %s: cannot give it group %u (EPERM); the daemon may not map it", name,
-		         (unsigned)gid);
+		fa__debug("fa: %s: cannot give it group %u (EPERM); the daemon may not map it", name,
+		          (unsigned)gid);
 		return FA_OK;
 	}
-	return fa_fail(FA_ESYS, "fchown %s to group %u: %s", name, (unsigned)gid, strerror(errno));
+	return fa__fail(FA_ESYS, "fchown %s to group %u: %s", name, (unsigned)gid, strerror(errno));
 }
 
 /* Create a new object of `size` bytes: a fresh name, mode 0660, the socket's group, its pages
@@ -97,17 +97,17 @@ static fa_status object_create(fa_client *c, size_t size, char name[FA_PROTO_SHM
 			return st;
 		*fd = shm_open(name, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0660);
 		if (*fd < 0 && errno != EEXIST)
-			return fa_fail(FA_ESYS, "shm_open %s: %s", name, strerror(errno));
+			return fa__fail(FA_ESYS, "shm_open %s: %s", name, strerror(errno));
 	}
 	if (*fd < 0)
-		return fa_fail(FA_ESYS, "shm_open: %d random names all existed", NAME_TRIES);
+		return fa__fail(FA_ESYS, "shm_open: %d random names all existed", NAME_TRIES);
 
 	st = set_group(c, *fd, name);
 	/* The umask may have cleared the group bits that shm_open was asked for. */
 	if (st == FA_OK && fchmod(*fd, 0660) != 0)
-		st = fa_fail(FA_ESYS, "fchmod %s: %s", name, strerror(errno));
+		st = fa__fail(FA_ESYS, "fchmod %s: %s", name, strerror(errno));
 	if (st == FA_OK && ftruncate(*fd, (off_t)size) != 0)
-		st = fa_fail(FA_ESYS, "ftruncate %s to %zu bytes: %s", name, size, strerror(errno));
+		st = fa__fail(FA_ESYS, "ftruncate %s to %zu bytes: %s", name, size, strerror(errno));
 	if (st == FA_OK) {
 		/* Reserve the pages now: a full /dev/shm is then a status here, not a SIGBUS at the
 		 * first write to the mapping, in this process or in the daemon. */
@@ -115,10 +115,10 @@ static fa_status object_create(fa_client *c, size_t size, char name[FA_PROTO_SHM
 			err = posix_fallocate(*fd, 0, (off_t)size);
 		while (err == EINTR);
 		if (err == ENOSPC || err == ENOMEM)
-			st = fa_fail(FA_ENOMEM, "no room for %zu bytes in /dev/shm (%s)", size,
-			             strerror(err));
+			st = fa__fail(FA_ENOMEM, "no room for %zu bytes in /dev/shm (%s)", size,
+			              strerror(err));
 		else if (err != 0 && err != EOPNOTSUPP && err != ENOSYS && err != EINVAL)
-			st = fa_fail(FA_ESYS, "posix_fallocate %s: %s", name, strerror(err));
+			st = fa__fail(FA_ESYS, "posix_fallocate %s: %s", name, strerror(err));
 	}
 	if (st != FA_OK) {
 		close(*fd);
@@ -184,8 +184,8 @@ static fa_status shm_revive(fa_buffer *b, bool force)
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0) {
-			st = fa_fail(FA_ESYS, "copying the buffer into %s: %s", name,
-			             n < 0 ? strerror(errno) : "short write");
+			st = fa__fail(FA_ESYS, "copying the buffer into %s: %s", name,
+			              n < 0 ? strerror(errno) : "short write");
 			break;
 		}
 		done += (size_t)n;
@@ -193,7 +193,7 @@ static fa_status shm_revive(fa_buffer *b, bool force)
 	if (st == FA_OK) {
 		m = mmap(b->data, b->size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
 		if (m == MAP_FAILED)
-			st = fa_fail(FA_ESYS, "mmap %s over the old mapping: %s", name, strerror(errno));
+			st = fa__fail(FA_ESYS, "mmap %s over the old mapping: %s", name, strerror(errno));
 	}
 	if (st != FA_OK) {
 		close(fd);
@@ -204,7 +204,7 @@ static fa_status shm_revive(fa_buffer *b, bool force)
 	close(fd);
 	if (force)
 		shm_unlink(b->u.shm.name); /* ours and no longer mapped here; ENOENT is fine */
-	fa_debug("fa: host buffer moved from %s to %s", b->u.shm.name, name);
+	fa__debug("fa: host buffer moved from %s to %s", b->u.shm.name, name);
 	memcpy(b->u.shm.name, name, sizeof name);
 	return FA_OK;
 }
@@ -216,7 +216,7 @@ static void shm_release(fa_buffer *b)
 		munmap(b->data, b->size);
 	b->data = NULL;
 	if (b->u.shm.name[0] != '\0' && shm_unlink(b->u.shm.name) != 0 && errno != ENOENT)
-		fa_debug("fa: shm_unlink %s: %s", b->u.shm.name, strerror(errno));
+		fa__debug("fa: shm_unlink %s: %s", b->u.shm.name, strerror(errno));
 	b->u.shm.name[0] = '\0';
 }
 
@@ -235,19 +235,19 @@ FA_API fa_status fa_buffer_alloc_host(fa_client *c, size_t size, fa_buffer **out
 	fa_status st;
 	int fd;
 
-	fa_detail_clear();
+	fa__detail_clear();
 	if (out == NULL)
-		return fa_fail(FA_EINVAL, "fa_buffer_alloc_host: out is NULL");
+		return fa__fail(FA_EINVAL, "fa_buffer_alloc_host: out is NULL");
 	*out = NULL;
 	if (c == NULL)
-		return fa_fail(FA_EINVAL, "fa_buffer_alloc_host: client is NULL");
+		return fa__fail(FA_EINVAL, "fa_buffer_alloc_host: client is NULL");
 	if (size == 0)
-		return fa_fail(FA_EINVAL, "buffer size is 0");
+		return fa__fail(FA_EINVAL, "buffer size is 0");
 	if (size > (size_t)INT64_MAX)
-		return fa_fail(FA_EINVAL, "buffer size %zu is above the largest file size", size);
+		return fa__fail(FA_EINVAL, "buffer size %zu is above the largest file size", size);
 	b = calloc(1, sizeof *b);
 	if (b == NULL)
-		return fa_fail(FA_ENOMEM, "no memory for a buffer");
+		return fa__fail(FA_ENOMEM, "no memory for a buffer");
 	b->client = c;
 	b->ops = &shm_ops;
 	b->size = size;
@@ -259,14 +259,14 @@ FA_API fa_status fa_buffer_alloc_host(fa_client *c, size_t size, fa_buffer **out
 	b->data = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd); /* the mapping keeps the object; reconnect reopens it by name */
 	if (b->data == MAP_FAILED) {
-		st = fa_fail(errno == ENOMEM ? FA_ENOMEM : FA_ESYS, "mmap %zu bytes of %s: %s", size,
-		             b->u.shm.name, strerror(errno));
+		st = fa__fail(errno == ENOMEM ? FA_ENOMEM : FA_ESYS, "mmap %zu bytes of %s: %s", size,
+		              b->u.shm.name, strerror(errno));
 		b->data = NULL;
 		shm_release(b);
 		free(b);
 		return st;
 	}
-	st = fa_buffer_register(c, b);
+	st = fa__buffer_register(c, b);
 	if (st != FA_OK) {
 		shm_release(b);
 		free(b);

@@ -66,22 +66,22 @@ fa_status fa_transport_open(struct fa_transport **out, const char *path)
 
 	*out = NULL;
 	if (strlen(path) >= FA_SOCK_PATH_MAX)
-		return fa_fail(FA_EINVAL, "socket path is %zu bytes; Unix sockets take at most %d",
-		               strlen(path), FA_SOCK_PATH_MAX - 1);
+		return fa__fail(FA_EINVAL, "socket path is %zu bytes; Unix sockets take at most %d",
+		                strlen(path), FA_SOCK_PATH_MAX - 1);
 	t = calloc(1, sizeof *t);
 	if (t == NULL)
-		return fa_fail(FA_ENOMEM, "no memory for the transport");
+		return fa__fail(FA_ENOMEM, "no memory for the transport");
 	snprintf(t->url, sizeof t->url, "ipc://%s", path);
 	if (pthread_condattr_init(&ca) != 0) {
 		free(t);
-		return fa_fail(FA_ESYS, "pthread_condattr_init failed");
+		return fa__fail(FA_ESYS, "pthread_condattr_init failed");
 	}
 	/* Deadlines are CLOCK_MONOTONIC: a wall-clock jump must not stretch or cut a wait. */
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	if (pthread_mutex_init(&t->lock, NULL) != 0 || pthread_cond_init(&t->freed, &ca) != 0) {
 		pthread_condattr_destroy(&ca);
 		free(t);
-		return fa_fail(FA_ESYS, "pthread mutex or condition init failed");
+		return fa__fail(FA_ESYS, "pthread mutex or condition init failed");
 	}
 	pthread_condattr_destroy(&ca);
 	*out = t;
@@ -126,7 +126,7 @@ void fa_transport_close(struct fa_transport *t)
 		return;
 	fa_transport_drop_idle(t);
 	if (t->nopen != 0)
-		fa_debug("fa: transport closed with %d sockets still in use", t->nopen);
+		fa__debug("fa: transport closed with %d sockets still in use", t->nopen);
 	pthread_cond_destroy(&t->freed);
 	pthread_mutex_destroy(&t->lock);
 	free(t);
@@ -137,13 +137,13 @@ static fa_status nn_fail(const char *what, int err)
 {
 	switch (err) {
 	case ETIMEDOUT:
-		return fa_fail(FA_ETIMEDOUT, "%s: timed out", what);
+		return fa__fail(FA_ETIMEDOUT, "%s: timed out", what);
 	case ETERM:
-		return fa_fail(FA_ECLOSED, "%s: nanomsg is terminating", what);
+		return fa__fail(FA_ECLOSED, "%s: nanomsg is terminating", what);
 	case ENOMEM:
-		return fa_fail(FA_ENOMEM, "%s: %s", what, nn_strerror(err));
+		return fa__fail(FA_ENOMEM, "%s: %s", what, nn_strerror(err));
 	default:
-		return fa_fail(FA_ESYS, "%s: %s", what, nn_strerror(err));
+		return fa__fail(FA_ESYS, "%s: %s", what, nn_strerror(err));
 	}
 }
 
@@ -168,7 +168,7 @@ static fa_status slot_open(struct fa_transport *t, struct fa_tslot **out)
 	*out = NULL;
 	s = calloc(1, sizeof *s);
 	if (s == NULL)
-		return fa_fail(FA_ENOMEM, "no memory for a socket");
+		return fa__fail(FA_ENOMEM, "no memory for a socket");
 	s->rcvtimeo = s->sndtimeo = -1; /* nanomsg's defaults */
 	s->resend = 60000;
 	s->clean = true;
@@ -232,9 +232,9 @@ fa_status fa_transport_acquire(struct fa_transport *t, int64_t deadline_ns, stru
 			if (pthread_cond_timedwait(&t->freed, &t->lock, &ts) == ETIMEDOUT &&
 			    t->idle == NULL && t->nopen >= FA_TRANSPORT_MAX_SOCKETS) {
 				pthread_mutex_unlock(&t->lock);
-				return fa_fail(FA_ETIMEDOUT,
-				               "all %d sockets of this client stayed busy until the timeout",
-				               FA_TRANSPORT_MAX_SOCKETS);
+				return fa__fail(FA_ETIMEDOUT,
+				                "all %d sockets of this client stayed busy until the timeout",
+				                FA_TRANSPORT_MAX_SOCKETS);
 			}
 		}
 	}
@@ -273,7 +273,7 @@ static int ms_left(int64_t deadline_ns)
 
 	if (deadline_ns == 0)
 		return -1;
-	left = deadline_ns - fa_now_ns();
+	left = deadline_ns - (int64_t)fa_now_ns();
 	if (left <= 0)
 		return 0;
 	left = (left + 999999) / 1000000;
@@ -316,16 +316,16 @@ static fa_status encode(const struct fa_proto_req *req, unsigned char *small, vo
 	if (st == FA_ETOOBIG) {
 		*heap = malloc(FA_PROTO_MAX_MSG);
 		if (*heap == NULL)
-			return fa_fail(FA_ENOMEM, "no memory to encode a request");
+			return fa__fail(FA_ENOMEM, "no memory to encode a request");
 		st = fa_proto_encode_req(req, *heap, FA_PROTO_MAX_MSG, len);
 		*buf = *heap;
 	}
 	if (st == FA_ETOOBIG)
-		return fa_fail(FA_ETOOBIG, "%s request is larger than the protocol's %d bytes",
-		               fa_proto_op_name(req->op), FA_PROTO_MAX_MSG);
+		return fa__fail(FA_ETOOBIG, "%s request is larger than the protocol's %d bytes",
+		                fa_proto_op_name(req->op), FA_PROTO_MAX_MSG);
 	if (st != FA_OK)
-		return fa_fail(st, "%s request could not be encoded (a field out of range)",
-		               fa_proto_op_name(req->op));
+		return fa__fail(st, "%s request could not be encoded (a field out of range)",
+		                fa_proto_op_name(req->op));
 	return FA_OK;
 }
 
@@ -350,8 +350,8 @@ static fa_status recv_reply(struct fa_tslot *s, const struct fa_proto_req *req, 
 		if (errno != ETIMEDOUT)
 			return nn_fail("nn_recv", errno);
 	}
-	return fa_fail(FA_ETIMEDOUT, "no reply to %s (seq %" PRIu64 ") within %" PRId64 " ms",
-	               fa_proto_op_name(req->op), req->seq, (fa_now_ns() - start) / 1000000);
+	return fa__fail(FA_ETIMEDOUT, "no reply to %s (seq %" PRIu64 ") within %" PRId64 " ms",
+	                fa_proto_op_name(req->op), req->seq, ((int64_t)fa_now_ns() - start) / 1000000);
 }
 
 /* One round trip; see fa_client_int.h. */
@@ -363,7 +363,7 @@ fa_status fa_transport_roundtrip(struct fa_transport *t, struct fa_tslot *s,
 	void *heap = NULL, *msg = NULL;
 	const void *buf = NULL;
 	char err[FA_PROTO_DETAIL_MAX];
-	int64_t start = fa_now_ns();
+	int64_t start = (int64_t)fa_now_ns();
 	size_t len = 0;
 	int n = 0, left;
 	fa_status st;
@@ -379,15 +379,15 @@ fa_status fa_transport_roundtrip(struct fa_transport *t, struct fa_tslot *s,
 	if (left == 0) {
 		free(heap);
 		s->clean = true;
-		return fa_fail(FA_ETIMEDOUT, "%s: the timeout passed before the request was sent",
-		               fa_proto_op_name(req->op));
+		return fa__fail(FA_ETIMEDOUT, "%s: the timeout passed before the request was sent",
+		                fa_proto_op_name(req->op));
 	}
 	st = slot_arm(s, left);
 	while (st == FA_OK && nn_send(s->sock, buf, len, 0) < 0) {
 		if (errno == EINTR && ms_left(deadline_ns) != 0)
 			continue;
-		st = errno == EINTR ? fa_fail(FA_ETIMEDOUT, "%s: send timed out",
-		                              fa_proto_op_name(req->op))
+		st = errno == EINTR ? fa__fail(FA_ETIMEDOUT, "%s: send timed out",
+		                               fa_proto_op_name(req->op))
 		                    : nn_fail("nn_send", errno);
 	}
 	free(heap);
@@ -403,10 +403,10 @@ fa_status fa_transport_roundtrip(struct fa_transport *t, struct fa_tslot *s,
 	st = fa_proto_decode_rep(msg, (size_t)n, rep, err, sizeof err);
 	nn_freemsg(msg);
 	if (st == FA_EVERSION)
-		return fa_fail(FA_EVERSION, "the daemon speaks protocol version %" PRIu32
-		               ", this library %d", rep->v, FA_PROTO_VERSION);
+		return fa__fail(FA_EVERSION, "the daemon speaks protocol version %" PRIu32
+		                ", this library %d", rep->v, FA_PROTO_VERSION);
 	if (st != FA_OK)
-		return fa_fail(st, "bad reply to %s: %s", fa_proto_op_name(req->op), err);
+		return fa__fail(st, "bad reply to %s: %s", fa_proto_op_name(req->op), err);
 	if (rep->op == req->op && rep->seq == req->seq)
 		return FA_OK;
 	/* A daemon that could not decode the request answers with op 0 and seq 0. */
@@ -415,7 +415,7 @@ fa_status fa_transport_roundtrip(struct fa_transport *t, struct fa_tslot *s,
 	/* REQ sockets match replies to requests themselves, so this is a daemon bug; the socket cannot
 	 * wait for another reply to this request, so the call fails. */
 	s->clean = false;
-	return fa_fail(FA_EPROTO,
-	               "reply to %s (seq %" PRIu64 ") answers %s (seq %" PRIu64 "); discarded",
-	               fa_proto_op_name(req->op), req->seq, fa_proto_op_name(rep->op), rep->seq);
+	return fa__fail(FA_EPROTO,
+	                "reply to %s (seq %" PRIu64 ") answers %s (seq %" PRIu64 "); discarded",
+	                fa_proto_op_name(req->op), req->seq, fa_proto_op_name(rep->op), rep->seq);
 }

@@ -55,7 +55,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fa/fa_client.h" /* fa_status */
+#include "fa_types.h" /* fa_status */
 
 /* ---- types: cuda.h's, as the 12.0 ABI passes them ------------------------------------------- */
 

@@ -31,6 +31,6 @@ fa_status backend_open(const char *which, struct backend **out, uv_loop_t *loop,
 		log_notice("backend: %s unavailable (%s), trying the next", (*o)->name, err);
 	}
 	if (st == FA_EINVAL && !any)
-		return util_fail(err, errlen, FA_EINVAL, "unknown backend '%s'", which);
+		return fa_err(err, errlen, FA_EINVAL, "unknown backend '%s'", which);
 	return st;
 }

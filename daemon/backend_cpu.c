@@ -163,7 +163,7 @@ static void *cpu_worker(void *arg)
 			backend_job_append(&b->run_head, &b->run_tail, job); /* round-robin: its next chunk waits its turn */
 		if (job->status == FA_OK) {
 			if (bh0 == 0) {
-				job->t_start = util_now_ns();
+				job->t_start = fa_now_ns();
 				atomic_fetch_add(&b->base.running, 1);
 			}
 			job->chunks_running++;
@@ -183,7 +183,7 @@ static void *cpu_worker(void *arg)
 				job->status = FA_ERANGE;
 				cpu_fail_detail(job, FA_ERANGE);
 			}
-			job->compute_ns = util_now_ns() - job->t_start;
+			job->compute_ns = fa_now_ns() - job->t_start;
 			atomic_fetch_sub(&b->base.running, 1);
 			backend_job_append(&b->done_head, &b->done_tail, job);
 			uv_async_send(&b->async);
@@ -329,10 +329,10 @@ static fa_status cpu_open(struct backend **out, uv_loop_t *loop, const struct co
 
 	*out = NULL;
 	if (cpu_install_sigbus() != FA_OK)
-		return util_fail(err, errlen, FA_ESYS, "installing the SIGBUS handler: %s",
-		                 strerror(errno));
+		return fa_err(err, errlen, FA_ESYS, "installing the SIGBUS handler: %s",
+		              strerror(errno));
 	if ((b = calloc(1, sizeof(*b))) == NULL)
-		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	b->base.ops = &backend_cpu_ops;
 	b->base.align = 0;
 	b->base.host_memory = true;
@@ -347,14 +347,14 @@ static fa_status cpu_open(struct backend **out, uv_loop_t *loop, const struct co
 		pthread_cond_destroy(&b->cv);
 		pthread_mutex_destroy(&b->mu);
 		free(b);
-		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	}
 	if ((rv = uv_async_init(loop, &b->async, cpu_async_cb)) != 0) {
 		free(b->workers);
 		pthread_cond_destroy(&b->cv);
 		pthread_mutex_destroy(&b->mu);
 		free(b);
-		return util_fail(err, errlen, FA_ESYS, "uv_async_init: %s", uv_strerror(rv));
+		return fa_err(err, errlen, FA_ESYS, "uv_async_init: %s", uv_strerror(rv));
 	}
 	b->async.data = b;
 
@@ -370,8 +370,8 @@ static fa_status cpu_open(struct backend **out, uv_loop_t *loop, const struct co
 		if ((rv = pthread_create(&b->workers[i], NULL, cpu_worker, b)) != 0) {
 			pthread_sigmask(SIG_SETMASK, &old, NULL);
 			b->nworkers = i;
-			util_fail(err, errlen, FA_ESYS, "starting worker thread %u: %s", i,
-			          strerror(rv));
+			fa_err(err, errlen, FA_ESYS, "starting worker thread %u: %s", i,
+			       strerror(rv));
 			cpu_close(&b->base, NULL, NULL);
 			return FA_ESYS;
 		}

@@ -300,17 +300,17 @@ static fa_status gpu_load_driver(struct gpu_cu *cu, char *err, size_t errlen)
 
 	cu->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
 	if (cu->lib == NULL)
-		return util_fail(err, errlen, FA_ENOGPU, "libcuda.so.1 cannot be loaded (%s)",
-		                 dlerror());
+		return fa_err(err, errlen, FA_ENOGPU, "libcuda.so.1 cannot be loaded (%s)",
+		              dlerror());
 	getproc = (getproc_t)(uintptr_t)dlsym(cu->lib, "cuGetProcAddress_v2");
 	if (getproc == NULL)
-		return util_fail(err, errlen, FA_ENOGPU, "CUDA driver too old: no cuGetProcAddress_v2");
+		return fa_err(err, errlen, FA_ENOGPU, "CUDA driver too old: no cuGetProcAddress_v2");
 #define GPU_SYM(field, name)                                                                   \
 	do {                                                                                   \
 		int st_ = 0;                                                                   \
 		if (getproc(name, (void **)&cu->field, 12000, 0, &st_) != 0 ||                 \
 		    cu->field == NULL)                                                         \
-			return util_fail(err, errlen, FA_ENOGPU, "CUDA driver lacks %s", name); \
+			return fa_err(err, errlen, FA_ENOGPU, "CUDA driver lacks %s", name); \
 	} while (0)
 	GPU_SYM(GetErrorString, "cuGetErrorString");
 	GPU_SYM(DeviceGetCount, "cuDeviceGetCount");
@@ -819,7 +819,7 @@ static void gpu_async_done(void *arg)
 		if (t->next != NULL)
 			t->next->prev = t->prev;
 		b->ntickets--;
-		t->job->compute_ns = util_now_ns() - t->t0;
+		t->job->compute_ns = fa_now_ns() - t->t0;
 		b->fwd_ok++;
 		gpu_async_finish_locked(b, t->job);
 		uv_async_send(&b->async);
@@ -868,11 +868,11 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 			}
 			memcpy(sl->wait_handle, job->wait_event, 64);
 		}
-		uint64_t tw = util_now_ns();
+		uint64_t tw = fa_now_ns();
 		if ((r = cu->StreamWaitEvent(od->stream, sl->wait, 0)) != 0)
 			return job->status = gpu_job_cuerr(d, job, r, "waiting for the client's event",
 			                                   sticky);
-		prof[0] = util_now_ns() - tw;
+		prof[0] = fa_now_ns() - tw;
 	}
 	if (sl->done == NULL) {
 		struct gpu_ipc_event h;
@@ -894,7 +894,7 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	}
 	t->b = b;
 	t->job = job;
-	t->t0 = util_now_ns();
+	t->t0 = fa_now_ns();
 	uint64_t tl = t->t0;
 	st = fa_gpu_attn_fwd(d->g, ds, (CUdeviceptr)(uintptr_t)job->q, (CUdeviceptr)(uintptr_t)job->k,
 	                     (CUdeviceptr)(uintptr_t)job->v, (CUdeviceptr)(uintptr_t)job->o,
@@ -906,7 +906,7 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 			*sticky = true;
 		return job->status = st;
 	}
-	uint64_t tr = util_now_ns();
+	uint64_t tr = fa_now_ns();
 	prof[1] = tr - tl;
 	if ((r = cu->EventRecord(sl->done, od->stream)) != 0) {
 		free(t);
@@ -914,7 +914,7 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 		                                   sticky);
 	}
 	memcpy(job->done_event, sl->done_handle, 64);
-	prof[2] = util_now_ns() - tr;
+	prof[2] = fa_now_ns() - tr;
 	/* Ticket first: the host function may run before LaunchHostFunc returns. */
 	pthread_mutex_lock(&b->mu);
 	for (int i = 0; i < 3; i++)
@@ -929,9 +929,9 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	job->kernel_done = job->reply_delivered = false;
 	backend_job_append(&b->done_head, &b->done_tail, job); /* the reply */
 	pthread_mutex_unlock(&b->mu);
-	uint64_t th = util_now_ns();
+	uint64_t th = fa_now_ns();
 	r = cu->LaunchHostFunc(od->stream, gpu_async_done, t);
-	th = util_now_ns() - th;
+	th = fa_now_ns() - th;
 	pthread_mutex_lock(&b->mu);
 	b->async_ns[3] += th;
 	pthread_mutex_unlock(&b->mu);
@@ -975,11 +975,11 @@ static void *gpu_owner_thread(void *arg)
 		}
 		pthread_mutex_unlock(&b->mu);
 		bool sticky = false;
-		uint64_t t0 = util_now_ns();
+		uint64_t t0 = fa_now_ns();
 		fa_status st = gpu_run_async(od, job, &sticky);
 		pthread_mutex_lock(&b->mu);
 		if (st != FA_OK) {
-			job->compute_ns = util_now_ns() - t0;
+			job->compute_ns = fa_now_ns() - t0;
 			gpu_job_done_locked(b, job, sticky);
 		} else if (sticky) {
 			gpu_fatal_locked(b, "the GPU faulted while enqueuing an asynchronous job");
@@ -1110,7 +1110,7 @@ static fa_status gpu_canary_init(struct gpu_dev *d, char *err, size_t errlen)
 	    (d->canary_ref = malloc(n * sizeof(double))) == NULL ||
 	    (d->canary_out = malloc(d->canary_bytes)) == NULL) {
 		free(host);
-		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	}
 	for (size_t i = 0; i < 3 * n; i++) {
 		x = x * 1664525u + 1013904223u;
@@ -1119,31 +1119,31 @@ static fa_status gpu_canary_init(struct gpu_dev *d, char *err, size_t errlen)
 	st = fa_attn_fwd_ref64(c, host, host + n, host + 2 * n, d->canary_ref, NULL);
 	if (st != FA_OK) {
 		free(host);
-		return util_fail(err, errlen, st, "the canary's reference failed");
+		return fa_err(err, errlen, st, "the canary's reference failed");
 	}
 	if ((r = cu->MemAlloc(&d->canary_mem, 4 * d->canary_bytes)) != 0) {
 		d->canary_mem = 0;
 		free(host);
-		return util_fail(err, errlen, r == 2 ? FA_ENOMEM : FA_ENOGPU,
-		                 "GPU %d: allocating the canary: CUDA error %d (%s)", d->ordinal, r,
-		                 gpu_errstr(d->b, r));
+		return fa_err(err, errlen, r == 2 ? FA_ENOMEM : FA_ENOGPU,
+		              "GPU %d: allocating the canary: CUDA error %d (%s)", d->ordinal, r,
+		              gpu_errstr(d->b, r));
 	}
 	r = cu->MemcpyHtoDAsync(d->canary_mem, host, 3 * d->canary_bytes, d->stream);
 	if (r == 0)
 		r = cu->StreamSynchronize(d->stream);
 	free(host);
 	if (r != 0)
-		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: uploading the canary: CUDA error "
-		                 "%d (%s)", d->ordinal, r, gpu_errstr(d->b, r));
+		return fa_err(err, errlen, FA_ENOGPU, "GPU %d: uploading the canary: CUDA error "
+		              "%d (%s)", d->ordinal, r, gpu_errstr(d->b, r));
 	/* An explicit tile: the canary must not count as (or queue) a class for the tuner. */
 	int nt = 0;
 	if ((st = fa_gpu_plan(d->g, c, &d->canary_tile, 1, &nt, err, errlen)) != FA_OK)
 		return st;
 	if (nt < 1)
-		return util_fail(err, errlen, FA_ENOFIT, "no tile for the canary");
+		return fa_err(err, errlen, FA_ENOFIT, "no tile for the canary");
 	if ((st = fa_gpu_prepare(d->g, c, &d->canary_tile, err, errlen)) != FA_OK)
 		return st;
-	atomic_store(&d->canary_ok_ns, util_now_ns());
+	atomic_store(&d->canary_ok_ns, fa_now_ns());
 	return FA_OK;
 }
 
@@ -1159,7 +1159,7 @@ static bool gpu_canary_run(struct gpu_dev *d, bool *sticky, bool *wrong, char *w
 	fa_status st;
 
 	*sticky = *wrong = false;
-	d->canary_last_ns = util_now_ns();
+	d->canary_last_ns = fa_now_ns();
 	r = cu->MemsetD8Async(o, 0xff, d->canary_bytes, d->stream); /* NaN: never passes */
 	if (r == 0) {
 		st = fa_gpu_attn_fwd_tile(d->g, &d->canary_desc, &d->canary_tile, q, k, v, o, 0,
@@ -1197,7 +1197,7 @@ static bool gpu_canary_run(struct gpu_dev *d, bool *sticky, bool *wrong, char *w
 		d->canary_failed++;
 	pthread_mutex_unlock(&d->b->mu);
 	if (ok)
-		atomic_store(&d->canary_ok_ns, util_now_ns());
+		atomic_store(&d->canary_ok_ns, fa_now_ns());
 	return ok;
 }
 
@@ -1211,7 +1211,7 @@ static bool gpu_canary_turn_locked(struct gpu_dev *d)
 	bool sticky, wrong;
 
 	if (d->canary_mem == 0 || fault_marked(&b->base) ||
-	    util_now_ns() - d->canary_last_ns < GPU_CANARY_EVERY_NS)
+	    fa_now_ns() - d->canary_last_ns < GPU_CANARY_EVERY_NS)
 		return false;
 	pthread_mutex_unlock(&b->mu);
 	why[0] = '\0';
@@ -1271,7 +1271,7 @@ static unsigned gpu_take_batch_locked(struct gpu_dev *d, struct backend_job **ou
 /* Hand a finished job back (mutex held). */
 static void gpu_job_done_locked(struct gpu_backend *b, struct backend_job *job, bool sticky)
 {
-	job->t_done = util_now_ns();
+	job->t_done = fa_now_ns();
 	if (job->status == FA_OK)
 		b->fwd_ok++;
 	else
@@ -1302,10 +1302,10 @@ static void *gpu_worker(void *arg)
 				continue;
 			if (spin) {
 				unsigned seen = atomic_load(&d->pushes);
-				uint64_t until = util_now_ns() + GPU_SPIN_NS;
+				uint64_t until = fa_now_ns() + GPU_SPIN_NS;
 				spin = false;
 				pthread_mutex_unlock(&b->mu);
-				while (atomic_load(&d->pushes) == seen && util_now_ns() < until)
+				while (atomic_load(&d->pushes) == seen && fa_now_ns() < until)
 					gpu_relax();
 				pthread_mutex_lock(&b->mu);
 				continue;
@@ -1349,7 +1349,7 @@ static void *gpu_worker(void *arg)
 		}
 		for (unsigned i = 0; i < n; i++) {
 			bool s1 = false;
-			t0[i] = util_now_ns();
+			t0[i] = fa_now_ns();
 			batch[i]->t_pick = t0[i];
 			gpu_enqueue(d, batch[i], d->stream, d->pipe_ev[i], &s1);
 			sticky |= s1;
@@ -1362,7 +1362,7 @@ static void *gpu_worker(void *arg)
 				d->busy = false;
 				pthread_mutex_unlock(&b->mu);
 			}
-			batch[i]->compute_ns = util_now_ns() - t0[i];
+			batch[i]->compute_ns = fa_now_ns() - t0[i];
 			pthread_mutex_lock(&b->mu);
 			atomic_fetch_sub(&b->base.running, 1);
 			gpu_job_done_locked(b, batch[i], s1 || (sticky && i + 1 == n));
@@ -1412,7 +1412,7 @@ static void gpu_async_cb(uv_async_t *h)
 					uv_idle_stop(&b->spin);
 			}
 			if (job->t_pick != 0 && job->t_done != 0) {
-				uint64_t now = util_now_ns();
+				uint64_t now = fa_now_ns();
 				pthread_mutex_lock(&b->mu);
 				b->lat_ns[0] += job->t_pick - job->t_submit;
 				b->lat_ns[1] += job->t_done - job->t_pick;
@@ -1443,11 +1443,11 @@ static bool gpu_try_inline(struct gpu_backend *b, struct gpu_dev *d, struct back
 	if (!idle)
 		return false;
 	bool sticky = false, s2 = false;
-	uint64_t t0 = util_now_ns();
+	uint64_t t0 = fa_now_ns();
 	b->cu.CtxSetCurrent(d->ctx);
 	gpu_enqueue(d, job, d->inline_stream, d->inline_ev, &sticky);
 	gpu_complete(d, job, d->inline_ev, &s2);
-	job->compute_ns = util_now_ns() - t0;
+	job->compute_ns = fa_now_ns() - t0;
 	pthread_mutex_lock(&b->mu);
 	b->lat_ns[3] += job->compute_ns;
 	atomic_fetch_sub(&b->base.running, 1);
@@ -1476,7 +1476,7 @@ static fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	job->compute_ns = 0;
 	job->detail[0] = '\0';
 	job->enqueued = job->kernel_done = job->reply_delivered = false;
-	job->t_submit = util_now_ns();
+	job->t_submit = fa_now_ns();
 	job->t_pick = job->t_done = 0;
 	job->loop_spin = false;
 	/* A kernel not loaded yet is compiled by a compile thread while the worker serves other
@@ -1555,7 +1555,7 @@ static unsigned gpu_cancel(struct backend *base, const void *owner, fa_status st
 static bool gpu_healthy(struct backend *base)
 {
 	struct gpu_backend *b = (struct gpu_backend *)base;
-	uint64_t now = util_now_ns();
+	uint64_t now = fa_now_ns();
 
 	if (fault_marked(base))
 		return false;
@@ -1596,7 +1596,7 @@ static fa_status gpu_region_open(struct backend *base, struct region *r,
 	gpu_res res;
 
 	if (fault_marked(&b->base))
-		return util_fail(err, errlen, FA_EDEVICE, "the GPU faulted; the daemon restarts");
+		return fa_err(err, errlen, FA_EDEVICE, "the GPU faulted; the daemon restarts");
 	/* Device memory: the device whose UUID the client named. */
 	for (unsigned i = 0; gpu_uuid != NULL && i < b->ndevs; i++)
 		if (memcmp(gpu_uuid, b->devs[i].uuid, 16) == 0)
@@ -1605,10 +1605,10 @@ static fa_status gpu_region_open(struct backend *base, struct region *r,
 	if (r->kind == FA_REGION_HOST_SHM) {
 		/* Portable: any context may copy from it (several devices later). */
 		if ((res = b->cu.MemHostRegister(r->base, (size_t)r->size, 1)) != 0)
-			return util_fail(err, errlen, res == 2 ? FA_ENOMEM : FA_ESYS,
-			                 "pinning the %" PRIu64 "-byte host buffer %s for the GPU "
-			                 "(cuMemHostRegister): CUDA error %d (%s)",
-			                 r->size, r->name, res, gpu_errstr(b, res));
+			return fa_err(err, errlen, res == 2 ? FA_ENOMEM : FA_ESYS,
+			              "pinning the %" PRIu64 "-byte host buffer %s for the GPU "
+			              "(cuMemHostRegister): CUDA error %d (%s)",
+			              r->size, r->name, res, gpu_errstr(b, res));
 		r->backend = b;
 		r->release = gpu_region_release;
 		return FA_OK;
@@ -1618,13 +1618,13 @@ static fa_status gpu_region_open(struct backend *base, struct region *r,
 		gpu_uuid_text(d->uuid, want);
 		gpu_uuid_text(gpu_uuid, got);
 		if (b->ndevs == 1)
-			return util_fail(err, errlen, FA_ENOTSUP,
-			                 "the buffer is on GPU %s; this daemon serves GPU %s (%s) only",
-			                 got, want, fa_gpu_name(d->g));
-		return util_fail(err, errlen, FA_ENOTSUP,
-		                 "the buffer is on GPU %s, which is not one of this daemon's %u GPUs "
-		                 "(GPU 0 is %s; CUDA_VISIBLE_DEVICES decides which it sees)",
-		                 got, b->ndevs, want);
+			return fa_err(err, errlen, FA_ENOTSUP,
+			              "the buffer is on GPU %s; this daemon serves GPU %s (%s) only",
+			              got, want, fa_gpu_name(d->g));
+		return fa_err(err, errlen, FA_ENOTSUP,
+		              "the buffer is on GPU %s, which is not one of this daemon's %u GPUs "
+		              "(GPU 0 is %s; CUDA_VISIBLE_DEVICES decides which it sees)",
+		              got, b->ndevs, want);
 	}
 	struct gpu_ipc_handle h;
 	gpu_ptr p = 0, abase = 0;
@@ -1636,28 +1636,28 @@ static fa_status gpu_region_open(struct backend *base, struct region *r,
 			pthread_mutex_lock(&b->mu);
 			gpu_fatal_locked(b, "cuIpcOpenMemHandle lost the context");
 			pthread_mutex_unlock(&b->mu);
-			return util_fail(err, errlen, FA_EDEVICE,
-			                 "cuIpcOpenMemHandle: CUDA error %d (%s)", res,
-			                 gpu_errstr(b, res));
+			return fa_err(err, errlen, FA_EDEVICE,
+			              "cuIpcOpenMemHandle: CUDA error %d (%s)", res,
+			              gpu_errstr(b, res));
 		}
-		return util_fail(err, errlen, res == 2 ? FA_ENOMEM : FA_EINVAL,
-		                 "the CUDA IPC handle cannot be opened: CUDA error %d (%s); it must "
-		                 "come from cuIpcGetMemHandle of a live cudaMalloc allocation of "
-		                 "another process on %s",
-		                 res, gpu_errstr(b, res), fa_gpu_name(d->g));
+		return fa_err(err, errlen, res == 2 ? FA_ENOMEM : FA_EINVAL,
+		              "the CUDA IPC handle cannot be opened: CUDA error %d (%s); it must "
+		              "come from cuIpcGetMemHandle of a live cudaMalloc allocation of "
+		              "another process on %s",
+		              res, gpu_errstr(b, res), fa_gpu_name(d->g));
 	}
 	/* The handle maps the whole allocation: it must hold what the client declared. */
 	res = b->cu.MemGetAddressRange(&abase, &asize, p);
 	if (res != 0 || (uint64_t)asize < r->size) {
 		b->cu.IpcCloseMemHandle(p);
 		if (res != 0)
-			return util_fail(err, errlen, FA_EINVAL,
-			                 "cuMemGetAddressRange on the opened handle: CUDA error %d (%s)",
-			                 res, gpu_errstr(b, res));
-		return util_fail(err, errlen, FA_ERANGE,
-		                 "the CUDA allocation behind the handle has %zu bytes, the "
-		                 "registration declares %" PRIu64,
-		                 asize, r->size);
+			return fa_err(err, errlen, FA_EINVAL,
+			              "cuMemGetAddressRange on the opened handle: CUDA error %d (%s)",
+			              res, gpu_errstr(b, res));
+		return fa_err(err, errlen, FA_ERANGE,
+		              "the CUDA allocation behind the handle has %zu bytes, the "
+		              "registration declares %" PRIu64,
+		              asize, r->size);
 	}
 	r->base = (void *)(uintptr_t)p;
 	r->backend = b;
@@ -1704,7 +1704,7 @@ static void gpu_stats(struct backend *base, char *buf, size_t cap)
 			canary_err = b->devs[i].canary_err;
 	}
 	pthread_mutex_unlock(&b->mu);
-	uint64_t now = util_now_ns(), canary_age = 0;
+	uint64_t now = fa_now_ns(), canary_age = 0;
 	for (unsigned i = 0; i < b->ndevs; i++) {
 		uint64_t t = atomic_load(&b->devs[i].canary_ok_ns);
 		if (now > t && now - t > canary_age)
@@ -1867,8 +1867,8 @@ static void gpu_close(struct backend *base, void (*closed)(void *arg), void *arg
 	/* Asynchronous kernels still running (the server drained, so normally none): wait a
 	 * bounded time for their host functions, then finish them as abandoned. */
 	pthread_mutex_lock(&b->mu);
-	uint64_t until = util_now_ns() + GPU_CLOSE_WAIT_NS;
-	while (b->tickets != NULL && util_now_ns() < until) {
+	uint64_t until = fa_now_ns() + GPU_CLOSE_WAIT_NS;
+	while (b->tickets != NULL && fa_now_ns() < until) {
 		struct timespec ts;
 		clock_gettime(CLOCK_REALTIME, &ts);
 		ts.tv_nsec += 50000000;
@@ -1927,14 +1927,14 @@ static fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordi
 	if ((r = b->cu.DeviceGet(&d->cudev, ordinal)) != 0 ||
 	    (r = b->cu.DevicePrimaryCtxRetain(&d->ctx, d->cudev)) != 0) {
 		d->ctx = NULL;
-		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: primary context: CUDA error %d (%s)",
-		                 ordinal, r, gpu_errstr(b, r));
+		return fa_err(err, errlen, FA_ENOGPU, "GPU %d: primary context: CUDA error %d (%s)",
+		              ordinal, r, gpu_errstr(b, r));
 	}
 	b->cu.CtxSetCurrent(d->ctx);
 	if ((r = b->cu.StreamCreate(&d->stream, 1 /* CU_STREAM_NON_BLOCKING */)) != 0) {
 		d->stream = NULL;
-		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: cuStreamCreate: CUDA error %d (%s)",
-		                 ordinal, r, gpu_errstr(b, r));
+		return fa_err(err, errlen, FA_ENOGPU, "GPU %d: cuStreamCreate: CUDA error %d (%s)",
+		              ordinal, r, gpu_errstr(b, r));
 	}
 	if ((r = b->cu.StreamCreate(&d->inline_stream, 1)) != 0 ||
 	    (r = b->cu.EventCreate(&d->inline_ev, GPU_EVENT_DISABLE_TIMING)) != 0) {
@@ -1949,9 +1949,9 @@ static fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordi
 	for (int i = 0; i < GPU_PIPE; i++)
 		if ((r = b->cu.EventCreate(&d->pipe_ev[i], GPU_EVENT_DISABLE_TIMING)) != 0) {
 			d->pipe_ev[i] = NULL;
-			return util_fail(err, errlen, FA_ENOGPU,
-			                 "GPU %d: cuEventCreate: CUDA error %d (%s)", ordinal, r,
-			                 gpu_errstr(b, r));
+			return fa_err(err, errlen, FA_ENOGPU,
+			              "GPU %d: cuEventCreate: CUDA error %d (%s)", ordinal, r,
+			              gpu_errstr(b, r));
 		}
 	return gpu_canary_init(d, err, errlen);
 }
@@ -1999,7 +1999,7 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 
 	*out = NULL;
 	if ((b = calloc(1, sizeof(*b))) == NULL)
-		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	pthread_mutex_init(&b->mu, NULL);
 	pthread_cond_init(&b->cv, NULL);
 	pthread_cond_init(&b->compile_cv, NULL);
@@ -2040,7 +2040,7 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 	gpu_tune_open(b, cfg);
 	if ((rv = uv_async_init(loop, &b->async, gpu_async_cb)) != 0) {
 		gpu_free(b);
-		return util_fail(err, errlen, FA_ESYS, "uv_async_init: %s", uv_strerror(rv));
+		return fa_err(err, errlen, FA_ESYS, "uv_async_init: %s", uv_strerror(rv));
 	}
 	b->async.data = b;
 	b->async_open = true;
@@ -2060,8 +2060,8 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 	for (unsigned i = 0; i < b->ndevs; i++) {
 		if ((rv = pthread_create(&b->devs[i].thread, NULL, gpu_worker, &b->devs[i])) != 0) {
 			pthread_sigmask(SIG_SETMASK, &old, NULL);
-			util_fail(err, errlen, FA_ESYS, "starting the GPU %u worker: %s", i,
-			          strerror(rv));
+			fa_err(err, errlen, FA_ESYS, "starting the GPU %u worker: %s", i,
+			       strerror(rv));
 			gpu_close(&b->base, NULL, NULL);
 			return FA_ESYS;
 		}

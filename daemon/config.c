@@ -221,21 +221,21 @@ static fa_status config_apply(struct config *c, const struct config_option *o, c
 		if (strncmp(path, "ipc://", 6) == 0)
 			path += 6;
 		if (*path == '\0')
-			return util_fail(err, errlen, FA_EINVAL, "%s: the socket path is empty",
-			                 origin);
+			return fa_err(err, errlen, FA_EINVAL, "%s: the socket path is empty",
+			              origin);
 		if (strlen(path) >= CONFIG_SOCKET_MAX)
-			return util_fail(err, errlen, FA_EINVAL,
-			                 "%s: socket path is %zu bytes; a Unix socket path must be "
-			                 "shorter than %d bytes",
-			                 origin, strlen(path), CONFIG_SOCKET_MAX);
+			return fa_err(err, errlen, FA_EINVAL,
+			              "%s: socket path is %zu bytes; a Unix socket path must be "
+			              "shorter than %d bytes",
+			              origin, strlen(path), CONFIG_SOCKET_MAX);
 		snprintf(config_field(c, o), o->size, "%s", path);
 		return FA_OK;
 	}
 	case CONFIG_STR:
 		if (strlen(value) >= o->size)
-			return util_fail(err, errlen, FA_EINVAL,
-			                 "%s: value is %zu bytes, at most %zu", origin,
-			                 strlen(value), o->size - 1);
+			return fa_err(err, errlen, FA_EINVAL,
+			              "%s: value is %zu bytes, at most %zu", origin,
+			              strlen(value), o->size - 1);
 		snprintf(config_field(c, o), o->size, "%s", value);
 		return FA_OK;
 	case CONFIG_ENUM:
@@ -250,37 +250,37 @@ static fa_status config_apply(struct config *c, const struct config_option *o, c
 			for (const char *const *ch = o->choices; *ch != NULL; ch++)
 				snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
 				         ch == o->choices ? "" : ", ", *ch);
-			return util_fail(err, errlen, FA_EINVAL, "%s: '%s' is not one of: %s",
-			                 origin, value, list);
+			return fa_err(err, errlen, FA_EINVAL, "%s: '%s' is not one of: %s",
+			              origin, value, list);
 		}
 	case CONFIG_INT:
 		if (!config_parse_i64(value, 10, &v))
-			return util_fail(err, errlen, FA_EINVAL, "%s: '%s' is not an integer",
-			                 origin, value);
+			return fa_err(err, errlen, FA_EINVAL, "%s: '%s' is not an integer",
+			              origin, value);
 		break;
 	case CONFIG_MODE:
 		if (!config_parse_i64(value, 8, &v))
-			return util_fail(err, errlen, FA_EINVAL, "%s: '%s' is not an octal mode",
-			                 origin, value);
+			return fa_err(err, errlen, FA_EINVAL, "%s: '%s' is not an octal mode",
+			              origin, value);
 		break;
 	case CONFIG_SIZE:
 		if (!config_parse_size(value, &v))
-			return util_fail(
+			return fa_err(
 			    err, errlen, FA_EINVAL,
 			    "%s: '%s' is not a size (bytes, or a number with K, M, G or T)", origin,
 			    value);
 		break;
 	default:
-		return util_fail(err, errlen, FA_EINVAL, "%s: unsupported option type", origin);
+		return fa_err(err, errlen, FA_EINVAL, "%s: unsupported option type", origin);
 	}
 	if (v < o->min || v > o->max) {
 		if (o->type == CONFIG_MODE)
-			return util_fail(err, errlen, FA_EINVAL, "%s: %s is out of range %04" PRIo64
-			                 "..%04" PRIo64, origin, value, (uint64_t)o->min,
-			                 (uint64_t)o->max);
-		return util_fail(err, errlen, FA_EINVAL,
-		                 "%s: %s is out of range %" PRId64 "..%" PRId64, origin, value,
-		                 o->min, o->max);
+			return fa_err(err, errlen, FA_EINVAL, "%s: %s is out of range %04" PRIo64
+			              "..%04" PRIo64, origin, value, (uint64_t)o->min,
+			              (uint64_t)o->max);
+		return fa_err(err, errlen, FA_EINVAL,
+		              "%s: %s is out of range %" PRId64 "..%" PRId64, origin, value,
+		              o->min, o->max);
 	}
 	config_store_int(c, o, v);
 	return FA_OK;
@@ -293,7 +293,7 @@ fa_status config_set(struct config *c, const char *name, const char *value, cons
 	const struct config_option *o = config_find(name, strlen(name));
 
 	if (o == NULL)
-		return util_fail(err, errlen, FA_EINVAL, "%s: unknown option '%s'", origin, name);
+		return fa_err(err, errlen, FA_EINVAL, "%s: unknown option '%s'", origin, name);
 	return config_apply(c, o, value, origin, err, errlen);
 }
 
@@ -359,12 +359,12 @@ fa_status config_load_file(struct config *c, const char *path, char *err, size_t
 	fa_status st = FA_OK;
 
 	if (f == NULL)
-		return util_fail(err, errlen, FA_ESYS, "--config %s: %s", path, strerror(errno));
+		return fa_err(err, errlen, FA_ESYS, "--config %s: %s", path, strerror(errno));
 	while (fgets(line, sizeof line, f) != NULL) {
 		lineno++;
 		snprintf(origin, sizeof origin, "%s:%u", path, lineno);
 		if (strchr(line, '\n') == NULL && !feof(f)) {
-			st = util_fail(err, errlen, FA_EINVAL, "%s: line too long", origin);
+			st = fa_err(err, errlen, FA_EINVAL, "%s: line too long", origin);
 			break;
 		}
 		char *hash = strchr(line, '#');
@@ -375,7 +375,7 @@ fa_status config_load_file(struct config *c, const char *path, char *err, size_t
 			continue;
 		char *eq = strchr(s, '=');
 		if (eq == NULL) {
-			st = util_fail(err, errlen, FA_EINVAL, "%s: expected name = value", origin);
+			st = fa_err(err, errlen, FA_EINVAL, "%s: expected name = value", origin);
 			break;
 		}
 		*eq = '\0';
@@ -387,15 +387,15 @@ fa_status config_load_file(struct config *c, const char *path, char *err, size_t
 			value++;
 		}
 		if (strcmp(name, "config") == 0) {
-			st = util_fail(err, errlen, FA_EINVAL,
-			               "%s: 'config' cannot be set in a file", origin);
+			st = fa_err(err, errlen, FA_EINVAL,
+			            "%s: 'config' cannot be set in a file", origin);
 			break;
 		}
 		if ((st = config_set(c, name, value, origin, err, errlen)) != FA_OK)
 			break;
 	}
 	if (st == FA_OK && ferror(f))
-		st = util_fail(err, errlen, FA_ESYS, "--config %s: read error", path);
+		st = fa_err(err, errlen, FA_ESYS, "--config %s: read error", path);
 	fclose(f);
 	return st;
 }
@@ -432,12 +432,12 @@ static fa_status config_short_flags(struct config *c, const char *arg, enum conf
 	}
 	for (const char *p = arg + 1; *p != '\0'; p++) {
 		if (*p != 'v')
-			return util_fail(err, errlen, FA_EINVAL, "unknown option '%s' (see --help)",
-			                 arg);
+			return fa_err(err, errlen, FA_EINVAL, "unknown option '%s' (see --help)",
+			              arg);
 		v++;
 	}
 	if (v == 0)
-		return util_fail(err, errlen, FA_EINVAL, "unknown option '%s' (see --help)", arg);
+		return fa_err(err, errlen, FA_EINVAL, "unknown option '%s' (see --help)", arg);
 	c->verbose = v > 2 ? 2 : v;
 	return FA_OK;
 }
@@ -467,23 +467,23 @@ fa_status config_parse_args(struct config *c, int argc, char **argv, enum config
 			continue;
 		}
 		if (strncmp(arg, "--", 2) != 0)
-			return util_fail(err, errlen, FA_EINVAL,
-			                 "unexpected argument '%s' (options start with --)", arg);
+			return fa_err(err, errlen, FA_EINVAL,
+			              "unexpected argument '%s' (options start with --)", arg);
 		const char *name = arg + 2;
 		const char *eq = strchr(name, '=');
 		size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
 		const struct config_option *o = config_find(name, nlen);
 		if (o == NULL)
-			return util_fail(err, errlen, FA_EINVAL,
-			                 "unknown option '--%.*s' (see --help)", (int)nlen, name);
+			return fa_err(err, errlen, FA_EINVAL,
+			              "unknown option '--%.*s' (see --help)", (int)nlen, name);
 		const char *value;
 		if (eq != NULL) {
 			value = eq + 1;
 		} else if (i + 1 < argc) {
 			value = argv[++i];
 		} else {
-			return util_fail(err, errlen, FA_EINVAL, "--%s needs a value (%s)", o->name,
-			                 o->metavar);
+			return fa_err(err, errlen, FA_EINVAL, "--%s needs a value (%s)", o->name,
+			              o->metavar);
 		}
 		char origin[64];
 		snprintf(origin, sizeof origin, "--%s", o->name);

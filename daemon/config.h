@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "fa/fa_client.h"
+#include "fa_types.h"
 
 #define CONFIG_SOCKET_MAX 108 /* sun_path, incl. NUL: a path of >= 108 bytes cannot be bound */
 #define CONFIG_PATH_MAX 4096

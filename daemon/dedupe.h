@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fa/fa_client.h"
+#include "fa_types.h"
 #include "ipc.h"
 
 #define DEDUPE_REPLY_MAX 1024 /* larger replies (STATS text) are not kept: recomputing is safe */

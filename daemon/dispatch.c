@@ -78,7 +78,7 @@ static bool dispatch_client_fault(fa_status st)
 static void dispatch_log_reply(struct server *srv, struct session *s,
                                const struct fa_proto_rep *rep, uint32_t pipe, uint64_t t_recv)
 {
-	double us = (double)(util_now_ns() - t_recv) / 1000.0;
+	double us = (double)(fa_now_ns() - t_recv) / 1000.0;
 	const char *op = fa_proto_op_name(rep->op);
 
 	(void)srv;
@@ -171,7 +171,7 @@ static void dispatch_fail(struct server *srv, struct session *s, struct dedupe_e
 	rep->status = st;
 	snprintf(rep->detail, sizeof rep->detail, "%s", detail);
 	if (peer != NULL)
-		dispatch_log_reply(srv, s, rep, peer->pipe, util_now_ns());
+		dispatch_log_reply(srv, s, rep, peer->pipe, fa_now_ns());
 	dispatch_send(srv, s, dd, hdr, rep);
 }
 
@@ -220,10 +220,10 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 {
 	struct server *srv = c->srv;
 	struct stats_info in = {
-		.version = util_version(),
+		.version = fa_version_string(),
 		.epoch = srv->epoch,
 		.pid = (long)getpid(),
-		.uptime_s = (util_now_ns() - srv->start_ns) / 1000000000u,
+		.uptime_s = (fa_now_ns() - srv->start_ns) / 1000000000u,
 		.backend = srv->backend ? backend_name(srv->backend) : "none",
 		.threads = srv->backend ? srv->backend->threads : 0,
 		.sessions = session_count(&srv->sessions),
@@ -260,13 +260,13 @@ static fa_status dispatch_register(struct dispatch_ctx *c)
 	switch (c->req->u.reg.kind) {
 	case FA_REGION_HOST_SHM:
 		if (!srv->backend->host_memory)
-			return util_fail(err, errlen, FA_ENOTSUP,
-			                 "the %s backend does not serve host shared memory",
-			                 backend_name(srv->backend));
+			return fa_err(err, errlen, FA_ENOTSUP,
+			              "the %s backend does not serve host shared memory",
+			              backend_name(srv->backend));
 		break;
 	case FA_REGION_CUDA_IPC:
 		if (!srv->backend->device_memory)
-			return util_fail(
+			return fa_err(
 			    err, errlen, FA_ENOTSUP,
 			    "CUDA IPC regions need the gpu backend; this daemon has no GPU "
 			    "backend: it runs the %s backend (host shared memory only, "
@@ -274,14 +274,14 @@ static fa_status dispatch_register(struct dispatch_ctx *c)
 			    backend_name(srv->backend));
 		break;
 	default:
-		return util_fail(err, errlen, FA_EINVAL, "unknown region kind %u",
-		                 c->req->u.reg.kind);
+		return fa_err(err, errlen, FA_EINVAL, "unknown region kind %u",
+		              c->req->u.reg.kind);
 	}
 	/* The limit before the mapping, so a flood of REGISTERs maps nothing. */
 	if (idmap_len(&s->regions) >= srv->sessions.max_regions)
-		return util_fail(err, errlen, FA_ELIMIT,
-		                 "the session has %zu regions, its limit (--max-regions)",
-		                 idmap_len(&s->regions));
+		return fa_err(err, errlen, FA_ELIMIT,
+		              "the session has %zu regions, its limit (--max-regions)",
+		              idmap_len(&s->regions));
 	bool ipc = c->req->u.reg.kind == FA_REGION_CUDA_IPC;
 	if (ipc)
 		st = region_open_ipc(&r, c->req->u.reg.size, srv->cfg->max_region_bytes, err,
@@ -316,8 +316,8 @@ static fa_status dispatch_unregister(struct dispatch_ctx *c)
 	uint64_t id = c->req->u.unreg.region;
 
 	if (session_region_remove(c->session, id) != FA_OK)
-		return util_fail(c->rep->detail, sizeof c->rep->detail, FA_EREGION,
-		                 "region %016" PRIx64 " is not registered in this session", id);
+		return fa_err(c->rep->detail, sizeof c->rep->detail, FA_EREGION,
+		              "region %016" PRIx64 " is not registered in this session", id);
 	log_info("session %016" PRIx64 ": region %016" PRIx64 " unregistered", c->session->id, id);
 	return FA_OK;
 }
@@ -343,7 +343,7 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	fa_status st;
 
 	if (s->inflight >= (unsigned)srv->cfg->max_inflight)
-		return util_fail(
+		return fa_err(
 		    err, errlen, FA_EBUSY,
 		    "the session has %u requests in flight, its limit (--max-inflight); "
 		    "retry when one has finished",
@@ -352,16 +352,16 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	/* The driver keeps IPC events in /dev/shm/cuda.shm.* files of mode 0600: an event of
 	 * another uid cannot be opened (measured: "mapping of buffer object failed"). */
 	if (async && s->uid != (uint32_t)geteuid())
-		return util_fail(err, errlen, FA_EPERM,
-		                 "asynchronous mode needs CUDA IPC events, which the driver shares "
-		                 "only between processes of one user (this client is uid %u, the "
-		                 "daemon uid %u): use synchronous mode",
-		                 s->uid, (unsigned)geteuid());
+		return fa_err(err, errlen, FA_EPERM,
+		              "asynchronous mode needs CUDA IPC events, which the driver shares "
+		              "only between processes of one user (this client is uid %u, the "
+		              "daemon uid %u): use synchronous mode",
+		              s->uid, (unsigned)geteuid());
 	if (async && !srv->backend->async_events)
-		return util_fail(err, errlen, FA_ENOTSUP,
-		                 "asynchronous mode needs the GPU backend; this daemon runs the %s "
-		                 "backend: use synchronous mode",
-		                 backend_name(srv->backend));
+		return fa_err(err, errlen, FA_ENOTSUP,
+		              "asynchronous mode needs the GPU backend; this daemon runs the %s "
+		              "backend: use synchronous mode",
+		              backend_name(srv->backend));
 	st = validate_attn_fwd(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
 		return st;
@@ -372,20 +372,20 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 		if (vr.region[i] == NULL)
 			continue;
 		if (async && !vr.on_device[i])
-			return util_fail(err, errlen, FA_EINVAL,
-			                 "asynchronous mode takes device buffers only; %s is in "
-			                 "host memory", names[i]);
+			return fa_err(err, errlen, FA_EINVAL,
+			              "asynchronous mode takes device buffers only; %s is in "
+			              "host memory", names[i]);
 		if (!vr.on_device[i])
 			continue;
 		if (dev >= 0 && vr.region[i]->dev != dev)
-			return util_fail(err, errlen, FA_EINVAL,
-			                 "%s is on the daemon's GPU %d, an earlier tensor on GPU %d: "
-			                 "one request's buffers must be on one GPU",
-			                 names[i], vr.region[i]->dev, dev);
+			return fa_err(err, errlen, FA_EINVAL,
+			              "%s is on the daemon's GPU %d, an earlier tensor on GPU %d: "
+			              "one request's buffers must be on one GPU",
+			              names[i], vr.region[i]->dev, dev);
 		dev = vr.region[i]->dev;
 	}
 	if ((r = calloc(1, sizeof(*r))) == NULL)
-		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	r->job.desc = vr.desc;
 	r->job.q = vr.q;
 	r->job.k = vr.k;
@@ -421,7 +421,7 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	r->pipe = c->peer->pipe;
 	if ((st = backend_submit(srv->backend, &r->job)) != FA_OK) {
 		dispatch_request_free(r);
-		return util_fail(err, errlen, st, "the backend did not take the request");
+		return fa_err(err, errlen, st, "the backend did not take the request");
 	}
 	s->inflight++;
 	srv->inflight++;
@@ -456,7 +456,7 @@ void dispatch_request(struct server *srv, const struct ipc_peer *peer, const str
 	struct fa_proto_req req;
 	char err[FA_PROTO_DETAIL_MAX];
 	const struct dispatch_op *op;
-	uint64_t t_recv = util_now_ns();
+	uint64_t t_recv = fa_now_ns();
 	fa_status st;
 
 	srv->stats.requests_total++;

@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fa/fa_client.h"
+#include "fa_types.h"
 
 struct idmap {
 	uint64_t *keys; /* 0 = empty */

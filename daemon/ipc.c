@@ -34,6 +34,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "fa_bytes.h"
 #include "idmap.h"
 #include "log.h"
 #include "util.h"
@@ -116,32 +117,6 @@ struct ipc {
 	uint64_t refused, warn_ms; /* connections refused; when that was last logged */
 	uint8_t rbuf[IPC_READ_BUF]; /* every read that is not into a body buffer (loop thread) */
 };
-
-/* ---- byte order --------------------------------------------------------------------------------- */
-
-static uint32_t ipc_get32(const uint8_t *p)
-{
-	return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static uint64_t ipc_get64(const uint8_t *p)
-{
-	return (uint64_t)ipc_get32(p) << 32 | ipc_get32(p + 4);
-}
-
-static void ipc_put32(uint8_t *p, uint32_t v)
-{
-	p[0] = (uint8_t)(v >> 24);
-	p[1] = (uint8_t)(v >> 16);
-	p[2] = (uint8_t)(v >> 8);
-	p[3] = (uint8_t)v;
-}
-
-static void ipc_put64(uint8_t *p, uint64_t v)
-{
-	ipc_put32(p, (uint32_t)(v >> 32));
-	ipc_put32(p + 4, (uint32_t)v);
-}
 
 /* ---- closing ------------------------------------------------------------------------------------ */
 
@@ -226,7 +201,7 @@ static void conn_deliver(struct ipc_conn *c, const uint8_t *p, size_t len)
 			break;
 	}
 	hdr.len = (uint32_t)(4 + bt);
-	ipc_put32(hdr.b, c->peer.pipe);
+	fa_put_be32(hdr.b, c->peer.pipe);
 	memcpy(hdr.b + 4, p, bt);
 	ipc->p.on_recv(ipc->p.arg, &c->peer, &hdr, p + bt, len - bt);
 }
@@ -275,7 +250,7 @@ static bool conn_frame(struct ipc_conn *c, uint64_t *len)
 	struct ipc *ipc = c->ipc;
 	char why[128];
 
-	*len = ipc_get64(c->head + 1);
+	*len = fa_get_be64(c->head + 1);
 	c->head_got = 0;
 	if (c->head[0] != IPC_MSG_NORMAL) {
 		snprintf(why, sizeof why, "message type %u (only %d exists)", c->head[0],
@@ -538,12 +513,12 @@ fa_status ipc_reply(struct ipc *ipc, const struct ipc_hdr *hdr, const void *buf,
 		return FA_ECLOSED;
 	if (hdr->len < 8 || hdr->len > IPC_HDR_MAX || hdr->len % 4 != 0)
 		return FA_EINVAL;
-	if ((c = idmap_get(&ipc->conns, ipc_get32(hdr->b))) == NULL)
+	if ((c = idmap_get(&ipc->conns, fa_get_be32(hdr->b))) == NULL)
 		return FA_OK; /* gone: nobody would read it */
 	bt = hdr->len - 4;
 	total = sizeof fh + bt + len;
 	fh[0] = IPC_MSG_NORMAL;
-	ipc_put64(fh + 1, bt + len);
+	fa_put_be64(fh + 1, bt + len);
 	uv_buf_t v[3] = {uv_buf_init((char *)fh, sizeof fh),
 	                 uv_buf_init((char *)hdr->b + 4, (unsigned)bt),
 	                 uv_buf_init((char *)buf, (unsigned)len)};
@@ -611,34 +586,34 @@ static fa_status ipc_prepare_path(const char *path, char *err, size_t errlen)
 	struct stat st;
 
 	if (strlen(path) >= sizeof(sa.sun_path))
-		return util_fail(err, errlen, FA_EINVAL,
-		                 "socket path %s is %zu bytes; a Unix socket path must be shorter "
-		                 "than %zu bytes",
-		                 path, strlen(path), sizeof(sa.sun_path));
+		return fa_err(err, errlen, FA_EINVAL,
+		              "socket path %s is %zu bytes; a Unix socket path must be shorter "
+		              "than %zu bytes",
+		              path, strlen(path), sizeof(sa.sun_path));
 	snprintf(dir, sizeof dir, "%s", path);
 	char *d = dirname(dir);
 	if (stat(d, &st) != 0) {
 		if (errno != ENOENT || mkdir(d, 0750) != 0)
-			return util_fail(err, errlen, FA_ESYS, "socket directory %s: %s", d,
-			                 strerror(errno));
+			return fa_err(err, errlen, FA_ESYS, "socket directory %s: %s", d,
+			              strerror(errno));
 		log_notice("ipc: created socket directory %s", d);
 	} else if (!S_ISDIR(st.st_mode)) {
-		return util_fail(err, errlen, FA_EINVAL, "%s is not a directory", d);
+		return fa_err(err, errlen, FA_EINVAL, "%s is not a directory", d);
 	}
 
 	if (lstat(path, &st) != 0) {
 		if (errno == ENOENT)
 			return FA_OK;
-		return util_fail(err, errlen, FA_ESYS, "socket %s: %s", path, strerror(errno));
+		return fa_err(err, errlen, FA_ESYS, "socket %s: %s", path, strerror(errno));
 	}
 	if (!S_ISSOCK(st.st_mode))
-		return util_fail(err, errlen, FA_EINVAL, "%s exists and is not a socket; refusing to "
-		                 "replace it", path);
+		return fa_err(err, errlen, FA_EINVAL, "%s exists and is not a socket; refusing to "
+		              "replace it", path);
 	/* A socket file: is a daemon behind it? Only a refused connect proves it is stale. The
 	 * probe connects and hangs up at once, which a daemon of ours shrugs off. */
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
-		return util_fail(err, errlen, FA_ESYS, "socket(): %s", strerror(errno));
+		return fa_err(err, errlen, FA_ESYS, "socket(): %s", strerror(errno));
 	memset(&sa, 0, sizeof sa);
 	sa.sun_family = AF_UNIX;
 	memcpy(sa.sun_path, path, strlen(path));
@@ -646,16 +621,16 @@ static fa_status ipc_prepare_path(const char *path, char *err, size_t errlen)
 	int e = errno;
 	close(fd);
 	if (rc == 0)
-		return util_fail(err, errlen, FA_EUNAVAIL,
-		                 "another daemon is live on %s (it accepted a connection); stop it "
-		                 "or choose another --socket",
-		                 path);
+		return fa_err(err, errlen, FA_EUNAVAIL,
+		              "another daemon is live on %s (it accepted a connection); stop it "
+		              "or choose another --socket",
+		              path);
 	if (e != ECONNREFUSED)
-		return util_fail(err, errlen, FA_ESYS, "socket %s: connect test failed: %s", path,
-		                 strerror(e));
+		return fa_err(err, errlen, FA_ESYS, "socket %s: connect test failed: %s", path,
+		              strerror(e));
 	if (unlink(path) != 0)
-		return util_fail(err, errlen, FA_ESYS, "removing the stale socket %s: %s", path,
-		                 strerror(errno));
+		return fa_err(err, errlen, FA_ESYS, "removing the stale socket %s: %s", path,
+		              strerror(errno));
 	log_notice("ipc: removed stale socket %s (nothing answered on it)", path);
 	return FA_OK;
 }
@@ -671,12 +646,12 @@ static fa_status ipc_bind(struct ipc *ipc, char *err, size_t errlen)
 
 	memcpy(sa.sun_path, ipc->path, strlen(ipc->path));
 	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) < 0)
-		return util_fail(err, errlen, FA_ESYS, "socket(): %s", strerror(errno));
+		return fa_err(err, errlen, FA_ESYS, "socket(): %s", strerror(errno));
 	if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
 		int e = errno;
 		close(fd);
-		return util_fail(err, errlen, e == EADDRINUSE ? FA_EUNAVAIL : FA_ESYS,
-		                 "binding %s: %s", ipc->path, strerror(e));
+		return fa_err(err, errlen, e == EADDRINUSE ? FA_EUNAVAIL : FA_ESYS,
+		              "binding %s: %s", ipc->path, strerror(e));
 	}
 	if (stat(ipc->path, &st) == 0) {
 		ipc->bound = true;
@@ -686,12 +661,12 @@ static fa_status ipc_bind(struct ipc *ipc, char *err, size_t errlen)
 	if (chmod(ipc->path, ipc->p.mode & 07777) != 0) {
 		int e = errno;
 		close(fd);
-		return util_fail(err, errlen, FA_ESYS, "setting the mode of %s to %04o: %s",
-		                 ipc->path, ipc->p.mode, strerror(e));
+		return fa_err(err, errlen, FA_ESYS, "setting the mode of %s to %04o: %s",
+		              ipc->path, ipc->p.mode, strerror(e));
 	}
 	if ((rv = uv_pipe_open(&ipc->server, fd)) != 0) {
 		close(fd);
-		return util_fail(err, errlen, FA_ESYS, "uv_pipe_open: %s", uv_strerror(rv));
+		return fa_err(err, errlen, FA_ESYS, "uv_pipe_open: %s", uv_strerror(rv));
 	}
 	return FA_OK;
 }
@@ -720,12 +695,12 @@ fa_status ipc_open(struct ipc **out, uv_loop_t *loop, const struct ipc_params *p
 
 	*out = NULL;
 	if (p->recv_max > IPC_RECV_MAX_LIMIT)
-		return util_fail(err, errlen, FA_EINVAL, "receive limit %zu is above %zu bytes",
-		                 p->recv_max, IPC_RECV_MAX_LIMIT);
+		return fa_err(err, errlen, FA_EINVAL, "receive limit %zu is above %zu bytes",
+		              p->recv_max, IPC_RECV_MAX_LIMIT);
 	if ((st = ipc_prepare_path(p->path, err, errlen)) != FA_OK)
 		return st;
 	if ((ipc = calloc(1, sizeof(*ipc))) == NULL)
-		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	ipc->loop = loop;
 	ipc->p = *p;
 	snprintf(ipc->path, sizeof ipc->path, "%s", p->path);
@@ -743,7 +718,7 @@ fa_status ipc_open(struct ipc **out, uv_loop_t *loop, const struct ipc_params *p
 		atomic_store(&ipc_next_id, (uint32_t)seed);
 	if ((rv = uv_pipe_init(loop, &ipc->server, 0)) != 0) {
 		free(ipc);
-		return util_fail(err, errlen, FA_ESYS, "uv_pipe_init: %s", uv_strerror(rv));
+		return fa_err(err, errlen, FA_ESYS, "uv_pipe_init: %s", uv_strerror(rv));
 	}
 	ipc->server.data = ipc;
 	ipc->handles = 1;
@@ -751,8 +726,8 @@ fa_status ipc_open(struct ipc **out, uv_loop_t *loop, const struct ipc_params *p
 	if ((st = ipc_bind(ipc, err, errlen)) != FA_OK)
 		goto fail;
 	if ((rv = uv_listen((uv_stream_t *)&ipc->server, SOMAXCONN, ipc_connection_cb)) != 0) {
-		st = util_fail(err, errlen, FA_ESYS, "listening on %s: %s", ipc->path,
-		               uv_strerror(rv));
+		st = fa_err(err, errlen, FA_ESYS, "listening on %s: %s", ipc->path,
+		            uv_strerror(rv));
 		goto fail;
 	}
 	*out = ipc;

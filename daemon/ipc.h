@@ -25,7 +25,7 @@
 
 #include <uv.h>
 
-#include "fa/fa_client.h"
+#include "fa_types.h"
 
 #define IPC_HOPS_MAX 15 /* SP backtrace words accepted (devices in between); more: dropped */
 #define IPC_HDR_MAX 64  /* the connection id, then the backtrace: 4 bytes per hop */

@@ -77,7 +77,7 @@ int main(int argc, char **argv)
 		return MAIN_EXIT_OK;
 	}
 	if (action == CONFIG_VERSION) {
-		printf("fa-daemon %s (protocol %d)\n", util_version(), FA_PROTO_VERSION);
+		printf("fa-daemon %s (protocol %d)\n", fa_version_string(), FA_PROTO_VERSION);
 		return MAIN_EXIT_OK;
 	}
 	log_init(cfg.verbose);

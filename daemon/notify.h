@@ -8,7 +8,7 @@
 #ifndef FA_DAEMON_NOTIFY_H
 #define FA_DAEMON_NOTIFY_H
 
-#include "fa/fa_client.h"
+#include "fa_types.h"
 
 /* Send `state` (newline-separated assignments). FA_OK also when $NOTIFY_SOCKET is unset (not
  * under systemd: nothing to do); FA_EINVAL when it is malformed or too long; FA_ESYS when the

@@ -64,65 +64,65 @@ fa_status region_open_shm(struct region **out, const char *name, uint64_t size, 
 
 	*out = NULL;
 	if (!region_name_valid(name))
-		return util_fail(
+		return fa_err(
 		    err, errlen, FA_EINVAL,
 		    "shm name '%.64s' is not of the form /fa.<uid>.<pid>.<16 hex digits>", name);
 	if (size == 0)
-		return util_fail(err, errlen, FA_EINVAL, "region size is 0");
+		return fa_err(err, errlen, FA_EINVAL, "region size is 0");
 	if (size > max_bytes || size > (uint64_t)SIZE_MAX)
-		return util_fail(err, errlen, FA_EINVAL,
-		                 "region size %" PRIu64 " is above this daemon's limit of %" PRIu64
-		                 " bytes (--max-region-bytes)",
-		                 size, max_bytes);
+		return fa_err(err, errlen, FA_EINVAL,
+		              "region size %" PRIu64 " is above this daemon's limit of %" PRIu64
+		              " bytes (--max-region-bytes)",
+		              size, max_bytes);
 	/* O_NOFOLLOW: /dev/shm is world-writable; never follow a link planted there. */
 	fd = shm_open(name, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
 	if (fd < 0) {
 		int e = errno;
 		if (e == ENOENT)
-			return util_fail(err, errlen, FA_EINVAL, "shm object %s does not exist",
-			                 name);
+			return fa_err(err, errlen, FA_EINVAL, "shm object %s does not exist",
+			              name);
 		if (e == EACCES || e == EPERM || e == ELOOP)
-			return util_fail(
+			return fa_err(
 			    err, errlen, FA_EPERM,
 			    "the daemon may not open shm object %s read-write (%s); give "
 			    "it mode 0660 and the socket's group",
 			    name, strerror(e));
-		return util_fail(err, errlen, FA_ESYS, "shm_open %s: %s", name, strerror(e));
+		return fa_err(err, errlen, FA_ESYS, "shm_open %s: %s", name, strerror(e));
 	}
 	if (fstat(fd, &st) != 0) {
 		int e = errno;
 		close(fd);
-		return util_fail(err, errlen, FA_ESYS, "fstat %s: %s", name, strerror(e));
+		return fa_err(err, errlen, FA_ESYS, "fstat %s: %s", name, strerror(e));
 	}
 	if (!S_ISREG(st.st_mode)) {
 		close(fd);
-		return util_fail(err, errlen, FA_EINVAL, "shm object %s is not a regular file",
-		                 name);
+		return fa_err(err, errlen, FA_EINVAL, "shm object %s is not a regular file",
+		              name);
 	}
 	/* The connection's uid must own the memory: otherwise one client could make the daemon
 	 * read or write another user's shared memory (a confused deputy). */
 	if (st.st_uid != peer_uid) {
 		close(fd);
-		return util_fail(err, errlen, FA_EPERM,
-		                 "shm object %s belongs to uid %u, not to the connection's uid %u",
-		                 name, (unsigned)st.st_uid, (unsigned)peer_uid);
+		return fa_err(err, errlen, FA_EPERM,
+		              "shm object %s belongs to uid %u, not to the connection's uid %u",
+		              name, (unsigned)st.st_uid, (unsigned)peer_uid);
 	}
 	if ((uint64_t)st.st_size < size) {
 		close(fd);
-		return util_fail(err, errlen, FA_ERANGE,
-		                 "shm object %s has %" PRIu64
-		                 " bytes, the registration declares %" PRIu64,
-		                 name, (uint64_t)st.st_size, size);
+		return fa_err(err, errlen, FA_ERANGE,
+		              "shm object %s has %" PRIu64
+		              " bytes, the registration declares %" PRIu64,
+		              name, (uint64_t)st.st_size, size);
 	}
 	base = mmap(NULL, (size_t)size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	int e = errno;
 	close(fd); /* the mapping keeps the object alive */
 	if (base == MAP_FAILED)
-		return util_fail(err, errlen, e == ENOMEM ? FA_ENOMEM : FA_ESYS, "mmap %s (%" PRIu64
-		                 " bytes): %s", name, size, strerror(e));
+		return fa_err(err, errlen, e == ENOMEM ? FA_ENOMEM : FA_ESYS, "mmap %s (%" PRIu64
+		              " bytes): %s", name, size, strerror(e));
 	if ((r = calloc(1, sizeof(*r))) == NULL) {
 		munmap(base, (size_t)size);
-		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	}
 	r->refs = 1;
 	r->kind = FA_REGION_HOST_SHM;
@@ -144,14 +144,14 @@ fa_status region_open_ipc(struct region **out, uint64_t size, uint64_t max_bytes
 
 	*out = NULL;
 	if (size == 0)
-		return util_fail(err, errlen, FA_EINVAL, "region size is 0");
+		return fa_err(err, errlen, FA_EINVAL, "region size is 0");
 	if (size > max_bytes)
-		return util_fail(err, errlen, FA_EINVAL,
-		                 "region size %" PRIu64 " is above this daemon's limit of %" PRIu64
-		                 " bytes (--max-region-bytes)",
-		                 size, max_bytes);
+		return fa_err(err, errlen, FA_EINVAL,
+		              "region size %" PRIu64 " is above this daemon's limit of %" PRIu64
+		              " bytes (--max-region-bytes)",
+		              size, max_bytes);
 	if ((r = calloc(1, sizeof(*r))) == NULL)
-		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	r->refs = 1;
 	r->kind = FA_REGION_CUDA_IPC;
 	r->dev = -1; /* the backend's region_open sets it */

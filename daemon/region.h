@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fa/fa_client.h"
+#include "fa_types.h"
 #include "fa_proto.h"
 
 struct region {

@@ -124,10 +124,10 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 	memset(srv, 0, sizeof(*srv));
 	srv->cfg = cfg;
 	srv->loop = loop;
-	srv->start_ns = util_now_ns();
+	srv->start_ns = fa_now_ns();
 	srv->state = SERVER_RUNNING;
 	if ((st = util_random_u64(&srv->epoch)) != FA_OK)
-		return util_fail(err, errlen, st, "no randomness for the epoch");
+		return fa_err(err, errlen, st, "no randomness for the epoch");
 	unsigned ring = (unsigned)cfg->max_inflight + SERVER_DEDUPE_EXTRA;
 	session_table_init(&srv->sessions, (unsigned)cfg->max_sessions, (unsigned)cfg->max_regions,
 	                   ring < SERVER_DEDUPE_MAX ? ring : SERVER_DEDUPE_MAX);
@@ -137,7 +137,7 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 	srv->sessions.on_free_arg = srv;
 
 	config_describe(cfg, desc, sizeof desc);
-	log_notice("fa-daemon %s (protocol %d) pid %ld starting", util_version(),
+	log_notice("fa-daemon %s (protocol %d) pid %ld starting", fa_version_string(),
 	           FA_PROTO_VERSION, (long)getpid());
 	log_notice("config: %s", desc);
 
@@ -230,7 +230,7 @@ static void server_teardown(struct server *srv)
 static void server_linger_cb(uv_timer_t *t)
 {
 	struct server *srv = t->data;
-	uint64_t now = util_now_ns();
+	uint64_t now = fa_now_ns();
 	bool quiet = srv->ipc == NULL || ipc_sends_pending(srv->ipc) == 0;
 
 	if (quiet || now - srv->linger_start_ns >= SERVER_LINGER_MAX_NS) {
@@ -246,7 +246,7 @@ static void server_check_drained(struct server *srv)
 	if (srv->state != SERVER_DRAINING || srv->inflight > 0)
 		return;
 	srv->state = SERVER_LINGER;
-	srv->linger_start_ns = util_now_ns();
+	srv->linger_start_ns = fa_now_ns();
 	log_info("server: every request answered; closing the socket");
 	if (uv_timer_init(srv->loop, &srv->timer) != 0) {
 		server_teardown(srv);

@@ -39,11 +39,11 @@ fa_status session_open(struct session_table *t, const struct ipc_peer *peer, con
 
 	*out = NULL;
 	if (session_count(t) >= t->max_sessions)
-		return util_fail(err, errlen, FA_ELIMIT,
-		                 "the daemon has %u open sessions, its limit (--max-sessions)",
-		                 session_count(t));
+		return fa_err(err, errlen, FA_ELIMIT,
+		              "the daemon has %u open sessions, its limit (--max-sessions)",
+		              session_count(t));
 	if ((s = calloc(1, sizeof(*s))) == NULL)
-		return util_fail(err, errlen, FA_ENOMEM, "out of memory");
+		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	s->uid = peer->uid;
 	s->pid = peer->pid;
 	snprintf(s->name, sizeof s->name, "%s", name ? name : "");
@@ -55,13 +55,13 @@ fa_status session_open(struct session_table *t, const struct ipc_peer *peer, con
 		goto out_free;
 	do {
 		if ((st = util_random_u64(&s->id)) != FA_OK) {
-			util_fail(err, errlen, st, "no randomness for a session id");
+			fa_err(err, errlen, st, "no randomness for a session id");
 			goto out_free;
 		}
 	} while (session_find(t, s->id) != NULL);
 	if ((st = session_attach(s, peer)) != FA_OK ||
 	    (st = idmap_put(&t->map, s->id, s)) != FA_OK) {
-		util_fail(err, errlen, st, "out of memory");
+		fa_err(err, errlen, st, "out of memory");
 		goto out_free;
 	}
 	t->opened_total++;
@@ -75,7 +75,7 @@ out_free:
 	free(s->pipes);
 	free(s);
 	if (st == FA_ENOMEM)
-		util_fail(err, errlen, st, "out of memory");
+		fa_err(err, errlen, st, "out of memory");
 	return st;
 }
 
@@ -200,15 +200,15 @@ fa_status session_region_add(struct session *s, struct region *r, char *err, siz
 	fa_status st;
 
 	if (idmap_len(&s->regions) >= s->table->max_regions)
-		return util_fail(err, errlen, FA_ELIMIT,
-		                 "the session has %zu regions, its limit (--max-regions)",
-		                 idmap_len(&s->regions));
+		return fa_err(err, errlen, FA_ELIMIT,
+		              "the session has %zu regions, its limit (--max-regions)",
+		              idmap_len(&s->regions));
 	do {
 		if ((st = util_random_u64(&r->id)) != FA_OK)
-			return util_fail(err, errlen, st, "no randomness for a region id");
+			return fa_err(err, errlen, st, "no randomness for a region id");
 	} while (idmap_get(&s->regions, r->id) != NULL);
 	if ((st = idmap_put(&s->regions, r->id, r)) != FA_OK)
-		return util_fail(err, errlen, st, "out of memory");
+		return fa_err(err, errlen, st, "out of memory");
 	return FA_OK;
 }
 

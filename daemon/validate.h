@@ -16,7 +16,15 @@
 #include "region.h"
 #include "session.h"
 
-enum { VALIDATE_Q, VALIDATE_K, VALIDATE_V, VALIDATE_O, VALIDATE_LSE, VALIDATE_NTENSORS };
+/* The tensors by index, as common/fa_check.h numbers them (fa_fwd_names). */
+enum {
+	VALIDATE_Q = FA_FWD_Q,
+	VALIDATE_K = FA_FWD_K,
+	VALIDATE_V = FA_FWD_V,
+	VALIDATE_O = FA_FWD_O,
+	VALIDATE_LSE = FA_FWD_LSE,
+	VALIDATE_NTENSORS = FA_FWD_NTENSORS
+};
 
 struct validate_result {
 	struct fa_attn_fwd_desc desc;              /* scale and precision resolved */

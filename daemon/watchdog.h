@@ -13,7 +13,7 @@
 
 #include <uv.h>
 
-#include "fa/fa_client.h"
+#include "fa_types.h"
 
 /* Returns whether the service is healthy now; called on the loop thread. */
 typedef bool (*watchdog_check_fn)(void *arg);

@@ -11,9 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fa/fa_client.h" /* fa_status, fa_dtype, fa_mask, fa_precision */
-
-#define FA_ATTN_MAX_HEAD_DIM 256
+#include "fa_check.h" /* fa_dtype_size, fa_tensor_extent, FA_ATTN_MAX_HEAD_DIM: the request rules */
+#include "fa_types.h"
 
 /* A forward problem. Strides are in elements; the head dim is contiguous (stride 1).
  * Q, O: [B, Sq, Hq, D] addressed by (q_stride[0]*b + q_stride[1]*s + q_stride[2]*h + d).
@@ -28,12 +27,6 @@ struct fa_attn_fwd_desc {
 	int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3]; /* batch, seq, head */
 	int64_t lse_stride[3];  /* batch, head, seq */
 };
-
-/* Bytes per element of a dtype; 0 for an unknown one. */
-size_t fa_dtype_size(fa_dtype dt);
-
-/* Name of a dtype ("bf16"); "?" for an unknown one. Static storage. */
-const char *fa_dtype_name(fa_dtype dt);
 
 /* Parse "fp16" / "bf16" / "fp32" (also "f16", "half", "float", "float32"...). Returns false if
  * unknown. */
@@ -59,12 +52,6 @@ static inline bool fa_mask_allows(fa_mask m, int64_t Sq, int64_t Sk, int64_t i, 
 	default: return true;
 	}
 }
-
-/* The byte range [*lo, *hi) that a strided tensor of `ndim` dimensions touches, relative to its
- * base, with overflow-checked arithmetic. Sizes must be >= 1 and strides >= 0. Returns false on
- * overflow (past INT64_MAX) or a bad size. */
-bool fa_tensor_extent(int ndim, const int64_t *shape, const int64_t *stride, size_t elem_size,
-                      uint64_t *lo, uint64_t *hi);
 
 /* Check a descriptor's own consistency (not memory): dtype, mask and precision values; sizes >= 1;
  * D a multiple of 8 in [8, 256]; Hq a multiple of Hkv; strides >= 0; scale finite and nonzero.

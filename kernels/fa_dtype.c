@@ -1,4 +1,5 @@
-/* fa_dtype.c - element types: sizes, names, and the fp16/bf16 <-> float conversions.
+/* fa_dtype.c - element types: parsing their names, and the fp16/bf16 <-> float conversions
+ * (their sizes and names are request rules: common/fa_check.c).
  *
  * The conversions work on bit patterns so they do not depend on the compiler's _Float16 or the
  * host FPU's rounding mode, and so NaN payloads, infinities and subnormals come out exactly as
@@ -12,28 +13,6 @@
 #include <strings.h>
 
 #include "fa_attn.h"
-
-/* Bytes per element of a dtype; 0 for an unknown one. */
-size_t fa_dtype_size(fa_dtype dt)
-{
-	switch (dt) {
-	case FA_DTYPE_FP16: return 2;
-	case FA_DTYPE_BF16: return 2;
-	case FA_DTYPE_FP32: return 4;
-	}
-	return 0;
-}
-
-/* Name of a dtype; "?" for an unknown one. */
-const char *fa_dtype_name(fa_dtype dt)
-{
-	switch (dt) {
-	case FA_DTYPE_FP16: return "fp16";
-	case FA_DTYPE_BF16: return "bf16";
-	case FA_DTYPE_FP32: return "fp32";
-	}
-	return "?";
-}
 
 /* Parse a dtype name, case-insensitively, with the spellings of PyTorch, NumPy and Julia. */
 bool fa_dtype_parse(const char *s, fa_dtype *out)

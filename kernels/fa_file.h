@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <sys/uio.h>
 
-#include "fa/fa_client.h"
+#include "fa_types.h"
 
 /* Write the nparts pieces to fd (a temporary file the caller created with O_EXCL in dir), fsync
  * it, close it, rename tmp over path and fsync dir. The fsync comes before the rename: otherwise a

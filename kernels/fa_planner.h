@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fa/fa_client.h"
+#include "fa_types.h"
 
 /* What the planner needs to know about a device. */
 struct fa_device_model {

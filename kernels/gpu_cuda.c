@@ -412,24 +412,16 @@ fa_status fa_gpu_plan(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, struct
 	return fa_plan(&g->model, &r, out, max, n, err, errlen);
 }
 
-/* Alignment the kernels need: 16-byte pointers and 16-byte strides (cp.async / float4). A stride
- * of a dimension of size 1 is never used, so it may be anything. */
+/* Alignment the kernels need (common/fa_check.h): FA_KERNEL_ALIGN-byte pointers and strides. */
 static fa_status check_align(const char *name, CUdeviceptr p, const int64_t *stride,
                              const int64_t *shape, size_t es, char *err, size_t errlen)
 {
-	if (p % 16) {
-		snprintf(err, errlen, "%s: device pointer 0x%llx is not 16-byte aligned", name,
-		         (unsigned long long)p);
+	if (p % FA_KERNEL_ALIGN) {
+		snprintf(err, errlen, "%s: device pointer 0x%llx is not %d-byte aligned", name,
+		         (unsigned long long)p, FA_KERNEL_ALIGN);
 		return FA_EALIGN;
 	}
-	for (int i = 0; i < 3; i++)
-		if (shape[i] > 1 && ((uint64_t)stride[i] * es) % 16) {
-			snprintf(err, errlen, "%s: stride %d is %lld elements (%llu bytes), not a multiple "
-			         "of 16 bytes", name, i, (long long)stride[i],
-			         (unsigned long long)stride[i] * es);
-			return FA_EALIGN;
-		}
-	return FA_OK;
+	return fa_check_stride_align(name, shape, stride, es, FA_KERNEL_ALIGN, err, errlen);
 }
 
 /* The wgmma paths (attn_fwd_sm90.cu): fa_wg_prep writes K and V, rounded to tf32 (and their

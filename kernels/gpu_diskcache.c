@@ -8,6 +8,7 @@
  * hand-copied file must never reach cuModuleLoadData (a bad cubin can fault the context).
  */
 #include "fa_diskcache.h"
+#include "fa_bytes.h"
 #include "fa_file.h"
 
 #include <dirent.h>
@@ -58,8 +59,7 @@ static void sha256_block(uint32_t h[8], const uint8_t *p)
 {
 	uint32_t w[64];
 	for (int i = 0; i < 16; i++)
-		w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
-		       (uint32_t)p[4 * i + 2] << 8 | (uint32_t)p[4 * i + 3];
+		w[i] = fa_get_be32(p + 4 * i);
 	for (int i = 16; i < 64; i++) {
 		uint32_t s0 = ror(w[i - 15], 7) ^ ror(w[i - 15], 18) ^ (w[i - 15] >> 3);
 		uint32_t s1 = ror(w[i - 2], 17) ^ ror(w[i - 2], 19) ^ (w[i - 2] >> 10);
@@ -123,17 +123,12 @@ void fa_sha256_final(struct fa_sha256 *c, uint8_t out[32])
 	uint64_t bits = c->len * 8;
 	uint8_t pad[72] = {0x80};
 	size_t npad = (c->nbuf < 56 ? 56 : 120) - c->nbuf;
-	for (int i = 0; i < 8; i++)
-		pad[npad + (size_t)i] = (uint8_t)(bits >> (56 - 8 * i));
+	fa_put_be64(pad + npad, bits);
 	uint64_t keep = c->len;
 	fa_sha256_update(c, pad, npad + 8);
 	c->len = keep;
-	for (int i = 0; i < 8; i++) {
-		out[4 * i] = (uint8_t)(c->h[i] >> 24);
-		out[4 * i + 1] = (uint8_t)(c->h[i] >> 16);
-		out[4 * i + 2] = (uint8_t)(c->h[i] >> 8);
-		out[4 * i + 3] = (uint8_t)c->h[i];
-	}
+	for (int i = 0; i < 8; i++)
+		fa_put_be32(out + 4 * i, c->h[i]);
 }
 
 void fa_sha256(const void *data, size_t n, uint8_t out[32])

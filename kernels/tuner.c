@@ -8,6 +8,7 @@
  * longer than one step (budget + one unit). Everything device-specific goes through struct
  * fa_tune_ops, so tests drive it with a fake timer and clock.
  */
+#include "fa_time.h"
 #include "fa_tune.h"
 
 #include <math.h>
@@ -49,9 +50,7 @@ struct fa_tuner {
 static uint64_t mono_us(void *ctx)
 {
 	(void)ctx;
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+	return fa_now_ns() / 1000u;
 }
 
 const char *fa_tune_src_name(enum fa_tune_src s)

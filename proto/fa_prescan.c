@@ -7,9 +7,8 @@
  * nested at most FA_PROTO_MAX_DEPTH containers deep, where every declared count and length fits in
  * the bytes that follow it. After that msgpack-c allocates at most ~48 bytes per input byte.
  */
-#include <stdarg.h>
-#include <stdio.h>
 
+#include "fa_err.h"
 #include "fa_proto.h"
 
 /* What one format byte introduces. */
@@ -28,19 +27,6 @@ struct item {
 	size_t nlen;  /* bytes of the big-endian length/count field inside hdr (0: none) */
 	uint64_t n;   /* payload length (ITEM_BYTES) or element/pair count (ITEM_ARRAY/ITEM_MAP) */
 };
-
-/* Write a formatted reason into err (when given) and return st. */
-__attribute__((format(printf, 4, 5)))
-static fa_status scan_fail(char *err, size_t errlen, fa_status st, const char *fmt, ...)
-{
-	if (err && errlen > 0) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return st;
-}
 
 /* Classify format byte b: the fixed header size (format byte included) and where n comes from.
  * For fixext types the payload size is fixed and counted as ITEM_BYTES with n preset. */
@@ -118,23 +104,23 @@ fa_status fa_proto_prescan(const void *buf, size_t len, char *err, size_t errlen
 	if (err && errlen > 0)
 		err[0] = '\0';
 	if (len > FA_PROTO_MAX_MSG)
-		return scan_fail(err, errlen, FA_ETOOBIG, "message of %zu bytes, limit %d", len,
-		                 FA_PROTO_MAX_MSG);
+		return fa_err(err, errlen, FA_ETOOBIG, "message of %zu bytes, limit %d", len,
+		              FA_PROTO_MAX_MSG);
 	if (!p || len == 0)
-		return scan_fail(err, errlen, FA_EPROTO, "empty message");
+		return fa_err(err, errlen, FA_EPROTO, "empty message");
 
 	do {
 		if (pos >= len)
-			return scan_fail(err, errlen, FA_EPROTO, "truncated: object expected at byte %zu",
-			                 pos);
+			return fa_err(err, errlen, FA_EPROTO, "truncated: object expected at byte %zu",
+			              pos);
 		uint8_t b = p[pos];
 		struct item it = classify(b);
 		if (it.kind == ITEM_INVALID)
-			return scan_fail(err, errlen, FA_EPROTO, "invalid format byte 0x%02x at byte %zu", b,
-			                 pos);
+			return fa_err(err, errlen, FA_EPROTO, "invalid format byte 0x%02x at byte %zu", b,
+			              pos);
 		if (it.hdr > len - pos)
-			return scan_fail(err, errlen, FA_EPROTO, "truncated header 0x%02x at byte %zu", b,
-			                 pos);
+			return fa_err(err, errlen, FA_EPROTO, "truncated header 0x%02x at byte %zu", b,
+			              pos);
 		for (size_t i = 0; i < it.nlen; i++) /* big-endian length right after the format byte */
 			it.n = (it.n << 8) | p[pos + 1 + i];
 		size_t start = pos;
@@ -147,23 +133,23 @@ fa_status fa_proto_prescan(const void *buf, size_t len, char *err, size_t errlen
 		switch (it.kind) {
 		case ITEM_BYTES:
 			if (it.n > rest)
-				return scan_fail(err, errlen, FA_EPROTO,
-				                 "byte %zu declares %llu bytes, %zu left", start,
-				                 (unsigned long long)it.n, rest);
+				return fa_err(err, errlen, FA_EPROTO,
+				              "byte %zu declares %llu bytes, %zu left", start,
+				              (unsigned long long)it.n, rest);
 			pos += (size_t)it.n;
 			break;
 		case ITEM_ARRAY:
 		case ITEM_MAP: {
 			if (depth >= FA_PROTO_MAX_DEPTH)
-				return scan_fail(err, errlen, FA_EPROTO,
-				                 "nested deeper than %d at byte %zu", FA_PROTO_MAX_DEPTH,
-				                 start);
+				return fa_err(err, errlen, FA_EPROTO,
+				              "nested deeper than %d at byte %zu", FA_PROTO_MAX_DEPTH,
+				              start);
 			uint64_t objs = it.kind == ITEM_MAP ? 2 * it.n : it.n; /* n <= 2^32-1: no overflow */
 			if (objs > rest)
-				return scan_fail(err, errlen, FA_EPROTO,
-				                 "byte %zu declares %llu %s, %zu bytes left", start,
-				                 (unsigned long long)it.n,
-				                 it.kind == ITEM_MAP ? "pairs" : "elements", rest);
+				return fa_err(err, errlen, FA_EPROTO,
+				              "byte %zu declares %llu %s, %zu bytes left", start,
+				              (unsigned long long)it.n,
+				              it.kind == ITEM_MAP ? "pairs" : "elements", rest);
 			if (objs > 0)
 				left[depth++] = objs;
 			break;
@@ -176,6 +162,6 @@ fa_status fa_proto_prescan(const void *buf, size_t len, char *err, size_t errlen
 	} while (depth > 0);
 
 	if (pos != len)
-		return scan_fail(err, errlen, FA_EPROTO, "%zu bytes after the message", len - pos);
+		return fa_err(err, errlen, FA_EPROTO, "%zu bytes after the message", len - pos);
 	return FA_OK;
 }

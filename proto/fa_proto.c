@@ -11,12 +11,12 @@
  * again gives the same struct; whatever the encoder accepts, the decoder accepts.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
 #include <msgpack.h>
 
+#include "fa_err.h"
 #include "fa_proto.h"
 
 /* ---- keys ------------------------------------------------------------------------------------ */
@@ -128,19 +128,6 @@ const char *fa_proto_op_name(uint32_t op)
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
-/* Write a formatted reason into err (when given) and return st. */
-__attribute__((format(printf, 4, 5)))
-static fa_status fail(char *err, size_t errlen, fa_status st, const char *fmt, ...)
-{
-	if (err && errlen > 0) {
-		va_list ap;
-		va_start(ap, fmt);
-		vsnprintf(err, errlen, fmt, ap);
-		va_end(ap);
-	}
-	return st;
-}
-
 /* A key from the wire made safe for a detail text: printable ASCII only, at most 16 bytes. */
 static void key_printable(const msgpack_object_str *s, char out[24])
 {
@@ -206,12 +193,12 @@ static fa_status get_str(const msgpack_object *o, const char *key, char *dst, si
                          char *err, size_t errlen)
 {
 	if (o->type != MSGPACK_OBJECT_STR)
-		return fail(err, errlen, FA_EPROTO, "key '%s': want a string", key);
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': want a string", key);
 	if (o->via.str.size >= cap)
-		return fail(err, errlen, FA_EPROTO, "key '%s': string of %u bytes, at most %zu", key,
-		            o->via.str.size, cap - 1);
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': string of %u bytes, at most %zu", key,
+		              o->via.str.size, cap - 1);
 	if (o->via.str.size > 0 && memchr(o->via.str.ptr, '\0', o->via.str.size))
-		return fail(err, errlen, FA_EPROTO, "key '%s': string contains a NUL byte", key);
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': string contains a NUL byte", key);
 	if (o->via.str.size > 0)
 		memcpy(dst, o->via.str.ptr, o->via.str.size);
 	dst[o->via.str.size] = '\0';
@@ -223,10 +210,10 @@ static fa_status get_bin(const msgpack_object *o, const char *key, uint8_t *dst,
                          char *err, size_t errlen)
 {
 	if (o->type != MSGPACK_OBJECT_BIN)
-		return fail(err, errlen, FA_EPROTO, "key '%s': want a bin", key);
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': want a bin", key);
 	if (o->via.bin.size != n)
-		return fail(err, errlen, FA_EPROTO, "key '%s': bin of %u bytes, want %zu", key,
-		            o->via.bin.size, n);
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': bin of %u bytes, want %zu", key,
+		              o->via.bin.size, n);
 	memcpy(dst, o->via.bin.ptr, n);
 	return FA_OK;
 }
@@ -236,16 +223,16 @@ static fa_status get_dims(const msgpack_object *o, const char *key, const char *
                           int64_t dst[4], char *err, size_t errlen)
 {
 	if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 4)
-		return fail(err, errlen, FA_EPROTO, "key '%s': '%s' must be an array of 4 integers",
-		            key, what);
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': '%s' must be an array of 4 integers",
+		              key, what);
 	for (int i = 0; i < 4; i++) {
 		const msgpack_object *e = &o->via.array.ptr[i];
 		if (e->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-			return fail(err, errlen, FA_EPROTO, "key '%s': %s[%d] is negative", key, what, i);
+			return fa_err(err, errlen, FA_EPROTO, "key '%s': %s[%d] is negative", key, what, i);
 		uint64_t u;
 		if (!get_uint(e, INT64_MAX, &u))
-			return fail(err, errlen, FA_EPROTO, "key '%s': %s[%d] must be an integer < 2^63",
-			            key, what, i);
+			return fa_err(err, errlen, FA_EPROTO, "key '%s': %s[%d] must be an integer < 2^63",
+			              key, what, i);
 		dst[i] = (int64_t)u;
 	}
 	return FA_OK;
@@ -261,20 +248,20 @@ static fa_status get_tensor(const msgpack_object *o, const char *key, struct fa_
 	fa_status st;
 
 	if (o->type != MSGPACK_OBJECT_MAP)
-		return fail(err, errlen, FA_EPROTO, "key '%s': want a tensor map", key);
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': want a tensor map", key);
 	if (!map_collect(&o->via.map, tkey_names, T_COUNT, val, bad, sizeof bad))
-		return fail(err, errlen, FA_EPROTO, "key '%s': %s", key, bad);
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': %s", key, bad);
 	for (int k = 0; k < T_COUNT; k++)
 		if (!val[k])
-			return fail(err, errlen, FA_EPROTO, "key '%s': missing '%s'", key, tkey_names[k]);
+			return fa_err(err, errlen, FA_EPROTO, "key '%s': missing '%s'", key, tkey_names[k]);
 	if (!get_uint(val[T_R], UINT64_MAX, &u) || u == 0)
-		return fail(err, errlen, FA_EPROTO, "key '%s': 'r' must be a region id > 0", key);
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': 'r' must be a region id > 0", key);
 	t->region = u;
 	if (!get_uint(val[T_O], UINT64_MAX, &u))
-		return fail(err, errlen, FA_EPROTO, "key '%s': 'o' must be an unsigned integer", key);
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': 'o' must be an unsigned integer", key);
 	t->offset = u;
 	if (!get_uint(val[T_T], FA_DTYPE_FP32, &u) || u < FA_DTYPE_FP16)
-		return fail(err, errlen, FA_EPROTO, "key '%s': 't' must be a dtype 1..3", key);
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': 't' must be a dtype 1..3", key);
 	t->dtype = (uint8_t)u;
 	if ((st = get_dims(val[T_SH], key, "sh", t->shape, err, errlen)) != FA_OK)
 		return st;
@@ -287,10 +274,10 @@ static fa_status check_keys(const msgpack_object *const *val, uint32_t need, uin
 {
 	for (int k = 0; k < K_COUNT; k++) {
 		if (val[k] && !((need | opt) & KB(k)))
-			return fail(err, errlen, FA_EPROTO, "key '%s' not allowed in %s", key_names[k],
-			            what);
+			return fa_err(err, errlen, FA_EPROTO, "key '%s' not allowed in %s", key_names[k],
+			              what);
 		if (!val[k] && (need & KB(k)))
-			return fail(err, errlen, FA_EPROTO, "missing key '%s' in %s", key_names[k], what);
+			return fa_err(err, errlen, FA_EPROTO, "missing key '%s' in %s", key_names[k], what);
 	}
 	return FA_OK;
 }
@@ -306,12 +293,12 @@ static fa_status unpack_map(const void *buf, size_t len, msgpack_unpacked *up, c
 	size_t off = 0;
 	msgpack_unpack_return r = msgpack_unpack_next(up, buf, len, &off);
 	if (r == MSGPACK_UNPACK_NOMEM_ERROR)
-		st = fail(err, errlen, FA_ENOMEM, "out of memory unpacking %zu bytes", len);
+		st = fa_err(err, errlen, FA_ENOMEM, "out of memory unpacking %zu bytes", len);
 	else if (r != MSGPACK_UNPACK_SUCCESS || off != len)
-		st = fail(err, errlen, FA_EPROTO, "msgpack-c rejected the message (%d at byte %zu)",
-		          (int)r, off);
+		st = fa_err(err, errlen, FA_EPROTO, "msgpack-c rejected the message (%d at byte %zu)",
+		            (int)r, off);
 	else if (up->data.type != MSGPACK_OBJECT_MAP)
-		st = fail(err, errlen, FA_EPROTO, "message is not a map");
+		st = fa_err(err, errlen, FA_EPROTO, "message is not a map");
 	if (st != FA_OK)
 		msgpack_unpacked_destroy(up);
 	return st;
@@ -327,10 +314,10 @@ static fa_status decode_register(const msgpack_object *const *val, struct fa_pro
 	fa_status st;
 
 	if (!get_uint(val[K_KIND], FA_REGION_CUDA_IPC, &u) || u < FA_REGION_HOST_SHM)
-		return fail(err, errlen, FA_EPROTO, "key 'kind': must be a region kind 1..2");
+		return fa_err(err, errlen, FA_EPROTO, "key 'kind': must be a region kind 1..2");
 	out->u.reg.kind = (uint8_t)u;
 	if (!get_uint(val[K_SIZE], UINT64_MAX, &u))
-		return fail(err, errlen, FA_EPROTO, "key 'size': want an unsigned integer");
+		return fa_err(err, errlen, FA_EPROTO, "key 'size': want an unsigned integer");
 	out->u.reg.size = u;
 	/* The kind decides which keys the registration carries. */
 	bool shm = out->u.reg.kind == FA_REGION_HOST_SHM;
@@ -375,23 +362,23 @@ static fa_status decode_fwd(const msgpack_object *const *val, struct fa_proto_re
 	}
 	const msgpack_object *s = val[K_SCALE];
 	if (s->type != MSGPACK_OBJECT_FLOAT64 && s->type != MSGPACK_OBJECT_FLOAT32)
-		return fail(err, errlen, FA_EPROTO, "key 'scale': want a float");
+		return fa_err(err, errlen, FA_EPROTO, "key 'scale': want a float");
 	if (!isfinite(s->via.f64))
-		return fail(err, errlen, FA_EPROTO, "key 'scale': not finite");
+		return fa_err(err, errlen, FA_EPROTO, "key 'scale': not finite");
 	out->u.fwd.scale = s->via.f64;
 	if (!get_uint(val[K_MASK], FA_MASK_CAUSAL_TOP_LEFT, &u))
-		return fail(err, errlen, FA_EPROTO, "key 'mask': must be a mask 0..2");
+		return fa_err(err, errlen, FA_EPROTO, "key 'mask': must be a mask 0..2");
 	out->u.fwd.mask = (uint8_t)u;
 	if (!get_uint(val[K_PREC], FA_PREC_BF16, &u))
-		return fail(err, errlen, FA_EPROTO, "key 'prec': must be a precision 0..4");
+		return fa_err(err, errlen, FA_EPROTO, "key 'prec': must be a precision 0..4");
 	out->u.fwd.precision = (uint8_t)u;
 	/* Asynchronous mode: a slot, and optionally the client's event to wait on. */
 	if (val[K_EV] && !val[K_SLOT])
-		return fail(err, errlen, FA_EPROTO, "key 'ev' without 'slot' (events are async mode's)");
+		return fa_err(err, errlen, FA_EPROTO, "key 'ev' without 'slot' (events are async mode's)");
 	if (val[K_SLOT]) {
 		if (!get_uint(val[K_SLOT], FA_PROTO_MAX_SLOTS - 1, &u))
-			return fail(err, errlen, FA_EPROTO, "key 'slot': must be 0..%d",
-			            FA_PROTO_MAX_SLOTS - 1);
+			return fa_err(err, errlen, FA_EPROTO, "key 'slot': must be 0..%d",
+			              FA_PROTO_MAX_SLOTS - 1);
 		out->u.fwd.async = true;
 		out->u.fwd.slot = (uint32_t)u;
 	}
@@ -418,9 +405,9 @@ static fa_status decode_req_map(const msgpack_object_map *m, struct fa_proto_req
 
 	/* The version first: a peer of another version may use keys we do not know. */
 	if (!val[K_V])
-		return fail(err, errlen, FA_EPROTO, "missing key 'v'");
+		return fa_err(err, errlen, FA_EPROTO, "missing key 'v'");
 	if (!get_uint(val[K_V], UINT32_MAX, &u))
-		return fail(err, errlen, FA_EPROTO, "key 'v': want an unsigned integer < 2^32");
+		return fa_err(err, errlen, FA_EPROTO, "key 'v': want an unsigned integer < 2^32");
 	out->v = (uint32_t)u;
 	/* Then what the daemon needs to address an error reply, whatever else is wrong. */
 	if (val[K_OP] && get_uint(val[K_OP], UINT32_MAX, &u) && op_find(u))
@@ -430,37 +417,37 @@ static fa_status decode_req_map(const msgpack_object_map *m, struct fa_proto_req
 	if (val[K_SID] && get_uint(val[K_SID], UINT64_MAX, &u))
 		out->session = u;
 	if (out->v != FA_PROTO_VERSION)
-		return fail(err, errlen, FA_EVERSION, "protocol version %u, this side speaks %d",
-		            out->v, FA_PROTO_VERSION);
+		return fa_err(err, errlen, FA_EVERSION, "protocol version %u, this side speaks %d",
+		              out->v, FA_PROTO_VERSION);
 	if (!keys_ok)
-		return fail(err, errlen, FA_EPROTO, "%s", bad);
+		return fa_err(err, errlen, FA_EPROTO, "%s", bad);
 
 	if (!val[K_OP])
-		return fail(err, errlen, FA_EPROTO, "missing key 'op'");
+		return fa_err(err, errlen, FA_EPROTO, "missing key 'op'");
 	if (!get_uint(val[K_OP], UINT32_MAX, &u))
-		return fail(err, errlen, FA_EPROTO, "key 'op': want an unsigned integer < 2^32");
+		return fa_err(err, errlen, FA_EPROTO, "key 'op': want an unsigned integer < 2^32");
 	const struct op_info *oi = op_find(u);
 	if (!oi)
-		return fail(err, errlen, FA_EPROTO, "unknown op %llu", (unsigned long long)u);
+		return fa_err(err, errlen, FA_EPROTO, "unknown op %llu", (unsigned long long)u);
 	snprintf(what, sizeof what, "a %s request", oi->name);
 	if ((st = check_keys(val, REQ_COMMON | oi->req_need, oi->req_opt, what, err, errlen)) != FA_OK)
 		return st;
 	if (!get_uint(val[K_SEQ], UINT64_MAX, &u))
-		return fail(err, errlen, FA_EPROTO, "key 'seq': want an unsigned integer");
+		return fa_err(err, errlen, FA_EPROTO, "key 'seq': want an unsigned integer");
 	if (val[K_SID] && !get_uint(val[K_SID], UINT64_MAX, &u))
-		return fail(err, errlen, FA_EPROTO, "key 'sid': want an unsigned integer");
+		return fa_err(err, errlen, FA_EPROTO, "key 'sid': want an unsigned integer");
 
 	switch (oi->op) {
 	case FA_OP_HELLO:
 		if (!get_uint(val[K_PID], UINT32_MAX, &u))
-			return fail(err, errlen, FA_EPROTO, "key 'pid': want an unsigned integer < 2^32");
+			return fa_err(err, errlen, FA_EPROTO, "key 'pid': want an unsigned integer < 2^32");
 		out->u.hello.pid = (uint32_t)u;
 		return get_str(val[K_NAME], "name", out->u.hello.name, FA_PROTO_NAME_MAX, err, errlen);
 	case FA_OP_REGISTER:
 		return decode_register(val, out, err, errlen);
 	case FA_OP_UNREGISTER:
 		if (!get_uint(val[K_RID], UINT64_MAX, &u) || u == 0)
-			return fail(err, errlen, FA_EPROTO, "key 'rid': must be a region id > 0");
+			return fa_err(err, errlen, FA_EPROTO, "key 'rid': must be a region id > 0");
 		out->u.unreg.region = u;
 		return FA_OK;
 	case FA_OP_ATTN_FWD:
@@ -479,7 +466,7 @@ fa_status fa_proto_decode_req(const void *buf, size_t len, struct fa_proto_req *
 	if (err && errlen > 0)
 		err[0] = '\0';
 	if (!out)
-		return fail(err, errlen, FA_EINVAL, "no output struct");
+		return fa_err(err, errlen, FA_EINVAL, "no output struct");
 	memset(out, 0, sizeof *out);
 	fa_status st = unpack_map(buf, len, &up, err, errlen);
 	if (st != FA_OK)
@@ -509,35 +496,35 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 	bool keys_ok = map_collect(m, key_names, K_COUNT, val, bad, sizeof bad);
 
 	if (!val[K_V])
-		return fail(err, errlen, FA_EPROTO, "missing key 'v'");
+		return fa_err(err, errlen, FA_EPROTO, "missing key 'v'");
 	if (!get_uint(val[K_V], UINT32_MAX, &u))
-		return fail(err, errlen, FA_EPROTO, "key 'v': want an unsigned integer < 2^32");
+		return fa_err(err, errlen, FA_EPROTO, "key 'v': want an unsigned integer < 2^32");
 	out->v = (uint32_t)u;
 	if (val[K_OP] && get_uint(val[K_OP], UINT32_MAX, &u) && (u == 0 || op_find(u)))
 		out->op = (uint32_t)u;
 	if (val[K_SEQ] && get_uint(val[K_SEQ], UINT64_MAX, &u))
 		out->seq = u;
 	if (out->v != FA_PROTO_VERSION)
-		return fail(err, errlen, FA_EVERSION, "protocol version %u, this side speaks %d",
-		            out->v, FA_PROTO_VERSION);
+		return fa_err(err, errlen, FA_EVERSION, "protocol version %u, this side speaks %d",
+		              out->v, FA_PROTO_VERSION);
 	if (!keys_ok)
-		return fail(err, errlen, FA_EPROTO, "%s", bad);
+		return fa_err(err, errlen, FA_EPROTO, "%s", bad);
 
 	/* Status and op decide which keys the reply may carry. */
 	if (!val[K_ST])
-		return fail(err, errlen, FA_EPROTO, "missing key 'st'");
-	if (!get_uint(val[K_ST], INT32_MAX, &u) || !fa_proto_status_known((int64_t)u))
-		return fail(err, errlen, FA_EPROTO, "key 'st': not a status of protocol %d",
-		            FA_PROTO_VERSION);
+		return fa_err(err, errlen, FA_EPROTO, "missing key 'st'");
+	if (!get_uint(val[K_ST], INT32_MAX, &u) || !fa_status_known((int64_t)u))
+		return fa_err(err, errlen, FA_EPROTO, "key 'st': not a status of protocol %d",
+		              FA_PROTO_VERSION);
 	out->status = (int32_t)u;
 	if (!val[K_OP])
-		return fail(err, errlen, FA_EPROTO, "missing key 'op'");
+		return fa_err(err, errlen, FA_EPROTO, "missing key 'op'");
 	if (!get_uint(val[K_OP], UINT32_MAX, &u))
-		return fail(err, errlen, FA_EPROTO, "key 'op': want an unsigned integer < 2^32");
+		return fa_err(err, errlen, FA_EPROTO, "key 'op': want an unsigned integer < 2^32");
 	const struct op_info *oi = op_find(u);
 	if (!oi && !(u == 0 && out->status != FA_OK))
-		return fail(err, errlen, FA_EPROTO, "unknown op %llu in a %s reply",
-		            (unsigned long long)u, out->status == FA_OK ? "FA_OK" : "failure");
+		return fa_err(err, errlen, FA_EPROTO, "unknown op %llu in a %s reply",
+		              (unsigned long long)u, out->status == FA_OK ? "FA_OK" : "failure");
 	if (out->status == FA_OK)
 		snprintf(what, sizeof what, "an FA_OK %s reply", oi->name);
 	else
@@ -547,9 +534,9 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 	if ((st = check_keys(val, need, opt, what, err, errlen)) != FA_OK)
 		return st;
 	if (!get_uint(val[K_SEQ], UINT64_MAX, &u))
-		return fail(err, errlen, FA_EPROTO, "key 'seq': want an unsigned integer");
+		return fa_err(err, errlen, FA_EPROTO, "key 'seq': want an unsigned integer");
 	if (!get_uint(val[K_EP], UINT64_MAX, &u))
-		return fail(err, errlen, FA_EPROTO, "key 'ep': want an unsigned integer");
+		return fa_err(err, errlen, FA_EPROTO, "key 'ep': want an unsigned integer");
 	out->epoch = u;
 	if (val[K_DET] &&
 	    (st = get_str(val[K_DET], "det", out->detail, FA_PROTO_DETAIL_MAX, err, errlen)) != FA_OK)
@@ -560,29 +547,29 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 	switch (oi->op) {
 	case FA_OP_HELLO:
 		if (!get_uint(val[K_SID], UINT64_MAX, &u) || u == 0)
-			return fail(err, errlen, FA_EPROTO, "key 'sid': must be a session id > 0");
+			return fa_err(err, errlen, FA_EPROTO, "key 'sid': must be a session id > 0");
 		out->u.hello.session = u;
 		if (!get_uint(val[K_MM], UINT32_MAX, &u))
-			return fail(err, errlen, FA_EPROTO, "key 'mm': want an unsigned integer < 2^32");
+			return fa_err(err, errlen, FA_EPROTO, "key 'mm': want an unsigned integer < 2^32");
 		out->u.hello.max_msg = (uint32_t)u;
 		if (!get_uint(val[K_MI], UINT32_MAX, &u))
-			return fail(err, errlen, FA_EPROTO, "key 'mi': want an unsigned integer < 2^32");
+			return fa_err(err, errlen, FA_EPROTO, "key 'mi': want an unsigned integer < 2^32");
 		out->u.hello.max_inflight = (uint32_t)u;
 		if (!get_uint(val[K_MR], UINT32_MAX, &u))
-			return fail(err, errlen, FA_EPROTO, "key 'mr': want an unsigned integer < 2^32");
+			return fa_err(err, errlen, FA_EPROTO, "key 'mr': want an unsigned integer < 2^32");
 		out->u.hello.max_regions = (uint32_t)u;
 		if (!get_uint(val[K_BE], FA_BACKEND_GPU, &u) || u < FA_BACKEND_CPU)
-			return fail(err, errlen, FA_EPROTO, "key 'be': must be a backend 1..2");
+			return fa_err(err, errlen, FA_EPROTO, "key 'be': must be a backend 1..2");
 		out->u.hello.backend = (uint8_t)u;
 		return FA_OK;
 	case FA_OP_REGISTER:
 		if (!get_uint(val[K_RID], UINT64_MAX, &u) || u == 0)
-			return fail(err, errlen, FA_EPROTO, "key 'rid': must be a region id > 0");
+			return fa_err(err, errlen, FA_EPROTO, "key 'rid': must be a region id > 0");
 		out->u.reg.region = u;
 		return FA_OK;
 	case FA_OP_ATTN_FWD:
 		if (!get_uint(val[K_NS], UINT64_MAX, &u))
-			return fail(err, errlen, FA_EPROTO, "key 'ns': want an unsigned integer");
+			return fa_err(err, errlen, FA_EPROTO, "key 'ns': want an unsigned integer");
 		out->u.fwd.compute_ns = u;
 		if (val[K_EV]) {
 			out->u.fwd.async = true;
@@ -606,7 +593,7 @@ fa_status fa_proto_decode_rep(const void *buf, size_t len, struct fa_proto_rep *
 	if (err && errlen > 0)
 		err[0] = '\0';
 	if (!out)
-		return fail(err, errlen, FA_EINVAL, "no output struct");
+		return fa_err(err, errlen, FA_EINVAL, "no output struct");
 	memset(out, 0, sizeof *out);
 	fa_status st = unpack_map(buf, len, &up, err, errlen);
 	if (st != FA_OK)
@@ -815,7 +802,7 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 
 	if (len)
 		*len = 0;
-	if (!rep || !buf || !len || rep->status < 0 || !fa_proto_status_known(rep->status) ||
+	if (!rep || !buf || !len || rep->status < 0 || !fa_status_known(rep->status) ||
 	    !str_fits(rep->detail, FA_PROTO_DETAIL_MAX))
 		return FA_EINVAL;
 	oi = op_find(rep->op);

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "fa/fa_client.h" /* fa_status, fa_dtype, fa_mask, fa_precision */
+#include "fa_types.h" /* fa_status, fa_dtype, fa_mask, fa_precision */
 
 #define FA_PROTO_VERSION 1
 
@@ -57,7 +57,7 @@ enum fa_backend_kind {
 };
 
 /* A tensor on the wire: a region of the session, a byte offset, dtype, 4 sizes and 4 strides in
- * elements (see fa_tensor in fa_client.h). */
+ * elements (as fa_tensor in the client's fa_client.h). */
 struct fa_proto_tensor {
 	uint64_t region;   /* region id from REGISTER; 0 = absent (only for the optional lse) */
 	uint64_t offset;   /* bytes */
@@ -161,9 +161,5 @@ fa_status fa_proto_decode_rep(const void *buf, size_t len, struct fa_proto_rep *
 
 /* Name of an op for logs ("ATTN_FWD"); "UNKNOWN" for others. Static storage. */
 const char *fa_proto_op_name(uint32_t op);
-
-/* Whether `code` is an fa_status of this version (proto/fa_status.c's table). Replies carrying
- * any other status are rejected: a new status is a protocol change. */
-bool fa_proto_status_known(int64_t code);
 
 #endif /* FA_PROTO_H */

@@ -1,13 +1,16 @@
 #!/bin/sh
 # install-check.sh BUILD - install into a scratch DESTDIR, then build and run a program against the
 # installed library the way a user would: `pkg-config --cflags --libs libfaclient`, one header.
-# Checks the soname link, the .pc file, the header's self-sufficiency and the exported API.
+# Checks the soname link, the .pc file, the headers' self-sufficiency (fa_client.h and the
+# fa_types.h it includes, each alone) and that the exported symbols are exactly the FA_API
+# functions the installed headers declare.
 set -eu
 build=$1
 dest=$(mktemp -d "${TMPDIR:-/tmp}/fa-install.XXXXXX")
 trap 'rm -rf "$dest"' EXIT
 make --no-print-directory -s BUILD="$build" PREFIX=/usr DESTDIR="$dest" install >/dev/null
-for f in usr/bin/fa-daemon usr/bin/fa-ctl usr/include/fa/fa_client.h usr/lib/libfaclient.a \
+for f in usr/bin/fa-daemon usr/bin/fa-ctl usr/include/fa/fa_client.h usr/include/fa/fa_types.h \
+	usr/lib/libfaclient.a \
 	usr/lib/libfaclient.so usr/lib/libfaclient.so.0 usr/lib/pkgconfig/libfaclient.pc; do
 	[ -e "$dest/$f" ] || { echo "install-check: $f was not installed" >&2; exit 1; }
 done
@@ -30,8 +33,17 @@ C
 export PKG_CONFIG_SYSROOT_DIR="$dest" PKG_CONFIG_PATH="$dest/usr/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
 flags=$(pkg-config --cflags --libs libfaclient)
 ${CC:-cc} -std=c11 -Wall -Werror -o "$dest/hello" "$dest/hello.c" $flags
+# fa_types.h alone: a program that needs only the statuses and enums.
+printf '#include <fa/fa_types.h>\nint fa_check_types(void);\nint fa_check_types(void) { return FA_ERANGE + FA_DTYPE_BF16; }\n' > "$dest/types.c"
+${CC:-cc} -std=c11 -Wall -Werror -c -o "$dest/types.o" "$dest/types.c" $(pkg-config --cflags libfaclient)
 LD_LIBRARY_PATH="$dest/usr/lib" "$dest/hello"
-# The shared object exports the API and nothing else.
-extra=$(nm -D --defined-only "$dest/usr/lib/libfaclient.so.0" | awk '{print $3}' | grep -v '^fa_' || true)
-[ -z "$extra" ] || { echo "install-check: unexpected exports: $extra" >&2; exit 1; }
+# The shared object exports the API and nothing else: exactly the FA_API functions declared in the
+# installed headers (internal fa__ names and common/'s fa_ helpers are hidden).
+nm -D --defined-only "$dest/usr/lib/libfaclient.so.0" | awk '{print $3}' | sort > "$dest/exported"
+sed -n 's/^FA_API [^(]*[ *]\([a-z_0-9]*\)(.*/\1/p' "$dest"/usr/include/fa/*.h | sort -u > "$dest/declared"
+if ! cmp -s "$dest/exported" "$dest/declared"; then
+	echo "install-check: exports differ from the FA_API declarations (< exported, > declared):" >&2
+	diff "$dest/exported" "$dest/declared" | grep '^[<>]' >&2
+	exit 1
+fi
 echo "install-check: ok ($(nm -D --defined-only "$dest/usr/lib/libfaclient.so.0" | grep -c ' T fa_') API functions exported)"

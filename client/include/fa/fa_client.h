@@ -1,6 +1,7 @@
 /* fa_client.h - the client library of fa-daemon, the FlashAttention service.
  *
- * This is the only public header of libfaclient. Everything not declared here is internal.
+ * The public header of libfaclient, with fa_types.h (the version, statuses and enums) that it
+ * includes. Everything not declared in the two is internal.
  *
  * Model: a process opens one fa_client (a connection to the daemon and a session on it), allocates
  * buffers that the daemon can reach (POSIX shared memory, or the caller's CUDA device memory),
@@ -22,90 +23,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The version, FA_API, fa_status with fa_strerror()/fa_status_name()/fa_version_string(), and
+ * the enums fa_dtype, fa_mask and fa_precision: shared with every part of fa, installed beside
+ * this header. */
+#include "fa_types.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Library version. Same major = ABI compatible; a minor release only adds API. The Makefile reads
- * these three lines to name the shared object and to write libfaclient.pc. */
-#define FA_VERSION_MAJOR 0
-#define FA_VERSION_MINOR 1
-#define FA_VERSION_PATCH 0
-
-#if defined(__GNUC__)
-#define FA_API __attribute__((visibility("default")))
-#else
-#define FA_API
-#endif
-
-/* Status codes, shared by the API and the wire protocol. 0 is success. The numbers are part of the
- * ABI and of the protocol: never renumber, never reuse a retired value. fa_strerror() gives the
- * text; proto/fa_status.c holds the one table of names and texts. */
-typedef enum fa_status {
-	FA_OK = 0,         /* success */
-	FA_EINVAL = 1,     /* bad argument: NULL pointer, bad enum value, bad size */
-	FA_ENOMEM = 2,     /* host memory exhausted */
-	FA_EUNAVAIL = 3,   /* daemon not running or not reachable at the socket path */
-	FA_ETIMEDOUT = 4,  /* no reply within the client's timeout */
-	FA_EPROTO = 5,     /* malformed message (bad msgpack, wrong type, missing or unknown key) */
-	FA_EVERSION = 6,   /* protocol version mismatch between client and daemon */
-	FA_EBUSY = 7,      /* the session's queue is full; retry after earlier calls complete */
-	FA_ECLOSED = 8,    /* the daemon is shutting down, or the client was closed */
-	FA_ENOTSUP = 9,    /* a valid request this daemon cannot serve (backend, feature) */
-	FA_EDEVICE = 10,   /* a GPU fault while serving the request */
-	FA_ESESSION = 11,  /* unknown session: the daemon restarted (new epoch); re-open */
-	FA_EREGION = 12,   /* unknown region id, or a region of another session */
-	FA_ERANGE = 13,    /* a tensor's extent (offset, shape, strides) reaches outside its region */
-	FA_ESHAPE = 14,    /* shapes inconsistent: B/H/D mismatch, Hq not a multiple of Hkv, D not a multiple of 8 or > 256, a zero or negative size, head dim not contiguous */
-	FA_EALIGN = 15,    /* an offset or stride breaks the alignment the kernels need */
-	FA_EOVERLAP = 16,  /* the output overlaps an input */
-	FA_ETOOBIG = 17,   /* message larger than the protocol's limit */
-	FA_ENOFIT = 18,    /* no tile configuration fits the device's shared memory */
-	FA_EPERM = 19,     /* permission denied: foreign shared memory, events across users */
-	FA_ENOGPU = 20,    /* no usable GPU or CUDA driver where one is needed */
-	FA_ELIMIT = 21,    /* a session limit reached: too many regions or sessions */
-	FA_ESYS = 22,      /* an operating-system call failed (see errno in the daemon's log) */
-	FA_EIPC = 23,      /* memory not exportable by CUDA IPC (pool, managed or VMM memory) */
-	FA_EDTYPE = 24,    /* dtypes of Q, K, V, O disagree, or a dtype this call does not take */
-	FA_EINTERNAL = 99, /* a bug in fa: please report it with the daemon's log */
-} fa_status;
-
-/* Human-readable text for a status. Never NULL; static storage, never freed, thread-safe. An
- * unknown value gives a fixed "unknown status" text. */
-FA_API const char *fa_strerror(fa_status st);
-
-/* The enum's name as a string ("FA_ERANGE"), for logs and tests. Never NULL, static storage. */
-FA_API const char *fa_status_name(fa_status st);
-
-/* The library's version, "MAJOR.MINOR.PATCH". Static storage. */
-FA_API const char *fa_version_string(void);
-
-/* Element types. Values travel on the wire: never renumber. */
-typedef enum fa_dtype {
-	FA_DTYPE_FP16 = 1, /* IEEE half */
-	FA_DTYPE_BF16 = 2, /* bfloat16 */
-	FA_DTYPE_FP32 = 3, /* IEEE single */
-} fa_dtype;
-
-/* Masks. Causal masks differ when Sq != Sk: bottom-right aligns the last query with the last key
- * (FlashAttention >= 2.1: query i sees keys j <= i + Sk - Sq); top-left aligns the first query with
- * the first key (PyTorch's is_causal: query i sees keys j <= i). A query row that sees no key gets
- * O = 0 and logsumexp = -inf. Values travel on the wire: never renumber. */
-typedef enum fa_mask {
-	FA_MASK_NONE = 0,
-	FA_MASK_CAUSAL_BOTTOM_RIGHT = 1,
-	FA_MASK_CAUSAL_TOP_LEFT = 2,
-} fa_mask;
-
-/* How fp32 inputs are multiplied; ignored for fp16 and bf16 (always fp32 accumulation).
- * Values travel on the wire: never renumber. */
-typedef enum fa_precision {
-	FA_PREC_DEFAULT = 0, /* FA_PREC_3XTF32 */
-	FA_PREC_IEEE = 1,    /* fp32 FFMA: exact fp32 products, slowest */
-	FA_PREC_3XTF32 = 2,  /* split tf32 on tensor cores: fp32-level error (<= 1e-5 relative) */
-	FA_PREC_TF32 = 3,    /* one tf32 product: ~1e-3 relative error, fast */
-	FA_PREC_BF16 = 4,    /* inputs staged as bf16: bf16-level error, fastest */
-} fa_precision;
 
 /* An open connection and session with the daemon. Opaque. */
 typedef struct fa_client fa_client;
