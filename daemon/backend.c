@@ -1,4 +1,4 @@
-/* backend.c - the table of backends, and picking one. */
+/* backend.c - the table of backends, picking one, and what every backend shares. */
 #include "backend.h"
 
 #include <string.h>
@@ -33,4 +33,22 @@ fa_status backend_open(const char *which, struct backend **out, uv_loop_t *loop,
 	if (st == FA_EINVAL && !any)
 		return util_fail(err, errlen, FA_EINVAL, "unknown backend '%s'", which);
 	return st;
+}
+
+/* See backend.h. */
+void backend_done_drain(struct backend_done_list *l, pthread_mutex_t *mu,
+                        backend_done_fn deliver, void *arg)
+{
+	struct backend_job *job;
+
+	pthread_mutex_lock(mu);
+	job = l->head;
+	l->head = l->tail = NULL;
+	pthread_mutex_unlock(mu);
+	while (job != NULL) {
+		struct backend_job *next = job->next;
+		job->next = NULL;
+		deliver(job, arg);
+		job = next;
+	}
 }

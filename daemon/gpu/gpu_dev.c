@@ -1,0 +1,96 @@
+/* gpu_dev.c - one device opened and released: fa_gpu (driver, NVRTC, primary context, the
+ * kernel disk cache), the driver table, the worker's stream, the inline stream, the pipeline's
+ * events and the canary. */
+#include "gpu_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "util.h"
+
+/* Release a device's resources (its worker has stopped). */
+void gpu_dev_fini(struct gpu_backend *b, struct gpu_dev *d)
+{
+	if (d->ctx != NULL) {
+		b->cu.CtxSetCurrent(d->ctx);
+		if (d->scratch != 0)
+			b->cu.MemFree(d->scratch);
+		if (d->canary_mem != 0)
+			b->cu.MemFree(d->canary_mem);
+		for (int i = 0; i < GPU_PIPE; i++)
+			if (d->pipe_ev[i] != NULL)
+				b->cu.EventDestroy(d->pipe_ev[i]);
+		if (d->inline_ev != NULL)
+			b->cu.EventDestroy(d->inline_ev);
+		if (d->inline_stream != NULL)
+			b->cu.StreamDestroy(d->inline_stream);
+		if (d->stream != NULL)
+			b->cu.StreamDestroy(d->stream);
+		b->cu.DevicePrimaryCtxRelease(d->cudev);
+	}
+	fa_gpu_close(d->g);
+	free(d->canary_ref);
+	free(d->canary_out);
+	memset(d, 0, sizeof(*d));
+}
+
+/* The kernels library's reports (disk-cache trouble, compile times) into the daemon's log. */
+static void gpu_kernels_log(void *ctx, int level, const char *msg)
+{
+	(void)ctx;
+	LOG_AT(level, "kernels: %s", msg);
+}
+
+/* Open one device: fa_gpu (driver, NVRTC, primary context, kernel disk cache), a stream. */
+fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordinal,
+                       const struct config *cfg, char *err, size_t errlen)
+{
+	char why[256];
+	fa_status st;
+	gpu_res r;
+
+	d->b = b;
+	d->ordinal = ordinal;
+	if ((st = fa_gpu_open(&d->g, ordinal, err, errlen)) != FA_OK)
+		return st;
+	fa_gpu_set_log(d->g, gpu_kernels_log, NULL);
+	/* A warm restart loads every kernel it compiled before from here; a cache that cannot be
+	 * used only costs compile time, so it never stops the daemon. */
+	if (cfg->cache_dir[0] != '\0' &&
+	    fa_gpu_set_cache_dir(d->g, cfg->cache_dir, why, sizeof why) != FA_OK)
+		log_warn("gpu: kernel disk cache off: %s", why);
+	if (b->cu.lib == NULL && (st = gpu_load_driver(&b->cu, err, errlen)) != FA_OK)
+		return st;
+	fa_gpu_uuid(d->g, d->uuid);
+	if ((r = b->cu.DeviceGet(&d->cudev, ordinal)) != 0 ||
+	    (r = b->cu.DevicePrimaryCtxRetain(&d->ctx, d->cudev)) != 0) {
+		d->ctx = NULL;
+		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: primary context: CUDA error %d (%s)",
+		                 ordinal, r, gpu_errstr(b, r));
+	}
+	b->cu.CtxSetCurrent(d->ctx);
+	if ((r = b->cu.StreamCreate(&d->stream, 1 /* CU_STREAM_NON_BLOCKING */)) != 0) {
+		d->stream = NULL;
+		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: cuStreamCreate: CUDA error %d (%s)",
+		                 ordinal, r, gpu_errstr(b, r));
+	}
+	if ((r = b->cu.StreamCreate(&d->inline_stream, 1)) != 0 ||
+	    (r = b->cu.EventCreate(&d->inline_ev, GPU_EVENT_DISABLE_TIMING)) != 0) {
+		/* only a latency optimisation: carry on without it */
+		log_warn("gpu: GPU %d: no stream for small jobs on the loop: CUDA error %d (%s)",
+		         ordinal, r, gpu_errstr(b, r));
+		if (d->inline_stream != NULL)
+			b->cu.StreamDestroy(d->inline_stream);
+		d->inline_stream = NULL;
+		d->inline_ev = NULL;
+	}
+	for (int i = 0; i < GPU_PIPE; i++)
+		if ((r = b->cu.EventCreate(&d->pipe_ev[i], GPU_EVENT_DISABLE_TIMING)) != 0) {
+			d->pipe_ev[i] = NULL;
+			return util_fail(err, errlen, FA_ENOGPU,
+			                 "GPU %d: cuEventCreate: CUDA error %d (%s)", ordinal, r,
+			                 gpu_errstr(b, r));
+		}
+	return gpu_canary_init(d, err, errlen);
+}
