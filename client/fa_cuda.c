@@ -1,7 +1,7 @@
 /* fa_cuda.c - device buffers: the caller's CUDA memory, registered as a CUDA IPC handle.
  *
- * The CUDA driver (libcuda.so.1) is loaded with dlopen on the first fa_buffer_register_device()
- * and never linked, so host-only programs never load it and run on machines without a driver.
+ * The CUDA driver is loaded (common/fa_cu.h) on the first fa_buffer_register_device() and never
+ * linked, so host-only programs never load it and run on machines without a driver.
  *
  * A legacy IPC handle always maps the *whole* allocation, whatever pointer it was taken of: the
  * library finds the allocation's base and size (cuMemGetAddressRange), exports the base, registers
@@ -9,124 +9,25 @@
  * Memory that legacy IPC cannot export (stream-ordered pools, managed memory, VMM allocations) is
  * refused with FA_EIPC before anything is sent: its capability attribute says 0.
  */
-#include <dlfcn.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fa_client_int.h"
+#include "fa_cu.h"
 
-typedef int cu_res;
-typedef unsigned long long cu_ptr;
-typedef void *cu_ctx;
+typedef fa_cu_res cu_res;
+typedef fa_cu_ptr cu_ptr;
+typedef fa_cu_ctx cu_ctx;
 
-/* CUpointer_attribute values (cuda.h), so no CUDA header is needed to build. */
 enum {
-	CU_ATTR_CONTEXT = 1,
-	CU_ATTR_IS_MANAGED = 8,
-	CU_ATTR_DEVICE_ORDINAL = 9,
-	CU_ATTR_IS_LEGACY_IPC_CAPABLE = 10,
-	CU_ATTR_MEMPOOL_HANDLE = 17,
+	CU_ATTR_CONTEXT = FA_CU_POINTER_ATTRIBUTE_CONTEXT,
+	CU_ATTR_IS_MANAGED = FA_CU_POINTER_ATTRIBUTE_IS_MANAGED,
+	CU_ATTR_DEVICE_ORDINAL = FA_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+	CU_ATTR_IS_LEGACY_IPC_CAPABLE = FA_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+	CU_ATTR_MEMPOOL_HANDLE = FA_CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,
 };
-
-/* CUipcMemHandle / CUuuid. */
-struct cu_ipc_handle {
-	char reserved[FA_PROTO_IPC_HANDLE_LEN];
-};
-struct cu_uuid {
-	char bytes[FA_PROTO_UUID_LEN];
-};
-
-/* The entry points, CUDA 12.0 ABI through cuGetProcAddress. */
-static struct {
-	void *lib;
-	fa_status st;        /* of the load: FA_OK or FA_ENOGPU */
-	char why[256];       /* the reason when not FA_OK */
-	cu_res (*Init)(unsigned);
-	cu_res (*GetErrorString)(cu_res, const char **);
-	cu_res (*PointerGetAttribute)(void *, int, cu_ptr);
-	cu_res (*MemGetAddressRange)(cu_ptr *, size_t *, cu_ptr);
-	cu_res (*IpcGetMemHandle)(struct cu_ipc_handle *, cu_ptr);
-	cu_res (*DeviceGet)(int *, int);
-	cu_res (*DeviceGetUuid)(struct cu_uuid *, int);
-	cu_res (*CtxPushCurrent)(cu_ctx);
-	cu_res (*CtxPopCurrent)(cu_ctx *);
-	cu_res (*StreamGetCtx)(void *, cu_ctx *);
-	cu_res (*EventCreate)(void **, unsigned);
-	cu_res (*EventDestroy)(void *);
-	cu_res (*EventRecord)(void *, void *);
-	cu_res (*StreamWaitEvent)(void *, void *, unsigned);
-	cu_res (*IpcGetEventHandle)(struct cu_ipc_handle *, void *);
-	cu_res (*IpcOpenEventHandle)(void **, struct cu_ipc_handle);
-} cu;
-
-static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
-
-/* Load the driver once; the result (and why it failed) is kept. */
-static void cu_load(void)
-{
-	typedef cu_res (*getproc_t)(const char *, void **, int, uint64_t, int *);
-	getproc_t getproc;
-	const char *e;
-
-	cu.st = FA_ENOGPU;
-	cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (cu.lib == NULL) {
-		e = dlerror();
-		snprintf(cu.why, sizeof cu.why,
-		         "no CUDA driver: libcuda.so.1 cannot be loaded (%s)", e ? e : "?");
-		return;
-	}
-	getproc = (getproc_t)(uintptr_t)dlsym(cu.lib, "cuGetProcAddress_v2");
-	if (getproc == NULL) {
-		snprintf(cu.why, sizeof cu.why,
-		         "CUDA driver too old: no cuGetProcAddress_v2 (CUDA 12 or newer needed)");
-		return;
-	}
-#define CU_SYM(field, name)                                                                  \
-	do {                                                                                 \
-		int st_ = 0;                                                                 \
-		if (getproc(name, (void **)&cu.field, 12000, 0, &st_) != 0 || !cu.field) {   \
-			snprintf(cu.why, sizeof cu.why, "the CUDA driver lacks %s", name);   \
-			return;                                                              \
-		}                                                                            \
-	} while (0)
-	CU_SYM(Init, "cuInit");
-	CU_SYM(GetErrorString, "cuGetErrorString");
-	CU_SYM(PointerGetAttribute, "cuPointerGetAttribute");
-	CU_SYM(MemGetAddressRange, "cuMemGetAddressRange");
-	CU_SYM(IpcGetMemHandle, "cuIpcGetMemHandle");
-	CU_SYM(DeviceGet, "cuDeviceGet");
-	CU_SYM(DeviceGetUuid, "cuDeviceGetUuid");
-	CU_SYM(CtxPushCurrent, "cuCtxPushCurrent");
-	CU_SYM(CtxPopCurrent, "cuCtxPopCurrent");
-	CU_SYM(StreamGetCtx, "cuStreamGetCtx");
-	CU_SYM(EventCreate, "cuEventCreate");
-	CU_SYM(EventDestroy, "cuEventDestroy");
-	CU_SYM(EventRecord, "cuEventRecord");
-	CU_SYM(StreamWaitEvent, "cuStreamWaitEvent");
-	CU_SYM(IpcGetEventHandle, "cuIpcGetEventHandle");
-	CU_SYM(IpcOpenEventHandle, "cuIpcOpenEventHandle");
-#undef CU_SYM
-	cu_res r = cu.Init(0);
-	if (r != 0) {
-		snprintf(cu.why, sizeof cu.why, "cuInit failed: CUDA error %d", r);
-		return;
-	}
-	cu.st = FA_OK;
-}
-
-/* The driver's text for an error. */
-static const char *cu_errstr(cu_res r)
-{
-	const char *s = NULL;
-
-	if (cu.GetErrorString != NULL && cu.GetErrorString(r, &s) == 0 && s != NULL)
-		return s;
-	return "unknown CUDA error";
-}
 
 /* REGISTER's fields for a device buffer: the handle of the whole allocation. */
 static void dev_describe(const fa_buffer *b, struct fa_proto_req *req)
@@ -158,9 +59,9 @@ static fa_status dev_not_exportable(cu_ptr p)
 	void *pool = NULL;
 	const char *what = "memory that legacy CUDA IPC cannot export";
 
-	if (cu.PointerGetAttribute(&managed, CU_ATTR_IS_MANAGED, p) == 0 && managed)
+	if (fa_cu->PointerGetAttribute(&managed, CU_ATTR_IS_MANAGED, p) == 0 && managed)
 		what = "managed memory (cudaMallocManaged)";
-	else if (cu.PointerGetAttribute(&pool, CU_ATTR_MEMPOOL_HANDLE, p) == 0 && pool != NULL)
+	else if (fa_cu->PointerGetAttribute(&pool, CU_ATTR_MEMPOOL_HANDLE, p) == 0 && pool != NULL)
 		what = "memory from a stream-ordered pool (cudaMallocAsync)";
 	else
 		what = "a VMM allocation (cuMemCreate, e.g. PyTorch's expandable_segments) or other "
@@ -181,48 +82,48 @@ static fa_status dev_export(fa_buffer *b, cu_ptr p, size_t size)
 	cu_ctx ctx = NULL, popped;
 	cu_ptr base = 0;
 	size_t asize = 0;
-	struct cu_ipc_handle h;
-	struct cu_uuid uuid;
+	struct fa_cu_ipc_handle h;
+	uint8_t uuid[16]; /* CUuuid */
 	fa_status st = FA_OK;
 	cu_res r;
 
-	r = cu.PointerGetAttribute(&ctx, CU_ATTR_CONTEXT, p);
+	r = fa_cu->PointerGetAttribute(&ctx, CU_ATTR_CONTEXT, p);
 	if (r != 0)
 		return fa_fail(FA_EINVAL, "0x%llx is not a CUDA device pointer (%s)",
-		               (unsigned long long)p, cu_errstr(r));
-	if ((r = cu.PointerGetAttribute(&capable, CU_ATTR_IS_LEGACY_IPC_CAPABLE, p)) != 0)
+		               (unsigned long long)p, fa_cu_errstr(r));
+	if ((r = fa_cu->PointerGetAttribute(&capable, CU_ATTR_IS_LEGACY_IPC_CAPABLE, p)) != 0)
 		return fa_fail(FA_EINVAL, "cuPointerGetAttribute(IS_LEGACY_CUDA_IPC_CAPABLE) on "
-		               "0x%llx: %s", (unsigned long long)p, cu_errstr(r));
+		               "0x%llx: %s", (unsigned long long)p, fa_cu_errstr(r));
 	if (!capable)
 		return dev_not_exportable(p);
-	if ((r = cu.PointerGetAttribute(&ordinal, CU_ATTR_DEVICE_ORDINAL, p)) != 0)
+	if ((r = fa_cu->PointerGetAttribute(&ordinal, CU_ATTR_DEVICE_ORDINAL, p)) != 0)
 		return fa_fail(FA_EINVAL, "cuPointerGetAttribute(DEVICE_ORDINAL) on 0x%llx: %s",
-		               (unsigned long long)p, cu_errstr(r));
-	if (ctx != NULL && (r = cu.CtxPushCurrent(ctx)) != 0)
+		               (unsigned long long)p, fa_cu_errstr(r));
+	if (ctx != NULL && (r = fa_cu->CtxPushCurrent(ctx)) != 0)
 		return fa_fail(FA_EINVAL, "cuCtxPushCurrent for 0x%llx: %s", (unsigned long long)p,
-		               cu_errstr(r));
-	if ((r = cu.MemGetAddressRange(&base, &asize, p)) != 0) {
+		               fa_cu_errstr(r));
+	if ((r = fa_cu->MemGetAddressRange(&base, &asize, p)) != 0) {
 		st = fa_fail(FA_EINVAL, "cuMemGetAddressRange(0x%llx): %s", (unsigned long long)p,
-		             cu_errstr(r));
+		             fa_cu_errstr(r));
 	} else if (p - base > asize || size > asize - (p - base)) {
 		st = fa_fail(FA_EINVAL,
 		             "[0x%llx, +%zu) leaves its allocation [0x%llx, +%zu): a buffer must lie "
 		             "inside one cudaMalloc allocation",
 		             (unsigned long long)p, size, (unsigned long long)base, asize);
-	} else if ((r = cu.IpcGetMemHandle(&h, base)) != 0) {
+	} else if ((r = fa_cu->IpcGetMemHandle(&h, base)) != 0) {
 		st = fa_fail(r == 1 ? FA_EIPC : FA_EINVAL,
 		             "cuIpcGetMemHandle(0x%llx): CUDA error %d (%s)",
-		             (unsigned long long)base, r, cu_errstr(r));
-	} else if ((r = cu.DeviceGet(&dev, ordinal)) != 0 ||
-	           (r = cu.DeviceGetUuid(&uuid, dev)) != 0) {
-		st = fa_fail(FA_EINVAL, "the UUID of GPU %d: %s", ordinal, cu_errstr(r));
+		             (unsigned long long)base, r, fa_cu_errstr(r));
+	} else if ((r = fa_cu->DeviceGet(&dev, ordinal)) != 0 ||
+	           (r = fa_cu->DeviceGetUuid(uuid, dev)) != 0) {
+		st = fa_fail(FA_EINVAL, "the UUID of GPU %d: %s", ordinal, fa_cu_errstr(r));
 	}
 	if (ctx != NULL)
-		cu.CtxPopCurrent(&popped);
+		fa_cu->CtxPopCurrent(&popped);
 	if (st != FA_OK)
 		return st;
 	memcpy(b->u.dev.handle, h.reserved, sizeof b->u.dev.handle);
-	memcpy(b->u.dev.uuid, uuid.bytes, sizeof b->u.dev.uuid);
+	memcpy(b->u.dev.uuid, uuid, sizeof b->u.dev.uuid);
 	b->u.dev.alloc_size = (uint64_t)asize;
 	b->region_offset = (uint64_t)(p - base);
 	return FA_OK;
@@ -245,9 +146,8 @@ FA_API fa_status fa_buffer_register_device(fa_client *c, void *dptr, size_t size
 		return fa_fail(FA_EINVAL, "fa_buffer_register_device: dptr is NULL");
 	if (size == 0)
 		return fa_fail(FA_EINVAL, "buffer size is 0");
-	pthread_once(&cu_once, cu_load);
-	if (cu.st != FA_OK)
-		return fa_fail(cu.st, "%s", cu.why);
+	if ((st = fa_cu_load()) != FA_OK)
+		return fa_fail(st, "%s", fa_cu_why());
 	if ((b = calloc(1, sizeof *b)) == NULL)
 		return fa_fail(FA_ENOMEM, "no memory for a buffer");
 	b->client = c;
@@ -269,24 +169,24 @@ FA_API fa_status fa_buffer_register_device(fa_client *c, void *dptr, size_t size
 
 /* ---- asynchronous mode: CUDA IPC events ------------------------------------------------------ */
 
-/* Interprocess events must not record timing (cuda.h: CU_EVENT_DISABLE_TIMING |
- * CU_EVENT_INTERPROCESS). */
-#define FA_EVENT_FLAGS (0x2u | 0x4u)
+/* Interprocess events must not record timing. */
+#define FA_EVENT_FLAGS (FA_CU_EVENT_DISABLE_TIMING | FA_CU_EVENT_INTERPROCESS)
 
 /* Push the stream's context; *ctx gets it. */
 static fa_status async_push(void *stream, cu_ctx *ctx)
 {
+	fa_status st;
 	cu_res r;
 
-	pthread_once(&cu_once, cu_load);
-	if (cu.st != FA_OK)
-		return fa_fail(cu.st, "%s", cu.why);
-	if ((r = cu.StreamGetCtx(stream, ctx)) != 0)
+	if ((st = fa_cu_load()) != FA_OK)
+		return fa_fail(st, "%s", fa_cu_why());
+	if ((r = fa_cu->StreamGetCtx(stream, ctx)) != 0)
 		return fa_fail(FA_EINVAL, "the stream's context (cuStreamGetCtx): CUDA error %d (%s); "
 		               "pass a CUstream / cudaStream_t of a live context, or NULL for the "
-		               "current context's default stream", r, cu_errstr(r));
-	if ((r = cu.CtxPushCurrent(*ctx)) != 0)
-		return fa_fail(FA_EINVAL, "cuCtxPushCurrent: CUDA error %d (%s)", r, cu_errstr(r));
+		               "current context's default stream", r, fa_cu_errstr(r));
+	if ((r = fa_cu->CtxPushCurrent(*ctx)) != 0)
+		return fa_fail(FA_EINVAL, "cuCtxPushCurrent: CUDA error %d (%s)", r,
+		               fa_cu_errstr(r));
 	return FA_OK;
 }
 
@@ -294,9 +194,9 @@ static fa_status async_push(void *stream, cu_ctx *ctx)
 static void async_drop(struct fa_async_slot *sl)
 {
 	if (sl->ev != NULL)
-		cu.EventDestroy(sl->ev);
+		fa_cu->EventDestroy(sl->ev);
 	if (sl->daemon_ev != NULL)
-		cu.EventDestroy(sl->daemon_ev);
+		fa_cu->EventDestroy(sl->daemon_ev);
 	memset(sl, 0, sizeof *sl);
 }
 
@@ -305,7 +205,7 @@ fa_status fa_cuda_async_record(struct fa_async_slot *sl, void *stream,
                                uint8_t handle[FA_PROTO_IPC_HANDLE_LEN])
 {
 	cu_ctx ctx = NULL, popped;
-	struct cu_ipc_handle h;
+	struct fa_cu_ipc_handle h;
 	fa_status st = FA_OK;
 	cu_res r;
 
@@ -314,26 +214,27 @@ fa_status fa_cuda_async_record(struct fa_async_slot *sl, void *stream,
 	if (sl->ctx != ctx)
 		async_drop(sl); /* another device or context: new events */
 	if (sl->ev == NULL) {
-		if ((r = cu.EventCreate(&sl->ev, FA_EVENT_FLAGS)) != 0) {
+		if ((r = fa_cu->EventCreate(&sl->ev, FA_EVENT_FLAGS)) != 0) {
 			sl->ev = NULL;
 			st = fa_fail(r == 2 ? FA_ENOMEM : FA_EINVAL,
-			             "cuEventCreate(INTERPROCESS): CUDA error %d (%s)", r, cu_errstr(r));
-		} else if ((r = cu.IpcGetEventHandle(&h, sl->ev)) != 0) {
-			cu.EventDestroy(sl->ev);
+			             "cuEventCreate(INTERPROCESS): CUDA error %d (%s)", r,
+			             fa_cu_errstr(r));
+		} else if ((r = fa_cu->IpcGetEventHandle(&h, sl->ev)) != 0) {
+			fa_cu->EventDestroy(sl->ev);
 			sl->ev = NULL;
 			st = fa_fail(FA_EINVAL, "cuIpcGetEventHandle: CUDA error %d (%s)", r,
-			             cu_errstr(r));
+			             fa_cu_errstr(r));
 		} else {
 			memcpy(sl->ev_handle, h.reserved, sizeof sl->ev_handle);
 			sl->ctx = ctx;
 		}
 	}
-	if (st == FA_OK && (r = cu.EventRecord(sl->ev, stream)) != 0)
+	if (st == FA_OK && (r = fa_cu->EventRecord(sl->ev, stream)) != 0)
 		st = fa_fail(FA_EINVAL, "cuEventRecord on the caller's stream: CUDA error %d (%s)", r,
-		             cu_errstr(r));
+		             fa_cu_errstr(r));
 	if (st == FA_OK)
 		memcpy(handle, sl->ev_handle, FA_PROTO_IPC_HANDLE_LEN);
-	cu.CtxPopCurrent(&popped);
+	fa_cu->CtxPopCurrent(&popped);
 	return st;
 }
 
@@ -342,33 +243,33 @@ fa_status fa_cuda_async_wait(struct fa_async_slot *sl, void *stream,
                              const uint8_t handle[FA_PROTO_IPC_HANDLE_LEN])
 {
 	cu_ctx ctx = NULL, popped;
-	struct cu_ipc_handle h;
+	struct fa_cu_ipc_handle h;
 	fa_status st = FA_OK;
 	cu_res r;
 
 	if ((st = async_push(stream, &ctx)) != FA_OK)
 		return st;
 	if (sl->daemon_ev != NULL && memcmp(sl->daemon_handle, handle, FA_PROTO_IPC_HANDLE_LEN)) {
-		cu.EventDestroy(sl->daemon_ev); /* a new daemon, or a new session */
+		fa_cu->EventDestroy(sl->daemon_ev); /* a new daemon, or a new session */
 		sl->daemon_ev = NULL;
 	}
 	if (sl->daemon_ev == NULL) {
 		memcpy(h.reserved, handle, sizeof h.reserved);
-		if ((r = cu.IpcOpenEventHandle(&sl->daemon_ev, h)) != 0) {
+		if ((r = fa_cu->IpcOpenEventHandle(&sl->daemon_ev, h)) != 0) {
 			sl->daemon_ev = NULL;
 			st = fa_fail(FA_EDEVICE,
 			             "the daemon's completion event cannot be opened "
 			             "(cuIpcOpenEventHandle): CUDA error %d (%s); the kernel is "
 			             "enqueued: synchronise the whole device before reading O",
-			             r, cu_errstr(r));
+			             r, fa_cu_errstr(r));
 		} else {
 			memcpy(sl->daemon_handle, handle, sizeof sl->daemon_handle);
 		}
 	}
-	if (st == FA_OK && (r = cu.StreamWaitEvent(stream, sl->daemon_ev, 0)) != 0)
+	if (st == FA_OK && (r = fa_cu->StreamWaitEvent(stream, sl->daemon_ev, 0)) != 0)
 		st = fa_fail(FA_EDEVICE, "cuStreamWaitEvent on the daemon's event: CUDA error %d (%s)",
-		             r, cu_errstr(r));
-	cu.CtxPopCurrent(&popped);
+		             r, fa_cu_errstr(r));
+	fa_cu->CtxPopCurrent(&popped);
 	return st;
 }
 

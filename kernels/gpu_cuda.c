@@ -1,15 +1,14 @@
-/* gpu_cuda.c - the CUDA driver (loaded with dlopen), the in-memory kernel cache and the launch
- * API fa_gpu_attn_fwd().
+/* gpu_cuda.c - one device through the CUDA driver (common/fa_cu.h), the in-memory kernel cache
+ * and the launch API fa_gpu_attn_fwd().
  *
- * Entry points come from cuGetProcAddress with the CUDA 12.0 ABI, so the prototypes below are the
- * 12.0 ones whatever the driver's version. The primary context is used (what the runtime and
- * PyTorch use), so device pointers from other libraries in the process work here.
+ * The primary context is used (what the runtime and PyTorch use), so device pointers from other
+ * libraries in the process work here.
  */
 #include "fa_gpu.h"
+#include "fa_cu.h"
 #include "fa_diskcache.h"
 #include "fa_tune.h"
 
-#include <dlfcn.h>
 #include <stddef.h>
 #include <math.h>
 #include <pthread.h>
@@ -17,24 +16,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef int curesult;
-typedef int cudev;
-typedef void *cuctx;
-typedef void *cumod;
-typedef void *cufunc;
-typedef void *cuevent;
-typedef void *cupool;
-typedef void *custream;
+typedef fa_cu_res curesult;
+typedef fa_cu_dev cudev;
+typedef fa_cu_ctx cuctx;
+typedef fa_cu_mod cumod;
+typedef fa_cu_func cufunc;
+typedef fa_cu_event cuevent;
+typedef fa_cu_pool cupool;
+typedef fa_cu_stream custream;
 
 enum {
-	ATTR_SM_COUNT = 16,
-	ATTR_CC_MAJOR = 75,
-	ATTR_CC_MINOR = 76,
-	ATTR_SMEM_PER_SM = 81,
-	ATTR_REGS_PER_SM = 82,
-	ATTR_SMEM_OPTIN = 97,
-	FUNC_ATTR_MAX_DYN_SMEM = 8,
-	POOL_ATTR_RELEASE_THRESHOLD = 4,
+	ATTR_SM_COUNT = FA_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+	ATTR_CC_MAJOR = FA_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+	ATTR_CC_MINOR = FA_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+	ATTR_SMEM_PER_SM = FA_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+	ATTR_REGS_PER_SM = FA_CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR,
+	ATTR_SMEM_OPTIN = FA_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+	FUNC_ATTR_MAX_DYN_SMEM = FA_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+	POOL_ATTR_RELEASE_THRESHOLD = FA_CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
 };
 
 /* Runs of fields both kernels' parameter blocks carry, in this order (ints and a float: no
@@ -77,42 +76,6 @@ struct fa_wgprep {
 	int B, Sk, Hkv, skp;
 };
 
-struct cu_api {
-	void *lib;
-	curesult (*Init)(unsigned);
-	curesult (*DriverGetVersion)(int *);
-	curesult (*GetErrorString)(curesult, const char **);
-	curesult (*DeviceGetCount)(int *);
-	curesult (*DeviceGet)(cudev *, int);
-	curesult (*DeviceGetAttribute)(int *, int, cudev);
-	curesult (*DeviceGetName)(char *, int, cudev);
-	curesult (*DeviceGetUuid)(uint8_t *, cudev);
-	curesult (*DevicePrimaryCtxRetain)(cuctx *, cudev);
-	curesult (*DevicePrimaryCtxRelease)(cudev);
-	curesult (*CtxSetCurrent)(cuctx);
-	curesult (*CtxSynchronize)(void);
-	curesult (*ModuleLoadData)(cumod *, const void *);
-	curesult (*ModuleUnload)(cumod);
-	curesult (*ModuleGetFunction)(cufunc *, cumod, const char *);
-	curesult (*FuncSetAttribute)(cufunc, int, int);
-	curesult (*LaunchKernel)(cufunc, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-	                         unsigned, custream, void **, void **);
-	curesult (*MemAlloc)(CUdeviceptr *, size_t);
-	curesult (*MemFree)(CUdeviceptr);
-	curesult (*MemAllocAsync)(CUdeviceptr *, size_t, custream);
-	curesult (*MemFreeAsync)(CUdeviceptr, custream);
-	curesult (*DeviceGetDefaultMemPool)(cupool *, cudev);
-	curesult (*MemPoolSetAttribute)(cupool, int, void *);
-	curesult (*MemcpyHtoD)(CUdeviceptr, const void *, size_t);
-	curesult (*MemcpyDtoH)(void *, CUdeviceptr, size_t);
-	curesult (*MemsetD8)(CUdeviceptr, unsigned char, size_t);
-	curesult (*EventCreate)(cuevent *, unsigned);
-	curesult (*EventRecord)(cuevent, custream);
-	curesult (*EventSynchronize)(cuevent);
-	curesult (*EventElapsedTime)(float *, cuevent, cuevent);
-	curesult (*EventDestroy)(cuevent);
-};
-
 /* One compiled specialisation. */
 struct kcache_entry {
 	struct fa_kernel_spec spec;
@@ -122,7 +85,7 @@ struct kcache_entry {
 };
 
 struct fa_gpu {
-	struct cu_api cu;
+	struct fa_cu_api cu; /* fa_cu's table, copied: it never changes once loaded */
 	struct fa_nvrtc *nvrtc;
 	cudev dev;
 	cuctx ctx;
@@ -141,81 +104,13 @@ struct fa_gpu {
 	struct fa_gpu_cache_stats stats; /* under lock; kernels, disk_* filled by the reader */
 };
 
-static const char *cu_err(const struct fa_gpu *g, curesult r)
-{
-	const char *s = NULL;
-	if (g->cu.GetErrorString && g->cu.GetErrorString(r, &s) == 0 && s)
-		return s;
-	return "unknown CUDA error";
-}
-
 /* A status for a driver error: faults that poison the context are FA_EDEVICE, like the rest. */
 static fa_status cu_fail(const struct fa_gpu *g, curesult r, const char *what, char *err,
                          size_t errlen)
 {
-	snprintf(err, errlen, "%s: CUDA error %d (%s)", what, r, cu_err(g, r));
+	(void)g;
+	snprintf(err, errlen, "%s: CUDA error %d (%s)", what, r, fa_cu_errstr(r));
 	return r == 2 ? FA_ENOMEM : FA_EDEVICE;
-}
-
-static fa_status load_driver(struct cu_api *cu, char *err, size_t errlen)
-{
-	typedef curesult (*getproc_t)(const char *, void **, int, uint64_t, int *);
-	cu->lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (!cu->lib) {
-		const char *e = dlerror();
-		snprintf(err, errlen, "no CUDA driver: libcuda.so.1 cannot be loaded (%s)", e ? e : "?");
-		return FA_ENOGPU;
-	}
-	getproc_t getproc = (getproc_t)dlsym(cu->lib, "cuGetProcAddress_v2");
-	if (!getproc) {
-		snprintf(err, errlen, "CUDA driver too old: no cuGetProcAddress_v2 (need CUDA 12+)");
-		dlclose(cu->lib);
-		cu->lib = NULL;
-		return FA_ENOGPU;
-	}
-#define SYM(field, name)                                                                        \
-	do {                                                                                       \
-		int st_ = 0;                                                                           \
-		if (getproc(name, (void **)&cu->field, 12000, 0, &st_) != 0 || !cu->field) {          \
-			snprintf(err, errlen, "CUDA driver lacks %s", name);                               \
-			dlclose(cu->lib);                                                                  \
-			cu->lib = NULL;                                                                    \
-			return FA_ENOGPU;                                                                  \
-		}                                                                                      \
-	} while (0)
-	SYM(Init, "cuInit");
-	SYM(DriverGetVersion, "cuDriverGetVersion");
-	SYM(GetErrorString, "cuGetErrorString");
-	SYM(DeviceGetCount, "cuDeviceGetCount");
-	SYM(DeviceGet, "cuDeviceGet");
-	SYM(DeviceGetAttribute, "cuDeviceGetAttribute");
-	SYM(DeviceGetName, "cuDeviceGetName");
-	SYM(DeviceGetUuid, "cuDeviceGetUuid");
-	SYM(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-	SYM(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease");
-	SYM(CtxSetCurrent, "cuCtxSetCurrent");
-	SYM(CtxSynchronize, "cuCtxSynchronize");
-	SYM(ModuleLoadData, "cuModuleLoadData");
-	SYM(ModuleUnload, "cuModuleUnload");
-	SYM(ModuleGetFunction, "cuModuleGetFunction");
-	SYM(FuncSetAttribute, "cuFuncSetAttribute");
-	SYM(LaunchKernel, "cuLaunchKernel");
-	SYM(MemAlloc, "cuMemAlloc");
-	SYM(MemFree, "cuMemFree");
-	SYM(MemAllocAsync, "cuMemAllocAsync");
-	SYM(MemFreeAsync, "cuMemFreeAsync");
-	SYM(DeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool");
-	SYM(MemPoolSetAttribute, "cuMemPoolSetAttribute");
-	SYM(MemcpyHtoD, "cuMemcpyHtoD");
-	SYM(MemcpyDtoH, "cuMemcpyDtoH");
-	SYM(MemsetD8, "cuMemsetD8");
-	SYM(EventCreate, "cuEventCreate");
-	SYM(EventRecord, "cuEventRecord");
-	SYM(EventSynchronize, "cuEventSynchronize");
-	SYM(EventElapsedTime, "cuEventElapsedTime");
-	SYM(EventDestroy, "cuEventDestroy");
-#undef SYM
-	return FA_OK;
 }
 
 fa_status fa_gpu_open(struct fa_gpu **out, int ordinal, char *err, size_t errlen)
@@ -225,15 +120,13 @@ fa_status fa_gpu_open(struct fa_gpu **out, int ordinal, char *err, size_t errlen
 	if (!g)
 		return FA_ENOMEM;
 	pthread_mutex_init(&g->lock, NULL);
-	fa_status st = load_driver(&g->cu, err, errlen);
-	if (st != FA_OK)
-		goto fail;
-	curesult r = g->cu.Init(0);
-	if (r != 0) {
-		snprintf(err, errlen, "no usable GPU: cuInit failed: CUDA error %d (%s)", r, cu_err(g, r));
-		st = FA_ENOGPU;
+	fa_status st = fa_cu_load();
+	if (st != FA_OK) {
+		snprintf(err, errlen, "%s", fa_cu_why());
 		goto fail;
 	}
+	g->cu = *fa_cu;
+	curesult r;
 	int count = 0;
 	g->cu.DriverGetVersion(&g->driver);
 	g->cu.DeviceGetCount(&count);
@@ -301,8 +194,6 @@ void fa_gpu_close(struct fa_gpu *g)
 	free(g->cache);
 	fa_diskcache_close(g->disk);
 	fa_nvrtc_close(g->nvrtc);
-	if (g->cu.lib)
-		dlclose(g->cu.lib);
 	pthread_mutex_destroy(&g->lock);
 	free(g);
 }
@@ -420,7 +311,7 @@ static fa_status get_kernel_try(struct fa_gpu *g, const struct fa_kernel_spec *s
 		 * a driver change): drop it and compile afresh, once. */
 		char line[512], e2[256];
 		snprintf(line, sizeof line, "kernel cache: the driver refused the cached cubin of %s "
-		         "(CUDA error %d, %s): removed, recompiling", name, r, cu_err(g, r));
+		         "(CUDA error %d, %s): removed, recompiling", name, r, fa_cu_errstr(r));
 		gpu_log(g, 4, line);
 		fa_diskcache_remove(g->disk, &info.key, e2, sizeof e2);
 		pthread_mutex_lock(&g->lock);

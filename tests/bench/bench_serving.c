@@ -19,7 +19,7 @@
  *     in-process against the target >= 0.90.
  *
  * CUDA does not survive fork(): this process never initialises it. Every piece of CUDA work (the
- * GPU probe, each client, the in-process runs) is a forked child that loads libcuda.so.1 itself
+ * GPU probe, each client, the in-process runs) is a forked child that loads the CUDA driver itself
  * and reports through a shared anonymous mapping (struct board) and its exit code; this process
  * only starts the daemon (--backend gpu, a fresh --cache-dir) and the echo server, forks, waits
  * (always bounded) and prints. The in-process child uses the daemon's cache dir, so it loads the
@@ -145,14 +145,13 @@ static int fail(const char *fmt, ...)
 
 /* ---- the CUDA driver, loaded in children only (never linked) --------------------------------- */
 
-/* tests/helpers/fa_cudrv.h: the table `cu` and fa_cu_start. */
-#define cu_text fa_cu_text
+/* tests/helpers/fa_cudrv.h: the table `cu` and fa_cu_start; common/fa_cu.h: fa_cu_errstr. */
 
 #define CU_TRY(call)                                                                               \
 	do {                                                                                       \
 		cu_res r_ = (call);                                                                \
 		if (r_ != 0)                                                                       \
-			return fail("%s: CUDA error %d (%s)", #call, r_, cu_text(r_));             \
+			return fail("%s: CUDA error %d (%s)", #call, r_, fa_cu_errstr(r_));        \
 	} while (0)
 
 /* Load the driver and make GPU 0's primary context current (the same context fa_gpu_open and
@@ -196,7 +195,7 @@ static int dev_case_open(struct dev_case *dc, const struct fa_case *cs, uint64_t
 	cu_res r = cu.MemAlloc(&dc->mem, dc->l.total);
 	if (r != 0)
 		return fail("cuMemAlloc(%zu) for %s: CUDA error %d (%s)", dc->l.total, name, r,
-			    cu_text(r));
+			    fa_cu_errstr(r));
 	if (exact) {
 		if ((dc->host = malloc(dc->l.total)) == NULL)
 			return fail("malloc(%zu)", dc->l.total);
@@ -215,7 +214,7 @@ static int dev_case_open(struct dev_case *dc, const struct fa_case *cs, uint64_t
 		if ((r = cu.MemcpyHtoD(dc->mem + off, pat, n)) != 0) {
 			free(pat);
 			return fail("cuMemcpyHtoD(%zu bytes at %zu) for %s: CUDA error %d (%s)", n,
-				    off, name, r, cu_text(r));
+				    off, name, r, fa_cu_errstr(r));
 		}
 	}
 	free(pat);
@@ -518,7 +517,8 @@ static int child_inproc(const void *arg)
 						    i, fa_status_name(st), err);
 				if (r != 0)
 					return fail("cuStreamSynchronize after %s (call %d): "
-					            "CUDA error %d (%s)", name, i, r, cu_text(r));
+					            "CUDA error %d (%s)", name, i, r,
+					            fa_cu_errstr(r));
 				v[i] = (double)(t1 - t0) / 1e3;
 			}
 			lat_set(&B->inp[k], v, g_n);

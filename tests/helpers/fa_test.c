@@ -2,7 +2,6 @@
 #include "fa_test.h"
 
 #include <dirent.h>
-#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -18,6 +17,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "fa_cu.h"
 
 #define START_TIMEOUT_MS 20000
 #define STOP_TIMEOUT_MS 20000
@@ -475,24 +476,15 @@ void daemon_cleanup(struct fa_daemon *d)
 	d->dir[0] = '\0';
 }
 
-/* GPU tests skip without a driver; the driver is only ever loaded at run time. */
+/* GPU tests skip without a driver; the driver is only ever loaded at run time (common/fa_cu.h),
+ * and stays loaded. */
 bool have_gpu(void)
 {
 	static int cached = -1;
-	if (cached >= 0)
-		return cached;
-	cached = 0;
-	void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-	if (!h)
-		return false;
-	typedef int (*init_fn)(unsigned);
-	typedef int (*count_fn)(int *);
-	init_fn cu_init = (init_fn)(uintptr_t)dlsym(h, "cuInit");
-	count_fn cu_count = (count_fn)(uintptr_t)dlsym(h, "cuDeviceGetCount");
 	int count = 0;
-	if (cu_init && cu_count && cu_init(0) == 0 && cu_count(&count) == 0 && count > 0)
-		cached = 1;
-	/* The driver stays loaded: unloading CUDA is not supported well and tests may use it. */
+
+	if (cached < 0)
+		cached = fa_cu_load() == FA_OK && fa_cu->DeviceGetCount(&count) == 0 && count > 0;
 	return cached;
 }
 

@@ -1,7 +1,7 @@
 /* fa_test.h - what every test program shares: a real fa-daemon per test on a private socket,
  * bounded waits, log scanning, GPU detection, random data.
  *
- * libc only (plus dlopen): this file is linked into every test program, with or without nanomsg,
+ * libc and common/ only: this file is linked into every test program, with or without nanomsg,
  * NNG or msgpack. Nothing here knows the wire protocol.
  *
  * A daemon started here lives in its own directory under /tmp ("/tmp/fa-XXXXXX"): the socket
@@ -106,7 +106,8 @@ void daemon_cleanup(struct fa_daemon *d);
  * it exited 0 with a clean log, -1 otherwise (a CMocka teardown's answer). */
 int daemon_finish(struct fa_daemon *d);
 
-/* Is a CUDA driver loadable (dlopen libcuda.so.1) with at least one device? Cached. */
+/* Is a CUDA driver loadable (fa_cu_load) with at least one device? Cached. It initialises CUDA
+ * in this process, which CUDA work in children forked afterwards cannot survive. */
 bool have_gpu(void);
 
 /* A small deterministic generator (xorshift64*). Seed 0 is replaced by a constant. */

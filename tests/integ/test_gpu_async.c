@@ -15,7 +15,7 @@
  * The cross-user refusal is also checked without a GPU in test_bad_input.c.
  *
  * CUDA does not survive fork(): the test process never initialises it; each case runs in a
- * forked child that loads libcuda.so.1 with dlopen and reports through its exit code.
+ * forked child that loads the CUDA driver (common/fa_cu.h) and reports through its exit code.
  */
 #include <errno.h>
 #include <setjmp.h>
@@ -312,7 +312,8 @@ static int child_client_event_that_does_not_open(void *arg)
 	fa_case_fill(&cs, &l, host, &rng);
 	CHECK(cu.MemAlloc(&dmem, l.total) == 0, "cuMemAlloc %zu", l.total);
 	CHECK(cu.MemcpyHtoD(dmem, host, l.total) == 0 && cu.StreamSynchronize(NULL) == 0, "upload");
-	CHECK(cu.IpcGetMemHandle(handle, dmem) == 0, "cuIpcGetMemHandle");
+	CHECK(cu.IpcGetMemHandle((struct fa_cu_ipc_handle *)handle, dmem) == 0,
+	      "cuIpcGetMemHandle");
 	CHECK(cu.DeviceGet(&dev, 0) == 0 && cu.DeviceGetUuid(uuid, dev) == 0, "GPU 0's UUID");
 
 	int s = fa_raw_open(g_daemon.url, fa_test_ms(60000)); /* the first call may compile */
@@ -426,7 +427,8 @@ static int child_async_host_buffers(void *arg)
 	CHECK(cu.MemAlloc(&dmem, l.total) == 0, "cuMemAlloc %zu", l.total);
 	CHECK(cu.MemcpyHtoD(dmem, before, l.total) == 0 && cu.StreamSynchronize(NULL) == 0,
 	      "upload");
-	CHECK(cu.IpcGetMemHandle(handle, dmem) == 0, "cuIpcGetMemHandle");
+	CHECK(cu.IpcGetMemHandle((struct fa_cu_ipc_handle *)handle, dmem) == 0,
+	      "cuIpcGetMemHandle");
 	CHECK(cu.DeviceGet(&dev, 0) == 0 && cu.DeviceGetUuid(uuid, dev) == 0, "GPU 0's UUID");
 
 	int s = fa_raw_open(g_daemon.url, fa_test_ms(60000)); /* the first call may compile */
@@ -589,8 +591,8 @@ static int child_count(void *arg)
 #define SKIP_WITHOUT_GPU()                                                                 \
 	do {                                                                               \
 		if (g_no_gpu) {                                                            \
-			fprintf(stderr, "skipped: no GPU (libcuda.so.1 cannot be loaded or "   \
-			        "sees no device)\n");                                       \
+			fprintf(stderr, "skipped: no GPU (no CUDA driver, or it sees no "      \
+			        "device)\n");                                               \
 			skip();                                                            \
 		}                                                                          \
 	} while (0)
@@ -705,8 +707,8 @@ static int setup(void **state)
 	int n = in_child(child_count, NULL, 60000);
 	if (n <= 0 || n == 255) {
 		g_no_gpu = true;
-		fprintf(stderr, "test_gpu_async: every test skips: no GPU (libcuda.so.1 cannot be "
-		        "loaded or sees no device)\n");
+		fprintf(stderr, "test_gpu_async: every test skips: no GPU (no CUDA driver, or it "
+		        "sees no device)\n");
 		return 0;
 	}
 	g_ngpus = n;

@@ -8,9 +8,9 @@
  * daemon's background tuning and `fa-ctl tune`) fills a table that a restarted daemon loads.
  *
  * CUDA does not survive fork(): the test process itself never initialises it (not even through
- * have_gpu()). Every piece of CUDA work runs in a forked child that loads libcuda.so.1 with
- * dlopen (tiny wrappers below) and reports through its exit code; the parent only starts the
- * daemon and checks statuses. Without a GPU every test skips with the reason.
+ * have_gpu()). Every piece of CUDA work runs in a forked child that loads the CUDA driver
+ * (common/fa_cu.h; tiny wrappers below) and reports through its exit code; the parent only
+ * starts the daemon and checks statuses. Without a GPU every test skips with the reason.
  */
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -640,7 +640,8 @@ static int child_stale(void *arg)
 	fa_client *c = open_client();
 	CHECK(c != NULL, "fa_client_open");
 	CHECK((r = cu.MemAlloc(&p, SIZE)) == 0, "cuMemAlloc: CUDA error %d", r);
-	CHECK((r = cu.IpcGetMemHandle(h, p)) == 0, "cuIpcGetMemHandle: CUDA error %d", r);
+	CHECK((r = cu.IpcGetMemHandle((struct fa_cu_ipc_handle *)h, p)) == 0,
+	      "cuIpcGetMemHandle: CUDA error %d", r);
 	CHECK(cu.DeviceGet(&dev, 0) == 0 && cu.DeviceGetUuid(uuid, dev) == 0, "uuid");
 	CHECK((r = cu.MemFree(p)) == 0, "cuMemFree: CUDA error %d", r);
 
@@ -723,7 +724,7 @@ static int owner(const struct owner_arg *o)
 	CHECK(st == FA_OK, "owner: fa_buffer_register_device: %s (%s)", fa_status_name(st),
 	      fa_last_error_detail());
 	/* the bytes the library sent: a legacy handle of the same allocation is the same handle */
-	CHECK((r = cu.IpcGetMemHandle(g_sh->handle, mem)) == 0,
+	CHECK((r = cu.IpcGetMemHandle((struct fa_cu_ipc_handle *)g_sh->handle, mem)) == 0,
 	      "owner: cuIpcGetMemHandle: CUDA error %d", r);
 	CHECK(cu.DeviceGet(&dev, 0) == 0 && cu.DeviceGetUuid(g_sh->uuid, dev) == 0, "owner: uuid");
 	g_sh->alloc_size = OWNER_BYTES;
@@ -1459,7 +1460,7 @@ static int setup(void **state)
 	if (!child_have_gpu()) {
 		g_no_gpu = true;
 		snprintf(g_skip_why, sizeof g_skip_why,
-		         "no GPU (libcuda.so.1 cannot be loaded or sees no device)");
+		         "no GPU (no CUDA driver, or it sees no device)");
 		fprintf(stderr, "test_gpu_serving: every test skips: %s\n", g_skip_why);
 		return 0;
 	}
