@@ -1,10 +1,11 @@
 /* backend.h - where attention runs: a table of operations each engine implements.
  *
- * The CPU backend (backend_cpu.c) serves host memory on a worker pool; the GPU backend
- * (gpu/, see gpu/README.md) serves device memory (CUDA IPC regions) and host memory (pinned, staged through
- * device scratch) with one worker thread per GPU. The loop thread submits jobs; a backend runs them on its own threads and
- * hands each finished job back on the loop thread through the done callback (it uses a uv_async
- * for that), exactly once per submitted job, cancelled or not.
+ * The CPU backend (backend_cpu.c) serves host memory on a worker pool; the GPU backend (gpu/, see
+ * gpu/README.md) serves device memory (CUDA IPC regions) and host memory (pinned, staged through
+ * device scratch) with one worker thread per GPU. The loop thread submits jobs; a backend runs
+ * them on its own threads and hands each finished job back on the loop thread through the done
+ * callback (its threads push it on a backend_done_list and wake the loop with a uv_async),
+ * exactly once per submitted job, cancelled or not.
  */
 #ifndef FA_DAEMON_BACKEND_H
 #define FA_DAEMON_BACKEND_H

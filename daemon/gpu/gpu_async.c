@@ -48,10 +48,10 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 {
 	struct gpu_dev *d = od->d;
 	struct gpu_backend *b = d->b;
-	struct gpu_cu *cu = &b->cu;
+	const struct fa_cu_api *cu = fa_cu;
 	const struct fa_attn_fwd_desc *ds = &job->desc;
 	uint64_t prof[3] = {0};
-	gpu_res r;
+	fa_cu_res r;
 	fa_status st;
 
 	*sticky = false;
@@ -65,17 +65,17 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 			sl->wait = NULL;
 		}
 		if (sl->wait == NULL) {
-			struct gpu_ipc_event h;
+			struct fa_cu_ipc_handle h;
 			memcpy(h.reserved, job->wait_event, sizeof h.reserved);
 			if ((r = cu->IpcOpenEventHandle(&sl->wait, h)) != 0) {
 				sl->wait = NULL;
-				*sticky = gpu_sticky(r);
+				*sticky = fa_cu_sticky(r);
 				snprintf(job->detail, sizeof job->detail,
 				         "the client's CUDA IPC event cannot be opened on GPU %d: CUDA "
 				         "error %d (%s); it must come from cuIpcGetEventHandle of an "
 				         "event created with CU_EVENT_INTERPROCESS | "
 				         "CU_EVENT_DISABLE_TIMING on that GPU",
-				         d->ordinal, r, gpu_errstr(b, r));
+				         d->ordinal, r, fa_cu_errstr(r));
 				return job->status = *sticky ? FA_EDEVICE : FA_EINVAL;
 			}
 			memcpy(sl->wait_handle, job->wait_event, 64);
@@ -87,8 +87,8 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 		prof[0] = util_now_ns() - tw;
 	}
 	if (sl->done == NULL) {
-		struct gpu_ipc_event h;
-		r = cu->EventCreate(&sl->done, GPU_EVENT_DISABLE_TIMING | GPU_EVENT_INTERPROCESS);
+		struct fa_cu_ipc_handle h;
+		r = cu->EventCreate(&sl->done, FA_CU_EVENT_DISABLE_TIMING | FA_CU_EVENT_INTERPROCESS);
 		if (r == 0 && (r = cu->IpcGetEventHandle(&h, sl->done)) != 0) {
 			cu->EventDestroy(sl->done);
 		}
@@ -114,7 +114,7 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	                     sizeof job->detail);
 	if (st != FA_OK) {
 		free(t);
-		if (st == FA_EDEVICE && (r = cu->CtxSynchronize()) != 0 && gpu_sticky(r))
+		if (st == FA_EDEVICE && (r = cu->CtxSynchronize()) != 0 && fa_cu_sticky(r))
 			*sticky = true;
 		return job->status = st;
 	}
@@ -149,10 +149,10 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	pthread_mutex_unlock(&b->mu);
 	if (r != 0) {
 		/* Rare: finish it here, after the kernel, on this thread. */
-		gpu_res r2 = cu->StreamSynchronize(od->stream);
+		fa_cu_res r2 = cu->StreamSynchronize(od->stream);
 		log_warn("gpu: cuLaunchHostFunc: CUDA error %d (%s); waited instead", r,
-		         gpu_errstr(b, r));
-		if (r2 != 0 && gpu_sticky(r2))
+		         fa_cu_errstr(r));
+		if (r2 != 0 && fa_cu_sticky(r2))
 			*sticky = true;
 		gpu_async_done(t);
 	}
@@ -166,7 +166,7 @@ static void *gpu_owner_thread(void *arg)
 	struct gpu_owner_dev *od = arg;
 	struct gpu_backend *b = od->d->b;
 
-	b->cu.CtxSetCurrent(od->d->ctx);
+	fa_cu->CtxSetCurrent(od->d->ctx);
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
 		while (od->head == NULL && !od->stop)
@@ -205,7 +205,7 @@ struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
 	struct gpu_backend *b = d->b;
 	struct gpu_owner *o;
 	unsigned i = (unsigned)(d - b->devs);
-	gpu_res r;
+	fa_cu_res r;
 
 	pthread_mutex_lock(&b->mu); /* two devices' workers may both create the session's state */
 	o = *job->owner_state;
@@ -226,7 +226,7 @@ struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
 		return NULL;
 	}
 	od->d = d;
-	if ((r = b->cu.StreamCreate(&od->stream, 1 /* CU_STREAM_NON_BLOCKING */)) != 0) {
+	if ((r = fa_cu->StreamCreate(&od->stream, FA_CU_STREAM_NON_BLOCKING)) != 0) {
 		bool sticky;
 		job->status = gpu_job_cuerr(d, job, r, "creating the session's stream", &sticky);
 		free(od);
@@ -243,7 +243,7 @@ struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
 		snprintf(job->detail, sizeof job->detail, "starting the session's GPU thread: %s",
 		         strerror(rv));
 		pthread_cond_destroy(&od->cv);
-		b->cu.StreamDestroy(od->stream);
+		fa_cu->StreamDestroy(od->stream);
 		free(od);
 		return NULL;
 	}
@@ -269,14 +269,14 @@ void gpu_owner_free(struct backend *base, void *state)
 		pthread_mutex_unlock(&b->mu);
 		pthread_join(od->thread, NULL);
 		pthread_cond_destroy(&od->cv);
-		b->cu.CtxSetCurrent(b->devs[i].ctx);
+		fa_cu->CtxSetCurrent(b->devs[i].ctx);
 		for (int k = 0; k < FA_PROTO_MAX_SLOTS; k++) {
 			if (od->slot[k].done != NULL)
-				b->cu.EventDestroy(od->slot[k].done);
+				fa_cu->EventDestroy(od->slot[k].done);
 			if (od->slot[k].wait != NULL)
-				b->cu.EventDestroy(od->slot[k].wait);
+				fa_cu->EventDestroy(od->slot[k].wait);
 		}
-		b->cu.StreamDestroy(od->stream);
+		fa_cu->StreamDestroy(od->stream);
 		free(od);
 	}
 	free(o);

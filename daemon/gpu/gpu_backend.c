@@ -8,14 +8,13 @@
  * time for asynchronous kernels, deliver what finished, close the handles; the last handle's
  * close frees everything.
  *
- * Faults: gpu_sticky (gpu_driver.c) classifies CUDA errors. One that poisons the context (illegal
- * address, assert, launch failure...) is marked with fault_mark and makes every queued and later
- * job fail with FA_EDEVICE (gpu_fatal_locked); the rest of the fatal path (STOPPING=1, the drain,
- * exit status 70 for systemd's Restart=on-failure) is the server's, in fault.c. Other errors fail
- * their job only. */
+ * Faults: fa_cu_sticky (common/fa_cu.h) classifies CUDA errors. One that poisons the context
+ * (illegal address, assert, launch failure...) is marked with fault_mark and makes every queued
+ * and later job fail with FA_EDEVICE (gpu_fatal_locked); the rest of the fatal path (STOPPING=1,
+ * the drain, exit status 70 for systemd's Restart=on-failure) is the server's, in fault.c. Other
+ * errors fail their job only. */
 #include "gpu_int.h"
 
-#include <dlfcn.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,9 +37,7 @@ static void gpu_free(struct gpu_backend *b)
 	compile_table_fini(&b->waiting);
 	pthread_cond_destroy(&b->compile_cv);
 	for (unsigned i = 0; i < b->ndevs; i++)
-		gpu_dev_fini(b, &b->devs[i]);
-	if (b->cu.lib != NULL)
-		dlclose(b->cu.lib);
+		gpu_dev_fini(&b->devs[i]);
 	pthread_cond_destroy(&b->cv);
 	pthread_mutex_destroy(&b->mu);
 	free(b);
@@ -145,7 +142,7 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 	/* Every other visible device (CUDA_VISIBLE_DEVICES chooses): one that cannot be opened
 	 * is left out with a warning, the others serve. */
 	int count = 1;
-	if (b->cu.DeviceGetCount(&count) != 0)
+	if (fa_cu->DeviceGetCount(&count) != 0)
 		count = 1;
 	if (count > GPU_MAX_DEVICES) {
 		log_warn("gpu: %d devices visible; serving the first %d", count, GPU_MAX_DEVICES);
@@ -157,7 +154,7 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 		b->ndevs++; /* so gpu_free releases what it opened, also on failure */
 		if (st != FA_OK) {
 			log_warn("gpu: GPU %d left out: %s", i, why);
-			gpu_dev_fini(b, &b->devs[--b->ndevs]);
+			gpu_dev_fini(&b->devs[--b->ndevs]);
 		}
 	}
 	gpu_tune_open(b, cfg);

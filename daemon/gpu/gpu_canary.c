@@ -17,13 +17,13 @@
  * disk cache now, so the worker never compiles for it). */
 fa_status gpu_canary_init(struct gpu_dev *d, char *err, size_t errlen)
 {
-	struct gpu_cu *cu = &d->b->cu;
+	const struct fa_cu_api *cu = fa_cu;
 	struct fa_attn_fwd_desc *c = &d->canary_desc;
 	const int64_t S = 32, D = 64;
 	size_t n = (size_t)(S * D);
 	uint16_t *host;
 	uint32_t x = 0x9e3779b9u;
-	gpu_res r;
+	fa_cu_res r;
 	fa_status st;
 
 	memset(c, 0, sizeof *c);
@@ -62,7 +62,7 @@ fa_status gpu_canary_init(struct gpu_dev *d, char *err, size_t errlen)
 		free(host);
 		return util_fail(err, errlen, r == 2 ? FA_ENOMEM : FA_ENOGPU,
 		                 "GPU %d: allocating the canary: CUDA error %d (%s)", d->ordinal, r,
-		                 gpu_errstr(d->b, r));
+		                 fa_cu_errstr(r));
 	}
 	r = cu->MemcpyHtoDAsync(d->canary_mem, host, 3 * d->canary_bytes, d->stream);
 	if (r == 0)
@@ -70,7 +70,7 @@ fa_status gpu_canary_init(struct gpu_dev *d, char *err, size_t errlen)
 	free(host);
 	if (r != 0)
 		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: uploading the canary: CUDA error "
-		                 "%d (%s)", d->ordinal, r, gpu_errstr(d->b, r));
+		                 "%d (%s)", d->ordinal, r, fa_cu_errstr(r));
 	/* An explicit tile: the canary must not count as (or queue) a class for the tuner. */
 	int nt = 0;
 	if ((st = fa_gpu_plan(d->g, c, &d->canary_tile, 1, &nt, err, errlen)) != FA_OK)
@@ -87,11 +87,11 @@ fa_status gpu_canary_init(struct gpu_dev *d, char *err, size_t errlen)
  * passed; *sticky when the context is lost; *wrong when it computed a wrong result. */
 static bool gpu_canary_run(struct gpu_dev *d, bool *sticky, bool *wrong, char *why, size_t whylen)
 {
-	struct gpu_cu *cu = &d->b->cu;
-	gpu_ptr q = d->canary_mem, k = q + d->canary_bytes, v = k + d->canary_bytes,
+	const struct fa_cu_api *cu = fa_cu;
+	fa_cu_ptr q = d->canary_mem, k = q + d->canary_bytes, v = k + d->canary_bytes,
 	        o = v + d->canary_bytes;
 	double e = INFINITY;
-	gpu_res r;
+	fa_cu_res r;
 	fa_status st;
 
 	*sticky = *wrong = false;
@@ -103,18 +103,18 @@ static bool gpu_canary_run(struct gpu_dev *d, bool *sticky, bool *wrong, char *w
 		if (st != FA_OK)
 			r = -1;
 	} else {
-		snprintf(why, whylen, "cuMemsetD8Async: CUDA error %d (%s)", r, gpu_errstr(d->b, r));
+		snprintf(why, whylen, "cuMemsetD8Async: CUDA error %d (%s)", r, fa_cu_errstr(r));
 	}
 	if (r == 0 && (r = cu->MemcpyDtoHAsync(d->canary_out, o, d->canary_bytes, d->stream)) != 0)
-		snprintf(why, whylen, "cuMemcpyDtoHAsync: CUDA error %d (%s)", r, gpu_errstr(d->b, r));
-	gpu_res rs = cu->StreamSynchronize(d->stream);
+		snprintf(why, whylen, "cuMemcpyDtoHAsync: CUDA error %d (%s)", r, fa_cu_errstr(r));
+	fa_cu_res rs = cu->StreamSynchronize(d->stream);
 	if (rs != 0) {
-		*sticky = gpu_sticky(rs);
+		*sticky = fa_cu_sticky(rs);
 		if (r == 0)
 			snprintf(why, whylen, "the canary kernel: CUDA error %d (%s)", rs,
-			         gpu_errstr(d->b, rs));
+			         fa_cu_errstr(rs));
 		r = rs;
-	} else if (r == -1 && (rs = cu->CtxSynchronize()) != 0 && gpu_sticky(rs)) {
+	} else if (r == -1 && (rs = cu->CtxSynchronize()) != 0 && fa_cu_sticky(rs)) {
 		*sticky = true;
 	}
 	if (r == 0) {

@@ -16,7 +16,7 @@ void *gpu_compiler(void *arg)
 	char err[FA_PROTO_DETAIL_MAX];
 
 	/* fa_gpu_prepare makes the right context current itself; this covers anything else */
-	b->cu.CtxSetCurrent(b->devs[0].ctx);
+	fa_cu->CtxSetCurrent(b->devs[0].ctx);
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
 		struct compile_wait *w = NULL;

@@ -1,8 +1,9 @@
 /* gpu_dev.c - one device opened and released: fa_gpu (driver, NVRTC, primary context, the
- * kernel disk cache), the driver table, the worker's stream, the inline stream, the pipeline's
- * events and the canary. */
+ * kernel disk cache), the worker's stream, the inline stream, the pipeline's events and the
+ * canary; and how a device's UUID is written. */
 #include "gpu_int.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,24 +11,24 @@
 #include "util.h"
 
 /* Release a device's resources (its worker has stopped). */
-void gpu_dev_fini(struct gpu_backend *b, struct gpu_dev *d)
+void gpu_dev_fini(struct gpu_dev *d)
 {
 	if (d->ctx != NULL) {
-		b->cu.CtxSetCurrent(d->ctx);
+		fa_cu->CtxSetCurrent(d->ctx);
 		if (d->scratch != 0)
-			b->cu.MemFree(d->scratch);
+			fa_cu->MemFree(d->scratch);
 		if (d->canary_mem != 0)
-			b->cu.MemFree(d->canary_mem);
+			fa_cu->MemFree(d->canary_mem);
 		for (int i = 0; i < GPU_PIPE; i++)
 			if (d->pipe_ev[i] != NULL)
-				b->cu.EventDestroy(d->pipe_ev[i]);
+				fa_cu->EventDestroy(d->pipe_ev[i]);
 		if (d->inline_ev != NULL)
-			b->cu.EventDestroy(d->inline_ev);
+			fa_cu->EventDestroy(d->inline_ev);
 		if (d->inline_stream != NULL)
-			b->cu.StreamDestroy(d->inline_stream);
+			fa_cu->StreamDestroy(d->inline_stream);
 		if (d->stream != NULL)
-			b->cu.StreamDestroy(d->stream);
-		b->cu.DevicePrimaryCtxRelease(d->cudev);
+			fa_cu->StreamDestroy(d->stream);
+		fa_cu->DevicePrimaryCtxRelease(d->cudev);
 	}
 	fa_gpu_close(d->g);
 	free(d->canary_ref);
@@ -48,7 +49,7 @@ fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordinal,
 {
 	char why[256];
 	fa_status st;
-	gpu_res r;
+	fa_cu_res r;
 
 	d->b = b;
 	d->ordinal = ordinal;
@@ -60,37 +61,53 @@ fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordinal,
 	if (cfg->cache_dir[0] != '\0' &&
 	    fa_gpu_set_cache_dir(d->g, cfg->cache_dir, why, sizeof why) != FA_OK)
 		log_warn("gpu: kernel disk cache off: %s", why);
-	if (b->cu.lib == NULL && (st = gpu_load_driver(&b->cu, err, errlen)) != FA_OK)
-		return st;
+	if ((st = fa_cu_load()) != FA_OK)
+		return util_fail(err, errlen, st, "%s", fa_cu_why());
 	fa_gpu_uuid(d->g, d->uuid);
-	if ((r = b->cu.DeviceGet(&d->cudev, ordinal)) != 0 ||
-	    (r = b->cu.DevicePrimaryCtxRetain(&d->ctx, d->cudev)) != 0) {
+	if ((r = fa_cu->DeviceGet(&d->cudev, ordinal)) != 0 ||
+	    (r = fa_cu->DevicePrimaryCtxRetain(&d->ctx, d->cudev)) != 0) {
 		d->ctx = NULL;
 		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: primary context: CUDA error %d (%s)",
-		                 ordinal, r, gpu_errstr(b, r));
+		                 ordinal, r, fa_cu_errstr(r));
 	}
-	b->cu.CtxSetCurrent(d->ctx);
-	if ((r = b->cu.StreamCreate(&d->stream, 1 /* CU_STREAM_NON_BLOCKING */)) != 0) {
+	fa_cu->CtxSetCurrent(d->ctx);
+	if ((r = fa_cu->StreamCreate(&d->stream, FA_CU_STREAM_NON_BLOCKING)) != 0) {
 		d->stream = NULL;
 		return util_fail(err, errlen, FA_ENOGPU, "GPU %d: cuStreamCreate: CUDA error %d (%s)",
-		                 ordinal, r, gpu_errstr(b, r));
+		                 ordinal, r, fa_cu_errstr(r));
 	}
-	if ((r = b->cu.StreamCreate(&d->inline_stream, 1)) != 0 ||
-	    (r = b->cu.EventCreate(&d->inline_ev, GPU_EVENT_DISABLE_TIMING)) != 0) {
+	if ((r = fa_cu->StreamCreate(&d->inline_stream, FA_CU_STREAM_NON_BLOCKING)) != 0 ||
+	    (r = fa_cu->EventCreate(&d->inline_ev, FA_CU_EVENT_DISABLE_TIMING)) != 0) {
 		/* only a latency optimisation: carry on without it */
 		log_warn("gpu: GPU %d: no stream for small jobs on the loop: CUDA error %d (%s)",
-		         ordinal, r, gpu_errstr(b, r));
+		         ordinal, r, fa_cu_errstr(r));
 		if (d->inline_stream != NULL)
-			b->cu.StreamDestroy(d->inline_stream);
+			fa_cu->StreamDestroy(d->inline_stream);
 		d->inline_stream = NULL;
 		d->inline_ev = NULL;
 	}
 	for (int i = 0; i < GPU_PIPE; i++)
-		if ((r = b->cu.EventCreate(&d->pipe_ev[i], GPU_EVENT_DISABLE_TIMING)) != 0) {
+		if ((r = fa_cu->EventCreate(&d->pipe_ev[i], FA_CU_EVENT_DISABLE_TIMING)) != 0) {
 			d->pipe_ev[i] = NULL;
 			return util_fail(err, errlen, FA_ENOGPU,
 			                 "GPU %d: cuEventCreate: CUDA error %d (%s)", ordinal, r,
-			                 gpu_errstr(b, r));
+			                 fa_cu_errstr(r));
 		}
 	return gpu_canary_init(d, err, errlen);
+}
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it. */
+void gpu_uuid_text(const uint8_t u[16], char out[48])
+{
+	static const char hex[] = "0123456789abcdef";
+	char *p = out;
+
+	p += sprintf(p, "GPU-");
+	for (int i = 0; i < 16; i++) {
+		if (i == 4 || i == 6 || i == 8 || i == 10)
+			*p++ = '-';
+		*p++ = hex[u[i] >> 4];
+		*p++ = hex[u[i] & 15];
+	}
+	*p = '\0';
 }

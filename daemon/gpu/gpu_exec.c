@@ -13,22 +13,22 @@
 
 /* A failed driver call inside a job: FA_EDEVICE with the driver's text; *sticky when the context
  * is lost. Out of device memory is FA_ENOMEM. */
-fa_status gpu_job_cuerr(struct gpu_dev *d, struct backend_job *job, gpu_res r,
+fa_status gpu_job_cuerr(struct gpu_dev *d, struct backend_job *job, fa_cu_res r,
                         const char *what, bool *sticky)
 {
-	*sticky = gpu_sticky(r);
+	*sticky = fa_cu_sticky(r);
 	snprintf(job->detail, sizeof job->detail, "%s on GPU %d: CUDA error %d (%s)%s", what,
-	         d->ordinal, r, gpu_errstr(d->b, r),
+	         d->ordinal, r, fa_cu_errstr(r),
 	         *sticky ? "; the context is lost, the daemon restarts" : "");
 	return r == 2 ? FA_ENOMEM : FA_EDEVICE;
 }
 
 /* Make the scratch at least `need` bytes (the stream is idle between jobs). */
-static gpu_res gpu_scratch(struct gpu_dev *d, size_t need)
+static fa_cu_res gpu_scratch(struct gpu_dev *d, size_t need)
 {
-	struct gpu_cu *cu = &d->b->cu;
+	const struct fa_cu_api *cu = fa_cu;
 	size_t size = d->scratch_size > 0 ? d->scratch_size : GPU_SCRATCH_MIN;
-	gpu_res r;
+	fa_cu_res r;
 
 	if (need <= d->scratch_size)
 		return 0;
@@ -49,10 +49,10 @@ static gpu_res gpu_scratch(struct gpu_dev *d, size_t need)
 /* Enqueue one synchronous job on `stream` (host tensors: copies in, the kernel, copies out) and
  * record ev after it, also after a failure (copies may be queued). Sets job->status, detail and
  * *sticky on a failure to enqueue; gpu_complete waits. */
-void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, gpu_stream stream, gpu_event ev,
+void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream, fa_cu_event ev,
                  bool *sticky)
 {
-	struct gpu_cu *cu = &d->b->cu;
+	const struct fa_cu_api *cu = fa_cu;
 	const struct fa_attn_fwd_desc *ds = &job->desc;
 	size_t es = fa_dtype_size(ds->dtype);
 	const void *ptr[5] = {job->q, job->k, job->v, job->o, job->lse};
@@ -66,9 +66,9 @@ void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, gpu_stream stream, 
 	const int64_t *st3[5] = {ds->q_stride, ds->k_stride, ds->v_stride, ds->o_stride,
 	                         ds->lse_stride};
 	uint64_t ext[5] = {0}, off[5] = {0}, total = 0;
-	gpu_ptr dp[5] = {0};
+	fa_cu_ptr dp[5] = {0};
 	size_t bytes_in = 0, bytes_out = 0;
-	gpu_res r;
+	fa_cu_res r;
 	fa_status st;
 
 	*sticky = false;
@@ -79,7 +79,7 @@ void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, gpu_stream stream, 
 		memcpy(stride[i], st3[i], 3 * sizeof(int64_t));
 		stride[i][3] = 1;
 		if (job->on_device[i]) {
-			dp[i] = (gpu_ptr)(uintptr_t)ptr[i];
+			dp[i] = (fa_cu_ptr)(uintptr_t)ptr[i];
 			continue;
 		}
 		fa_tensor_extent(4, shape[i], stride[i], i == 4 ? sizeof(float) : es, NULL,
@@ -140,22 +140,22 @@ sync:
 }
 
 /* Wait for a job gpu_enqueue enqueued (its event) and classify what the device says. */
-void gpu_complete(struct gpu_dev *d, struct backend_job *job, gpu_event ev, bool *sticky)
+void gpu_complete(struct gpu_dev *d, struct backend_job *job, fa_cu_event ev, bool *sticky)
 {
-	struct gpu_cu *cu = &d->b->cu;
-	gpu_res r;
+	const struct fa_cu_api *cu = fa_cu;
+	fa_cu_res r;
 
 	/* A fault of the kernel shows here (errors of earlier asynchronous work come back from
 	 * the next synchronising call). */
 	r = cu->EventSynchronize(ev);
 	if (r != 0 && job->status == FA_OK)
 		job->status = gpu_job_cuerr(d, job, r, "running attention", sticky);
-	else if (r != 0 && gpu_sticky(r))
+	else if (r != 0 && fa_cu_sticky(r))
 		*sticky = true;
 	/* A launch failure reported by fa_gpu as FA_EDEVICE: ask the context whether it is
 	 * lost (sticky errors come back from every call). */
 	if (job->status == FA_EDEVICE && !*sticky && (r = cu->CtxSynchronize()) != 0 &&
-	    gpu_sticky(r))
+	    fa_cu_sticky(r))
 		*sticky = true;
 	pthread_mutex_lock(&d->b->mu);
 	d->b->h2d_bytes += job->bytes_in;

@@ -18,7 +18,7 @@
  *
  * The other fields are, as marked:
  *   "open":    written by gpu_open/gpu_dev_open before any thread starts, read-only afterwards
- *              (the driver table, the devices' fa_gpu, contexts, streams, UUIDs, ndevs, the
+ *              (the devices' fa_gpu, contexts, streams, UUIDs, ndevs, the
  *              tuning table and its mode, the loop and the done callback);
  *   "worker":  touched only by that device's worker thread (the scratch, the pipeline's events,
  *              the canary's buffers; the tuner: device 0's worker);
@@ -45,18 +45,19 @@
  * ---- Files (one concern each; the arrows are the only calls between them, no cycles) --------
  *
  *   gpu_backend.c  open, close, the ops table  -> dev, tune, loop, worker, compile, queue
- *   gpu_dev.c      one device opened / released -> canary, driver
+ *   gpu_dev.c      one device opened / released -> canary
  *   gpu_loop.c     the loop's side: submit, inline runs, the done drain -> exec, queue
  *   gpu_worker.c   a device's worker thread     -> canary, tune, async, exec, queue
- *   gpu_exec.c     one synchronous job, host staging -> driver
- *   gpu_async.c    the asynchronous mode        -> exec, queue, driver
+ *   gpu_exec.c     one synchronous job, host staging
+ *   gpu_async.c    the asynchronous mode        -> exec, queue
  *   gpu_compile.c  the compile threads          -> queue
- *   gpu_tune.c     background tuning            -> queue, driver
- *   gpu_canary.c   the canary and health        -> queue, driver
- *   gpu_region.c   regions: IPC open, pinning   -> queue, driver
- *   gpu_stats.c    the STATS sections           -> driver
+ *   gpu_tune.c     background tuning            -> queue
+ *   gpu_canary.c   the canary and health        -> queue
+ *   gpu_region.c   regions: IPC open, pinning   -> queue, dev
+ *   gpu_stats.c    the STATS sections           -> dev
  *   gpu_queue.c    queues, batching, cancel, the fatal path's bookkeeping (no CUDA)
- *   gpu_driver.c   the CUDA driver table, error texts and classification
+ * Every file but gpu_queue.c calls the CUDA driver through common/fa_cu.h (its one table,
+ * loader, error texts and sticky-error classification, fa_cu_sticky: the fatal path's test).
  */
 #ifndef FA_DAEMON_GPU_INT_H
 #define FA_DAEMON_GPU_INT_H
@@ -72,6 +73,7 @@
 #include "backend.h"
 #include "compile_pool.h"
 #include "config.h"
+#include "fa_cu.h"
 #include "fa_gpu.h"
 #include "fa_tune.h"
 
@@ -97,61 +99,8 @@ struct region;
  * without sleeping (a uv_idle handle): waking a sleeping loop thread costs 10-20 us, a large
  * share of such a request's time; longer kernels hide it, and need no spinning core. */
 #define GPU_LOOP_SPIN_MAX_FLOP 6.4e10
-#define GPU_EVENT_DISABLE_TIMING 0x2
-#define GPU_EVENT_INTERPROCESS 0x4
 #define GPU_MAX_COMPILE_THREADS 16 /* --compile-threads' bound */
 #define GPU_TUNE_SLICE_US 2000     /* background tuning: one step of the tuner between jobs */
-
-/* ---- the driver (gpu_driver.c) ------------------------------------------------------------- */
-
-typedef int gpu_res;
-typedef void *gpu_ctx;
-typedef void *gpu_stream;
-typedef void *gpu_event;
-typedef unsigned long long gpu_ptr;
-
-/* CUipcMemHandle: 64 opaque bytes, passed by value. */
-struct gpu_ipc_handle {
-	char reserved[FA_PROTO_IPC_HANDLE_LEN];
-};
-
-/* CUipcEventHandle: 64 opaque bytes, passed by value. */
-struct gpu_ipc_event {
-	char reserved[FA_PROTO_IPC_HANDLE_LEN];
-};
-
-/* The driver entry points the backend needs beyond fa_gpu's (CUDA 12.0 ABI, cuGetProcAddress). */
-struct gpu_cu {
-	void *lib;
-	gpu_res (*GetErrorString)(gpu_res, const char **);
-	gpu_res (*DeviceGetCount)(int *);
-	gpu_res (*DeviceGet)(int *, int);
-	gpu_res (*DevicePrimaryCtxRetain)(gpu_ctx *, int);
-	gpu_res (*DevicePrimaryCtxRelease)(int);
-	gpu_res (*CtxSetCurrent)(gpu_ctx);
-	gpu_res (*CtxSynchronize)(void);
-	gpu_res (*StreamCreate)(gpu_stream *, unsigned);
-	gpu_res (*StreamDestroy)(gpu_stream);
-	gpu_res (*StreamSynchronize)(gpu_stream);
-	gpu_res (*MemAlloc)(gpu_ptr *, size_t);
-	gpu_res (*MemFree)(gpu_ptr);
-	gpu_res (*MemcpyHtoDAsync)(gpu_ptr, const void *, size_t, gpu_stream);
-	gpu_res (*MemcpyDtoHAsync)(void *, gpu_ptr, size_t, gpu_stream);
-	gpu_res (*MemHostRegister)(void *, size_t, unsigned);
-	gpu_res (*MemHostUnregister)(void *);
-	gpu_res (*MemGetAddressRange)(gpu_ptr *, size_t *, gpu_ptr);
-	gpu_res (*IpcOpenMemHandle)(gpu_ptr *, struct gpu_ipc_handle, unsigned);
-	gpu_res (*IpcCloseMemHandle)(gpu_ptr);
-	gpu_res (*MemsetD8Async)(gpu_ptr, unsigned char, size_t, gpu_stream);
-	gpu_res (*EventCreate)(gpu_event *, unsigned);
-	gpu_res (*EventDestroy)(gpu_event);
-	gpu_res (*EventRecord)(gpu_event, gpu_stream);
-	gpu_res (*EventSynchronize)(gpu_event);
-	gpu_res (*StreamWaitEvent)(gpu_stream, gpu_event, unsigned);
-	gpu_res (*IpcGetEventHandle)(struct gpu_ipc_event *, gpu_event);
-	gpu_res (*IpcOpenEventHandle)(gpu_event *, struct gpu_ipc_event);
-	gpu_res (*LaunchHostFunc)(gpu_stream, void (*)(void *), void *);
-};
 
 /* ---- the state ------------------------------------------------------------------------------ */
 
@@ -169,11 +118,11 @@ struct gpu_owner_dev {
 	pthread_cond_t cv;                       /* with mu */
 	struct backend_job *head, *tail;         /* mu: jobs for the thread */
 	bool stop;                               /* mu */
-	gpu_stream stream;                       /* owner */
+	fa_cu_stream stream;                       /* owner */
 	struct {
-		gpu_event done;
+		fa_cu_event done;
 		uint8_t done_handle[FA_PROTO_IPC_HANDLE_LEN];
-		gpu_event wait;
+		fa_cu_event wait;
 		uint8_t wait_handle[FA_PROTO_IPC_HANDLE_LEN];
 	} slot[FA_PROTO_MAX_SLOTS];              /* owner */
 };
@@ -202,26 +151,26 @@ struct gpu_dev {
 	struct fa_gpu *g;                        /* open */
 	int ordinal;                             /* open */
 	int cudev;                               /* open */
-	gpu_ctx ctx;                             /* open */
-	gpu_stream stream;                       /* open; the worker's */
+	fa_cu_ctx ctx;                             /* open */
+	fa_cu_stream stream;                       /* open; the worker's */
 	uint8_t uuid[16];                        /* open */
 	pthread_t thread;                        /* open */
 	bool thread_started;                     /* open */
 	struct backend_job *run_head, *run_tail; /* mu: the worker's queue */
-	gpu_ptr scratch;                         /* worker (inline runs never stage) */
+	fa_cu_ptr scratch;                         /* worker (inline runs never stage) */
 	size_t scratch_size;                     /* worker */
-	gpu_event pipe_ev[GPU_PIPE];             /* worker: one per job in flight */
+	fa_cu_event pipe_ev[GPU_PIPE];             /* worker: one per job in flight */
 	atomic_uint pushes;                      /* atomic: jobs queued so far, the idle worker
 	                                          * spins on it */
 	bool busy;                               /* mu: the worker runs a batch */
-	gpu_stream inline_stream;                /* loop: gpu_loop.c's inline runs */
-	gpu_event inline_ev;                     /* loop */
+	fa_cu_stream inline_stream;                /* loop: gpu_loop.c's inline runs */
+	fa_cu_event inline_ev;                     /* loop */
 	uint64_t inline_jobs;                    /* mu */
 	/* The canary (gpu_canary.c) */
 	struct fa_attn_fwd_desc canary_desc;     /* open */
 	struct fa_tile canary_tile;              /* open: the planner's first, never the tuning
 	                                          * table's */
-	gpu_ptr canary_mem;                      /* open: q, k, v, o */
+	fa_cu_ptr canary_mem;                      /* open: q, k, v, o */
 	size_t canary_bytes;                     /* open: of one tensor */
 	double *canary_ref;                      /* open: float64 reference output */
 	uint16_t *canary_out;                    /* worker: the result, copied back */
@@ -233,7 +182,6 @@ struct gpu_dev {
 
 struct gpu_backend {
 	struct backend base;
-	struct gpu_cu cu;                /* open */
 	uv_loop_t *loop;                 /* open */
 	uv_async_t async;                /* any thread sends; the loop owns it */
 	bool async_open;                 /* open */
@@ -315,22 +263,6 @@ static inline double gpu_job_flop(const struct backend_job *job)
 	       (double)ds->D;
 }
 
-/* ---- gpu_driver.c: the driver table (any thread once loaded) -------------------------------- */
-
-/* dlopen libcuda.so.1 and fetch the entry points into cu (gpu_dev_open, once; fa_gpu_open
- * succeeded, so the driver is there). FA_OK, or FA_ENOGPU with err. cu->lib is closed by
- * gpu_free. */
-fa_status gpu_load_driver(struct gpu_cu *cu, char *err, size_t errlen);
-
-/* The driver's name for a result (a static string). */
-const char *gpu_errstr(const struct gpu_backend *b, gpu_res r);
-
-/* Whether r leaves the context unusable (every later call returns it): the fatal path. */
-bool gpu_sticky(gpu_res r);
-
-/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it. */
-void gpu_uuid_text(const uint8_t u[16], char out[48]);
-
 /* ---- gpu_queue.c: queues and their bookkeeping (mu held; no CUDA) --------------------------- */
 
 /* Queue a job on d's worker (the caller wakes it: b->cv). */
@@ -380,19 +312,19 @@ unsigned gpu_cancel(struct backend *base, const void *owner, fa_status st, const
 /* A failed driver call inside a job: its detail names what, the GPU and the driver's text;
  * *sticky when the context is lost. Returns FA_ENOMEM for out of device memory, else
  * FA_EDEVICE. */
-fa_status gpu_job_cuerr(struct gpu_dev *d, struct backend_job *job, gpu_res r, const char *what,
+fa_status gpu_job_cuerr(struct gpu_dev *d, struct backend_job *job, fa_cu_res r, const char *what,
                         bool *sticky);
 
 /* Enqueue one synchronous job on `stream` (host tensors: copies into the scratch, the kernel,
  * copies out) and record ev after it, also after a failure (copies may be queued). Sets
  * job->status, detail and *sticky on a failure to enqueue; gpu_complete waits. Without mu. A job
  * that stages host memory uses d's scratch: only d's worker runs those (inline runs never). */
-void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, gpu_stream stream, gpu_event ev,
+void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream, fa_cu_event ev,
                  bool *sticky);
 
 /* Wait for a job gpu_enqueue enqueued (its event), classify what the device says (*sticky),
  * and count its staging bytes (takes mu). */
-void gpu_complete(struct gpu_dev *d, struct backend_job *job, gpu_event ev, bool *sticky);
+void gpu_complete(struct gpu_dev *d, struct backend_job *job, fa_cu_event ev, bool *sticky);
 
 /* ---- gpu_worker.c --------------------------------------------------------------------------- */
 
@@ -461,13 +393,16 @@ void gpu_async_cb(uv_async_t *h);
 
 /* ---- gpu_dev.c ------------------------------------------------------------------------------ */
 
-/* Open one device (ordinal): fa_gpu, the driver table (first device), the primary context,
+/* Open one device (ordinal): fa_gpu, the driver (fa_cu_load), the primary context,
  * the worker's and the inline streams, the pipeline's events, the canary. FA_OK, or the status
  * with err; gpu_dev_fini releases what was opened either way. */
 fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordinal,
                        const struct config *cfg, char *err, size_t errlen);
 
 /* Release a device's resources (its worker has stopped) and zero it. */
-void gpu_dev_fini(struct gpu_backend *b, struct gpu_dev *d);
+void gpu_dev_fini(struct gpu_dev *d);
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints a device's UUID. */
+void gpu_uuid_text(const uint8_t u[16], char out[48]);
 
 #endif /* FA_DAEMON_GPU_INT_H */

@@ -70,7 +70,7 @@ static bool gpu_try_inline(struct gpu_backend *b, struct gpu_dev *d, struct back
 		return false;
 	bool sticky = false, s2 = false;
 	uint64_t t0 = util_now_ns();
-	b->cu.CtxSetCurrent(d->ctx);
+	fa_cu->CtxSetCurrent(d->ctx);
 	gpu_enqueue(d, job, d->inline_stream, d->inline_ev, &sticky);
 	gpu_complete(d, job, d->inline_ev, &s2);
 	job->compute_ns = util_now_ns() - t0;

@@ -19,17 +19,17 @@
 static void gpu_region_release(struct region *r)
 {
 	struct gpu_backend *b = r->backend;
-	gpu_res res;
+	fa_cu_res res;
 
-	b->cu.CtxSetCurrent(b->devs[r->dev >= 0 ? r->dev : 0].ctx);
+	fa_cu->CtxSetCurrent(b->devs[r->dev >= 0 ? r->dev : 0].ctx);
 	if (r->kind == FA_REGION_CUDA_IPC) {
 		if (r->base != NULL &&
-		    (res = b->cu.IpcCloseMemHandle((gpu_ptr)(uintptr_t)r->base)) != 0)
+		    (res = fa_cu->IpcCloseMemHandle((fa_cu_ptr)(uintptr_t)r->base)) != 0)
 			log_info("region %016" PRIx64 ": cuIpcCloseMemHandle: CUDA error %d (%s)",
-			         r->id, res, gpu_errstr(b, res));
-	} else if ((res = b->cu.MemHostUnregister(r->base)) != 0) {
+			         r->id, res, fa_cu_errstr(res));
+	} else if ((res = fa_cu->MemHostUnregister(r->base)) != 0) {
 		log_info("region %016" PRIx64 ": cuMemHostUnregister: CUDA error %d (%s)", r->id,
-		         res, gpu_errstr(b, res));
+		         res, fa_cu_errstr(res));
 	}
 	r->release = NULL;
 }
@@ -41,7 +41,7 @@ fa_status gpu_region_open(struct backend *base, struct region *r,
 {
 	struct gpu_backend *b = (struct gpu_backend *)base;
 	struct gpu_dev *d = &b->devs[0];
-	gpu_res res;
+	fa_cu_res res;
 
 	if (fault_marked(&b->base))
 		return util_fail(err, errlen, FA_EDEVICE, "the GPU faulted; the daemon restarts");
@@ -49,14 +49,15 @@ fa_status gpu_region_open(struct backend *base, struct region *r,
 	for (unsigned i = 0; gpu_uuid != NULL && i < b->ndevs; i++)
 		if (memcmp(gpu_uuid, b->devs[i].uuid, 16) == 0)
 			d = &b->devs[i];
-	b->cu.CtxSetCurrent(d->ctx);
+	fa_cu->CtxSetCurrent(d->ctx);
 	if (r->kind == FA_REGION_HOST_SHM) {
 		/* Portable: any context may copy from it (several devices later). */
-		if ((res = b->cu.MemHostRegister(r->base, (size_t)r->size, 1)) != 0)
+		if ((res = fa_cu->MemHostRegister(r->base, (size_t)r->size,
+		                                  FA_CU_MEMHOSTREGISTER_PORTABLE)) != 0)
 			return util_fail(err, errlen, res == 2 ? FA_ENOMEM : FA_ESYS,
 			                 "pinning the %" PRIu64 "-byte host buffer %s for the GPU "
 			                 "(cuMemHostRegister): CUDA error %d (%s)",
-			                 r->size, r->name, res, gpu_errstr(b, res));
+			                 r->size, r->name, res, fa_cu_errstr(res));
 		r->backend = b;
 		r->release = gpu_region_release;
 		return FA_OK;
@@ -74,34 +75,34 @@ fa_status gpu_region_open(struct backend *base, struct region *r,
 		                 "(GPU 0 is %s; CUDA_VISIBLE_DEVICES decides which it sees)",
 		                 got, b->ndevs, want);
 	}
-	struct gpu_ipc_handle h;
-	gpu_ptr p = 0, abase = 0;
+	struct fa_cu_ipc_handle h;
+	fa_cu_ptr p = 0, abase = 0;
 	size_t asize = 0;
 	memcpy(h.reserved, ipc_handle, sizeof h.reserved);
-	res = b->cu.IpcOpenMemHandle(&p, h, 1 /* CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS */);
+	res = fa_cu->IpcOpenMemHandle(&p, h, FA_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 	if (res != 0) {
-		if (gpu_sticky(res)) {
+		if (fa_cu_sticky(res)) {
 			pthread_mutex_lock(&b->mu);
 			gpu_fatal_locked(b, "cuIpcOpenMemHandle lost the context");
 			pthread_mutex_unlock(&b->mu);
 			return util_fail(err, errlen, FA_EDEVICE,
 			                 "cuIpcOpenMemHandle: CUDA error %d (%s)", res,
-			                 gpu_errstr(b, res));
+			                 fa_cu_errstr(res));
 		}
 		return util_fail(err, errlen, res == 2 ? FA_ENOMEM : FA_EINVAL,
 		                 "the CUDA IPC handle cannot be opened: CUDA error %d (%s); it must "
 		                 "come from cuIpcGetMemHandle of a live cudaMalloc allocation of "
 		                 "another process on %s",
-		                 res, gpu_errstr(b, res), fa_gpu_name(d->g));
+		                 res, fa_cu_errstr(res), fa_gpu_name(d->g));
 	}
 	/* The handle maps the whole allocation: it must hold what the client declared. */
-	res = b->cu.MemGetAddressRange(&abase, &asize, p);
+	res = fa_cu->MemGetAddressRange(&abase, &asize, p);
 	if (res != 0 || (uint64_t)asize < r->size) {
-		b->cu.IpcCloseMemHandle(p);
+		fa_cu->IpcCloseMemHandle(p);
 		if (res != 0)
 			return util_fail(err, errlen, FA_EINVAL,
 			                 "cuMemGetAddressRange on the opened handle: CUDA error %d (%s)",
-			                 res, gpu_errstr(b, res));
+			                 res, fa_cu_errstr(res));
 		return util_fail(err, errlen, FA_ERANGE,
 		                 "the CUDA allocation behind the handle has %zu bytes, the "
 		                 "registration declares %" PRIu64,

@@ -56,10 +56,10 @@ bool gpu_tune_turn_locked(struct gpu_dev *d)
 		st = fa_tuner_step(b->tuner, GPU_TUNE_SLICE_US, &done, why, sizeof why);
 		/* a timed candidate may have poisoned the context: the next client job would find
 		 * it, but say so now */
-		gpu_res r = st == FA_EDEVICE ? b->cu.CtxSynchronize() : 0;
+		fa_cu_res r = st == FA_EDEVICE ? fa_cu->CtxSynchronize() : 0;
 		bool ok = done && gpu_tune_finish(b, st, why);
 		pthread_mutex_lock(&b->mu);
-		if (r != 0 && gpu_sticky(r)) {
+		if (r != 0 && fa_cu_sticky(r)) {
 			gpu_fatal_locked(b, "the GPU faulted while tuning kernels in the background");
 			return false;
 		}

@@ -21,7 +21,7 @@ void *gpu_worker(void *arg)
 
 	bool spin = false;
 
-	b->cu.CtxSetCurrent(d->ctx);
+	fa_cu->CtxSetCurrent(d->ctx);
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
 		gpu_canary_turn_locked(d);
