@@ -18,8 +18,8 @@
  *
  * The other fields are, as marked:
  *   "open":    written by gpu_open/gpu_dev_open before any thread starts, read-only afterwards
- *              (the devices' fa_gpu, contexts, streams, UUIDs, ndevs, the
- *              tuning table and its mode, the loop and the done callback);
+ *              (the devices' fa_gpu, contexts, streams, UUIDs, the canary's inputs, ndevs,
+ *              the tuning table and its mode, the loop and the done callback);
  *   "worker":  touched only by that device's worker thread (the scratch, the pipeline's events,
  *              the canary's buffers; the tuner: device 0's worker);
  *   "loop":    touched only by the loop thread (the spin handle and its count, the round robin,
@@ -34,8 +34,9 @@
  * Lock order: mu is the backend's only lock and is never taken twice. Under mu the code calls
  * only CPU-side bookkeeping: the compile table (compile_pool.h: no lock of its own), fault_mark
  * (atomics), uv_async_send (lock-free), logging, and the kernels library's planner and tuning
- * table (fa_gpu_plan, fa_tune_table_next_wanted: their own internal locks, taken after mu, never
- * before it). No CUDA driver call, NVRTC compile or tuning step runs with mu held.
+ * table (fa_gpu_plan, fa_tune_table_next_wanted: whatever they lock inside is taken after mu,
+ * and nothing of theirs calls back into this backend). No CUDA driver call, NVRTC compile or
+ * tuning step runs with mu held.
  *
  * Naming: a function whose name ends in _locked is called with mu held and returns with it held;
  * the comment says when it releases mu in between (gpu_canary_turn_locked,
