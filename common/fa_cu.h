@@ -46,6 +46,7 @@
  *                                              FA_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
  *                                              FA_CU_MEMHOSTREGISTER_PORTABLE
  *   #include <dlfcn.h> (for the driver)      -> #include "fa_cu.h"
+ * (This block serves the move of daemon/backend_gpu.c; drop it once no such name is left.)
  */
 #ifndef FA_CU_H
 #define FA_CU_H
@@ -181,8 +182,8 @@ struct fa_cu_api {
 #undef FA_CU_FIELD_
 };
 
-/* The one table (static storage, read-only to callers). Dereference it only after fa_cu_load
- * returned FA_OK: before, and after a failed load, its fields are NULL. */
+/* The one table (static storage, read-only to callers). Call through it only after fa_cu_load
+ * returned FA_OK: before, its fields are NULL, and after a failed load they may be. */
 extern const struct fa_cu_api *const fa_cu;
 
 /* Load the driver, once per process: dlopen libcuda.so.1, every entry point of struct fa_cu_api
