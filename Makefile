@@ -7,7 +7,8 @@
 #   kernels/  -> $(BUILD)/libfakernels.a   CPU reference, planner, GPU launcher (CUDA loaded at run time)
 #   client/   -> libfaclient.so.$(MAJOR), libfaclient.a, libfaclient.pc (nanomsg)
 #   ctl/      -> $(BUILD)/fa-ctl           the command-line tool (libfaclient + kernels/)
-#   daemon/   -> fa-daemon (libuv; its own SP/IPC transport: daemon/README.md says why not NNG)
+#   daemon/   -> fa-daemon (libuv; its own SP/IPC transport: daemon/README.md says why not NNG);
+#                daemon/gpu/ is its GPU backend, compiled in like the rest
 #   tests/    -> unit, daemon, integ, gpu, bench, fuzz programs
 
 BUILD   ?= build
@@ -78,7 +79,7 @@ KERNELS_SRC := $(wildcard kernels/*.c)
 KERNELS_CU  := $(wildcard kernels/*.cu)
 CLIENT_SRC  := $(wildcard client/*.c)
 CTL_SRC     := $(wildcard ctl/*.c)
-DAEMON_SRC  := $(wildcard daemon/*.c)
+DAEMON_SRC  := $(wildcard daemon/*.c daemon/gpu/*.c)
 DAEMON_MAIN := daemon/main.c
 HELPER_SRC  := $(wildcard tests/helpers/*.c)
 

@@ -1,4 +1,4 @@
-/* backend.c - the table of backends, and picking one. */
+/* backend.c - the table of backends and picking one (what every backend shares is in backend.h). */
 #include "backend.h"
 
 #include <string.h>

@@ -1,14 +1,16 @@
 /* backend.h - where attention runs: a table of operations each engine implements.
  *
- * The CPU backend (backend_cpu.c) serves host memory on a worker pool; the GPU backend
- * (backend_gpu.c) serves device memory (CUDA IPC regions) and host memory (pinned, staged through
- * device scratch) with one worker thread per GPU. The loop thread submits jobs; a backend runs them on its own threads and
- * hands each finished job back on the loop thread through the done callback (it uses a uv_async
- * for that), exactly once per submitted job, cancelled or not.
+ * The CPU backend (backend_cpu.c) serves host memory on a worker pool; the GPU backend (gpu/, see
+ * gpu/README.md) serves device memory (CUDA IPC regions) and host memory (pinned, staged through
+ * device scratch) with one worker thread per GPU. The loop thread submits jobs; a backend runs
+ * them on its own threads and hands each finished job back on the loop thread through the done
+ * callback (its threads push it on a backend_done_list and wake the loop with a uv_async),
+ * exactly once per submitted job, cancelled or not.
  */
 #ifndef FA_DAEMON_BACKEND_H
 #define FA_DAEMON_BACKEND_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdatomic.h>
@@ -92,6 +94,40 @@ static inline void backend_job_append(struct backend_job **head, struct backend_
 
 /* Called on the loop thread when a job is finished (computed, failed or cancelled). */
 typedef void (*backend_done_fn)(struct backend_job *job, void *arg);
+
+/* Finished jobs on their way to the loop thread. A backend's threads append to it under the
+ * backend's mutex (backend_done_push) and then wake the loop (uv_async_send); the loop's async
+ * callback empties it with backend_done_drain. */
+struct backend_done_list {
+	struct backend_job *head, *tail;
+};
+
+/* Append job to the done list (the caller holds the mutex that guards l). */
+static inline void backend_done_push(struct backend_done_list *l, struct backend_job *job)
+{
+	backend_job_append(&l->head, &l->tail, job);
+}
+
+/* Loop thread: take every job off l (under mu, which guards l) and, with mu released, hand each
+ * one to deliver(job, arg) in the order they were pushed, job->next cleared first. Jobs pushed
+ * meanwhile stay for the next call (their writer woke the loop again). Each backend's async
+ * callback and its close call this; the backend then calls fault_check (fault.h). */
+static inline void backend_done_drain(struct backend_done_list *l, pthread_mutex_t *mu,
+                                      backend_done_fn deliver, void *arg)
+{
+	struct backend_job *job;
+
+	pthread_mutex_lock(mu);
+	job = l->head;
+	l->head = l->tail = NULL;
+	pthread_mutex_unlock(mu);
+	while (job != NULL) {
+		struct backend_job *next = job->next;
+		job->next = NULL;
+		deliver(job, arg);
+		job = next;
+	}
+}
 
 struct backend;
 struct region;

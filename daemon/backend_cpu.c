@@ -48,7 +48,7 @@ struct cpu_backend {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct backend_job *run_head, *run_tail;   /* jobs with chunks not yet started */
-	struct backend_job *done_head, *done_tail; /* finished, for the loop */
+	struct backend_done_list done_list;        /* finished, for the loop */
 	bool stopping;
 };
 
@@ -185,7 +185,7 @@ static void *cpu_worker(void *arg)
 			}
 			job->compute_ns = fa_now_ns() - job->t_start;
 			atomic_fetch_sub(&b->base.running, 1);
-			backend_job_append(&b->done_head, &b->done_tail, job);
+			backend_done_push(&b->done_list, job);
 			uv_async_send(&b->async);
 		}
 	}
@@ -197,18 +197,8 @@ static void *cpu_worker(void *arg)
 static void cpu_async_cb(uv_async_t *h)
 {
 	struct cpu_backend *b = h->data;
-	struct backend_job *job;
 
-	pthread_mutex_lock(&b->mu);
-	job = b->done_head;
-	b->done_head = b->done_tail = NULL;
-	pthread_mutex_unlock(&b->mu);
-	while (job != NULL) {
-		struct backend_job *next = job->next;
-		job->next = NULL;
-		b->done(job, b->done_arg);
-		job = next;
-	}
+	backend_done_drain(&b->done_list, &b->mu, b->done, b->done_arg);
 	fault_check(&b->base);
 }
 
@@ -273,7 +263,7 @@ static unsigned cpu_cancel(struct backend *base, const void *owner, fa_status st
 				b->run_tail = prev;
 			job->status = st;
 			snprintf(job->detail, sizeof job->detail, "%s", why);
-			backend_job_append(&b->done_head, &b->done_tail, job);
+			backend_done_push(&b->done_list, job);
 			n++;
 			continue;
 		}

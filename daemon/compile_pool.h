@@ -1,6 +1,6 @@
 /* compile_pool.h - the GPU backend's "waiting for a compile" table: jobs whose kernel
  * specialisation is not loaded yet wait here, grouped by specialisation, while one compile per
- * specialisation runs on a compile thread (backend_gpu.c), so the GPU worker never compiles
+ * specialisation runs on a compile thread (gpu/gpu_compile.c), so the GPU worker never compiles
  * while other clients' jobs wait behind it.
  *
  * Pure bookkeeping (no threads, no locks, no CUDA): the backend calls it under its mutex, and

@@ -1,0 +1,409 @@
+/* gpu_int.h - the GPU backend's internals, shared by the files of daemon/gpu/ and by the tests
+ * of its queues (tests/daemon/test_gpu_queue.c). Nothing outside daemon/gpu/ and those tests
+ * includes it: the rest of the daemon sees the backend through backend_gpu_ops (backend.h).
+ *
+ * What the backend is (README.md says more): one worker thread per visible GPU owning a CUDA
+ * stream in the device's primary context; synchronous jobs enqueued up to GPU_PIPE back to back;
+ * the asynchronous mode on a thread and stream of each session; a canary kernel between jobs;
+ * small jobs run on the loop thread itself; compile threads and background tuning; CUDA IPC
+ * regions opened once, host regions pinned and staged through device scratch.
+ *
+ * ---- Locking ------------------------------------------------------------------------------------
+ *
+ * One mutex, gpu_backend.mu ("mu"), guards every field marked "mu" below, on every thread. Its
+ * three condition variables all wait with it: gpu_backend.cv (the device workers sleep on it;
+ * gpu_close waits on it for the last asynchronous kernel; the compile threads broadcast it when a
+ * tuning class' candidates are compiled), gpu_backend.compile_cv (the compile threads sleep on
+ * it), gpu_owner_dev.cv (a session's asynchronous thread sleeps on it).
+ *
+ * The other fields are, as marked:
+ *   "open":    written by gpu_open/gpu_dev_open before any thread starts, read-only afterwards
+ *              (the devices' fa_gpu, contexts, streams, UUIDs, the canary's inputs, ndevs,
+ *              the tuning table and its mode, the loop and the done callback);
+ *   "worker":  touched only by that device's worker thread (the scratch, the pipeline's events,
+ *              the canary's buffers; the tuner: device 0's worker);
+ *   "loop":    touched only by the loop thread (the spin handle and its count, the round robin,
+ *              the inline stream and event);
+ *   "owner":   touched only by that session's asynchronous thread (its stream and events);
+ *   "atomic":  read and written with <stdatomic.h> by anyone (canary_ok_ns, pushes, and in
+ *              struct backend: running and the fault state, fault.h).
+ * A job's own fields belong to whoever holds the job (it is on exactly one queue or thread at a
+ * time), except an asynchronous job's kernel_done and reply_delivered, which are "mu": the loop
+ * (the reply) and the host function (the kernel) hand it back between them.
+ *
+ * Lock order: mu is the backend's only lock and is never taken twice. Under mu the code calls
+ * only CPU-side bookkeeping: the compile table (compile_pool.h: no lock of its own), fault_mark
+ * (atomics), uv_async_send (lock-free), logging, and the kernels library's planner and tuning
+ * table (fa_gpu_plan, fa_tune_table_next_wanted: whatever they lock inside is taken after mu,
+ * and nothing of theirs calls back into this backend). No CUDA driver call, NVRTC compile or
+ * tuning step runs with mu held.
+ *
+ * Naming: a function whose name ends in _locked is called with mu held and returns with it held;
+ * the comment says when it releases mu in between (gpu_canary_turn_locked,
+ * gpu_tune_turn_locked: around the CUDA work). Every other function here takes mu itself where
+ * it needs it and is called without it.
+ *
+ * ---- Files (one concern each; the arrows are the only calls between them, no cycles) --------
+ *
+ *   gpu_backend.c  open, close, the ops table  -> dev, tune, loop, worker, compile, queue
+ *   gpu_dev.c      one device opened / released -> canary
+ *   gpu_loop.c     the loop's side: submit, inline runs, the done drain -> exec, queue
+ *   gpu_worker.c   a device's worker thread     -> canary, tune, async, exec, queue
+ *   gpu_exec.c     one synchronous job, host staging
+ *   gpu_async.c    the asynchronous mode        -> exec, queue
+ *   gpu_compile.c  the compile threads          -> queue
+ *   gpu_tune.c     background tuning            -> queue
+ *   gpu_canary.c   the canary and health        -> queue
+ *   gpu_region.c   regions: IPC open, pinning   -> queue, dev
+ *   gpu_stats.c    the STATS sections           -> dev
+ *   gpu_queue.c    queues, batching, cancel, the fatal path's bookkeeping (no CUDA)
+ * Every file but gpu_queue.c calls the CUDA driver through common/fa_cu.h (its one table,
+ * loader, error texts and sticky-error classification, fa_cu_sticky: the fatal path's test).
+ */
+#ifndef FA_DAEMON_GPU_INT_H
+#define FA_DAEMON_GPU_INT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <uv.h>
+
+#include "backend.h"
+#include "compile_pool.h"
+#include "config.h"
+#include "fa_cu.h"
+#include "fa_gpu.h"
+#include "fa_tune.h"
+
+struct region;
+
+#define GPU_SCRATCH_ALIGN 256
+#define GPU_SCRATCH_MIN (8u << 20) /* first scratch allocation; grows to the largest request */
+#define GPU_MAX_DEVICES 16         /* one worker per device */
+#define GPU_PIPE 8                 /* synchronous jobs enqueued before the first is waited for */
+#define GPU_CANARY_EVERY_NS 1000000000ull  /* a canary between jobs (or idle) this often */
+#define GPU_CANARY_STALE_NS 20000000000ull /* no pass for this long: unhealthy (watchdog) */
+#define GPU_CANARY_TOL 5e-3                /* fp16 canary, relative Frobenius error */
+#define GPU_CLOSE_WAIT_NS 10000000000ull   /* close: wait this long for async kernels */
+/* After a job, the idle worker spins this long before sleeping: a synchronous client's next
+ * request arrives tens of microseconds after its reply, and a futex wake-up costs about as
+ * much as the whole daemon's own work on a small request. */
+#define GPU_SPIN_NS 200000ull
+/* A small synchronous job on an idle GPU runs on the loop thread itself (gpu_loop.c): two
+ * thread hand-offs cost more than such a kernel. The loop is blocked for the kernel's time, so
+ * only below this many FLOPs (about 5 us of an H200). */
+#define GPU_INLINE_MAX_FLOP 1.0e9
+/* While a job below this many FLOPs (about 200 us of an H200) is on a worker, the loop polls
+ * without sleeping (a uv_idle handle): waking a sleeping loop thread costs 10-20 us, a large
+ * share of such a request's time; longer kernels hide it, and need no spinning core. */
+#define GPU_LOOP_SPIN_MAX_FLOP 6.4e10
+#define GPU_MAX_COMPILE_THREADS 16 /* --compile-threads' bound */
+#define GPU_TUNE_SLICE_US 2000     /* background tuning: one step of the tuner between jobs */
+
+/* ---- the state ------------------------------------------------------------------------------ */
+
+struct gpu_backend;
+
+/* One session's asynchronous-mode resources on one device: its stream, its thread, and per slot
+ * the daemon's completion event and the client's opened event (the thread's only).
+ * Why a thread per session: cuStreamWaitEvent on another process's IPC event costs ~125 us of
+ * host time per call on the H200 (it does not wait for the event: a client whose event never
+ * fires still gets its reply; tests/integ/test_gpu_async.c), and that cost must not delay the
+ * device worker's synchronous jobs of other clients. */
+struct gpu_owner_dev {
+	struct gpu_dev *d;
+	pthread_t thread;
+	pthread_cond_t cv;                       /* with mu */
+	struct backend_job *head, *tail;         /* mu: jobs for the thread */
+	bool stop;                               /* mu */
+	fa_cu_stream stream;                       /* owner */
+	struct {
+		fa_cu_event done;
+		uint8_t done_handle[FA_PROTO_IPC_HANDLE_LEN];
+		fa_cu_event wait;
+		uint8_t wait_handle[FA_PROTO_IPC_HANDLE_LEN];
+	} slot[FA_PROTO_MAX_SLOTS];              /* owner */
+};
+
+/* A session's backend state (*job->owner_state): created under mu, freed on the loop by
+ * gpu_owner_free when the session is freed (every job of it was handed back for good). A
+ * device's entry is written by that device's worker only. */
+struct gpu_owner {
+	struct gpu_owner_dev *dev[GPU_MAX_DEVICES];
+};
+
+/* An asynchronous job whose kernel is enqueued: the host function's argument. On the fatal
+ * path the job is finished without it (abandoned); the host function, if it ever runs, then
+ * only frees the ticket. */
+struct gpu_ticket {
+	struct gpu_backend *b;
+	struct backend_job *job;
+	uint64_t t0;
+	bool abandoned;                 /* mu */
+	struct gpu_ticket *prev, *next; /* b->tickets, mu */
+};
+
+/* One device and its worker. */
+struct gpu_dev {
+	struct gpu_backend *b;                   /* open */
+	struct fa_gpu *g;                        /* open */
+	int ordinal;                             /* open */
+	int cudev;                               /* open */
+	fa_cu_ctx ctx;                             /* open */
+	fa_cu_stream stream;                       /* open; the worker's */
+	uint8_t uuid[16];                        /* open */
+	pthread_t thread;                        /* open */
+	bool thread_started;                     /* open */
+	struct backend_job *run_head, *run_tail; /* mu: the worker's queue */
+	fa_cu_ptr scratch;                         /* worker (inline runs never stage) */
+	size_t scratch_size;                     /* worker */
+	fa_cu_event pipe_ev[GPU_PIPE];             /* worker: one per job in flight */
+	atomic_uint pushes;                      /* atomic: jobs queued so far, the idle worker
+	                                          * spins on it */
+	bool busy;                               /* mu: the worker runs a batch */
+	fa_cu_stream inline_stream;                /* loop: gpu_loop.c's inline runs */
+	fa_cu_event inline_ev;                     /* loop */
+	uint64_t inline_jobs;                    /* mu */
+	/* The canary (gpu_canary.c) */
+	struct fa_attn_fwd_desc canary_desc;     /* open */
+	struct fa_tile canary_tile;              /* open: the planner's first, never the tuning
+	                                          * table's */
+	fa_cu_ptr canary_mem;                      /* open: q, k, v, o */
+	size_t canary_bytes;                     /* open: of one tensor */
+	double *canary_ref;                      /* open: float64 reference output */
+	uint16_t *canary_out;                    /* worker: the result, copied back */
+	uint64_t canary_last_ns;                 /* worker: last run started */
+	_Atomic uint64_t canary_ok_ns;           /* atomic: last pass (or the start) */
+	uint64_t canary_runs, canary_failed;     /* mu */
+	double canary_err;                       /* mu: last relative error */
+};
+
+struct gpu_backend {
+	struct backend base;
+	uv_loop_t *loop;                 /* open */
+	uv_async_t async;                /* any thread sends; the loop owns it */
+	bool async_open;                 /* open */
+	uv_idle_t spin;                  /* loop: started while spin_jobs > 0 */
+	bool spin_open;                  /* open */
+	unsigned spin_jobs;              /* loop */
+	unsigned handles_open;           /* loop: async and spin, freed when both are closed */
+	backend_done_fn done;            /* open */
+	void *done_arg;                  /* open */
+	void (*closed)(void *arg);       /* loop */
+	void *closed_arg;                /* loop */
+	struct gpu_dev devs[GPU_MAX_DEVICES];
+	unsigned ndevs;                  /* open */
+	unsigned rr;                     /* loop: round robin for host-only jobs */
+
+	pthread_mutex_t mu;
+	pthread_cond_t cv;               /* with mu: see "Locking" above */
+	struct backend_done_list done_list; /* mu: finished, for the loop */
+	bool stopping;                   /* mu */
+	uint64_t fwd_ok, fwd_failed;     /* mu */
+	uint64_t h2d_bytes, d2h_bytes;   /* mu: staging traffic of host regions */
+	uint64_t async_enqueued;         /* mu: asynchronous jobs enqueued */
+	uint64_t lat_ns[4], lat_n;       /* mu: sync jobs' submit->pick, pick->done, done->loop,
+	                                  * and inline runs' time (where a request's time goes) */
+	uint64_t async_ns[4];            /* mu: host time in the client-event wait, the launch,
+	                                  * the event record, cuLaunchHostFunc (where async time goes) */
+	struct gpu_ticket *tickets;      /* mu: asynchronous kernels not finished */
+	unsigned ntickets;               /* mu */
+
+	/* Compile pool: jobs whose kernel is not loaded wait in `waiting` while a compile thread
+	 * prepares it (fa_gpu_prepare, without mu); then they go to the worker. */
+	struct compile_table waiting;     /* mu */
+	pthread_cond_t compile_cv;        /* with mu: compile threads wait here */
+	pthread_t compile_thr[GPU_MAX_COMPILE_THREADS]; /* open */
+	unsigned ncompile;                /* written under mu while they start; the loop reads it */
+	uint64_t compiles, compiles_failed, compile_jobs; /* mu */
+
+	/* Background tuning (fa_tune.h): device 0's worker steps a tuner while its queue is
+	 * empty; the candidates' kernels are compiled by the compile threads first (lowest
+	 * priority) so a step only runs kernels. */
+	struct fa_tune_table *tune;       /* open; NULL: none (heuristic tiles only) */
+	bool tune_idle;                   /* open: --tune idle and the GPU ops could be made */
+	struct fa_tune_ops tune_ops;      /* open: fa_tune_gpu_ops_init's */
+	bool tune_ops_ok;                 /* open */
+	struct fa_tuner *tuner;           /* worker (device 0's); STATS reads it racily */
+	bool tune_prepping;               /* mu: the candidates are being compiled */
+	struct fa_attn_fwd_desc tune_desc; /* mu: the class' tuning shape */
+	struct fa_tile tune_tiles[FA_TUNE_DEFAULT_CANDIDATES]; /* mu */
+	int tune_ntiles, tune_next, tune_left; /* mu: candidates, next to compile, not done */
+	bool tune_save;                   /* mu: a compile thread saves the table */
+	uint64_t tuned, tune_failed;      /* mu */
+};
+
+/* ---- small predicates (any thread, no lock) ------------------------------------------------- */
+
+/* A polite busy-wait step. */
+static inline void gpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#endif
+}
+
+/* Whether the job stages a tensor through the device scratch (a host-memory region). */
+static inline bool gpu_job_stages_host(const struct backend_job *job)
+{
+	for (int i = 0; i < 5; i++)
+		if (!job->on_device[i] && (i < 4 || job->lse != NULL))
+			return true;
+	return false;
+}
+
+/* The job's FLOPs, 4*B*Hq*Sq*Sk*D (the masked half counted too: a bound, for the latency
+ * policies of gpu_loop.c). */
+static inline double gpu_job_flop(const struct backend_job *job)
+{
+	const struct fa_attn_fwd_desc *ds = &job->desc;
+	return 4.0 * (double)ds->B * (double)ds->Hq * (double)ds->Sq * (double)ds->Sk *
+	       (double)ds->D;
+}
+
+/* ---- gpu_queue.c: queues and their bookkeeping (mu held; no CUDA) --------------------------- */
+
+/* Queue a job on d's worker (the caller wakes it: b->cv). */
+void gpu_queue_locked(struct gpu_dev *d, struct backend_job *job);
+
+/* Take up to GPU_PIPE synchronous jobs off the head of d's queue into out, in queue order:
+ * device-memory jobs, and at most one that stages host memory (the scratch is one), which ends
+ * the batch. An asynchronous job at the head is taken alone (returns 1, the job in out[0]); one
+ * behind synchronous jobs ends the batch before it. Returns how many (0: the queue is empty). */
+unsigned gpu_take_batch_locked(struct gpu_dev *d, struct backend_job **out);
+
+/* Finish a job that will not run: status st, detail copied, onto the done list (the caller
+ * wakes the loop). Counts nothing. */
+void gpu_finish_locked(struct gpu_backend *b, struct backend_job *job, fa_status st,
+                       const char *detail);
+
+/* Answer the jobs of owner (all: NULL) waiting for a compile with st and why, in arrival
+ * order, onto the done list (the caller wakes the loop). Returns how many. */
+unsigned gpu_fail_waiting_locked(struct gpu_backend *b, const void *owner, fa_status st,
+                                 const char *why);
+
+/* Hand a finished job back: t_done, fwd_ok or fwd_failed by its status, the done list, the fatal
+ * path when sticky (the job's detail is the why), and wakes the loop. */
+void gpu_job_done_locked(struct gpu_backend *b, struct backend_job *job, bool sticky);
+
+/* The second hand-back of an asynchronous job (its kernel finished): now when the loop
+ * delivered its reply already, else the loop does it right after the reply (gpu_loop.c). */
+void gpu_async_finish_locked(struct gpu_backend *b, struct backend_job *job);
+
+/* Finish every asynchronous job still in flight with st and why (the caller wakes the loop):
+ * the fatal path, and a close that waited long enough. Their host functions, if they ever
+ * run, find the ticket abandoned. */
+void gpu_abandon_tickets_locked(struct gpu_backend *b, fa_status st, const char *why);
+
+/* The context is lost: mark the fault (fault_mark; the first why wins), fail everything queued
+ * on every device, waiting for a compile or in flight asynchronously with FA_EDEVICE, and wake
+ * the loop, which reports it to the server (fault_check). */
+void gpu_fatal_locked(struct gpu_backend *b, const char *why);
+
+/* ops.cancel (loop thread, takes mu): hand back, with st and why, the queued and
+ * compile-waiting jobs of owner (all when NULL) that no worker took yet; wakes the loop when
+ * there were any. Returns how many. */
+unsigned gpu_cancel(struct backend *base, const void *owner, fa_status st, const char *why);
+
+/* ---- gpu_exec.c: one synchronous job (the worker, or the loop for inline runs) -------------- */
+
+/* A failed driver call inside a job: its detail names what, the GPU and the driver's text;
+ * *sticky when the context is lost. Returns FA_ENOMEM for out of device memory, else
+ * FA_EDEVICE. */
+fa_status gpu_job_cuerr(struct gpu_dev *d, struct backend_job *job, fa_cu_res r, const char *what,
+                        bool *sticky);
+
+/* Enqueue one synchronous job on `stream` (host tensors: copies into the scratch, the kernel,
+ * copies out) and record ev after it, also after a failure (copies may be queued). Sets
+ * job->status, detail and *sticky on a failure to enqueue; gpu_complete waits. Without mu. A job
+ * that stages host memory uses d's scratch: only d's worker runs those (inline runs never). */
+void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream, fa_cu_event ev,
+                 bool *sticky);
+
+/* Wait for a job gpu_enqueue enqueued (its event), classify what the device says (*sticky),
+ * and count its staging bytes (takes mu). */
+void gpu_complete(struct gpu_dev *d, struct backend_job *job, fa_cu_event ev, bool *sticky);
+
+/* ---- gpu_worker.c --------------------------------------------------------------------------- */
+
+/* A device's worker thread (arg: its struct gpu_dev), started by gpu_open, joined by
+ * gpu_close: runs until stopping and its queue is empty. */
+void *gpu_worker(void *arg);
+
+/* ---- gpu_async.c: the asynchronous mode ----------------------------------------------------- */
+
+/* This session's resources on d, created on first use (d's worker, without mu): the stream and
+ * the session's thread. NULL with job's status and detail set. */
+struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job);
+
+/* ops.owner_free (loop thread): stop the session's threads, release its streams and events. */
+void gpu_owner_free(struct backend *base, void *state);
+
+/* ---- gpu_compile.c -------------------------------------------------------------------------- */
+
+/* A compile thread (arg: the backend), started by gpu_open, joined by gpu_close. */
+void *gpu_compiler(void *arg);
+
+/* ---- gpu_tune.c ----------------------------------------------------------------------------- */
+
+/* Open the tuning table and, with --tune idle, the tuner's GPU ops (gpu_open, after device 0
+ * is open and before any thread starts). Failures only cost the tuning: logged. */
+void gpu_tune_open(struct gpu_backend *b, const struct config *cfg);
+
+/* One idle turn of d's worker (mu held, d's queue empty, not stopping): one tuning step, or
+ * starting the next class; mu is released around the CUDA work. Returns true when it did
+ * something (the caller re-checks its queue: a client job waits at most one step), false when
+ * there is nothing to do (the caller sleeps; the compile threads wake it). */
+bool gpu_tune_turn_locked(struct gpu_dev *d);
+
+/* ---- gpu_canary.c --------------------------------------------------------------------------- */
+
+/* Prepare d's canary (gpu_dev_open): inputs, the float64 reference, device buffers, the
+ * kernel. FA_OK, or the status with err. */
+fa_status gpu_canary_init(struct gpu_dev *d, char *err, size_t errlen);
+
+/* The canary's turn on d's worker (mu held; released while it runs): run it when it is due. A
+ * wrong result or a lost context is the fatal path. Returns whether it ran. */
+bool gpu_canary_turn_locked(struct gpu_dev *d);
+
+/* ops.healthy (loop thread, no lock): no fault and every canary passed recently. */
+bool gpu_healthy(struct backend *base);
+
+/* ---- gpu_region.c --------------------------------------------------------------------------- */
+
+/* ops.region_open (loop thread): pin host memory, or open a CUDA IPC handle once. */
+fa_status gpu_region_open(struct backend *base, struct region *r, const uint8_t *ipc_handle,
+                          const uint8_t *gpu_uuid, char *err, size_t errlen);
+
+/* ---- gpu_stats.c ---------------------------------------------------------------------------- */
+
+/* ops.stats (loop thread, takes mu): the "# gpu", "# tuning" and "# kernels" sections. */
+void gpu_stats(struct backend *base, char *buf, size_t cap);
+
+/* ---- gpu_loop.c: the loop thread's side ------------------------------------------------------ */
+
+/* ops.submit: queue a job on its device, or put it behind a compile, or run it inline. */
+fa_status gpu_submit(struct backend *base, struct backend_job *job);
+
+/* The async handle's callback: hand finished jobs back (an asynchronous job's first hand-back
+ * is its reply), then fault_check. Also called by gpu_close. */
+void gpu_async_cb(uv_async_t *h);
+
+/* ---- gpu_dev.c ------------------------------------------------------------------------------ */
+
+/* Open one device (ordinal): fa_gpu, the driver (fa_cu_load), the primary context,
+ * the worker's and the inline streams, the pipeline's events, the canary. FA_OK, or the status
+ * with err; gpu_dev_fini releases what was opened either way. */
+fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordinal,
+                       const struct config *cfg, char *err, size_t errlen);
+
+/* Release a device's resources (its worker has stopped) and zero it. */
+void gpu_dev_fini(struct gpu_dev *d);
+
+/* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints a device's UUID. */
+void gpu_uuid_text(const uint8_t u[16], char out[48]);
+
+#endif /* FA_DAEMON_GPU_INT_H */

@@ -1,0 +1,162 @@
+/* gpu_queue.c - the GPU backend's queues and their bookkeeping: a device's run queue and what a
+ * worker takes from it (the batch rules), cancellation, the done list, and what the fatal path
+ * does to every queue. Pure list work under mu, no CUDA: tests/daemon/test_gpu_queue.c checks
+ * these rules without a GPU. */
+#include "gpu_int.h"
+
+#include <stdio.h>
+
+#include "fault.h"
+#include "util.h"
+
+/* Queue a job on d's worker (mutex held; the caller wakes it). */
+void gpu_queue_locked(struct gpu_dev *d, struct backend_job *job)
+{
+	backend_job_append(&d->run_head, &d->run_tail, job);
+	atomic_fetch_add(&d->pushes, 1);
+}
+
+/* Take up to GPU_PIPE synchronous jobs off d's queue (mutex held): device-memory jobs, and at
+ * most one that stages host memory (the scratch is one), which ends the batch. An asynchronous
+ * job at the head is taken alone (n = 1, returned in out[0]). */
+unsigned gpu_take_batch_locked(struct gpu_dev *d, struct backend_job **out)
+{
+	unsigned n = 0;
+
+	while (d->run_head != NULL && n < GPU_PIPE) {
+		struct backend_job *job = d->run_head;
+		bool host = gpu_job_stages_host(job);
+		if (job->async && n > 0)
+			break;
+		d->run_head = job->next;
+		if (d->run_head == NULL)
+			d->run_tail = NULL;
+		job->next = NULL;
+		out[n++] = job;
+		if (job->async || host)
+			break;
+	}
+	return n;
+}
+
+/* Finish a job that will not run, with status and detail (mutex held). */
+void gpu_finish_locked(struct gpu_backend *b, struct backend_job *job, fa_status st,
+                       const char *detail)
+{
+	job->status = st;
+	snprintf(job->detail, sizeof job->detail, "%s", detail);
+	backend_done_push(&b->done_list, job);
+}
+
+/* Answer the jobs of owner (all: NULL) waiting for a compile with st and why (mutex held; the
+ * caller wakes the loop). Returns how many. */
+unsigned gpu_fail_waiting_locked(struct gpu_backend *b, const void *owner, fa_status st,
+                                 const char *why)
+{
+	unsigned n = 0;
+	struct backend_job *job = compile_table_cancel(&b->waiting, owner, &n);
+
+	while (job != NULL) {
+		struct backend_job *next = job->next;
+		gpu_finish_locked(b, job, st, why);
+		job = next;
+	}
+	return n;
+}
+
+/* Hand a finished job back (mutex held). */
+void gpu_job_done_locked(struct gpu_backend *b, struct backend_job *job, bool sticky)
+{
+	job->t_done = fa_now_ns();
+	if (job->status == FA_OK)
+		b->fwd_ok++;
+	else
+		b->fwd_failed++;
+	backend_done_push(&b->done_list, job);
+	if (sticky)
+		gpu_fatal_locked(b, job->detail);
+	uv_async_send(&b->async);
+}
+
+/* The second hand-back of an asynchronous job (mutex held): now if the loop delivered its
+ * reply already, else the loop does it right after the reply (gpu_async_cb). */
+void gpu_async_finish_locked(struct gpu_backend *b, struct backend_job *job)
+{
+	job->kernel_done = true;
+	if (job->reply_delivered) {
+		job->enqueued = false;
+		backend_done_push(&b->done_list, job);
+	}
+}
+
+/* Finish every asynchronous job still in flight with st (mutex held; the caller wakes the
+ * loop): the fatal path, and a close that waited long enough. Their host functions, if they
+ * ever run, find the ticket abandoned. */
+void gpu_abandon_tickets_locked(struct gpu_backend *b, fa_status st, const char *why)
+{
+	while (b->tickets != NULL) {
+		struct gpu_ticket *t = b->tickets;
+		b->tickets = t->next;
+		t->abandoned = true;
+		t->prev = t->next = NULL;
+		t->job->status = st;
+		snprintf(t->job->detail, sizeof t->job->detail, "%s", why);
+		gpu_async_finish_locked(b, t->job);
+		t->job = NULL;
+	}
+	b->ntickets = 0;
+}
+
+/* The context is lost (mutex held): mark the fault (fault.c; the first why wins), fail everything
+ * queued on every device, wake the loop, which reports it to the server. */
+void gpu_fatal_locked(struct gpu_backend *b, const char *why)
+{
+	fault_mark(&b->base, why);
+	for (unsigned i = 0; i < b->ndevs; i++) {
+		struct gpu_dev *d = &b->devs[i];
+		while (d->run_head != NULL) {
+			struct backend_job *job = d->run_head;
+			d->run_head = job->next;
+			gpu_finish_locked(b, job, FA_EDEVICE, "the GPU faulted while serving an "
+			                  "earlier request; the daemon restarts with a clean context");
+		}
+		d->run_tail = NULL;
+	}
+	gpu_fail_waiting_locked(b, NULL, FA_EDEVICE, "the GPU faulted while serving an earlier "
+	                        "request; the daemon restarts with a clean context");
+	gpu_abandon_tickets_locked(b, FA_EDEVICE, "the GPU faulted while this asynchronous "
+	                           "request ran or waited; its output is undefined");
+	uv_async_send(&b->async);
+}
+
+/* Hand back, with status st, the queued jobs of owner (all when NULL) not started yet. */
+unsigned gpu_cancel(struct backend *base, const void *owner, fa_status st,
+                    const char *why)
+{
+	struct gpu_backend *b = (struct gpu_backend *)base;
+	unsigned n = 0;
+
+	pthread_mutex_lock(&b->mu);
+	for (unsigned i = 0; i < b->ndevs; i++) {
+		struct gpu_dev *d = &b->devs[i];
+		struct backend_job **pp = &d->run_head, *prev = NULL;
+		while (*pp != NULL) {
+			struct backend_job *job = *pp;
+			if (owner == NULL || job->owner == owner) {
+				*pp = job->next;
+				if (d->run_tail == job)
+					d->run_tail = prev;
+				gpu_finish_locked(b, job, st, why);
+				n++;
+				continue;
+			}
+			prev = job;
+			pp = &job->next;
+		}
+	}
+	n += gpu_fail_waiting_locked(b, owner, st, why);
+	if (n > 0)
+		uv_async_send(&b->async);
+	pthread_mutex_unlock(&b->mu);
+	return n;
+}

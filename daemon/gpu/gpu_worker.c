@@ -1,0 +1,107 @@
+/* gpu_worker.c - a device's worker thread: take a batch off its queue, enqueue it back to back
+ * on the device's stream (so the GPU does not idle for a launch between two clients' kernels),
+ * hand each job back as its event completes; an asynchronous job goes on to its session's
+ * thread. Between batches and when idle: the canary, and (device 0) tuning steps; after a batch
+ * it spins a little before sleeping. */
+#include "gpu_int.h"
+
+#include <time.h>
+
+#include "fault.h"
+#include "util.h"
+
+/* A device's worker: take jobs, enqueue them back to back, hand each back as its event
+ * completes; between batches and when idle, the canary and (device 0) tuning steps. */
+void *gpu_worker(void *arg)
+{
+	struct gpu_dev *d = arg;
+	struct gpu_backend *b = d->b;
+	struct backend_job *batch[GPU_PIPE];
+	uint64_t t0[GPU_PIPE];
+
+	bool spin = false;
+
+	fa_cu->CtxSetCurrent(d->ctx);
+	pthread_mutex_lock(&b->mu);
+	for (;;) {
+		gpu_canary_turn_locked(d);
+		while (d->run_head == NULL && !b->stopping) {
+			if (gpu_canary_turn_locked(d) || gpu_tune_turn_locked(d))
+				continue;
+			if (spin) {
+				unsigned seen = atomic_load(&d->pushes);
+				uint64_t until = fa_now_ns() + GPU_SPIN_NS;
+				spin = false;
+				pthread_mutex_unlock(&b->mu);
+				while (atomic_load(&d->pushes) == seen && fa_now_ns() < until)
+					gpu_relax();
+				pthread_mutex_lock(&b->mu);
+				continue;
+			}
+			/* idle: wake for the next canary at the latest */
+			struct timespec ts;
+			clock_gettime(CLOCK_REALTIME, &ts);
+			ts.tv_sec += 1;
+			pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+		}
+		if (d->run_head == NULL)
+			break; /* stopping, and nothing left */
+		unsigned n = gpu_take_batch_locked(d, batch);
+		spin = true;
+		d->busy = true;
+		if (fault_marked(&b->base)) {
+			for (unsigned i = 0; i < n; i++)
+				gpu_finish_locked(b, batch[i], FA_EDEVICE, fault_why(&b->base));
+			d->busy = false;
+			uv_async_send(&b->async);
+			continue;
+		}
+		atomic_fetch_add(&b->base.running, n);
+		pthread_mutex_unlock(&b->mu);
+
+		bool sticky = false;
+		if (batch[0]->async) {
+			/* to the session's own thread (created here on first use) */
+			struct backend_job *job = batch[0];
+			struct gpu_owner_dev *od = gpu_owner_dev(d, job);
+			pthread_mutex_lock(&b->mu);
+			d->busy = false;
+			atomic_fetch_sub(&b->base.running, 1);
+			if (od == NULL) {
+				gpu_job_done_locked(b, job, false);
+				continue;
+			}
+			backend_job_append(&od->head, &od->tail, job);
+			pthread_cond_signal(&od->cv);
+			continue;
+		}
+		for (unsigned i = 0; i < n; i++) {
+			bool s1 = false;
+			t0[i] = fa_now_ns();
+			batch[i]->t_pick = t0[i];
+			gpu_enqueue(d, batch[i], d->stream, d->pipe_ev[i], &s1);
+			sticky |= s1;
+		}
+		for (unsigned i = 0; i < n; i++) {
+			bool s1 = false;
+			gpu_complete(d, batch[i], d->pipe_ev[i], &s1);
+			if (i + 1 == n) {
+				pthread_mutex_lock(&b->mu);
+				d->busy = false;
+				pthread_mutex_unlock(&b->mu);
+			}
+			batch[i]->compute_ns = fa_now_ns() - t0[i];
+			pthread_mutex_lock(&b->mu);
+			atomic_fetch_sub(&b->base.running, 1);
+			gpu_job_done_locked(b, batch[i], s1 || (sticky && i + 1 == n));
+			pthread_mutex_unlock(&b->mu);
+		}
+		pthread_mutex_lock(&b->mu);
+	}
+	pthread_mutex_unlock(&b->mu);
+	if (b->tuner != NULL && d == &b->devs[0]) { /* stopping mid-class: nothing stored */
+		fa_tuner_free(b->tuner);
+		b->tuner = NULL;
+	}
+	return NULL;
+}

@@ -1,0 +1,491 @@
+/* test_gpu_queue.c - the GPU backend's queues without a GPU (daemon/gpu/gpu_queue.c, through
+ * gpu_int.h): which jobs a worker takes as one batch and in what order, what cancellation takes
+ * (only the owner's jobs not started, queued or waiting for a compile) and with which status,
+ * what the fatal path does to every queue, and the done list's drain (backend.c) that hands them
+ * back. A backend is built by hand: devices without contexts, a real uv_async on its own loop. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fault.h"
+#include "gpu/gpu_int.h"
+
+#define FATAL_QUEUED "the GPU faulted while serving an earlier request; the daemon restarts " \
+                     "with a clean context"
+#define FATAL_ASYNC "the GPU faulted while this asynchronous request ran or waited; its " \
+                    "output is undefined"
+
+static int owner_a, owner_b;
+
+struct fixture {
+	uv_loop_t loop;
+	struct gpu_backend *b;
+};
+
+static void async_cb_unused(uv_async_t *h)
+{
+	(void)h;
+}
+
+/* Two devices, no CUDA: only what the queue code touches. */
+static int setup(void **state)
+{
+	struct fixture *f = calloc(1, sizeof *f);
+	assert_non_null(f);
+	assert_int_equal(uv_loop_init(&f->loop), 0);
+	f->b = calloc(1, sizeof *f->b);
+	assert_non_null(f->b);
+	pthread_mutex_init(&f->b->mu, NULL);
+	compile_table_init(&f->b->waiting);
+	assert_int_equal(uv_async_init(&f->loop, &f->b->async, async_cb_unused), 0);
+	f->b->ndevs = 2;
+	for (unsigned i = 0; i < f->b->ndevs; i++) {
+		f->b->devs[i].b = f->b;
+		f->b->devs[i].ordinal = (int)i;
+	}
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fixture *f = *state;
+	uv_close((uv_handle_t *)&f->b->async, NULL);
+	uv_run(&f->loop, UV_RUN_DEFAULT);
+	assert_int_equal(uv_loop_close(&f->loop), 0);
+	compile_table_fini(&f->b->waiting);
+	pthread_mutex_destroy(&f->b->mu);
+	free(f->b);
+	free(f);
+	return 0;
+}
+
+/* A synchronous job of owner whose q, k, v, o are device memory (no lse). */
+static void job_device(struct backend_job *j, const void *owner)
+{
+	memset(j, 0, sizeof *j);
+	j->owner = owner;
+	for (int i = 0; i < 4; i++)
+		j->on_device[i] = true;
+}
+
+/* A synchronous job of owner whose tensors are host memory (staged through the scratch). */
+static void job_host(struct backend_job *j, const void *owner)
+{
+	memset(j, 0, sizeof *j);
+	j->owner = owner;
+}
+
+/* An asynchronous job of owner on device memory. */
+static void job_async(struct backend_job *j, const void *owner)
+{
+	job_device(j, owner);
+	j->async = true;
+}
+
+static void queue(struct gpu_backend *b, unsigned dev, struct backend_job *j)
+{
+	pthread_mutex_lock(&b->mu);
+	gpu_queue_locked(&b->devs[dev], j);
+	pthread_mutex_unlock(&b->mu);
+}
+
+static unsigned take(struct gpu_backend *b, unsigned dev, struct backend_job **out)
+{
+	pthread_mutex_lock(&b->mu);
+	unsigned n = gpu_take_batch_locked(&b->devs[dev], out);
+	pthread_mutex_unlock(&b->mu);
+	return n;
+}
+
+/* The done list as an array, in order; returns its length. */
+static unsigned done_list(const struct gpu_backend *b, struct backend_job **out, unsigned cap)
+{
+	unsigned n = 0;
+	for (struct backend_job *j = b->done_list.head; j != NULL && n < cap; j = j->next)
+		out[n++] = j;
+	return n;
+}
+
+static void test_gpu_queue_takes_at_most_eight_device_jobs_in_queue_order(void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[10], *batch[GPU_PIPE];
+
+	for (int i = 0; i < 10; i++) {
+		job_device(&j[i], &owner_a);
+		queue(f->b, 0, &j[i]);
+	}
+	assert_int_equal(atomic_load(&f->b->devs[0].pushes), 10);
+	assert_int_equal(take(f->b, 0, batch), 8);
+	for (int i = 0; i < 8; i++) {
+		assert_ptr_equal(batch[i], &j[i]);
+		assert_null(batch[i]->next);
+	}
+	assert_int_equal(take(f->b, 0, batch), 2);
+	assert_ptr_equal(batch[0], &j[8]);
+	assert_ptr_equal(batch[1], &j[9]);
+	assert_int_equal(take(f->b, 0, batch), 0);
+	assert_null(f->b->devs[0].run_head);
+	assert_null(f->b->devs[0].run_tail);
+}
+
+static void test_gpu_queue_ends_a_batch_with_its_one_host_staging_job(void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[5], *batch[GPU_PIPE];
+
+	job_device(&j[0], &owner_a);
+	job_device(&j[1], &owner_a);
+	job_host(&j[2], &owner_a);
+	job_device(&j[3], &owner_a);
+	job_host(&j[4], &owner_a);
+	for (int i = 0; i < 5; i++)
+		queue(f->b, 0, &j[i]);
+	assert_int_equal(take(f->b, 0, batch), 3);
+	assert_ptr_equal(batch[0], &j[0]);
+	assert_ptr_equal(batch[1], &j[1]);
+	assert_ptr_equal(batch[2], &j[2]);
+	assert_int_equal(take(f->b, 0, batch), 2);
+	assert_ptr_equal(batch[0], &j[3]);
+	assert_ptr_equal(batch[1], &j[4]);
+	assert_int_equal(take(f->b, 0, batch), 0);
+}
+
+static void test_gpu_queue_takes_a_host_staging_job_at_the_head_alone(void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[3], *batch[GPU_PIPE];
+
+	job_host(&j[0], &owner_a);
+	job_host(&j[1], &owner_b);
+	job_device(&j[2], &owner_a);
+	for (int i = 0; i < 3; i++)
+		queue(f->b, 1, &j[i]);
+	assert_int_equal(take(f->b, 1, batch), 1);
+	assert_ptr_equal(batch[0], &j[0]);
+	assert_int_equal(take(f->b, 1, batch), 1);
+	assert_ptr_equal(batch[0], &j[1]);
+	assert_int_equal(take(f->b, 1, batch), 1);
+	assert_ptr_equal(batch[0], &j[2]);
+}
+
+static void test_gpu_queue_takes_an_asynchronous_job_alone_and_stops_before_one(void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[4], *batch[GPU_PIPE];
+
+	job_device(&j[0], &owner_a);
+	job_async(&j[1], &owner_b);
+	job_async(&j[2], &owner_b);
+	job_device(&j[3], &owner_a);
+	for (int i = 0; i < 4; i++)
+		queue(f->b, 0, &j[i]);
+	assert_int_equal(take(f->b, 0, batch), 1); /* the synchronous job, not the async behind */
+	assert_ptr_equal(batch[0], &j[0]);
+	assert_int_equal(take(f->b, 0, batch), 1);
+	assert_ptr_equal(batch[0], &j[1]);
+	assert_int_equal(take(f->b, 0, batch), 1);
+	assert_ptr_equal(batch[0], &j[2]);
+	assert_int_equal(take(f->b, 0, batch), 1);
+	assert_ptr_equal(batch[0], &j[3]);
+}
+
+static void test_gpu_queue_counts_a_host_lse_as_staging_and_no_lse_as_none(void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[4], *batch[GPU_PIPE];
+	float lse;
+
+	job_device(&j[0], &owner_a); /* lse NULL: on_device[4] does not matter */
+	job_device(&j[1], &owner_a);
+	job_device(&j[2], &owner_a);
+	j[2].lse = &lse;             /* wanted, in host memory: staged */
+	job_device(&j[3], &owner_a);
+	for (int i = 0; i < 4; i++)
+		queue(f->b, 0, &j[i]);
+	assert_false(gpu_job_stages_host(&j[0]));
+	assert_true(gpu_job_stages_host(&j[2]));
+	assert_int_equal(take(f->b, 0, batch), 3);
+	assert_ptr_equal(batch[2], &j[2]);
+	assert_int_equal(take(f->b, 0, batch), 1);
+	assert_ptr_equal(batch[0], &j[3]);
+}
+
+static void test_gpu_cancel_takes_only_the_owners_queued_jobs_on_every_device(void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[6], *done[8], *batch[GPU_PIPE];
+
+	job_device(&j[0], &owner_a);
+	job_device(&j[1], &owner_b);
+	job_host(&j[2], &owner_a);
+	queue(f->b, 0, &j[0]);
+	queue(f->b, 0, &j[1]);
+	queue(f->b, 0, &j[2]);
+	job_device(&j[3], &owner_b);
+	job_async(&j[4], &owner_a);
+	queue(f->b, 1, &j[3]);
+	queue(f->b, 1, &j[4]);
+
+	assert_int_equal(gpu_cancel(&f->b->base, &owner_a, FA_ECLOSED, "the session ended"), 3);
+	assert_int_equal(done_list(f->b, done, 8), 3);
+	assert_ptr_equal(done[0], &j[0]); /* device 0's, in order, then device 1's */
+	assert_ptr_equal(done[1], &j[2]);
+	assert_ptr_equal(done[2], &j[4]);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(done[i]->status, FA_ECLOSED);
+		assert_string_equal(done[i]->detail, "the session ended");
+	}
+	assert_int_equal(j[1].status, FA_OK);
+	assert_string_equal(j[1].detail, "");
+	/* the other owner's jobs stay queued, and the tails are right: a new job goes behind */
+	assert_ptr_equal(f->b->devs[0].run_head, &j[1]);
+	assert_ptr_equal(f->b->devs[0].run_tail, &j[1]);
+	assert_ptr_equal(f->b->devs[1].run_head, &j[3]);
+	assert_ptr_equal(f->b->devs[1].run_tail, &j[3]);
+	job_device(&j[5], &owner_b);
+	queue(f->b, 0, &j[5]);
+	assert_int_equal(take(f->b, 0, batch), 2);
+	assert_ptr_equal(batch[0], &j[1]);
+	assert_ptr_equal(batch[1], &j[5]);
+	assert_int_equal(gpu_cancel(&f->b->base, &owner_a, FA_ECLOSED, "again"), 0);
+}
+
+static void test_gpu_cancel_leaves_a_batch_a_worker_took_alone(void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[3], *batch[GPU_PIPE];
+
+	for (int i = 0; i < 3; i++) {
+		job_device(&j[i], &owner_a);
+		queue(f->b, 0, &j[i]);
+	}
+	assert_int_equal(take(f->b, 0, batch), 3);
+	assert_int_equal(gpu_cancel(&f->b->base, &owner_a, FA_ECLOSED, "the session ended"), 0);
+	assert_null(f->b->done_list.head);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(j[i].status, FA_OK);
+}
+
+static void test_gpu_cancel_answers_the_owners_compile_waiting_jobs_and_keeps_the_others(
+    void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[3], *done[4];
+	bool is_new;
+
+	job_device(&j[0], &owner_a);
+	job_device(&j[1], &owner_b);
+	job_device(&j[2], &owner_a);
+	assert_int_equal(compile_table_add(&f->b->waiting, "g0/d64", &j[0], &is_new), FA_OK);
+	assert_int_equal(compile_table_add(&f->b->waiting, "g0/d64", &j[1], &is_new), FA_OK);
+	assert_int_equal(compile_table_add(&f->b->waiting, "g0/d128", &j[2], &is_new), FA_OK);
+
+	pthread_mutex_lock(&f->b->mu);
+	unsigned n = gpu_fail_waiting_locked(f->b, &owner_a, FA_ECLOSED, "the session ended");
+	pthread_mutex_unlock(&f->b->mu);
+	assert_int_equal(n, 2);
+	assert_int_equal(done_list(f->b, done, 4), 2);
+	assert_ptr_equal(done[0], &j[0]);
+	assert_ptr_equal(done[1], &j[2]);
+	assert_int_equal(j[0].status, FA_ECLOSED);
+	assert_string_equal(j[2].detail, "the session ended");
+	assert_int_equal(f->b->waiting.jobs, 1);
+	assert_int_equal(f->b->waiting.entries, 1);
+	assert_int_equal(j[1].status, FA_OK);
+
+	/* the owner's cancel through the ops takes the other owner's waiting job as well */
+	assert_int_equal(gpu_cancel(&f->b->base, &owner_b, FA_ECLOSED, "bye"), 1);
+	assert_int_equal(done_list(f->b, done, 4), 3);
+	assert_ptr_equal(done[2], &j[1]);
+	assert_int_equal(f->b->waiting.jobs, 0);
+	assert_int_equal(f->b->waiting.entries, 0);
+}
+
+static void test_gpu_cancel_of_nobody_takes_queued_then_compile_waiting_jobs(void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[4], *done[5];
+	bool is_new;
+
+	job_device(&j[0], &owner_a);
+	job_device(&j[1], &owner_b);
+	queue(f->b, 1, &j[0]);
+	queue(f->b, 0, &j[1]);
+	job_device(&j[2], &owner_b);
+	job_device(&j[3], &owner_a);
+	assert_int_equal(compile_table_add(&f->b->waiting, "g1/d64", &j[2], &is_new), FA_OK);
+	assert_int_equal(compile_table_add(&f->b->waiting, "g1/d64", &j[3], &is_new), FA_OK);
+
+	assert_int_equal(gpu_cancel(&f->b->base, NULL, FA_EDEVICE, "lost"), 4);
+	assert_int_equal(done_list(f->b, done, 5), 4);
+	assert_ptr_equal(done[0], &j[1]); /* device 0, device 1, then the compile table */
+	assert_ptr_equal(done[1], &j[0]);
+	assert_ptr_equal(done[2], &j[2]);
+	assert_ptr_equal(done[3], &j[3]);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(done[i]->status, FA_EDEVICE);
+	assert_null(f->b->devs[0].run_head);
+	assert_null(f->b->devs[1].run_tail);
+	assert_int_equal(f->b->waiting.jobs, 0);
+}
+
+static void test_gpu_job_done_counts_ok_and_failed_jobs_and_marks_no_fault(
+    void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[2], *done[3];
+
+	job_device(&j[0], &owner_a);
+	job_device(&j[1], &owner_a);
+	j[1].status = FA_EINVAL;
+	pthread_mutex_lock(&f->b->mu);
+	gpu_job_done_locked(f->b, &j[0], false);
+	gpu_job_done_locked(f->b, &j[1], false);
+	pthread_mutex_unlock(&f->b->mu);
+	assert_int_equal(f->b->fwd_ok, 1);
+	assert_int_equal(f->b->fwd_failed, 1);
+	assert_int_equal(done_list(f->b, done, 3), 2);
+	assert_ptr_equal(done[0], &j[0]);
+	assert_ptr_equal(done[1], &j[1]);
+	assert_true(j[0].t_done != 0);
+	assert_false(fault_marked(&f->b->base));
+}
+
+static void test_gpu_fatal_fails_every_queue_with_edevice_and_marks_the_fault(void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[6], *done[8];
+	struct gpu_ticket t[2];
+	bool is_new;
+
+	job_device(&j[0], &owner_a);
+	job_host(&j[1], &owner_b);
+	queue(f->b, 0, &j[0]);
+	queue(f->b, 1, &j[1]);
+	job_device(&j[2], &owner_a);
+	assert_int_equal(compile_table_add(&f->b->waiting, "g0/d64", &j[2], &is_new), FA_OK);
+	/* two asynchronous kernels in flight: one reply delivered already, one not yet */
+	job_async(&j[3], &owner_a);
+	job_async(&j[4], &owner_b);
+	j[3].enqueued = j[4].enqueued = true;
+	j[3].reply_delivered = true;
+	memset(t, 0, sizeof t);
+	t[0].b = t[1].b = f->b;
+	t[0].job = &j[3];
+	t[1].job = &j[4];
+	t[0].next = &t[1];
+	t[1].prev = &t[0];
+	f->b->tickets = &t[0];
+	f->b->ntickets = 2;
+	/* the faulting job itself, handed back sticky */
+	job_device(&j[5], &owner_b);
+	j[5].status = FA_EDEVICE;
+	snprintf(j[5].detail, sizeof j[5].detail, "running attention on GPU 0: CUDA error 700");
+
+	pthread_mutex_lock(&f->b->mu);
+	gpu_job_done_locked(f->b, &j[5], true);
+	pthread_mutex_unlock(&f->b->mu);
+
+	assert_true(fault_marked(&f->b->base));
+	assert_string_equal(fault_why(&f->b->base), "running attention on GPU 0: CUDA error 700");
+	assert_int_equal(f->b->fwd_failed, 1);
+	assert_int_equal(done_list(f->b, done, 8), 5);
+	assert_ptr_equal(done[0], &j[5]);
+	assert_ptr_equal(done[1], &j[0]);
+	assert_ptr_equal(done[2], &j[1]);
+	assert_ptr_equal(done[3], &j[2]);
+	assert_ptr_equal(done[4], &j[3]);
+	for (int i = 1; i < 4; i++) {
+		assert_int_equal(done[i]->status, FA_EDEVICE);
+		assert_string_equal(done[i]->detail, FATAL_QUEUED);
+	}
+	/* the delivered one's second hand-back is now; the other's follows its reply */
+	assert_int_equal(j[3].status, FA_EDEVICE);
+	assert_string_equal(j[3].detail, FATAL_ASYNC);
+	assert_false(j[3].enqueued);
+	assert_true(j[3].kernel_done);
+	assert_int_equal(j[4].status, FA_EDEVICE);
+	assert_string_equal(j[4].detail, FATAL_ASYNC);
+	assert_true(j[4].enqueued);
+	assert_true(j[4].kernel_done);
+	assert_true(t[0].abandoned);
+	assert_true(t[1].abandoned);
+	assert_null(t[0].job);
+	assert_null(t[1].job);
+	assert_null(f->b->tickets);
+	assert_int_equal(f->b->ntickets, 0);
+	assert_null(f->b->devs[0].run_head);
+	assert_null(f->b->devs[0].run_tail);
+	assert_null(f->b->devs[1].run_head);
+	assert_int_equal(f->b->waiting.jobs, 0);
+
+	/* a second fault keeps the first why */
+	pthread_mutex_lock(&f->b->mu);
+	gpu_fatal_locked(f->b, "another");
+	pthread_mutex_unlock(&f->b->mu);
+	assert_string_equal(fault_why(&f->b->base), "running attention on GPU 0: CUDA error 700");
+}
+
+struct recorder {
+	struct backend_job *seen[8];
+	bool next_cleared[8];
+	unsigned n;
+};
+
+static void record(struct backend_job *job, void *arg)
+{
+	struct recorder *r = arg;
+	r->next_cleared[r->n] = job->next == NULL;
+	r->seen[r->n++] = job;
+}
+
+static void test_backend_done_drain_hands_jobs_back_in_order_with_next_cleared(void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[3];
+	struct recorder r = {0};
+
+	for (int i = 0; i < 3; i++) {
+		job_device(&j[i], &owner_a);
+		queue(f->b, 0, &j[i]);
+	}
+	assert_int_equal(gpu_cancel(&f->b->base, NULL, FA_ECLOSED, "shutting down"), 3);
+	backend_done_drain(&f->b->done_list, &f->b->mu, record, &r);
+	assert_int_equal(r.n, 3);
+	for (unsigned i = 0; i < 3; i++) {
+		assert_ptr_equal(r.seen[i], &j[i]);
+		assert_true(r.next_cleared[i]);
+	}
+	assert_null(f->b->done_list.head);
+	assert_null(f->b->done_list.tail);
+	backend_done_drain(&f->b->done_list, &f->b->mu, record, &r); /* empty: nothing */
+	assert_int_equal(r.n, 3);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+		T(test_gpu_queue_takes_at_most_eight_device_jobs_in_queue_order),
+		T(test_gpu_queue_ends_a_batch_with_its_one_host_staging_job),
+		T(test_gpu_queue_takes_a_host_staging_job_at_the_head_alone),
+		T(test_gpu_queue_takes_an_asynchronous_job_alone_and_stops_before_one),
+		T(test_gpu_queue_counts_a_host_lse_as_staging_and_no_lse_as_none),
+		T(test_gpu_cancel_takes_only_the_owners_queued_jobs_on_every_device),
+		T(test_gpu_cancel_leaves_a_batch_a_worker_took_alone),
+		T(test_gpu_cancel_answers_the_owners_compile_waiting_jobs_and_keeps_the_others),
+		T(test_gpu_cancel_of_nobody_takes_queued_then_compile_waiting_jobs),
+		T(test_gpu_job_done_counts_ok_and_failed_jobs_and_marks_no_fault),
+		T(test_gpu_fatal_fails_every_queue_with_edevice_and_marks_the_fault),
+		T(test_backend_done_drain_hands_jobs_back_in_order_with_next_cleared),
+#undef T
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
