@@ -6,8 +6,8 @@
 #   grid   build both; this tree's full forward grid (FA_GPU_GRID=full) against the float64
 #          reference; the quick benchmark (D=128 and D=64, S=4096) base, new, base, new
 #   bench  build both; the whole forward benchmark, base then new (and base again if time allows)
-#   serve  build this tree; tools/gpu-serve-check.sh (serving tests, start-up, latency, serving
-#          benchmark, demo)
+#   serve  build both; this tree's tools/gpu-serve-check.sh (serving tests, start-up, latency,
+#          serving benchmark, demo), then the base tree's latency and serving benchmarks
 # Logs go to $OUT (default /tmp/fa-gpu-out); the last lines printed are the comparison table.
 # Run from the project root after `. .gpu-deps/env.sh`.
 set -u
@@ -56,8 +56,16 @@ bench)
 	bench_pair full ""
 	;;
 serve)
-	sh tools/gpu-serve-check.sh
-	exit $?
+	build_tree "$BASE_SRC" build-gpu
+	OUT="$OUT/new" sh tools/gpu-serve-check.sh
+	rc=$?
+	mkdir -p "$OUT/base"
+	for b in bench_latency bench_serving; do
+		(cd "$BASE_SRC" && FA_BUILD=build-gpu timeout 150 build-gpu/tests/bench/$b \
+			> "$OUT/base/$b.log" 2>&1) || echo "base $b: exit $?"
+		echo "== base $b"; tail -n 24 "$OUT/base/$b.log"
+	done
+	exit $rc
 	;;
 *)
 	echo "usage: $0 grid|bench|serve" >&2; exit 2 ;;
