@@ -4,7 +4,7 @@
 # `git archive COMMIT | tar -x -C build-base-src`) and this tree are built side by side and run in
 # the same call, so the figures compare within one run.
 #   grid   build both; this tree's full forward grid (FA_GPU_GRID=full) against the float64
-#          reference; the quick benchmark (D=128 and D=64, S=4096) base, new, base, new
+#          reference; the quick benchmark (D=128, S=4096) base/new twice, and D=64 once
 #   bench  build both; the whole forward benchmark, base then new (and base again if time allows)
 #   serve  build both; this tree's tools/gpu-serve-check.sh (serving tests, start-up, latency,
 #          serving benchmark, demo), then the base tree's latency and serving benchmarks
@@ -45,10 +45,9 @@ grid)
 	echo "== full grid: exit $? in $(( $(date +%s) - start ))s"
 	grep -E "^FAIL" "$OUT/grid-full.log" | head -20
 	grep -E "GPU:|compiled|cases,|worst|PASSED|FAILED|SKIPPED" "$OUT/grid-full.log" | head -20
-	for r in 1 2; do
-		bench_pair "q128-$r" "env FA_BENCH_QUICK=1"
-		bench_pair "q64-$r" "env FA_BENCH_QUICK=1 FA_BENCH_D=64"
-	done
+	bench_pair q128-1 "env FA_BENCH_QUICK=1"
+	bench_pair q64-1 "env FA_BENCH_QUICK=1 FA_BENCH_D=64"
+	bench_pair q128-2 "env FA_BENCH_QUICK=1"
 	;;
 bench)
 	build_tree "$BASE_SRC" build-gpu
