@@ -13,6 +13,7 @@
 #include <stdio.h>
 
 #include "fa/fa_client.h"
+#include "fa_settings.h"
 
 #define CONFIG_SOCKET_MAX 108 /* sun_path, incl. NUL: a path of >= 108 bytes cannot be bound */
 #define CONFIG_PATH_MAX 4096
@@ -31,6 +32,7 @@ struct config {
 	int verbose;                      /* 0 notice, 1 info (-v), 2 debug (-vv) */
 	int compile_threads;              /* gpu backend: kernel compile threads; 0 = on the worker */
 	char tune[8];                     /* gpu backend: "idle" (background tuning) or "off" */
+	struct fa_kernel_settings kernels; /* gpu backend: planner, NVRTC, kernel cache (wgmma...) */
 };
 
 /* What main() should do after config_load. */

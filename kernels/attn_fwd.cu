@@ -1,7 +1,8 @@
 /* attn_fwd.cu - FlashAttention-2 style forward kernel, compiled at run time by NVRTC.
  *
- * Self-contained: no #include (NVRTC has no system headers). The host (kernels/gpu_cuda.c) embeds
- * this file as the C string fa_src_attn_fwd and specialises it with -D options:
+ * No system headers (NVRTC has none here): the one #include is fa_device.cuh, the device helpers
+ * both kernels share, which the host hands to NVRTC as a header. The host (kernels/gpu_cuda.c)
+ * embeds this file as the C string fa_src_attn_fwd and specialises it with -D options:
  *
  *   FA_IN      element type read from Q/K/V: 1 fp16, 2 bf16, 3 fp32
  *   FA_OUT     element type written to O: 1 fp16, 2 bf16, 3 fp32 (fp32 O with bf16 inputs is the
@@ -33,13 +34,10 @@
  * permuted (mma k slot t <-> element 2t, slot t+4 <-> element 2t+1): the sums do not care, and it
  * turns the Q/K fragment loads into 8-byte loads and makes P's accumulator layout the A operand
  * without shuffles. Row strides are padded so these loads are bank-conflict free.
- * A Hopper (sm_90a: wgmma + TMA) variant would be a second source chosen per architecture by
- * the host; the parameter block below is meant to be shared with it.
+ * The Hopper kernel (sm_90a, wgmma) is attn_fwd_sm90.cu, chosen per tile by the host.
  */
 
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
+#include "fa_device.cuh"
 
 /* Kernel parameters; mirrored by struct fa_kparams in gpu_cuda.c (same order, same types). */
 struct fa_kparams {
@@ -52,55 +50,6 @@ struct fa_kparams {
 	float scale_log2;                     /* |scale| * log2(e) */
 	int neg_scale;                        /* scale < 0: Q is negated in shared memory */
 };
-
-#define NEG_INF (__int_as_float(0xff800000))
-
-__device__ __forceinline__ u32 smem_u32(const void *p)
-{
-	return (u32)__cvta_generic_to_shared(p);
-}
-
-/* 16 bytes global -> shared; src_bytes 0 zero-fills (tails, head-dim padding). */
-__device__ __forceinline__ void cp_async16(u32 dst, const void *src, int src_bytes)
-{
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-	             "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit(void)
-{
-	asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N> __device__ __forceinline__ void cp_async_wait(void)
-{
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ float fast_exp2(float x)
-{
-	float y;
-	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-	return y;
-}
-__device__ __forceinline__ float fast_log2(float x)
-{
-	float y;
-	asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-	return y;
-}
-
-/* Pack two floats as 16-bit: lo goes to the low half (the lower k index). */
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi)
-{
-	u32 r;
-	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-	return r;
-}
-__device__ __forceinline__ u32 pack_f16(float lo, float hi)
-{
-	u32 r;
-	asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-	return r;
-}
 
 #ifndef FA_IN
 #define FA_IN 2

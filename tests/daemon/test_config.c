@@ -16,7 +16,8 @@
 static const char *const env_names[] = {
 	"FA_SOCKET",  "FA_SOCKET_MODE", "FA_THREADS",   "FA_MAX_INFLIGHT",     "FA_MAX_REGIONS",
 	"FA_MAX_SESSIONS", "FA_MAX_REGION_BYTES", "FA_BACKEND", "FA_CACHE_DIR", "FA_CONFIG",
-	"FA_VERBOSE",
+	"FA_VERBOSE", "FA_WGMMA", "FA_WGMMA16", "FA_WG_BC", "FA_WG_STAGES", "FA_WG_NWG",
+	"FA_NVRTC_EXTRA", "FA_KERNEL_CACHE_MAX_MB", "CUDA_HOME",
 };
 
 /* Every test starts from an environment without FA_* settings. */

@@ -145,9 +145,11 @@ static void test_planner_sm90_fp32_takes_the_wgmma_path(void **state)
 	assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
 	assert_int_equal(t[0].path, FA_KPATH_32);
 	r.precision = FA_PREC_TF32;
-	setenv("FA_WGMMA", "0", 1);
+	struct fa_kernel_settings off = FA_KERNEL_SETTINGS_INIT;
+	off.wgmma = false; /* FA_WGMMA=0 */
+	r.ks = &off;
 	assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
-	unsetenv("FA_WGMMA");
+	r.ks = NULL;
 	for (int i = 0; i < n; i++)
 		assert_false(fa_kpath_is_wg(t[i].path));
 }
