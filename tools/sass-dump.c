@@ -5,6 +5,7 @@
  *
  *   sass-dump OUTDIR [SUBSTRING]   cubins OUTDIR/<spec name>.cubin; SUBSTRING keeps the
  *                                  specialisations whose name contains it
+ *   SASS_DUMP_LIST=1 sass-dump -   the list instead: name, source file, NVRTC options
  *
  * The list covers every path (mma.sync fp16, bf16, fp32 ieee / 3xtf32 / tf32 / bf16 staging;
  * wgmma tf32, 3xtf32, 16-bit two-stage and overlapped), padded and unpadded head dims, the three
@@ -78,7 +79,7 @@ static void *worker(void *arg)
 		FILE *f = fopen(path, "wb");
 		if (!f || fwrite(cubin, 1, sz, f) != sz) {
 			j->st = FA_ESYS;
-			snprintf(j->err, sizeof j->err, "cannot write %s", path);
+			snprintf(j->err, sizeof j->err, "cannot write %.1800s", path);
 		}
 		if (f)
 			fclose(f);
@@ -126,6 +127,9 @@ int main(int argc, char **argv)
 			for (int e = 0; e < 5; e++, k++) {
 				const int *x = mt[k % nmt];
 				int path = fa_plan_path(kinds[d].dt, kinds[d].p);
+				/* ieee above d128: minutes of ptxas each, and a path the planner ranks last */
+				if (kinds[d].p == FA_PREC_IEEE && Ds[e] > 128)
+					continue;
 				add(sms[a], kinds[d].dt, kinds[d].p, Ds[e], (fa_mask)(k % 3), path, x[0], x[1],
 				    x[2], x[3], filter);
 			}
@@ -158,6 +162,26 @@ int main(int argc, char **argv)
 			}
 	}
 
+	/* SASS_DUMP_LIST=1: print "name<TAB>source<TAB>options" per specialisation, compile nothing */
+	const char *ls = getenv("SASS_DUMP_LIST");
+	if (ls && strcmp(ls, "1") == 0) {
+		for (int i = 0; i < njobs; i++) {
+			struct fa_nvrtc_opts o;
+#ifdef FA_KERNEL_SETTINGS_INIT
+			fa_nvrtc_options(nv, &jobs[i].spec, &o);
+#else
+			fa_nvrtc_options(&jobs[i].spec, &o);
+#endif
+			printf("%s\t%s", jobs[i].name,
+			       fa_kpath_is_wg(jobs[i].spec.tile.path) ? "attn_fwd_sm90.cu" : "attn_fwd.cu");
+			for (int q = 0; q < o.n; q++)
+				printf("%s%s", q ? " " : "\t", o.v[q]);
+			printf("\n");
+		}
+		fa_nvrtc_close(nv);
+		free(jobs);
+		return 0;
+	}
 	int nth = 2;
 	const char *e = getenv("SASS_DUMP_THREADS");
 	if (e && atoi(e) > 0)

@@ -1,6 +1,6 @@
 /* test_nvrtc_compile.c - every specialisation the planner picks compiles with NVRTC for sm_80,
- * sm_86, sm_89 and sm_90, without local-memory spills, within the register file the plan
- * assumed. No GPU needed; skipped (with the reason) when NVRTC cannot be loaded.
+ * sm_86, sm_89, sm_90, sm_100 and sm_120, without local-memory spills, within the register file
+ * the plan assumed. No GPU needed; skipped (with the reason) when NVRTC cannot be loaded.
  *
  * Default: a representative sample (CI, 2 cores, well under 3 minutes). FA_GPU_GRID=full: every
  * head dim that is a multiple of 8, every dtype and precision, the planner's first three tiles.
@@ -102,7 +102,8 @@ static void test_nvrtc_compiles_the_planned_specialisations_without_spills(void 
 	}
 	const char *grid = getenv("FA_GPU_GRID");
 	bool full = grid && strcmp(grid, "full") == 0;
-	const char *archs[] = {"sm_80", "sm_86", "sm_89", "sm_90"};
+	/* sm_100 (B200) and sm_120 (RTX 50xx): mma.sync only (no wgmma there), NVRTC 13 targets */
+	const char *archs[] = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"};
 	const fa_dtype dts[] = {FA_DTYPE_FP16, FA_DTYPE_BF16, FA_DTYPE_FP32, FA_DTYPE_FP32,
 	                        FA_DTYPE_FP32, FA_DTYPE_FP32};
 	const fa_precision precs[] = {FA_PREC_DEFAULT, FA_PREC_DEFAULT, FA_PREC_IEEE,
@@ -111,7 +112,7 @@ static void test_nvrtc_compiles_the_planned_specialisations_without_spills(void 
 	jobs = calloc(8192, sizeof *jobs);
 	assert_non_null(jobs);
 	if (full) {
-		for (int a = 0; a < 4; a++)
+		for (int a = 0; a < 6; a++)
 			for (int d = 0; d < 6; d++)
 				for (int D = 8; D <= 256; D += 8)
 					add_jobs(archs[a], dts[d], precs[d], D, masks[(D / 8) % 3], 3);
@@ -120,7 +121,7 @@ static void test_nvrtc_compiles_the_planned_specialisations_without_spills(void 
 		 * covers 8 (padding), 40, 64, 128, 256 and every mask. */
 		const int Ds[] = {128, 64, 256, 40, 8, 160};
 		int k = 0;
-		for (int a = 0; a < 4; a++)
+		for (int a = 0; a < 6; a++)
 			for (int d = 0; d < 6; d++, k++)
 				add_jobs(archs[a], dts[d], precs[d], Ds[k % 6], masks[k % 3], 1);
 		/* and the headline shapes on sm_90 */
