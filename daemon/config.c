@@ -301,9 +301,14 @@ static fa_status config_apply(struct config *c, const struct config_option *o, c
 		break;
 	case CONFIG_KERNEL: {
 		char why[256];
-		if (fa_kernel_settings_set(&c->kernels, o->env, value, why, sizeof why) != FA_OK)
-			return util_fail(err, errlen, FA_EINVAL, "%s: %s", origin, why);
-		return FA_OK;
+		if (fa_kernel_settings_set(&c->kernels, o->env, value, why, sizeof why) == FA_OK)
+			return FA_OK;
+		/* the kernels' text starts with the setting's name; origin names it already */
+		const char *w = why;
+		size_t n = strlen(o->env);
+		if (strncmp(w, o->env, n) == 0 && w[n] == ':')
+			w += n + 2;
+		return util_fail(err, errlen, FA_EINVAL, "%s: %s", origin, w);
 	}
 	default:
 		return util_fail(err, errlen, FA_EINVAL, "%s: unsupported option type", origin);
