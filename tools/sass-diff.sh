@@ -2,7 +2,9 @@
 # sass-diff.sh A B - compare the SASS of the cubins two tools/sass-dump runs wrote (same names):
 # cuobjdump -sass per cubin, addresses, encodings and comments dropped, then diffed. Prints one
 # line per specialisation (same / DIFF / missing) and a count. CUOBJDUMP names the tool
-# (default: cuobjdump on the path, else /opt/cudatools/cuobjdump).
+# (default: cuobjdump on the path, else /opt/cudatools/cuobjdump); its -sass needs nvdisasm on the
+# PATH (PyPI's nvidia-cuda-nvdisasm has one). Typical use: build sass-dump in a worktree of the
+# base commit and in this tree, run both into two folders, then this.
 set -u
 a=$1 b=$2
 obj=${CUOBJDUMP:-$(command -v cuobjdump || echo /opt/cudatools/cuobjdump)}
