@@ -873,15 +873,18 @@ __device__ __forceinline__ void pv_32(float (&acc)[ORT][ONDW][4], const float (&
 
 /* ---------------------------------------------------------------------------------------------
  * Stage: the epilogue. O /= l, logsumexp = (m + log2 l) ln 2. */
-/* Two adjacent elements of O's row ob (element offset) at column col. */
-__device__ __forceinline__ void store_o2(void *o, long long ob, int col, float x0, float x1)
+/* Two adjacent elements of O's row ob (element offset) at column col. p.o is read in the store
+ * itself, after the conversion (C++17 sequences an assignment's right side first), where the
+ * kernel always read it. */
+__device__ __forceinline__ void store_o2(const fa_kparams &p, long long ob, int col, float x0,
+                                         float x1)
 {
 #if FA_OUT == 3
-	*(float2 *)((float *)o + ob + col) = make_float2(x0, x1);
+	*(float2 *)((float *)p.o + ob + col) = make_float2(x0, x1);
 #elif FA_OUT == 2
-	*(u32 *)((u16 *)o + ob + col) = pack_bf16(x0, x1);
+	*(u32 *)((u16 *)p.o + ob + col) = pack_bf16(x0, x1);
 #else
-	*(u32 *)((u16 *)o + ob + col) = pack_f16(x0, x1);
+	*(u32 *)((u16 *)p.o + ob + col) = pack_f16(x0, x1);
 #endif
 }
 
@@ -938,7 +941,7 @@ __device__ __forceinline__ void epilogue_pair(const fa_kparams &p, const float (
 				if (col >= FA_D)
 					continue;
 				const float x0 = acc[r][n][2 * hh] * inv, x1 = acc[r][n][2 * hh + 1] * inv;
-				store_o2(p.o, ob, col, x0, x1);
+				store_o2(p, ob, col, x0, x1);
 			}
 		}
 	}
@@ -969,7 +972,7 @@ __device__ __forceinline__ void epilogue(const fa_kparams &p, const float (&acc)
 				if (col >= FA_D)
 					continue;
 				const float x0 = acc[r][n][2 * hh] * inv, x1 = acc[r][n][2 * hh + 1] * inv;
-				store_o2(p.o, ob, col, x0, x1);
+				store_o2(p, ob, col, x0, x1);
 			}
 		}
 	}
