@@ -77,6 +77,7 @@ COMMON_SRC  := $(wildcard common/*.c)
 PROTO_SRC   := $(wildcard proto/*.c)
 KERNELS_SRC := $(wildcard kernels/*.c)
 KERNELS_CU  := $(wildcard kernels/*.cu)
+KERNELS_CUH := $(wildcard kernels/*.cuh)
 CLIENT_SRC  := $(wildcard client/*.c)
 CTL_SRC     := $(wildcard ctl/*.c)
 DAEMON_SRC  := $(wildcard daemon/*.c daemon/gpu/*.c)
@@ -86,8 +87,10 @@ HELPER_SRC  := $(wildcard tests/helpers/*.c)
 obj = $(patsubst %.c,$(BUILD)/%.o,$(1))
 COMMON_OBJ  := $(call obj,$(COMMON_SRC))
 PROTO_OBJ   := $(call obj,$(PROTO_SRC))
-# The CUDA sources are embedded as C strings for NVRTC (kernels/*.cu -> $(BUILD)/gen/*_cu.c).
-KERNELS_GEN := $(patsubst kernels/%.cu,$(BUILD)/gen/%_cu.c,$(KERNELS_CU))
+# The CUDA sources are embedded as C strings for NVRTC (kernels/*.cu -> $(BUILD)/gen/*_cu.c, and
+# the header both include, kernels/*.cuh -> $(BUILD)/gen/*_cuh.c, handed to NVRTC as a header).
+KERNELS_GEN := $(patsubst kernels/%.cu,$(BUILD)/gen/%_cu.c,$(KERNELS_CU)) \
+               $(patsubst kernels/%.cuh,$(BUILD)/gen/%_cuh.c,$(KERNELS_CUH))
 KERNELS_OBJ := $(call obj,$(KERNELS_SRC)) $(KERNELS_GEN:.c=.o)
 .SECONDARY: $(KERNELS_GEN)
 CLIENT_OBJ  := $(call obj,$(CLIENT_SRC))
@@ -124,7 +127,7 @@ BENCH_BIN := $(call prog,$(BENCH_SRC))
 DEMO_BIN  := $(call prog,$(DEMO_SRC))
 TEST_BINS := $(UNIT_BIN) $(DTEST_BIN) $(INTEG_BIN) $(GPU_BIN)
 
-.PHONY: all deps check-deps check-cycles test test-quick test-san test-gpu test-gpu-full bench demo \
+.PHONY: sass-dump all deps check-deps check-cycles test test-quick test-san test-gpu test-gpu-full bench demo \
         fuzz fuzz-run install install-systemd uninstall clean help
 .DEFAULT_GOAL := all
 
@@ -166,6 +169,10 @@ $(BUILD)/kernels/%.o: kernels/%.c
 	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/gen/%_cu.c: kernels/%.cu tools/embed.sh
+	$(call msg,EMBED,$<)
+	$(Q)mkdir -p $(@D) && sh tools/embed.sh $< fa_src_$(subst -,_,$*) > $@
+
+$(BUILD)/gen/%_cuh.c: kernels/%.cuh tools/embed.sh
 	$(call msg,EMBED,$<)
 	$(Q)mkdir -p $(@D) && sh tools/embed.sh $< fa_src_$(subst -,_,$*) > $@
 
@@ -254,6 +261,18 @@ $(DEMO_BIN): %: %.o $(HELPER_OBJ) $(LIBCLIENT_A) $(LIBKERNELS) $(LIBCOMMON) | $(
 $(GPU_BIN): %: %.o $(HELPER_OBJ) $(LIBKERNELS) $(LIBPROTO) $(LIBCOMMON)
 	$(call msg,LD,$@)
 	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(MSGPACK_LIBS) $(SYS_LIBS)
+
+# tools/sass-dump: cubins of a fixed list of specialisations, to compare SASS between trees
+# (tools/sass-diff.sh); not part of all.
+SASS_DUMP := $(BUILD)/tools/sass-dump
+sass-dump: $(SASS_DUMP)
+$(SASS_DUMP): $(BUILD)/tools/sass-dump.o $(LIBKERNELS) $(LIBPROTO) $(LIBCOMMON)
+	$(call msg,LD,$@)
+	$(Q)$(CC) $(ALL_LDFLAGS) -o $@ $^ $(SYS_LIBS)
+
+$(BUILD)/tools/%.o: tools/%.c
+	$(call msg,CC,$<)
+	$(Q)mkdir -p $(@D) && $(CC) $(ALL_CFLAGS) $(CUDA_CFLAGS) -MMD -MP -c $< -o $@
 
 # ---- tests ---------------------------------------------------------------------------------------
 # test-quick: every test program once. test: that, then the sanitizer build's tests and the fuzzer.

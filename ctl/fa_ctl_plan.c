@@ -19,7 +19,7 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-	        "usage: fa-ctl plan [--arch sm_80|sm_86|sm_89|sm_90|h200...|--device N]\n"
+	        "usage: fa-ctl plan [--arch sm_80|sm_86|sm_89|sm_90|sm_100|sm_120|h200...|--device N]\n"
 	        "                   --dtype fp16|bf16|fp32 --head-dim D [--precision P]\n"
 	        "                   [--causal|--causal-top-left] [--batch B --heads H --seq-q S\n"
 	        "                   --seq-k S] [--all]\n"
@@ -27,7 +27,9 @@ static void usage(FILE *f)
 	        "  --causal is bottom-right aligned (FlashAttention >= 2.1); --causal-top-left is\n"
 	        "  PyTorch's is_causal. Shape arguments, when given, let the ranking account for waves.\n"
 	        "  --all prints every fitting candidate (default: the best 10).\n"
-	        "  Without --arch the real device is planned for (fa-ctl loads the CUDA driver).\n");
+	        "  Without --arch the real device is planned for (fa-ctl loads the CUDA driver).\n"
+	        "  The daemon's kernel settings apply from the environment: FA_WGMMA, FA_WGMMA16,\n"
+	        "  FA_WG_BC, FA_WG_STAGES, FA_WG_NWG, FA_NVRTC_EXTRA, FA_KERNEL_CACHE_MAX_MB, CUDA_HOME.\n");
 }
 
 static long parse_long(const char *s, const char *what, int *bad)
@@ -61,8 +63,12 @@ int fa_ctl_plan_main(int argc, char **argv)
 	};
 	const char *arch = NULL;
 	int device = -1, bad = 0, all = 0;
+	struct fa_kernel_settings ks;
+	if (fa_ctl_kernel_settings(&ks, "plan") != 0)
+		return 2;
 	struct fa_plan_req r;
 	memset(&r, 0, sizeof r);
+	r.ks = &ks;
 	r.dtype = 0;
 	r.D = -1;
 	optind = 1;
@@ -128,7 +134,7 @@ int fa_ctl_plan_main(int argc, char **argv)
 		}
 		model = *m;
 	} else {
-		fa_status st = fa_gpu_open(&g, device < 0 ? 0 : device, err, sizeof err);
+		fa_status st = fa_gpu_open(&g, device < 0 ? 0 : device, &ks, err, sizeof err);
 		if (st != FA_OK) {
 			fprintf(stderr, "fa-ctl plan: no device to plan for (%s); give --arch sm_XX to plan "
 			        "offline\n", err);
@@ -179,5 +185,17 @@ int fa_ctl_plan_main(int argc, char **argv)
 		       t[i].score, i == 0 ? "  <- chosen" : "");
 	}
 	fa_gpu_close(g);
+	return 0;
+}
+
+int fa_ctl_kernel_settings(struct fa_kernel_settings *ks, const char *cmd)
+{
+	char err[256];
+	fa_kernel_settings_init(ks);
+	for (const char *const *n = fa_kernel_settings_names(); *n; n++)
+		if (fa_kernel_settings_set(ks, *n, getenv(*n), err, sizeof err) != FA_OK) {
+			fprintf(stderr, "fa-ctl %s: %s\n", cmd, err);
+			return 2;
+		}
 	return 0;
 }

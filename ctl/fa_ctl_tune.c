@@ -254,8 +254,11 @@ int fa_ctl_tune_main(int argc, char **argv)
 		default_cache_dir(cache, sizeof cache);
 
 	char err[1024];
+	struct fa_kernel_settings ks;
+	if (fa_ctl_kernel_settings(&ks, "tune") != 0)
+		return 2;
 	struct fa_gpu *g = NULL;
-	fa_status st = fa_gpu_open(&g, device, err, sizeof err);
+	fa_status st = fa_gpu_open(&g, device, &ks, err, sizeof err);
 	if (st != FA_OK) {
 		fprintf(stderr, "fa-ctl tune: no GPU: %s\n", err);
 		return 1;

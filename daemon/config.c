@@ -24,6 +24,7 @@ enum config_type {
 	CONFIG_SIZE,   /* bytes, with an optional K/M/G/T suffix (powers of 1024) */
 	CONFIG_MODE,   /* octal permission bits */
 	CONFIG_ENUM,   /* one of choices */
+	CONFIG_KERNEL, /* a kernel setting (kernels/fa_settings.h) in c->kernels, named by its env */
 };
 
 struct config_option {
@@ -94,6 +95,34 @@ static const struct config_option config_options[] = {
 	 .help = "gpu backend: off (use the tuning table as it is) or idle (time kernel "
 	         "candidates while the GPU is idle)",
 	 FIELD(tune), .choices = tune_choices},
+	/* The kernels' settings (kernels/fa_settings.h parses and checks them; fa-ctl and the tests
+	 * read the same environment variables). */
+	{.name = "wgmma", .type = CONFIG_KERNEL, .def = "1", .env = "FA_WGMMA", .metavar = "0|1",
+	 .help = "gpu backend: offer the sm_90a wgmma kernels on sm_90 (0: mma.sync only)",
+	 FIELD(kernels)},
+	{.name = "wgmma16", .type = CONFIG_KERNEL, .def = "auto", .env = "FA_WGMMA16",
+	 .metavar = "auto|0|1",
+	 .help = "gpu backend: the 16-bit wgmma kernel where it measured faster (auto), never (0) "
+	         "or wherever it fits (1)",
+	 FIELD(kernels)},
+	{.name = "wg-bc", .type = CONFIG_KERNEL, .def = "0", .env = "FA_WG_BC", .metavar = "N",
+	 .help = "experiments: offer only wgmma tiles of N keys per step; 0 = all", FIELD(kernels)},
+	{.name = "wg-stages", .type = CONFIG_KERNEL, .def = "0", .env = "FA_WG_STAGES",
+	 .metavar = "N", .help = "experiments: offer only wgmma tiles of N stages; 0 = all",
+	 FIELD(kernels)},
+	{.name = "wg-nwg", .type = CONFIG_KERNEL, .def = "0", .env = "FA_WG_NWG", .metavar = "N",
+	 .help = "experiments: offer only wgmma tiles of N warpgroups; 0 = all", FIELD(kernels)},
+	{.name = "nvrtc-extra", .type = CONFIG_KERNEL, .def = "", .env = "FA_NVRTC_EXTRA",
+	 .metavar = "OPTS",
+	 .help = "experiments: extra -D options for NVRTC (kernels/PERF-NOTES.md); part of the "
+	         "kernel cache's key and the tuning table's source hash",
+	 FIELD(kernels)},
+	{.name = "kernel-cache-max-mb", .type = CONFIG_KERNEL, .def = "0",
+	 .env = "FA_KERNEL_CACHE_MAX_MB", .metavar = "MB",
+	 .help = "bound of the kernel disk cache in MiB; 0 = 512", FIELD(kernels)},
+	{.name = "cuda-home", .type = CONFIG_KERNEL, .def = "", .env = "CUDA_HOME", .metavar = "DIR",
+	 .help = "a CUDA toolkit whose lib64/libnvrtc.so.13 is tried after the one built in",
+	 FIELD(kernels)},
 	{.name = "verbose", .short_flag = 'v', .type = CONFIG_INT, .def = "0", .min = 0, .max = 2,
 	 .env = "FA_VERBOSE", .metavar = "N",
 	 .help = "log level: 0 notice, 1 info (a line per request), 2 debug", FIELD(verbose)},
@@ -270,6 +299,17 @@ static fa_status config_apply(struct config *c, const struct config_option *o, c
 			    "%s: '%s' is not a size (bytes, or a number with K, M, G or T)", origin,
 			    value);
 		break;
+	case CONFIG_KERNEL: {
+		char why[256];
+		if (fa_kernel_settings_set(&c->kernels, o->env, value, why, sizeof why) == FA_OK)
+			return FA_OK;
+		/* the kernels' text starts with the setting's name; origin names it already */
+		const char *w = why;
+		size_t n = strlen(o->env);
+		if (strncmp(w, o->env, n) == 0 && w[n] == ':')
+			w += n + 2;
+		return fa_err(err, errlen, FA_EINVAL, "%s: %s", origin, w);
+	}
 	default:
 		return fa_err(err, errlen, FA_EINVAL, "%s: unsupported option type", origin);
 	}
@@ -327,6 +367,7 @@ void config_defaults(struct config *c)
 	char err[256];
 
 	memset(c, 0, sizeof(*c));
+	fa_kernel_settings_init(&c->kernels);
 	for (size_t i = 0; i < CONFIG_NOPTIONS; i++) {
 		const struct config_option *o = &config_options[i];
 		/* The table's defaults are checked by the tests (test_config_defaults_parse). */
@@ -567,6 +608,9 @@ bool config_get(const struct config *c, const char *name, char *buf, size_t cap)
 		break;
 	case CONFIG_SIZE:
 		config_format_size((uint64_t)config_load_int(c, o), buf, cap);
+		break;
+	case CONFIG_KERNEL:
+		fa_kernel_settings_get(&c->kernels, o->env, buf, cap);
 		break;
 	default:
 		snprintf(buf, cap, "%" PRId64, config_load_int(c, o));

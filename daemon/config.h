@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "fa_settings.h"
 #include "fa_types.h"
 
 #define CONFIG_SOCKET_MAX 108 /* sun_path, incl. NUL: a path of >= 108 bytes cannot be bound */
@@ -31,6 +32,7 @@ struct config {
 	int verbose;                      /* 0 notice, 1 info (-v), 2 debug (-vv) */
 	int compile_threads;              /* gpu backend: kernel compile threads; 0 = on the worker */
 	char tune[8];                     /* gpu backend: "idle" (background tuning) or "off" */
+	struct fa_kernel_settings kernels; /* gpu backend: planner, NVRTC, kernel cache (wgmma...) */
 };
 
 /* What main() should do after config_load. */

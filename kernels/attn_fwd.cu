@@ -1,7 +1,8 @@
 /* attn_fwd.cu - FlashAttention-2 style forward kernel, compiled at run time by NVRTC.
  *
- * Self-contained: no #include (NVRTC has no system headers). The host (kernels/gpu_cuda.c) embeds
- * this file as the C string fa_src_attn_fwd and specialises it with -D options:
+ * No system headers (NVRTC has none here): the one #include is fa_device.cuh, the device helpers
+ * both kernels share, which the host hands to NVRTC as a header. The host (kernels/gpu_cuda.c)
+ * embeds this file as the C string fa_src_attn_fwd and specialises it with -D options:
  *
  *   FA_IN      element type read from Q/K/V: 1 fp16, 2 bf16, 3 fp32
  *   FA_OUT     element type written to O: 1 fp16, 2 bf16, 3 fp32 (fp32 O with bf16 inputs is the
@@ -18,8 +19,8 @@
  *   FA_QIN     element type of Q in global memory, FA_IN by default; 3 (fp32) with FA_IN 2 is
  *              the fp32 "bf16" staging (PERF-NOTES.md, "v6: bf16 staging"): the kernel rounds Q
  *              to bf16 (cvt.rn, as fa_cvt_f32_bf16 does) as it stores it into shared memory, so
- *              the host converts only K and V (FA_QLATE 1: Q converted after the first K/V tiles
- *              are issued, the variant measured in v6; 0, before them, keeps v5's main loop)
+ *              the host converts only K and V (before the first K/V tiles are issued: v5's main
+ *              loop, instruction for instruction)
  *
  * Structure (FlashAttention-2): a block owns BR query rows of one (batch, head); each warp owns
  * 16*RT rows. S = Q K^T with mma.sync, online softmax on fp32 registers (scores kept in the log2
@@ -33,13 +34,18 @@
  * permuted (mma k slot t <-> element 2t, slot t+4 <-> element 2t+1): the sums do not care, and it
  * turns the Q/K fragment loads into 8-byte loads and makes P's accumulator layout the A operand
  * without shuffles. Row strides are padded so these loads are bank-conflict free.
- * A Hopper (sm_90a: wgmma + TMA) variant would be a second source chosen per architecture by
- * the host; the parameter block below is meant to be shared with it.
+ *
+ * Stages (as llama.cpp's fattn-mma-f16.cuh): the kernel at the bottom is the loop; each step
+ * calls load_kv_step (the next K/V tiles into the ring), qk_* (S = Q K^T), mask_scores,
+ * online_softmax (row max, P, row sum, O's rescale), pv_* (O += P V), and epilogue_* writes O
+ * and the logsumexp. Every stage is __forceinline__: the split changes no instruction (SASS
+ * compared per specialisation, tools/sass-dump.c). The speed experiments that chose what is
+ * here (FA_ONEBAR, FA_SADDR, FA_RTHR, ...: PERF-NOTES.md v1-v6) were retired from this file;
+ * kernels/dev/ keeps the source with every switch.
+ * The Hopper kernel (sm_90a, wgmma) is attn_fwd_sm90.cu, chosen per tile by the host.
  */
 
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
+#include "fa_device.cuh"
 
 /* Kernel parameters; mirrored by struct fa_kparams in gpu_cuda.c (same order, same types). */
 struct fa_kparams {
@@ -52,55 +58,6 @@ struct fa_kparams {
 	float scale_log2;                     /* |scale| * log2(e) */
 	int neg_scale;                        /* scale < 0: Q is negated in shared memory */
 };
-
-#define NEG_INF (__int_as_float(0xff800000))
-
-__device__ __forceinline__ u32 smem_u32(const void *p)
-{
-	return (u32)__cvta_generic_to_shared(p);
-}
-
-/* 16 bytes global -> shared; src_bytes 0 zero-fills (tails, head-dim padding). */
-__device__ __forceinline__ void cp_async16(u32 dst, const void *src, int src_bytes)
-{
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-	             "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit(void)
-{
-	asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N> __device__ __forceinline__ void cp_async_wait(void)
-{
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ float fast_exp2(float x)
-{
-	float y;
-	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-	return y;
-}
-__device__ __forceinline__ float fast_log2(float x)
-{
-	float y;
-	asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-	return y;
-}
-
-/* Pack two floats as 16-bit: lo goes to the low half (the lower k index). */
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi)
-{
-	u32 r;
-	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-	return r;
-}
-__device__ __forceinline__ u32 pack_f16(float lo, float hi)
-{
-	u32 r;
-	asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-	return r;
-}
 
 #ifndef FA_IN
 #define FA_IN 2
@@ -128,58 +85,6 @@ __device__ __forceinline__ u32 pack_f16(float lo, float hi)
 #endif
 #ifndef FA_MASK
 #define FA_MASK 0
-#endif
-
-#ifndef FA_SKIP_RESCALE /* skip O's rescale in steps where no row max of the warp grew */
-/* measured (PERF-NOTES.md v2): +2% at d128 128x64 w4r2, -7% at d64 w4r2 and d256 w8r1; fp32: the
- * FMULs are cheap next to 3 MMAs and the registers are not */
-#define FA_SKIP_RESCALE (RTHR > 0 || (FA_IN != 3 && FA_RT == 2 && DP == 128))
-#endif
-#ifndef FA_FOLD /* fold the scale into the FFMA that feeds ex2 (0: multiply the scores first) */
-#define FA_FOLD 1
-#endif
-#ifndef FA_NEGQ
-#define FA_NEGQ 1
-#endif
-#ifndef FA_KUNROLL
-#define FA_KUNROLL 4 /* fp32 path: k steps of Q K^T unrolled together */
-#endif
-/* v4 switches (kernels/PERF-NOTES.md v4, all measured on the H200; each keeps the kernel exact;
- * they act on the 16-bit path only, the fp32 kernels are the v3 code):
- *   FA_LDFAST  1: whole K/V tiles by per-thread pointers fixed before the loop (one 64-bit add
- *              per 16-byte copy, no predicates), the general loader for tails (+10% d64, +4-6%
- *              d128, +2% d256)
- *   FA_QREG    1: Q's A fragments loaded once into registers where they take at most 32
- *              registers (padded D * row tiles <= 128; +3.8% d64)
- *   FA_ONEBAR  0: one barrier per key step (K_j and V_j awaited together at its top): -2..+1%
- *   FA_SADDR   0: ldmatrix addresses as a per-thread byte base plus constants: neutral
- *   FA_MMAVOL  1: mma asm volatile (0 gave the same SASS)
- *   FA_RTHR    0: keep a row's max until a score exceeds it by RTHR in the log2 domain (P <=
- *              2^RTHR), with the rescale skip: O is almost never rescaled, but -6..-9% at d64 and
- *              d256 (the skip branch keeps the exponentials out of the P V block)
- *   FA_EARLYRS 0: O's rescale before the exponentials (with FA_RTHR): -4% d64, +-0 d256
- * v5 (PERF-NOTES.md v5): FA_PAIR, warp pairs sharing K/V fragments across 32 rows (below):
- *   2 on d256 128x64 w8r1 (+2.7%), 0 elsewhere unless asked; 1 measured -3% */
-#ifndef FA_LDFAST
-#define FA_LDFAST 1
-#endif
-#ifndef FA_QREG
-#define FA_QREG 1
-#endif
-#ifndef FA_ONEBAR
-#define FA_ONEBAR 0
-#endif
-#ifndef FA_SADDR
-#define FA_SADDR 0
-#endif
-#ifndef FA_MMAVOL
-#define FA_MMAVOL 1
-#endif
-#ifndef FA_RTHR
-#define FA_RTHR 0
-#endif
-#ifndef FA_EARLYRS
-#define FA_EARLYRS 0
 #endif
 
 #define NT (FA_NW * 32)
@@ -211,43 +116,40 @@ typedef u16 in_t;
 /* The fast K/V loader: thread tid copies chunk column tid % CPR of rows tid / CPR + i * RSTEP. */
 #define LD_CPR ((DP + CPE - 1) / CPE)
 #define LD_RSTEP (NT / LD_CPR)
-/* Where the switches act: the 16-bit path only (the fp32 kernels stay as measured in v3); the fast
- * loader where the threads tile the chunks of a row evenly (padded D 16, 32, 64, 128, 256); Q in
- * registers where its fragments take at most 32 registers (padded D x row tiles <= 128) */
-#define LD_FAST (FA_LDFAST && FA_IN != 3 && NT % LD_CPR == 0 && (FA_BC * LD_CPR) % NT == 0)
-#define ONEBAR (FA_ONEBAR && FA_IN != 3)
-#define SADDR ((FA_SADDR || PAIR) && FA_IN != 3) /* the pairs need it: they spill without */
-#define QREG (FA_QREG && FA_IN != 3 && FA_RT * DP <= 128)
-#define RTHR (FA_IN != 3 ? FA_RTHR : 0)
-#define EARLYRS (FA_EARLYRS && FA_IN != 3 && (FA_RT == 1 || DP <= 64)) /* d128 r2 spills */
+/* Where the measured choices apply (PERF-NOTES.md v2, v4, v5; the fp32 kernels stay as measured
+ * in v3):
+ *   LD_FAST       whole K/V tiles by per-thread pointers fixed before the loop (one 64-bit add
+ *                 per 16-byte copy, no predicates), the general loader for tails, where the
+ *                 threads tile the chunks of a row evenly (padded D 16, 32, 64, 128, 256; +10%
+ *                 d64, +4-6% d128, +2% d256)
+ *   QREG          Q's A fragments loaded once into registers where they take at most 32
+ *                 registers (padded D x row tiles <= 128; +3.8% d64)
+ *   SKIP_RESCALE  O's rescale skipped in steps where no row max of the warp grew: +2% at d128
+ *                 128x64 w4r2, -7% at d64 w4r2 and d256 w8r1; fp32: the FMULs are cheap next to
+ *                 3 MMAs and the registers are not */
+#define LD_FAST (FA_IN != 3 && NT % LD_CPR == 0 && (FA_BC * LD_CPR) % NT == 0)
+#define QREG (FA_IN != 3 && FA_RT * DP <= 128)
+#define SKIP_RESCALE (FA_IN != 3 && FA_RT == 2 && DP == 128)
 
-/* Warp pairs (FA_PAIR, kernels/PERF-NOTES.md v5): with one row tile per warp, every K and V
- * fragment read from shared memory feeds one row tile only (144 ldmatrix per 256 MMA at d256).
- * The two warps of a pair share their 32 rows: each computes O for both row tiles and half the
- * head dim, so each V fragment feeds two row tiles; P goes to the partner through shared memory
- * (16 bytes per lane and k16 slice, written before the mid-step barrier the V tile needs anyway).
- *   FA_PAIR 1: each warp computes S for its own 16 rows and all keys (K fragments as before);
- *              the rescale factors of its rows go with P.        ldmatrix/256 MMA 144 -> 112 (+8)
- *   FA_PAIR 2: each warp computes S for both row tiles and half the keys (each K fragment also
- *              feeds two row tiles); the row maxima are exchanged first (a 64-thread barrier),
- *              the row sums are per-warp partial sums added at the end.  144 -> 96 (+8)
- * Where it applies (the planner reserves the exchange buffer, fa_tile_smem, for exactly these
- * tiles): the 16-bit path, one row tile per warp, >= 2 stages with the mid-step barrier (not
- * FA_ONEBAR), padded D > 128 and a multiple of 32 (halves of whole ldmatrix.x4). The planner
- * reads the switch from FA_NVRTC_EXTRA too (planner.c: pair_mode), so its default is in both:
- * FA_PAIR 2 on the tiles measured (padded D 256, 64 keys, 8 warps), off elsewhere unless asked.
- * Measured (PERF-NOTES.md v5): PAIR 2 +2.7% at d256 (294.5 vs 286.8), PAIR 1 -3% (it spills). */
-#ifndef FA_PAIR /* on by default where measured (v5, H200): d256 128x64 w8r1 s2 +2.7% / +2.0% causal */
-/* D == 256 exactly: d248 pads to the same tile but was never run paired on a GPU */
-#define FA_PAIR (FA_D == 256 && FA_BC == 64 && FA_NW == 8 ? 2 : 0)
-#endif
+/* Warp pairs (kernels/PERF-NOTES.md v5): with one row tile per warp, every K and V fragment read
+ * from shared memory feeds one row tile only (144 ldmatrix per 256 MMA at d256). The two warps of
+ * a pair share their 32 rows: each computes S for both row tiles and half the keys (each K
+ * fragment feeds two row tiles), the row maxima exchanged first (a 64-thread barrier), and O for
+ * both row tiles and half the head dim (each V fragment feeds two row tiles); P goes to the
+ * partner through shared memory (16 bytes per lane and k16 slice, written before the mid-step
+ * barrier the V tile needs anyway); the row sums are per-warp partial sums added at the end.
+ * ldmatrix per 256 MMA 144 -> 96 (+8). On where it was measured faster and tested on a GPU:
+ * head dim 256 exactly, 64 keys, 8 warps (+2.7%, 294.5 vs 286.8 TFLOP/s; d248 pads to the same
+ * tile but never ran paired). The planner reserves the exchange buffer for exactly these tiles
+ * (fa_tile_smem, planner.c: pair_on); its ldmatrix addresses are a per-thread byte base plus
+ * constants (with the general addressing the pairs spill). */
 #define PAIR_OK (FA_IN != 3 && FA_RT == 1 && FA_STAGES >= 2 && DP % 32 == 0 && DP > 128)
-#define PAIR (PAIR_OK && !ONEBAR ? (FA_PAIR == 2 && FA_BC % 32 != 0 ? 1 : FA_PAIR) : 0)
+#define PAIR (PAIR_OK && FA_D == 256 && FA_BC == 64 && FA_NW == 8)
 #if PAIR
-#define SRT (PAIR == 2 ? 2 : 1)     /* row tiles of S per warp */
-#define SNJ (PAIR == 2 ? NJ / 2 : NJ) /* n8 key tiles of S per warp */
-#define ORT 2                       /* row tiles of O per warp */
-#define ONDW (ND / 2)               /* n8 tiles of O per warp */
+#define SRT 2         /* row tiles of S per warp */
+#define SNJ (NJ / 2)  /* n8 key tiles of S per warp */
+#define ORT 2         /* row tiles of O per warp */
+#define ONDW (ND / 2) /* n8 tiles of O per warp */
 #else
 #define SRT FA_RT
 #define SNJ NJ
@@ -255,8 +157,8 @@ typedef u16 in_t;
 #define ONDW ND
 #endif
 /* Exchange buffer after the K/V ring (bytes): P in A-fragment order (16 B per lane, row tile
- * and k16 slice: NW * BC * 32; the epilogue's row sums reuse it), per-lane rescale factors or
- * row maxima (NW * 512). Mirrored by fa_tile_smem in planner.c. */
+ * and k16 slice: NW * BC * 32; the epilogue's row sums reuse it), per-lane row maxima (NW *
+ * 512). Mirrored by fa_tile_smem in planner.c. */
 #define SMEM_XP (FA_NW * FA_BC * 32)
 #define SMEM_XR (FA_NW * 512)
 
@@ -265,9 +167,6 @@ typedef u16 in_t;
  * per element over the whole tensor on the host's side. */
 #ifndef FA_QIN
 #define FA_QIN FA_IN
-#endif
-#ifndef FA_QLATE /* 1: Q converted after the first K/V tiles are issued (see the prologue) */
-#define FA_QLATE 0
 #endif
 #if FA_QIN != FA_IN && !(FA_QIN == 3 && FA_IN != 3)
 #error "FA_QIN: FA_IN, or 3 (fp32 Q) with a 16-bit FA_IN"
@@ -326,23 +225,19 @@ __device__ __forceinline__ void ldsm_x4_t(u32 &r0, u32 &r1, u32 &r2, u32 &r3, u3
 	             : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
 	             : "r"(addr));
 }
-#if FA_MMAVOL
-#define MMA_ASM asm volatile
-#else
-#define MMA_ASM asm /* no side effects: only its operands order it */
-#endif
+/* volatile: a plain asm gave the same SASS (PERF-NOTES.md v4) */
 __device__ __forceinline__ void mma16(float *c, const u32 *a, u32 b0, u32 b1)
 {
 #if FA_IN == 1
-	MMA_ASM("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
 #else
-	MMA_ASM("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
 #endif
 	             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
 	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
 	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-/* The 64 threads of warps 2i and 2i+1 (FA_PAIR): named barrier 1 + i. */
+/* The 64 threads of warps 2i and 2i+1 (the pairs): named barrier 1 + i. */
 __device__ __forceinline__ void pair_sync(int warp)
 {
 	asm volatile("bar.sync %0, 64;\n" ::"r"(1 + (warp >> 1)) : "memory");
@@ -385,12 +280,10 @@ __device__ __forceinline__ op32 make_op(float x)
 	 * to nearest (ties away) in one integer add, where cvt.rna.tf32.f32 costs about five
 	 * instructions on sm_90. Non-finite inputs may come out as NaN. */
 	o.big = __float_as_uint(x) + 0x1000u;
-#elif defined(FA_OLDSPLIT)
-	asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(o.big) : "f"(x));
-	asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(o.small) : "f"(x - __uint_as_float(o.big)));
 #else
 	/* 3xtf32: big = x truncated to tf32 (exact), small = x - big (exact in fp32, |small| <
-	 * 2^-10 |x|) rounded to tf32 as above: three instructions instead of about twelve. */
+	 * 2^-10 |x|) rounded to tf32 as above: three instructions instead of about twelve (two
+	 * cvt.rna, PERF-NOTES.md v1). */
 	o.big = __float_as_uint(x) & 0xffffe000u;
 	o.small = __float_as_uint(x - __uint_as_float(o.big)) + 0x1000u;
 #endif
@@ -462,8 +355,633 @@ __device__ __forceinline__ void load_q_f32(in_t *s, const float *g, long long rs
 }
 #endif
 
+/* This thread's lane, derived here rather than passed: the stages see what the kernel knows of
+ * it (below 32), so their address arithmetic folds as it did when it was written inline. */
+__device__ __forceinline__ int lane_id(void)
+{
+	return (int)threadIdx.x & 31;
+}
+
 /* ---------------------------------------------------------------------------------------------
- * The forward kernel */
+ * Stage: loads. The K/V ring and where this thread's copies go. */
+struct kv_ring {
+	in_t *sK, *sV;              /* FA_STAGES buffers each */
+	const in_t *Kg, *Vg;        /* this (batch, kv head): key 0 */
+#if LD_FAST
+	/* This thread's chunk of every K/V tile: row lr0 (+ RSTEP i), column lcc; a padding
+	 * column (lcc >= D) zero-fills from column 0's address. Pointers to tile STAGES-1,
+	 * advanced one tile per step. */
+	int lbytes;
+	u32 sK0, sV0;
+	long long krs, vrs, kts, vts;
+	const char *kgp, *vgp;
+#endif
+};
+
+/* After the prologue (the fast loader's first tile is STAGES-1). The parameters (lengths,
+ * strides) are read where they are used: copies of them in the ring would move the parameter
+ * loads, and with them the code generated. */
+__device__ __forceinline__ void kv_ring_init(kv_ring &r, in_t *sK, in_t *sV, const in_t *Kg,
+                                             const in_t *Vg, const fa_kparams &p, int tid)
+{
+	r.sK = sK;
+	r.sV = sV;
+	r.Kg = Kg;
+	r.Vg = Vg;
+#if LD_FAST
+	const int lr0 = tid / LD_CPR, lcc = (tid % LD_CPR) * CPE;
+	const int lcol = lcc < FA_D ? lcc : 0;
+	r.lbytes = lcc < FA_D ? 16 : 0;
+	r.sK0 = smem_u32(sK + lr0 * LDK + lcc);
+	r.sV0 = smem_u32(sV + lr0 * LDV + lcc);
+	r.krs = (long long)LD_RSTEP * p.ks[1] * ES;
+	r.vrs = (long long)LD_RSTEP * p.vs[1] * ES;
+	r.kts = (long long)FA_BC * p.ks[1] * ES;
+	r.vts = (long long)FA_BC * p.vs[1] * ES;
+	r.kgp = (const char *)(Kg + lr0 * p.ks[1] + lcol) + (FA_STAGES == 1 ? 1 : FA_STAGES - 1) * r.kts;
+	r.vgp = (const char *)(Vg + lr0 * p.vs[1] + lcol) + (FA_STAGES - 1) * r.vts;
+#else
+	(void)p;
+	(void)tid;
+#endif
+}
+
+/* Tile jn of K or V into ring buffer `buf` (the fast loader when the tile is whole: its
+ * pointer, kgp or vgp, must point at tile jn). */
+__device__ __forceinline__ void load_k(const kv_ring &r, const fa_kparams &p, int jn, int buf)
+{
+#if LD_FAST
+	if (p.Sk - jn * FA_BC >= FA_BC)
+		load_tile_fast<FA_BC, LDK>(r.sK0 + buf * (SMEM_K * ES), r.kgp, r.krs, r.lbytes);
+	else
+#endif
+		load_tile<FA_BC, LDK>(r.sK + buf * SMEM_K, r.Kg + (long long)jn * FA_BC * p.ks[1],
+		                      p.ks[1], p.Sk - jn * FA_BC);
+}
+__device__ __forceinline__ void load_v(const kv_ring &r, const fa_kparams &p, int jn, int buf)
+{
+#if LD_FAST
+	if (p.Sk - jn * FA_BC >= FA_BC)
+		load_tile_fast<FA_BC, LDV>(r.sV0 + buf * (SMEM_V * ES), r.vgp, r.vrs, r.lbytes);
+	else
+#endif
+		load_tile<FA_BC, LDV>(r.sV + buf * SMEM_V, r.Vg + (long long)jn * FA_BC * p.vs[1],
+		                      p.vs[1], p.Sk - jn * FA_BC);
+}
+/* The fast loader's pointers to the next tile. */
+__device__ __forceinline__ void next_k(kv_ring &r)
+{
+#if LD_FAST
+	r.kgp += r.kts;
+#else
+	(void)r;
+#endif
+}
+__device__ __forceinline__ void next_v(kv_ring &r)
+{
+#if LD_FAST
+	r.vgp += r.vts;
+#else
+	(void)r;
+#endif
+}
+
+/* Prologue: Q (converted from fp32 here, before the K/V tiles are issued, when QCVT), then
+ * tiles 0 .. STAGES-2 (one commit group each for K and V). */
+__device__ __forceinline__ void load_prologue(const fa_kparams &p, in_t *sQ, in_t *sK, in_t *sV,
+                                              const qin_t *Qg, const in_t *Kg, const in_t *Vg,
+                                              int q0, int ntiles)
+{
+#if QCVT
+	load_q_f32(sQ, Qg, p.qs[1], p.Sq - q0);
+#else
+	load_tile<BR, LDQ>(sQ, Qg, p.qs[1], p.Sq - q0);
+#endif
+	cp_async_commit(); /* QCVT: an empty group, so that every wait below counts the same */
+#pragma unroll
+	for (int s = 0; s < FA_STAGES - 1; s++) {
+		if (s < ntiles)
+			load_tile<FA_BC, LDK>(sK + s * SMEM_K, Kg + (long long)s * FA_BC * p.ks[1],
+			                      p.ks[1], p.Sk - s * FA_BC);
+		cp_async_commit();
+		if (s < ntiles)
+			load_tile<FA_BC, LDV>(sV + s * SMEM_V, Vg + (long long)s * FA_BC * p.vs[1],
+			                      p.vs[1], p.Sk - s * FA_BC);
+		cp_async_commit();
+	}
+	if (FA_STAGES == 1) { /* one buffer each: K_0 now, V_j at the top of step j */
+		if (ntiles > 0)
+			load_tile<FA_BC, LDK>(sK, Kg, p.ks[1], p.Sk);
+		cp_async_commit();
+	}
+}
+
+/* The top of step j: wait for this step's tiles, then issue the next ones. */
+__device__ __forceinline__ void load_kv_step(kv_ring &r, const fa_kparams &p, int j, int ntiles)
+{
+#if FA_STAGES == 1
+	/* FlashAttention-2's single buffers: V_j is loaded while Q K_j^T and the softmax run,
+	 * K_{j+1} while P V_j runs (load_k_mid) */
+	cp_async_wait<0>(); /* Q and K_j have landed (this thread's part) */
+	__syncthreads();    /* ... everyone's; V's buffer is free (P V_{j-1} is done) */
+	load_v(r, p, j, 0);
+	cp_async_commit();
+	next_v(r);
+#else
+	cp_async_wait<2 * FA_STAGES - 3>(); /* Q and K_j have landed (this thread's part) */
+	__syncthreads(); /* ... everyone's; buffer (j-1) is free */
+	{
+		const int jn = j + FA_STAGES - 1, bn = jn % FA_STAGES;
+		if (jn < ntiles)
+			load_k(r, p, jn, bn);
+		cp_async_commit();
+		if (jn < ntiles)
+			load_v(r, p, jn, bn);
+		cp_async_commit();
+		next_k(r);
+		next_v(r);
+	}
+#endif
+}
+
+/* The middle of step j, between the softmax and P V: V_j must have landed. */
+__device__ __forceinline__ void load_kv_mid(kv_ring &r, const fa_kparams &p, int j, int ntiles)
+{
+#if FA_STAGES == 1
+	cp_async_wait<0>(); /* V_j has landed (this thread's part) */
+	__syncthreads();    /* ... everyone's; K's buffer is free (Q K_j^T is done) */
+	if (j + 1 < ntiles)
+		load_k(r, p, j + 1, 0);
+	cp_async_commit();
+	next_k(r);
+#else
+	(void)r;
+	(void)p;
+	(void)j;
+	(void)ntiles;
+	cp_async_wait<2 * FA_STAGES - 2>(); /* V_j has landed */
+	__syncthreads();
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Stage: S = Q K^T for one key step. */
+#if FA_IN != 3
+/* 16-bit: k16 steps; Q's fragments from registers (QREG: qf) or shared memory, K's by ldmatrix
+ * (the pairs: from per-thread byte bases qa0, ka plus constants). */
+/* a: Q's fragments of one k step (without QREG). The arrays of a stage are the caller's, in the
+ * order the kernel always declared them: the order of the locals steers the code generated. */
+template <typename QF> /* QREG: u32[FA_RT][DP / 16][4]; else unused */
+__device__ __forceinline__ void qk_16(float (&s)[SRT][SNJ][4], const QF &qf, u32 (&a)[SRT][4], const in_t *sQ, const in_t *cK, u32 qa0,
+                                      u32 ka, int srow, int kbase)
+{
+	const int lane = lane_id();
+#pragma unroll
+	for (int kk = 0; kk < DP / 16; kk++) {
+#if QREG
+#define QFRAG(r) qf[r][kk]
+		(void)a;
+#else
+#define QFRAG(r) a[r]
+		(void)qf;
+#pragma unroll
+		for (int r = 0; r < SRT; r++)
+#if PAIR
+			ldsm_x4(a[r][0], a[r][1], a[r][2], a[r][3], qa0 + (r * 16 * LDQ + kk * 16) * ES);
+#else
+			ldsm_x4(a[r][0], a[r][1], a[r][2], a[r][3],
+			        smem_u32(sQ + (srow + r * 16 + (lane & 15)) * LDQ + kk * 16 +
+			                 (lane >> 4) * 8));
+#endif
+#endif
+#pragma unroll
+		for (int n = 0; n < SNJ; n += 2) {
+			u32 b0, b1, b2, b3;
+#if PAIR
+			ldsm_x4(b0, b1, b2, b3, ka + (n * 8 * LDK + kk * 16) * ES);
+#else
+			ldsm_x4(b0, b1, b2, b3,
+			        smem_u32(cK + (kbase + n * 8 + (lane >> 4) * 8 + (lane & 7)) * LDK +
+			                 kk * 16 + ((lane >> 3) & 1) * 8));
+#endif
+#pragma unroll
+			for (int r = 0; r < SRT; r++) {
+				mma16(s[r][n], QFRAG(r), b0, b1);
+				mma16(s[r][n + 1], QFRAG(r), b2, b3);
+			}
+		}
+#undef QFRAG
+	}
+}
+#else
+/* fp32: k8 steps (the k permutation of the head comment: 8-byte loads), operands in the
+ * precision's form (make_op). */
+__device__ __forceinline__ void qk_32(float (&s)[SRT][SNJ][4], op32 (&a)[FA_RT][4], const in_t *sQ,
+                                      const in_t *cK, int wrow, int g, int t)
+{
+#pragma unroll 4 /* k steps unrolled together (PERF-NOTES.md v1) */
+	for (int kk = 0; kk < FA_D / 8; kk++) {
+#pragma unroll
+		for (int r = 0; r < FA_RT; r++) {
+			float2 x = *(const float2 *)(sQ + (wrow + r * 16 + g) * LDQ + kk * 8 + 2 * t);
+			float2 y = *(const float2 *)(sQ + (wrow + r * 16 + g + 8) * LDQ + kk * 8 + 2 * t);
+			a[r][0] = make_op(x.x);
+			a[r][2] = make_op(x.y);
+			a[r][1] = make_op(y.x);
+			a[r][3] = make_op(y.y);
+		}
+#pragma unroll
+		for (int n = 0; n < NJ; n++) {
+			float2 x = *(const float2 *)(cK + (n * 8 + g) * LDK + kk * 8 + 2 * t);
+			op32 b0 = make_op(x.x), b1 = make_op(x.y);
+#pragma unroll
+			for (int r = 0; r < FA_RT; r++)
+				mma32(s[r][n], a[r], b0, b1);
+		}
+	}
+}
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Stage: the tails and the causal edge masked on the raw scores (only in the steps that need
+ * it). */
+__device__ __forceinline__ void mask_scores(float (&s)[SRT][SNJ][4], const fa_kparams &p, int kv0,
+                                            int q0, int off, int srow, int kbase, int g, int t)
+{
+	const bool need_mask = kv0 + FA_BC > p.Sk || (FA_MASK && kv0 + FA_BC - 1 > q0 + off);
+	if (need_mask) {
+#pragma unroll
+		for (int r = 0; r < SRT; r++)
+#pragma unroll
+			for (int n = 0; n < SNJ; n++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					int row = q0 + srow + r * 16 + g + (e >> 1) * 8;
+					int col = kv0 + kbase + n * 8 + 2 * t + (e & 1);
+					bool vis = col < p.Sk && (!FA_MASK || col <= row + off);
+					if (!vis)
+						s[r][n][e] = NEG_INF;
+				}
+	}
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Stage: the online softmax on raw scores (sl > 0: a negative scale negated Q): new row max,
+ * P = exp2(s sl - m sl) with one FFMA per score, the running sum and O rescaled. With
+ * SKIP_RESCALE O is rescaled only when some row max of the warp grew (alpha is exactly 1
+ * otherwise: m sl - m sl with the product rounded once, not contracted into an FFMA). The
+ * pairs: each warp saw half the keys, so the maxima of both halves are exchanged first (mxp). */
+#if PAIR
+__device__ __forceinline__ void pair_row_max(const float (&s)[SRT][SNJ][4], float (&mxp)[SRT][2],
+                                             float4 *xr, int warp, int lane)
+{
+#pragma unroll
+	for (int r = 0; r < SRT; r++)
+#pragma unroll
+		for (int hh = 0; hh < 2; hh++) {
+			float mx = NEG_INF;
+#pragma unroll
+			for (int n = 0; n < SNJ; n++)
+				mx = fmaxf(mx, fmaxf(s[r][n][2 * hh], s[r][n][2 * hh + 1]));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+			mxp[r][hh] = mx;
+		}
+	xr[warp * 32 + lane] = make_float4(mxp[0][0], mxp[0][1], mxp[1][0], mxp[1][1]);
+	pair_sync(warp);
+	{
+		const float4 o = xr[(warp ^ 1) * 32 + lane];
+		mxp[0][0] = fmaxf(mxp[0][0], o.x);
+		mxp[0][1] = fmaxf(mxp[0][1], o.y);
+		mxp[1][0] = fmaxf(mxp[1][0], o.z);
+		mxp[1][1] = fmaxf(mxp[1][1], o.w);
+	}
+}
+#endif
+
+__device__ __forceinline__ void online_softmax(float (&s)[SRT][SNJ][4], float (&mrow)[SRT][2],
+                                               float (&lrow)[SRT][2],
+                                               float (&acc)[ORT][ONDW][4],
+                                               const float (&mxp)[SRT][2], float (&alpha)[SRT][2],
+                                               float sl)
+{
+	bool grew = false;
+	(void)grew;
+	(void)mxp;
+#pragma unroll
+	for (int r = 0; r < SRT; r++) {
+#pragma unroll
+		for (int hh = 0; hh < 2; hh++) {
+#if PAIR
+			float mx = fmaxf(mrow[r][hh], mxp[r][hh]);
+#else
+			float mx = mrow[r][hh];
+#pragma unroll
+			for (int n = 0; n < SNJ; n++)
+				mx = fmaxf(mx, fmaxf(s[r][n][2 * hh], s[r][n][2 * hh + 1]));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+#endif
+			const float mo = mrow[r][hh];
+			grew |= mx != mo;
+			const float ms = mx == NEG_INF ? 0.f : __fmul_rn(mx, sl);
+			alpha[r][hh] = fast_exp2(__fmul_rn(mo, sl) - ms);
+			mrow[r][hh] = mx;
+			float sum = 0.f;
+#pragma unroll
+			for (int n = 0; n < SNJ; n++) {
+				s[r][n][2 * hh] = fast_exp2(fmaf(s[r][n][2 * hh], sl, -ms));
+				s[r][n][2 * hh + 1] = fast_exp2(fmaf(s[r][n][2 * hh + 1], sl, -ms));
+				sum += s[r][n][2 * hh] + s[r][n][2 * hh + 1];
+			}
+			lrow[r][hh] = lrow[r][hh] * alpha[r][hh] + sum;
+#if !SKIP_RESCALE
+#pragma unroll
+			for (int n = 0; n < ONDW; n++) {
+				acc[r][n][2 * hh] *= alpha[r][hh];
+				acc[r][n][2 * hh + 1] *= alpha[r][hh];
+			}
+#endif
+		}
+	}
+#if SKIP_RESCALE
+	if (__any_sync(0xffffffffu, grew)) {
+#pragma unroll
+		for (int r = 0; r < SRT; r++)
+#pragma unroll
+			for (int n = 0; n < ONDW; n++) {
+				acc[r][n][0] *= alpha[r][0];
+				acc[r][n][1] *= alpha[r][0];
+				acc[r][n][2] *= alpha[r][1];
+				acc[r][n][3] *= alpha[r][1];
+			}
+	}
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Stage: O += P V for one key step. */
+#if PAIR
+/* This warp's P, packed, to the partner (A-fragment order: one 16-byte store per lane and k16
+ * slice). The mid-step barrier publishes it; the barrier at the top of the next step frees the
+ * buffer. */
+__device__ __forceinline__ void pair_send_p(const float (&s)[SRT][SNJ][4],
+                                            u32 (&pw)[SRT][SNJ / 2][4], uint4 *xp_own)
+{
+#pragma unroll
+	for (int r = 0; r < SRT; r++)
+#pragma unroll
+		for (int kk = 0; kk < SNJ / 2; kk++) {
+			pw[r][kk][0] = pack_in(s[r][2 * kk][0], s[r][2 * kk][1]);
+			pw[r][kk][1] = pack_in(s[r][2 * kk][2], s[r][2 * kk][3]);
+			pw[r][kk][2] = pack_in(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
+			pw[r][kk][3] = pack_in(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
+			xp_own[(r * (SNJ / 2) + kk) * 32] =
+			    make_uint4(pw[r][kk][0], pw[r][kk][1], pw[r][kk][2], pw[r][kk][3]);
+		}
+}
+
+/* The pair's two row tiles and this warp's half of the head dim, each V fragment feeding both:
+ * this warp's half of the keys from registers, then the partner's half from shared memory. */
+__device__ __forceinline__ void pv_pair(float (&acc)[ORT][ONDW][4], const u32 (&pw)[SRT][SNJ / 2][4],
+                                        u32 (&a)[ORT][4], const uint4 *xp_par, u32 va, int kbase)
+{
+#pragma unroll
+	for (int half = 0; half < 2; half++)
+#pragma unroll
+		for (int kk = 0; kk < FA_BC / 32; kk++) {
+#pragma unroll
+			for (int r = 0; r < ORT; r++) {
+				if (half == 0) {
+					a[r][0] = pw[r % SRT][kk % (SNJ / 2)][0];
+					a[r][1] = pw[r % SRT][kk % (SNJ / 2)][1];
+					a[r][2] = pw[r % SRT][kk % (SNJ / 2)][2];
+					a[r][3] = pw[r % SRT][kk % (SNJ / 2)][3];
+				} else {
+					const uint4 x = xp_par[(r * (SNJ / 2) + kk) * 32];
+					a[r][0] = x.x;
+					a[r][1] = x.y;
+					a[r][2] = x.z;
+					a[r][3] = x.w;
+				}
+			}
+			const int vrow = (half == 0 ? kbase : kbase ^ (FA_BC / 2)) + kk * 16;
+#pragma unroll
+			for (int n = 0; n < ONDW; n += 2) {
+				u32 b0, b1, b2, b3;
+				ldsm_x4_t(b0, b1, b2, b3, va + (vrow * LDV + n * 8) * ES);
+#pragma unroll
+				for (int r = 0; r < ORT; r++) {
+					mma16(acc[r][n], a[r], b0, b1);
+					mma16(acc[r][n + 1], a[r], b2, b3);
+				}
+			}
+		}
+}
+#elif FA_IN != 3
+/* 16-bit: P packed from the accumulators as the m16n8k16 A fragment, V by ldmatrix.trans. */
+__device__ __forceinline__ void pv_16(float (&acc)[ORT][ONDW][4], const float (&s)[SRT][SNJ][4],
+                                      u32 (&a)[FA_RT][4], const in_t *cV)
+{
+	const int lane = lane_id();
+#pragma unroll
+	for (int kk = 0; kk < FA_BC / 16; kk++) {
+#pragma unroll
+		for (int r = 0; r < FA_RT; r++) {
+			a[r][0] = pack_in(s[r][2 * kk][0], s[r][2 * kk][1]);
+			a[r][1] = pack_in(s[r][2 * kk][2], s[r][2 * kk][3]);
+			a[r][2] = pack_in(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
+			a[r][3] = pack_in(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
+		}
+#pragma unroll
+		for (int n = 0; n < ND; n += 2) {
+			u32 b0, b1, b2, b3;
+			ldsm_x4_t(b0, b1, b2, b3,
+			          smem_u32(cV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDV +
+			                   n * 8 + (lane >> 4) * 8));
+#pragma unroll
+			for (int r = 0; r < FA_RT; r++) {
+				mma16(acc[r][n], a[r], b0, b1);
+				mma16(acc[r][n + 1], a[r], b2, b3);
+			}
+		}
+	}
+}
+#elif FA_PREC != 2
+/* ieee, and tf32 (whose 2e-3 tolerance does not notice the tensor cores' truncating
+ * accumulation): P V chained straight into O. */
+__device__ __forceinline__ void pv_32(float (&acc)[ORT][ONDW][4], const float (&s)[SRT][SNJ][4],
+                                      op32 (&a)[FA_RT][4], const in_t *cV, int g, int t)
+{
+#pragma unroll
+	for (int kk = 0; kk < NJ; kk++) {
+#pragma unroll
+		for (int r = 0; r < FA_RT; r++) {
+			a[r][0] = make_op(s[r][kk][0]);
+			a[r][1] = make_op(s[r][kk][2]);
+			a[r][2] = make_op(s[r][kk][1]);
+			a[r][3] = make_op(s[r][kk][3]);
+		}
+#pragma unroll
+		for (int n = 0; n < ND; n++) {
+			op32 b0 = make_op(cV[(kk * 8 + 2 * t) * LDV + n * 8 + g]);
+			op32 b1 = make_op(cV[(kk * 8 + 2 * t + 1) * LDV + n * 8 + g]);
+#pragma unroll
+			for (int r = 0; r < FA_RT; r++)
+				mma32(acc[r][n], a[r], b0, b1);
+		}
+	}
+}
+#else
+/* 3xtf32: tensor cores add fp32 partial sums with truncation: chained over thousands of keys
+ * that bias reaches 3e-5 relative (seen at Sk = 4097). So each step's P V is summed on the
+ * tensor cores from zero (BC/8 chained mma) and added to O with an IEEE add. */
+__device__ __forceinline__ void pv_32(float (&acc)[ORT][ONDW][4], const float (&s)[SRT][SNJ][4],
+                                      op32 (&a)[FA_RT][NJ][4], float (&part)[FA_RT][4],
+                                      const in_t *cV, int g, int t)
+{
+#pragma unroll
+	for (int r = 0; r < FA_RT; r++)
+#pragma unroll
+		for (int kk = 0; kk < NJ; kk++) {
+			a[r][kk][0] = make_op(s[r][kk][0]);
+			a[r][kk][1] = make_op(s[r][kk][2]);
+			a[r][kk][2] = make_op(s[r][kk][1]);
+			a[r][kk][3] = make_op(s[r][kk][3]);
+		}
+#pragma unroll
+	for (int n = 0; n < ND; n++) {
+#pragma unroll
+		for (int r = 0; r < FA_RT; r++)
+			part[r][0] = part[r][1] = part[r][2] = part[r][3] = 0.f;
+#pragma unroll
+		for (int kk = 0; kk < NJ; kk++) {
+			op32 b0 = make_op(cV[(kk * 8 + 2 * t) * LDV + n * 8 + g]);
+			op32 b1 = make_op(cV[(kk * 8 + 2 * t + 1) * LDV + n * 8 + g]);
+#pragma unroll
+			for (int r = 0; r < FA_RT; r++)
+				mma32(part[r], a[r][kk], b0, b1);
+		}
+#pragma unroll
+		for (int r = 0; r < FA_RT; r++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				acc[r][n][e] += part[r][e];
+	}
+}
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Stage: the epilogue. O /= l, logsumexp = (m + log2 l) ln 2. */
+/* Two adjacent elements of O's row ob (element offset) at column col. p.o is read in the store
+ * itself, after the conversion (C++17 sequences an assignment's right side first), where the
+ * kernel always read it. */
+__device__ __forceinline__ void store_o2(const fa_kparams &p, long long ob, int col, float x0,
+                                         float x1)
+{
+#if FA_OUT == 3
+	*(float2 *)((float *)p.o + ob + col) = make_float2(x0, x1);
+#elif FA_OUT == 2
+	*(u32 *)((u16 *)p.o + ob + col) = pack_bf16(x0, x1);
+#else
+	*(u32 *)((u16 *)p.o + ob + col) = pack_f16(x0, x1);
+#endif
+}
+
+#if PAIR
+/* The row sums quad-reduced, the partner's partial sums (its half of the keys) added; O /= l on
+ * this warp's half of the head dim for both row tiles, lse by the warp that owns the row. */
+__device__ __forceinline__ void epilogue_pair(const fa_kparams &p, const float (&acc)[ORT][ONDW][4],
+                                              const float (&mrow)[SRT][2],
+                                              const float (&lrow)[SRT][2], float (&lq)[SRT][2],
+                                              float (&lt)[ORT][2], float (&mt)[ORT][2], float4 *xl,
+                                              float sl, int q0, int srow, int ocol, int ph,
+                                              int warp, int lane, int g, int t, int b, int h)
+{
+#pragma unroll
+	for (int r = 0; r < SRT; r++)
+#pragma unroll
+		for (int hh = 0; hh < 2; hh++) {
+			float l = lrow[r][hh];
+			l += __shfl_xor_sync(0xffffffffu, l, 1);
+			l += __shfl_xor_sync(0xffffffffu, l, 2);
+			lq[r][hh] = l;
+		}
+	__syncthreads(); /* the partner has read the last step's P */
+	xl[warp * 32 + lane] = make_float4(lq[0][0], lq[0][1], lq[SRT - 1][0], lq[SRT - 1][1]);
+	__syncthreads();
+	const float4 o = xl[(warp ^ 1) * 32 + lane];
+	lt[0][0] = lq[0][0] + o.x;
+	lt[0][1] = lq[0][1] + o.y;
+	lt[1][0] = lq[SRT - 1][0] + o.z;
+	lt[1][1] = lq[SRT - 1][1] + o.w;
+#pragma unroll
+	for (int r = 0; r < ORT; r++) {
+		mt[r][0] = mrow[r % SRT][0];
+		mt[r][1] = mrow[r % SRT][1];
+	}
+#pragma unroll
+	for (int r = 0; r < ORT; r++) {
+#pragma unroll
+		for (int hh = 0; hh < 2; hh++) {
+			const float l = lt[r][hh];
+			const float inv = l > 0.f ? 1.f / l : 0.f;
+			const int rbase = srow + r * 16;
+			const int row = q0 + rbase + g + hh * 8;
+			if (row >= p.Sq)
+				continue;
+			const bool own = r == ph;
+			if (p.lse && t == 0 && own)
+				p.lse[b * p.ls[0] + h * p.ls[1] + row * p.ls[2]] =
+				    l > 0.f ? (mt[r][hh] * sl + fast_log2(l)) * 0.69314718055994531f : NEG_INF;
+			const long long ob = b * p.os[0] + h * p.os[2] + (long long)row * p.os[1];
+#pragma unroll
+			for (int n = 0; n < ONDW; n++) {
+				const int col = ocol + n * 8 + 2 * t;
+				if (col >= FA_D)
+					continue;
+				const float x0 = acc[r][n][2 * hh] * inv, x1 = acc[r][n][2 * hh + 1] * inv;
+				store_o2(p, ob, col, x0, x1);
+			}
+		}
+	}
+}
+#else
+__device__ __forceinline__ void epilogue(const fa_kparams &p, const float (&acc)[ORT][ONDW][4],
+                                         const float (&mrow)[SRT][2], const float (&lrow)[SRT][2],
+                                         float sl, int q0, int wrow, int g, int t, int b, int h)
+{
+#pragma unroll
+	for (int r = 0; r < FA_RT; r++) {
+#pragma unroll
+		for (int hh = 0; hh < 2; hh++) {
+			float l = lrow[r][hh];
+			l += __shfl_xor_sync(0xffffffffu, l, 1);
+			l += __shfl_xor_sync(0xffffffffu, l, 2);
+			const float inv = l > 0.f ? 1.f / l : 0.f;
+			const int row = q0 + wrow + r * 16 + g + hh * 8;
+			if (row >= p.Sq)
+				continue;
+			if (p.lse && t == 0)
+				p.lse[b * p.ls[0] + h * p.ls[1] + row * p.ls[2]] =
+				    l > 0.f ? (mrow[r][hh] * sl + fast_log2(l)) * 0.69314718055994531f : NEG_INF;
+			const long long ob = b * p.os[0] + h * p.os[2] + (long long)row * p.os[1];
+#pragma unroll
+			for (int n = 0; n < ND; n++) {
+				const int col = n * 8 + 2 * t;
+				if (col >= FA_D)
+					continue;
+				const float x0 = acc[r][n][2 * hh] * inv, x1 = acc[r][n][2 * hh + 1] * inv;
+				store_o2(p, ob, col, x0, x1);
+			}
+		}
+	}
+}
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * The forward kernel: the prologue, then per key step load -> Q K^T -> mask -> softmax -> P V,
+ * then the epilogue. */
 extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams p)
 {
 	extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -488,51 +1006,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 		ntiles = lim < 0 ? 0 : min(ntiles, lim / FA_BC + 1);
 	}
 
-	/* Prologue: Q, then tiles 0 .. STAGES-2 (one commit group each for K and V). */
-#if QCVT
-	/* Here, before the K/V tiles are issued (FA_QLATE 1: after them, while they fly, as
-	 * measured on the H200; ptxas then spends 10-15 more instructions per key step of the
-	 * main loop, SASS sm_90, PERF-NOTES.md "v6: bf16 staging"; here the loop is v5's,
-	 * instruction for instruction, at d128 and d256) */
-	if (!FA_QLATE)
-		load_q_f32(sQ, Qg, p.qs[1], p.Sq - q0);
-#else
-	load_tile<BR, LDQ>(sQ, Qg, p.qs[1], p.Sq - q0);
-#endif
-	cp_async_commit(); /* QCVT: an empty group, so that every wait below counts the same */
-#pragma unroll
-	for (int s = 0; s < FA_STAGES - 1; s++) {
-		if (s < ntiles)
-			load_tile<FA_BC, LDK>(sK + s * SMEM_K, Kg + (long long)s * FA_BC * p.ks[1], p.ks[1],
-			                      p.Sk - s * FA_BC);
-		cp_async_commit();
-		if (s < ntiles)
-			load_tile<FA_BC, LDV>(sV + s * SMEM_V, Vg + (long long)s * FA_BC * p.vs[1], p.vs[1],
-			                      p.Sk - s * FA_BC);
-		cp_async_commit();
-	}
-	if (FA_STAGES == 1) { /* one buffer each: K_0 now, V_j at the top of step j */
-		if (ntiles > 0)
-			load_tile<FA_BC, LDK>(sK, Kg, p.ks[1], p.Sk);
-		cp_async_commit();
-	}
-#if QCVT
-	if (FA_QLATE)
-		load_q_f32(sQ, Qg, p.qs[1], p.Sq - q0);
-#endif
+	load_prologue(p, sQ, sK, sV, Qg, Kg, Vg, q0, ntiles);
 
 	/* A negative scale: negate Q in shared memory (exact), so that the row max of the raw
-	 * scores is the max of the scaled ones. The barrier at the top of the first step
-	 * publishes the flipped words. */
-#if FA_FOLD
+	 * scores is the max of the scaled ones (QREG: in its registers, below). The barrier at the
+	 * top of the first step publishes the flipped words. */
 	const float sl = p.scale_log2;
-#else
-	const float sl_in = p.scale_log2, sl = 1.f;
-#endif
-#if RTHR > 0
-	const float rthr = (float)RTHR / sl; /* the threshold in raw-score units (sl > 0) */
-#endif
-	if (FA_NEGQ && !QREG && p.neg_scale) {
+	if (!QREG && p.neg_scale) {
 		cp_async_wait<2 * (FA_STAGES - 1)>(); /* Q has landed (this thread's part) */
 		__syncthreads();                      /* ... everyone's */
 		u32 *w = (u32 *)sQ;
@@ -556,12 +1036,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	const int wrow = warp * 16 * FA_RT; /* first row of this warp inside the block */
 #if PAIR
 	/* The pair: warps 2i and 2i+1 own rows 32i .. 32i+31; this warp is half ph of it. S rows
-	 * from srow (PAIR 1: its own tile; PAIR 2: both tiles), S keys from kbase (PAIR 2: its half
-	 * of the step's keys), O columns from ocol (its half of the head dim). acc[0] is row tile 0
-	 * of S (PAIR 1: this warp's rows, acc[1] the partner's; PAIR 2: the pair's tiles 0 and 1). */
+	 * from srow (both tiles), S keys from kbase (its half of the step's keys), O columns from
+	 * ocol (its half of the head dim). acc[0] and acc[1] are the pair's row tiles 0 and 1. */
 	const int ph = warp & 1;
-	const int srow = PAIR == 2 ? wrow - ph * 16 : wrow;
-	const int kbase = PAIR == 2 ? ph * (FA_BC / 2) : 0;
+	const int srow = wrow - ph * 16;
+	const int kbase = ph * (FA_BC / 2);
 	const int ocol = ph * (DP / 2);
 	uint4 *const xp = (uint4 *)(smem_raw + (SMEM_Q + FA_STAGES * (SMEM_K + SMEM_V)) * ES);
 	float4 *const xr = (float4 *)((unsigned char *)xp + SMEM_XP);
@@ -569,7 +1048,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	uint4 *const xp_own = xp + warp * (SRT * SNJ / 2) * 32 + lane;
 	const uint4 *const xp_par = xp + (warp ^ 1) * (SRT * SNJ / 2) * 32 + lane;
 	{
-		/* the launch must have reserved the exchange buffer (planner.c mirrors FA_PAIR) */
+		/* the launch must have reserved the exchange buffer (planner.c mirrors PAIR) */
 		u32 dyn;
 		asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
 		if (dyn < (SMEM_Q + FA_STAGES * (SMEM_K + SMEM_V)) * ES + SMEM_XP + SMEM_XR)
@@ -577,12 +1056,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	}
 #else
 	const int srow = wrow, kbase = 0, ocol = 0;
+	(void)ocol;
 #endif
 
 #if QREG
+	u32 qf[FA_RT][DP / 16][4];
 	/* Q's A fragments for the whole row block of this warp, loaded once (a negative scale
 	 * flips their sign bits here instead of in shared memory). */
-	u32 qf[FA_RT][DP / 16][4];
 	cp_async_wait<2 * (FA_STAGES - 1)>(); /* Q has landed (this thread's part) */
 	__syncthreads();                      /* ... everyone's */
 #pragma unroll
@@ -591,98 +1071,34 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 		for (int kk = 0; kk < DP / 16; kk++) {
 			ldsm_x4(qf[r][kk][0], qf[r][kk][1], qf[r][kk][2], qf[r][kk][3],
 			        smem_u32(sQ + (wrow + r * 16 + (lane & 15)) * LDQ + kk * 16 + (lane >> 4) * 8));
-			if (FA_NEGQ && p.neg_scale)
+			if (p.neg_scale)
 #pragma unroll
 				for (int e = 0; e < 4; e++)
 					qf[r][kk][e] ^= 0x80008000u;
 		}
 #endif
-#if SADDR
+#if PAIR
 	/* ldmatrix row addresses of this lane (bytes); each use adds a constant */
 	const u32 qa0 = smem_u32(sQ + (srow + (lane & 15)) * LDQ + (lane >> 4) * 8);
 	const u32 ka0 = smem_u32(sK + (kbase + (lane >> 4) * 8 + (lane & 7)) * LDK + ((lane >> 3) & 1) * 8);
 	const u32 va0 = smem_u32(sV + (((lane >> 3) & 1) * 8 + (lane & 7)) * LDV + ocol + (lane >> 4) * 8);
-#endif
-#if LD_FAST
-	/* This thread's chunk of every K/V tile: row lr0 (+ RSTEP i), column lcc; a padding column
-	 * (lcc >= D) zero-fills from column 0's address. Pointers to tile STAGES-1, advanced one
-	 * tile per step. */
-	const int lr0 = tid / LD_CPR, lcc = (tid % LD_CPR) * CPE;
-	const int lbytes = lcc < FA_D ? 16 : 0, lcol = lcc < FA_D ? lcc : 0;
-	const u32 sK0 = smem_u32(sK + lr0 * LDK + lcc), sV0 = smem_u32(sV + lr0 * LDV + lcc);
-	const long long krs = (long long)LD_RSTEP * p.ks[1] * ES, vrs = (long long)LD_RSTEP * p.vs[1] * ES;
-	const long long kts = (long long)FA_BC * p.ks[1] * ES, vts = (long long)FA_BC * p.vs[1] * ES;
-	const char *kgp = (const char *)(Kg + lr0 * p.ks[1] + lcol) + (FA_STAGES == 1 ? 1 : FA_STAGES - 1) * kts;
-	const char *vgp = (const char *)(Vg + lr0 * p.vs[1] + lcol) + (FA_STAGES - 1) * vts;
-#endif
-
-	/* Tile jn of K or V into ring buffer `buf` (the fast loader when the tile is whole: its
-	 * pointer, kgp or vgp, must point at tile jn) */
-#if LD_FAST
-#define LOAD_K(jn, buf)                                                                           \
-	do {                                                                                      \
-		if (p.Sk - (jn) * FA_BC >= FA_BC)                                                 \
-			load_tile_fast<FA_BC, LDK>(sK0 + (buf) * (SMEM_K * ES), kgp, krs, lbytes); \
-		else                                                                              \
-			load_tile<FA_BC, LDK>(sK + (buf) * SMEM_K,                                \
-			                      Kg + (long long)(jn) * FA_BC * p.ks[1], p.ks[1],    \
-			                      p.Sk - (jn) * FA_BC);                               \
-	} while (0)
-#define LOAD_V(jn, buf)                                                                           \
-	do {                                                                                      \
-		if (p.Sk - (jn) * FA_BC >= FA_BC)                                                 \
-			load_tile_fast<FA_BC, LDV>(sV0 + (buf) * (SMEM_V * ES), vgp, vrs, lbytes); \
-		else                                                                              \
-			load_tile<FA_BC, LDV>(sV + (buf) * SMEM_V,                                \
-			                      Vg + (long long)(jn) * FA_BC * p.vs[1], p.vs[1],    \
-			                      p.Sk - (jn) * FA_BC);                               \
-	} while (0)
-#define LOAD_NEXT(ptr, ts) ((ptr) += (ts))
 #else
-#define LOAD_K(jn, buf)                                                                           \
-	load_tile<FA_BC, LDK>(sK + (buf) * SMEM_K, Kg + (long long)(jn) * FA_BC * p.ks[1], p.ks[1], \
-	                      p.Sk - (jn) * FA_BC)
-#define LOAD_V(jn, buf)                                                                           \
-	load_tile<FA_BC, LDV>(sV + (buf) * SMEM_V, Vg + (long long)(jn) * FA_BC * p.vs[1], p.vs[1], \
-	                      p.Sk - (jn) * FA_BC)
-#define LOAD_NEXT(ptr, ts) ((void)0)
+	const u32 qa0 = 0;
 #endif
+	kv_ring ring;
+	kv_ring_init(ring, sK, sV, Kg, Vg, p, tid);
 
 	for (int j = 0; j < ntiles; j++) {
-#if FA_STAGES == 1
-		/* FlashAttention-2's single buffers: V_j is loaded while Q K_j^T and the softmax
-		 * run, K_{j+1} while P V_j runs */
-		cp_async_wait<0>(); /* Q and K_j have landed (this thread's part) */
-		__syncthreads();    /* ... everyone's; V's buffer is free (P V_{j-1} is done) */
-		LOAD_V(j, 0);
-		cp_async_commit();
-		LOAD_NEXT(vgp, vts);
-#else
-#if ONEBAR
-		cp_async_wait<2 * FA_STAGES - 4>(); /* Q, K_j and V_j have landed (this thread's part) */
-#else
-		cp_async_wait<2 * FA_STAGES - 3>(); /* Q and K_j have landed (this thread's part) */
-#endif
-		__syncthreads(); /* ... everyone's; buffer (j-1) is free */
-		{
-			const int jn = j + FA_STAGES - 1, bn = jn % FA_STAGES;
-			if (jn < ntiles)
-				LOAD_K(jn, bn);
-			cp_async_commit();
-			if (jn < ntiles)
-				LOAD_V(jn, bn);
-			cp_async_commit();
-			LOAD_NEXT(kgp, kts);
-			LOAD_NEXT(vgp, vts);
-		}
-#endif
+		load_kv_step(ring, p, j, ntiles);
 		const in_t *cK = sK + (j % FA_STAGES) * SMEM_K;
 		const in_t *cV = sV + (j % FA_STAGES) * SMEM_V;
-#if SADDR
+#if PAIR
 		const u32 ka = ka0 + (j % FA_STAGES) * (SMEM_K * ES);
 		const u32 va = va0 + (j % FA_STAGES) * (SMEM_V * ES);
 		(void)cK;
 		(void)cV;
+#else
+		const u32 ka = 0;
 #endif
 
 		/* S = Q K^T */
@@ -693,543 +1109,64 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 			for (int n = 0; n < SNJ; n++)
 				s[r][n][0] = s[r][n][1] = s[r][n][2] = s[r][n][3] = 0.f;
 #if FA_IN != 3
-#pragma unroll
-		for (int kk = 0; kk < DP / 16; kk++) {
+		u32 qa[SRT][4];
 #if QREG
-#define QFRAG(r) qf[r][kk]
+		qk_16(s, qf, qa, sQ, cK, qa0, ka, srow, kbase);
 #else
-			u32 a[SRT][4];
-#define QFRAG(r) a[r]
-#pragma unroll
-			for (int r = 0; r < SRT; r++)
-#if SADDR
-				ldsm_x4(a[r][0], a[r][1], a[r][2], a[r][3],
-				        qa0 + (r * 16 * LDQ + kk * 16) * ES);
+		qk_16(s, 0, qa, sQ, cK, qa0, ka, srow, kbase);
+#endif
 #else
-				ldsm_x4(a[r][0], a[r][1], a[r][2], a[r][3],
-				        smem_u32(sQ + (srow + r * 16 + (lane & 15)) * LDQ + kk * 16 +
-				                 (lane >> 4) * 8));
+		(void)qa0;
+		(void)ka;
+		op32 qa[FA_RT][4];
+		qk_32(s, qa, sQ, cK, wrow, g, t);
 #endif
-#endif
-#pragma unroll
-			for (int n = 0; n < SNJ; n += 2) {
-				u32 b0, b1, b2, b3;
-#if SADDR
-				ldsm_x4(b0, b1, b2, b3, ka + (n * 8 * LDK + kk * 16) * ES);
-#else
-				ldsm_x4(b0, b1, b2, b3,
-				        smem_u32(cK + (kbase + n * 8 + (lane >> 4) * 8 + (lane & 7)) * LDK +
-				                 kk * 16 + ((lane >> 3) & 1) * 8));
-#endif
-#pragma unroll
-				for (int r = 0; r < SRT; r++) {
-					mma16(s[r][n], QFRAG(r), b0, b1);
-					mma16(s[r][n + 1], QFRAG(r), b2, b3);
-				}
-			}
-#undef QFRAG
-		}
-#else
-#pragma unroll FA_KUNROLL
-		for (int kk = 0; kk < FA_D / 8; kk++) {
-			op32 a[FA_RT][4];
-#pragma unroll
-			for (int r = 0; r < FA_RT; r++) {
-				float2 x = *(const float2 *)(sQ + (wrow + r * 16 + g) * LDQ + kk * 8 + 2 * t);
-				float2 y = *(const float2 *)(sQ + (wrow + r * 16 + g + 8) * LDQ + kk * 8 + 2 * t);
-				a[r][0] = make_op(x.x);
-				a[r][2] = make_op(x.y);
-				a[r][1] = make_op(y.x);
-				a[r][3] = make_op(y.y);
-			}
-#pragma unroll
-			for (int n = 0; n < NJ; n++) {
-				float2 x = *(const float2 *)(cK + (n * 8 + g) * LDK + kk * 8 + 2 * t);
-				op32 b0 = make_op(x.x), b1 = make_op(x.y);
-#pragma unroll
-				for (int r = 0; r < FA_RT; r++)
-					mma32(s[r][n], a[r], b0, b1);
-			}
-		}
-#endif
+		mask_scores(s, p, j * FA_BC, q0, off, srow, kbase, g, t);
 
-#if !FA_FOLD
-#pragma unroll
-		for (int r = 0; r < SRT; r++)
-#pragma unroll
-			for (int n = 0; n < SNJ; n++)
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					s[r][n][e] *= sl_in;
-#endif
-		/* Mask tails and the causal edge on the raw scores (only where needed). */
-		const int kv0 = j * FA_BC;
-		const bool need_mask = kv0 + FA_BC > p.Sk || (FA_MASK && kv0 + FA_BC - 1 > q0 + off);
-		if (need_mask) {
-#pragma unroll
-			for (int r = 0; r < SRT; r++)
-#pragma unroll
-				for (int n = 0; n < SNJ; n++)
-#pragma unroll
-					for (int e = 0; e < 4; e++) {
-						int row = q0 + srow + r * 16 + g + (e >> 1) * 8;
-						int col = kv0 + kbase + n * 8 + 2 * t + (e & 1);
-						bool vis = col < p.Sk && (!FA_MASK || col <= row + off);
-						if (!vis)
-							s[r][n][e] = NEG_INF;
-					}
-		}
-
-#if PAIR == 2
-		/* Each warp of the pair saw half the keys: the maxima of its half, then of both. */
 		float mxp[SRT][2];
-#pragma unroll
-		for (int r = 0; r < SRT; r++)
-#pragma unroll
-			for (int hh = 0; hh < 2; hh++) {
-				float mx = NEG_INF;
-#pragma unroll
-				for (int n = 0; n < SNJ; n++)
-					mx = fmaxf(mx, fmaxf(s[r][n][2 * hh], s[r][n][2 * hh + 1]));
-				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-				mxp[r][hh] = mx;
-			}
-		xr[warp * 32 + lane] = make_float4(mxp[0][0], mxp[0][1], mxp[1][0], mxp[1][1]);
-		pair_sync(warp);
-		{
-			const float4 o = xr[(warp ^ 1) * 32 + lane];
-			mxp[0][0] = fmaxf(mxp[0][0], o.x);
-			mxp[0][1] = fmaxf(mxp[0][1], o.y);
-			mxp[1][0] = fmaxf(mxp[1][0], o.z);
-			mxp[1][1] = fmaxf(mxp[1][1], o.w);
-		}
-#endif
-		/* Online softmax on raw scores (sl > 0: a negative scale negated Q): new row max,
-		 * P = exp2(s sl - m sl) with one FFMA per score, the running sum rescaled. O is
-		 * rescaled only when some row max of the warp grew (alpha is exactly 1 otherwise:
-		 * m sl - m sl with the product rounded once, not contracted into an FFMA). */
-#if EARLYRS
-		/* The same, ordered max -> O's rescale -> exponentials: the exponentials and P V then
-		 * share one basic block even when the rescale is a (rarely taken) branch, so the
-		 * scheduler can overlap this warp's MUFU work with its first P V products. */
-		float alpha[SRT][2], msc[SRT][2];
-		bool grew = false;
-		(void)grew;
-#pragma unroll
-		for (int r = 0; r < SRT; r++) {
-#pragma unroll
-			for (int hh = 0; hh < 2; hh++) {
-#if PAIR == 2
-				float mx = fmaxf(mrow[r][hh], mxp[r][hh]);
-#else
-				float mx = mrow[r][hh];
-#pragma unroll
-				for (int n = 0; n < SNJ; n++)
-					mx = fmaxf(mx, fmaxf(s[r][n][2 * hh], s[r][n][2 * hh + 1]));
-				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-#endif
-				const float mo = mrow[r][hh];
-#if RTHR > 0
-				if (mx <= mo + rthr)
-					mx = mo;
-#endif
-				grew |= mx != mo;
-				msc[r][hh] = mx == NEG_INF ? 0.f : __fmul_rn(mx, sl);
-				alpha[r][hh] = fast_exp2(__fmul_rn(mo, sl) - msc[r][hh]);
-				mrow[r][hh] = mx;
-			}
-		}
-#if FA_SKIP_RESCALE
-		if (__any_sync(0xffffffffu, grew))
-#endif
-		{
-#pragma unroll
-			for (int r = 0; r < SRT; r++)
-#pragma unroll
-				for (int n = 0; n < ONDW; n++) {
-					acc[r][n][0] *= alpha[r][0];
-					acc[r][n][1] *= alpha[r][0];
-					acc[r][n][2] *= alpha[r][1];
-					acc[r][n][3] *= alpha[r][1];
-				}
-		}
-#pragma unroll
-		for (int r = 0; r < SRT; r++) {
-#pragma unroll
-			for (int hh = 0; hh < 2; hh++) {
-				float sum = 0.f;
-#pragma unroll
-				for (int n = 0; n < SNJ; n++) {
-					s[r][n][2 * hh] = fast_exp2(fmaf(s[r][n][2 * hh], sl, -msc[r][hh]));
-					s[r][n][2 * hh + 1] = fast_exp2(fmaf(s[r][n][2 * hh + 1], sl, -msc[r][hh]));
-					sum += s[r][n][2 * hh] + s[r][n][2 * hh + 1];
-				}
-				lrow[r][hh] = lrow[r][hh] * alpha[r][hh] + sum;
-			}
-		}
-#else
-		float alpha[SRT][2];
-		bool grew = false;
-		(void)grew;
-#pragma unroll
-		for (int r = 0; r < SRT; r++) {
-#pragma unroll
-			for (int hh = 0; hh < 2; hh++) {
-#if PAIR == 2
-				float mx = fmaxf(mrow[r][hh], mxp[r][hh]);
-#else
-				float mx = mrow[r][hh];
-#pragma unroll
-				for (int n = 0; n < SNJ; n++)
-					mx = fmaxf(mx, fmaxf(s[r][n][2 * hh], s[r][n][2 * hh + 1]));
-				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-				mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-#endif
-				const float mo = mrow[r][hh];
-#if RTHR > 0
-				/* P = 2^(s sl - m sl) <= 2^RTHR with the kept max: exact in fp32 and bf16
-				 * alike, and O's rescale is skipped in most steps */
-				if (mx <= mo + rthr)
-					mx = mo;
-#endif
-				grew |= mx != mo;
-				const float ms = mx == NEG_INF ? 0.f : __fmul_rn(mx, sl);
-				alpha[r][hh] = fast_exp2(__fmul_rn(mo, sl) - ms);
-				mrow[r][hh] = mx;
-				float sum = 0.f;
-#pragma unroll
-				for (int n = 0; n < SNJ; n++) {
-					s[r][n][2 * hh] = fast_exp2(fmaf(s[r][n][2 * hh], sl, -ms));
-					s[r][n][2 * hh + 1] = fast_exp2(fmaf(s[r][n][2 * hh + 1], sl, -ms));
-					sum += s[r][n][2 * hh] + s[r][n][2 * hh + 1];
-				}
-				lrow[r][hh] = lrow[r][hh] * alpha[r][hh] + sum;
-#if !FA_SKIP_RESCALE
-#pragma unroll
-				for (int n = 0; n < ONDW; n++) {
-					acc[r][n][2 * hh] *= alpha[r][hh];
-					acc[r][n][2 * hh + 1] *= alpha[r][hh];
-				}
-#endif
-			}
-		}
-#if FA_SKIP_RESCALE
-		if (__any_sync(0xffffffffu, grew)) {
-#pragma unroll
-			for (int r = 0; r < SRT; r++)
-#pragma unroll
-				for (int n = 0; n < ONDW; n++) {
-					acc[r][n][0] *= alpha[r][0];
-					acc[r][n][1] *= alpha[r][0];
-					acc[r][n][2] *= alpha[r][1];
-					acc[r][n][3] *= alpha[r][1];
-				}
-		}
-#endif
-
-#endif
 #if PAIR
-		/* This warp's P, packed, to the partner (A-fragment order: one 16-byte store per lane
-		 * and k16 slice); PAIR 1 also sends its rows' rescale factors. The mid-step barrier
-		 * below publishes them; the barrier at the top of the next step frees the buffer. */
-		u32 pw[SRT][SNJ / 2][4];
-#pragma unroll
-		for (int r = 0; r < SRT; r++)
-#pragma unroll
-			for (int kk = 0; kk < SNJ / 2; kk++) {
-				pw[r][kk][0] = pack_in(s[r][2 * kk][0], s[r][2 * kk][1]);
-				pw[r][kk][1] = pack_in(s[r][2 * kk][2], s[r][2 * kk][3]);
-				pw[r][kk][2] = pack_in(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
-				pw[r][kk][3] = pack_in(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
-				xp_own[(r * (SNJ / 2) + kk) * 32] =
-				    make_uint4(pw[r][kk][0], pw[r][kk][1], pw[r][kk][2], pw[r][kk][3]);
-			}
-#if PAIR == 1
-		xr[warp * 32 + lane] = make_float4(alpha[0][0], alpha[0][1], 0.f, 0.f);
+		pair_row_max(s, mxp, xr, warp, lane);
 #endif
+		float alpha[SRT][2];
+		online_softmax(s, mrow, lrow, acc, mxp, alpha, sl);
+#if PAIR
+		u32 pw[SRT][SNJ / 2][4];
+		pair_send_p(s, pw, xp_own);
 #endif
 
-#if FA_STAGES == 1
-		cp_async_wait<0>(); /* V_j has landed (this thread's part) */
-		__syncthreads();    /* ... everyone's; K's buffer is free (Q K_j^T is done) */
-		if (j + 1 < ntiles)
-			LOAD_K(j + 1, 0);
-		cp_async_commit();
-		LOAD_NEXT(kgp, kts);
-#elif !ONEBAR
-		cp_async_wait<2 * FA_STAGES - 2>(); /* V_j has landed */
-		__syncthreads();
-#endif
+		load_kv_mid(ring, p, j, ntiles);
 
 		/* O += P V */
 #if PAIR
-		/* For the pair's two row tiles and this warp's half of the head dim: each V fragment
-		 * feeds both. PAIR 1: k slices in order, this warp's P from registers and the
-		 * partner's from shared memory (the partner's rows rescaled by its factors first).
-		 * PAIR 2: this warp's half of the keys from registers, then the partner's half. */
-#if PAIR == 1
-		{
-			const float4 al = xr[(warp ^ 1) * 32 + lane];
-#pragma unroll
-			for (int n = 0; n < ONDW; n++) {
-				acc[1][n][0] *= al.x;
-				acc[1][n][1] *= al.x;
-				acc[1][n][2] *= al.y;
-				acc[1][n][3] *= al.y;
-			}
-		}
-#endif
-#pragma unroll
-		for (int half = 0; half < (PAIR == 2 ? 2 : 1); half++)
-#pragma unroll
-			for (int kk = 0; kk < (PAIR == 2 ? FA_BC / 32 : FA_BC / 16); kk++) {
-				u32 a[ORT][4];
-				int vrow;
-				if (PAIR == 1) {
-					const uint4 x = xp_par[kk * 32];
-					a[0][0] = pw[0][kk][0];
-					a[0][1] = pw[0][kk][1];
-					a[0][2] = pw[0][kk][2];
-					a[0][3] = pw[0][kk][3];
-					a[1][0] = x.x;
-					a[1][1] = x.y;
-					a[1][2] = x.z;
-					a[1][3] = x.w;
-					vrow = kk * 16;
-				} else {
-#pragma unroll
-					for (int r = 0; r < ORT; r++) {
-						if (half == 0) {
-							a[r][0] = pw[r % SRT][kk % (SNJ / 2)][0];
-							a[r][1] = pw[r % SRT][kk % (SNJ / 2)][1];
-							a[r][2] = pw[r % SRT][kk % (SNJ / 2)][2];
-							a[r][3] = pw[r % SRT][kk % (SNJ / 2)][3];
-						} else {
-							const uint4 x = xp_par[(r * (SNJ / 2) + kk) * 32];
-							a[r][0] = x.x;
-							a[r][1] = x.y;
-							a[r][2] = x.z;
-							a[r][3] = x.w;
-						}
-					}
-					vrow = (half == 0 ? kbase : kbase ^ (FA_BC / 2)) + kk * 16;
-				}
-#pragma unroll
-				for (int n = 0; n < ONDW; n += 2) {
-					u32 b0, b1, b2, b3;
-#if SADDR
-					ldsm_x4_t(b0, b1, b2, b3, va + (vrow * LDV + n * 8) * ES);
-#else
-					ldsm_x4_t(b0, b1, b2, b3,
-					          smem_u32(cV + (vrow + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDV +
-					                   ocol + n * 8 + (lane >> 4) * 8));
-#endif
-#pragma unroll
-					for (int r = 0; r < ORT; r++) {
-						mma16(acc[r][n], a[r], b0, b1);
-						mma16(acc[r][n + 1], a[r], b2, b3);
-					}
-				}
-			}
+		u32 pa[ORT][4];
+		pv_pair(acc, pw, pa, xp_par, va, kbase);
 #elif FA_IN != 3
-#pragma unroll
-		for (int kk = 0; kk < FA_BC / 16; kk++) {
-			u32 a[FA_RT][4];
-#pragma unroll
-			for (int r = 0; r < FA_RT; r++) {
-				a[r][0] = pack_in(s[r][2 * kk][0], s[r][2 * kk][1]);
-				a[r][1] = pack_in(s[r][2 * kk][2], s[r][2 * kk][3]);
-				a[r][2] = pack_in(s[r][2 * kk + 1][0], s[r][2 * kk + 1][1]);
-				a[r][3] = pack_in(s[r][2 * kk + 1][2], s[r][2 * kk + 1][3]);
-			}
-#pragma unroll
-			for (int n = 0; n < ND; n += 2) {
-				u32 b0, b1, b2, b3;
-#if SADDR
-				ldsm_x4_t(b0, b1, b2, b3, va + (kk * 16 * LDV + n * 8) * ES);
-#else
-				ldsm_x4_t(b0, b1, b2, b3,
-				          smem_u32(cV + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LDV +
-				                   n * 8 + (lane >> 4) * 8));
-#endif
-#pragma unroll
-				for (int r = 0; r < FA_RT; r++) {
-					mma16(acc[r][n], a[r], b0, b1);
-					mma16(acc[r][n + 1], a[r], b2, b3);
-				}
-			}
-		}
+		u32 pa[FA_RT][4];
+		pv_16(acc, s, pa, cV);
 #elif FA_PREC != 2
-		/* ieee, and tf32 (whose 2e-3 tolerance does not notice the tensor cores' truncating
-		 * accumulation): P V chained straight into O. */
-#pragma unroll
-		for (int kk = 0; kk < NJ; kk++) {
-			op32 a[FA_RT][4];
-#pragma unroll
-			for (int r = 0; r < FA_RT; r++) {
-				a[r][0] = make_op(s[r][kk][0]);
-				a[r][1] = make_op(s[r][kk][2]);
-				a[r][2] = make_op(s[r][kk][1]);
-				a[r][3] = make_op(s[r][kk][3]);
-			}
-#pragma unroll
-			for (int n = 0; n < ND; n++) {
-				op32 b0 = make_op(cV[(kk * 8 + 2 * t) * LDV + n * 8 + g]);
-				op32 b1 = make_op(cV[(kk * 8 + 2 * t + 1) * LDV + n * 8 + g]);
-#pragma unroll
-				for (int r = 0; r < FA_RT; r++)
-					mma32(acc[r][n], a[r], b0, b1);
-			}
-		}
+		op32 pa[FA_RT][4];
+		pv_32(acc, s, pa, cV, g, t);
 #else
-		/* Tensor cores add fp32 partial sums with truncation: chained over thousands of keys
-		 * that bias reaches 3e-5 relative (seen at Sk = 4097). So each step's P V is summed on
-		 * the tensor cores from zero (BC/8 chained mma) and added to O with an IEEE add. */
-		{
-			op32 a[FA_RT][NJ][4];
-#pragma unroll
-			for (int r = 0; r < FA_RT; r++)
-#pragma unroll
-				for (int kk = 0; kk < NJ; kk++) {
-					a[r][kk][0] = make_op(s[r][kk][0]);
-					a[r][kk][1] = make_op(s[r][kk][2]);
-					a[r][kk][2] = make_op(s[r][kk][1]);
-					a[r][kk][3] = make_op(s[r][kk][3]);
-				}
-#pragma unroll
-			for (int n = 0; n < ND; n++) {
-				float part[FA_RT][4];
-#pragma unroll
-				for (int r = 0; r < FA_RT; r++)
-					part[r][0] = part[r][1] = part[r][2] = part[r][3] = 0.f;
-#pragma unroll
-				for (int kk = 0; kk < NJ; kk++) {
-					op32 b0 = make_op(cV[(kk * 8 + 2 * t) * LDV + n * 8 + g]);
-					op32 b1 = make_op(cV[(kk * 8 + 2 * t + 1) * LDV + n * 8 + g]);
-#pragma unroll
-					for (int r = 0; r < FA_RT; r++)
-						mma32(part[r], a[r][kk], b0, b1);
-				}
-#pragma unroll
-				for (int r = 0; r < FA_RT; r++)
-#pragma unroll
-					for (int e = 0; e < 4; e++)
-						acc[r][n][e] += part[r][e];
-			}
-		}
+		op32 pa[FA_RT][NJ][4];
+		float part[FA_RT][4];
+		pv_32(acc, s, pa, part, cV, g, t);
 #endif
 	}
 	cp_async_wait<0>();
 
 #if PAIR
-	/* Epilogue of a pair: the row sums quad-reduced, then PAIR 1 takes the sums of the partner's
-	 * rows and PAIR 2 adds the partner's partial sums (its half of the keys); O /= l on this
-	 * warp's half of the head dim for both row tiles, lse by the warp that owns the row. */
-	{
-		float lq[SRT][2];
-#pragma unroll
-		for (int r = 0; r < SRT; r++)
-#pragma unroll
-			for (int hh = 0; hh < 2; hh++) {
-				float l = lrow[r][hh];
-				l += __shfl_xor_sync(0xffffffffu, l, 1);
-				l += __shfl_xor_sync(0xffffffffu, l, 2);
-				lq[r][hh] = l;
-			}
-		__syncthreads(); /* the partner has read the last step's P */
-		xl[warp * 32 + lane] = make_float4(lq[0][0], lq[0][1], lq[SRT - 1][0], lq[SRT - 1][1]);
-		__syncthreads();
-		const float4 o = xl[(warp ^ 1) * 32 + lane];
-		float lt[ORT][2], mt[ORT][2];
-		if (PAIR == 1) {
-			lt[0][0] = lq[0][0];
-			lt[0][1] = lq[0][1];
-			lt[1][0] = o.x;
-			lt[1][1] = o.y;
-		} else {
-			lt[0][0] = lq[0][0] + o.x;
-			lt[0][1] = lq[0][1] + o.y;
-			lt[1][0] = lq[SRT - 1][0] + o.z;
-			lt[1][1] = lq[SRT - 1][1] + o.w;
-		}
-#pragma unroll
-		for (int r = 0; r < ORT; r++) {
-			mt[r][0] = mrow[r % SRT][0];
-			mt[r][1] = mrow[r % SRT][1];
-		}
-#pragma unroll
-		for (int r = 0; r < ORT; r++) {
-#pragma unroll
-			for (int hh = 0; hh < 2; hh++) {
-				const float l = lt[r][hh];
-				const float inv = l > 0.f ? 1.f / l : 0.f;
-				const int rbase = PAIR == 1 ? (r == 0 ? wrow : wrow ^ 16) : srow + r * 16;
-				const int row = q0 + rbase + g + hh * 8;
-				if (row >= p.Sq)
-					continue;
-				const bool own = PAIR == 1 ? r == 0 : r == ph;
-				if (p.lse && t == 0 && own)
-					p.lse[b * p.ls[0] + h * p.ls[1] + row * p.ls[2]] =
-					    l > 0.f ? (mt[r][hh] * sl + fast_log2(l)) * 0.69314718055994531f : NEG_INF;
-				const long long ob = b * p.os[0] + h * p.os[2] + (long long)row * p.os[1];
-#pragma unroll
-				for (int n = 0; n < ONDW; n++) {
-					const int col = ocol + n * 8 + 2 * t;
-					if (col >= FA_D)
-						continue;
-					const float x0 = acc[r][n][2 * hh] * inv, x1 = acc[r][n][2 * hh + 1] * inv;
-#if FA_OUT == 3
-					*(float2 *)((float *)p.o + ob + col) = make_float2(x0, x1);
-#elif FA_OUT == 2
-					*(u32 *)((u16 *)p.o + ob + col) = pack_bf16(x0, x1);
+	/* the row sums (quad-reduced, then the pair's), the maxima of both row tiles */
+	float lq[SRT][2], lt[ORT][2], mt[ORT][2];
+	epilogue_pair(p, acc, mrow, lrow, lq, lt, mt, xl, sl, q0, srow, ocol, ph, warp, lane, g, t, b,
+	              h);
 #else
-					*(u32 *)((u16 *)p.o + ob + col) = pack_f16(x0, x1);
-#endif
-				}
-			}
-		}
-	}
-#else
-	/* Epilogue: O /= l, logsumexp = (m + log2 l) ln 2. */
-#pragma unroll
-	for (int r = 0; r < FA_RT; r++) {
-#pragma unroll
-		for (int hh = 0; hh < 2; hh++) {
-			float l = lrow[r][hh];
-			l += __shfl_xor_sync(0xffffffffu, l, 1);
-			l += __shfl_xor_sync(0xffffffffu, l, 2);
-			const float inv = l > 0.f ? 1.f / l : 0.f;
-			const int row = q0 + wrow + r * 16 + g + hh * 8;
-			if (row >= p.Sq)
-				continue;
-			if (p.lse && t == 0)
-				p.lse[b * p.ls[0] + h * p.ls[1] + row * p.ls[2]] =
-				    l > 0.f ? (mrow[r][hh] * sl + fast_log2(l)) * 0.69314718055994531f : NEG_INF;
-			const long long ob = b * p.os[0] + h * p.os[2] + (long long)row * p.os[1];
-#pragma unroll
-			for (int n = 0; n < ND; n++) {
-				const int col = n * 8 + 2 * t;
-				if (col >= FA_D)
-					continue;
-				const float x0 = acc[r][n][2 * hh] * inv, x1 = acc[r][n][2 * hh + 1] * inv;
-#if FA_OUT == 3
-				*(float2 *)((float *)p.o + ob + col) = make_float2(x0, x1);
-#elif FA_OUT == 2
-				*(u32 *)((u16 *)p.o + ob + col) = pack_bf16(x0, x1);
-#else
-				*(u32 *)((u16 *)p.o + ob + col) = pack_f16(x0, x1);
-#endif
-			}
-		}
-	}
+	epilogue(p, acc, mrow, lrow, sl, q0, wrow, g, t, b, h);
 #endif
 }
 
 /* fp32 [B, S, H, D] (strided, head dim contiguous) -> dense bf16 [B, S, H, D]: the staging step
- * of the fp32 "bf16" precision for K and V with gaps between their rows (and for all three
- * under FA_BF16_STAGE=v5, gpu_cuda.c). Four elements per thread. */
+ * of the fp32 "bf16" precision for K and V with gaps between their rows (gpu_cuda.c). Four
+ * elements per thread. */
 extern "C" __global__ void fa_cvt_f32_bf16(const float *src, long long sb, long long ss,
                                            long long sh, int S, int H, int D, u16 *dst,
                                            long long nquads)

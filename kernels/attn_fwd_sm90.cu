@@ -1,7 +1,8 @@
 /* attn_fwd_sm90.cu - the Hopper (sm_90a) forward kernel on wgmma: fp32 inputs as tf32 and
  * 3xtf32, and 16-bit inputs (fp16, bf16, and fp32 staged as bf16).
  *
- * Self-contained like attn_fwd.cu (NVRTC, no #include); compiled with -arch=sm_90a and the -D
+ * Like attn_fwd.cu it includes only fa_device.cuh (the helpers both kernels share, handed to
+ * NVRTC as a header by the host); compiled with -arch=sm_90a and the -D
  * options below; the host (kernels/gpu_cuda.c) picks it when the planner's best tile is on one
  * of the paths FA_KPATH_WG32, FA_KPATH_WG32X3 (fp32 tf32 / 3xtf32) or FA_KPATH_WG16 (16-bit),
  * on an sm_90 device.
@@ -16,8 +17,6 @@
  *   FA_BC      keys per step: 16, 32, 64 or 128 (the N of the S = Q K^T wgmma)
  *   FA_STAGES  K/V pipeline depth (2 or 3; 16-bit with 3 runs FA3's intra-warpgroup overlap:
  *              the softmax of tile j+1 while P_j V_j is on the tensor cores)
- *   experiments: FA_X3_TERMS (which 3xtf32 correction products run), PV_W (3xtf32 columns of
- *              one P V partial sum), OVL (0: the plain loop at 3 stages)
  *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_fwd.cu)
  *
  * Why a second kernel: mma.sync caps tf32 at 321 TFLOP/s on the H200, 3xtf32 at 107 and bf16 at
@@ -49,14 +48,15 @@
  * slot s holds key 2s (s < 4) or 2(s-4)+1; the sum over keys does not care about the order.
  * 16-bit: the accumulator pairs pack into the m16n8k16 A fragment as they are (FA2's reuse).
  *
+ * The experiments that chose this code (FA_X3_TERMS, PV_W, OVL=0: PERF-NOTES.md v7, v8) were
+ * retired from this file; kernels/dev/ keeps the source with them.
+ *
  * Numerics: tf32 rounds Q, K, V and P to nearest (cvt.rna); 3xtf32 adds the hi*lo and lo*hi
  * products, so the error is fp32's (ARCHITECTURE.md: relative 1e-5); 16-bit rounds P to the
  * input type, fp32 staged as bf16 rounds Q, K, V to nearest even. Scores in the log2 domain,
  * fp32 statistics, rows that see no key give O = 0 and lse = -inf.
  */
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
+#include "fa_device.cuh"
 
 #ifndef FA_IN
 #define FA_IN 3
@@ -103,17 +103,11 @@ typedef float elem_t;
 #define EPC (W16 ? 8 : 4)             /* elements per 16-byte core-matrix row */
 #define KS (2 * EPC)                   /* k of one wgmma: 8 (tf32) or 16 */
 #define DP ((FA_D + KS - 1) / KS * KS) /* head dim padded to the k step (16-bit: to 16) */
-#ifndef FA_X3_TERMS /* experiments: which 3xtf32 correction products run (1 Q K_lo, 2 Q_lo K,
-                     * 4 P V_lo, 8 P_lo V) */
-#define FA_X3_TERMS 15
-#endif
 #define TILE (FA_BC * DP)            /* elements in one K or V tile */
 #define NSTEP_S (DP / KS)            /* k steps of S = Q K^T */
 #define NSTEP_P (FA_BC / KS)         /* k steps of O += P V */
 #define NBLK (FA_BC / 8)             /* n8 blocks of the S accumulator */
-#ifndef OVL /* the overlapped loop (16-bit, three stages; see the kernel) */
-#define OVL (W16 && FA_STAGES >= 3)
-#endif
+#define OVL (W16 && FA_STAGES >= 3) /* the overlapped loop (16-bit, three stages; see the kernel) */
 #if OVL && FA_STAGES != 3
 #error "the overlapped loop keeps three tiles in shared memory"
 #endif
@@ -121,15 +115,9 @@ typedef float elem_t;
 #define NOACC (DP / 2)               /* O accumulator floats per thread */
 #define SBO_Q (DP / EPC * 128)       /* bytes between 8-row groups of Q and K */
 #define SBO_V (FA_BC / EPC * 128)    /* bytes between 8-row (d) groups of V^T */
-#define NEG_INF (__int_as_float(0xff800000))
 /* 3xtf32: head-dim columns of one P V partial sum: all of them (one wgmma wait per step; the
  * planner offers 3xtf32 here up to D = 128, where ptxas fits it in 253 registers) */
-#ifndef PV_W
 #define PV_W DP
-#endif
-#if DP % PV_W
-#error "PV_W must divide DP"
-#endif
 
 #if FA_D % 8 || FA_D < 8 || FA_D > 256
 #error "FA_D must be a multiple of 8 in [8, 256]"
@@ -163,23 +151,6 @@ struct fa_wgprep {
 	int B, Sk, Hkv, skp;
 };
 
-__device__ __forceinline__ u32 smem_u32(const void *p)
-{
-	return (u32)__cvta_generic_to_shared(p);
-}
-__device__ __forceinline__ void cp_async16(u32 dst, const void *src, int src_bytes)
-{
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-	             "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit(void)
-{
-	asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N> __device__ __forceinline__ void cp_async_wait(void)
-{
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
 /* Shared memory written by the generic proxy (st.shared, cp.async) is read by wgmma through
  * the async proxy: each writer fences before the barrier that publishes its writes. */
 __device__ __forceinline__ void fence_proxy_async(void)
@@ -205,18 +176,6 @@ __device__ __forceinline__ void wg_touch(float &x)
 	asm volatile("" : "+f"(x)::"memory");
 }
 
-__device__ __forceinline__ float fast_exp2(float x)
-{
-	float y;
-	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-	return y;
-}
-__device__ __forceinline__ float fast_log2(float x)
-{
-	float y;
-	asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-	return y;
-}
 /* fp32 -> tf32, round to nearest (ties away), as a float with the low 13 bits clear. */
 __device__ __forceinline__ float tf32_rna(float x)
 {
@@ -247,13 +206,11 @@ __device__ __forceinline__ int key_slot(int w)
 /* Pack two floats as 16-bit of the kernel's type: lo goes to the low half (the lower k). */
 __device__ __forceinline__ u32 pack16(float lo, float hi)
 {
-	u32 r;
 #if FA_IN == 1
-	asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+	return pack_f16(lo, hi);
 #else
-	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+	return pack_bf16(lo, hi);
 #endif
-	return r;
 }
 
 /* ---- wgmma wrappers (generated by tools/gen-wgmma.py): m64nNk8 tf32 and m64nNk16 16-bit,
@@ -565,6 +522,64 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NSACC], int j, int wrow0
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Stages of the kernel (the online softmax is softmax_tile above; S and P V are wgmma groups
+ * issued in the loop). Each is __forceinline__: the split changes no instruction
+ * (tools/sass-dump.c). */
+
+/* Q: BR rows (zeros past Sq and, 16-bit, past D) into core matrices; one commit group (fp32
+ * staged as bf16: loaded, rounded and stored by the threads). */
+__device__ __forceinline__ void load_q(const fa_wgparams &p, elem_t *sQ, int tid, int q0, int b,
+                                       int h)
+{
+	const int qes = FA_QIN == 3 ? 4 : 2;
+	const char *Qg = (const char *)p.q + qes * (b * p.qs[0] + h * p.qs[2]);
+	for (int i = tid; i < BR * (DP / EPC); i += NT) {
+		const int row = i / (DP / EPC), dc = i % (DP / EPC);
+		const bool in = q0 + row < p.Sq && dc * EPC < FA_D;
+		const char *src = in ? Qg + qes * ((long long)(q0 + row) * p.qs[1] + dc * EPC) : Qg;
+		elem_t *dst = sQ + core_idx(row, dc * EPC, DP);
+#if W16 && FA_QIN == 3
+		*(uint4 *)dst = in ? load8_16(src) : make_uint4(0, 0, 0, 0);
+#else
+		cp_async16(smem_u32(dst), src, in ? 16 : 0);
+#endif
+	}
+	cp_async_commit();
+}
+
+/* Epilogue: O /= l, logsumexp = (m + log2 l) ln 2, rows wrow0 + r0 (+ 8) of the warpgroup. */
+__device__ __forceinline__ void epilogue(const fa_wgparams &p, const float (&acc)[NOACC],
+                                         const float (&mrow)[2], const float (&lrow)[2], float sl,
+                                         int wrow0, int r0, int c, int b, int h)
+{
+#pragma unroll
+	for (int hh = 0; hh < 2; hh++) {
+		float l = lrow[hh];
+		l += __shfl_xor_sync(0xffffffffu, l, 1);
+		l += __shfl_xor_sync(0xffffffffu, l, 2);
+		const float inv = l > 0.f ? 1.f / l : 0.f;
+		const int row = wrow0 + r0 + hh * 8;
+		if (row >= p.Sq)
+			continue;
+		if (p.lse && c == 0)
+			p.lse[b * p.ls[0] + h * p.ls[1] + row * p.ls[2]] =
+			    l > 0.f ? (mrow[hh] * sl + fast_log2(l)) * 0.69314718055994531f : NEG_INF;
+		const long long ob = b * p.os[0] + h * p.os[2] + (long long)row * p.os[1];
+#pragma unroll
+		for (int n = 0; n < FA_D / 8; n++) {
+			const float x0 = acc[4 * n + 2 * hh] * inv, x1 = acc[4 * n + 2 * hh + 1] * inv;
+#if FA_OUT == 3
+			*(float2 *)((float *)p.o + ob + n * 8 + 2 * c) = make_float2(x0, x1);
+#elif FA_OUT == 2
+			*(u32 *)((u16 *)p.o + ob + n * 8 + 2 * c) = pack_bf16(x0, x1);
+#else
+			*(u32 *)((u16 *)p.o + ob + n * 8 + 2 * c) = pack_f16(x0, x1);
+#endif
+		}
+	}
+}
+
+/* ---------------------------------------------------------------------------------------------
  * The forward kernel */
 extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparams p)
 {
@@ -587,24 +602,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 		ntiles = lim < 0 ? 0 : min(ntiles, lim / FA_BC + 1);
 	}
 
-	/* Q: BR rows (zeros past Sq and, 16-bit, past D) into core matrices; one commit group
-	 * (fp32 staged as bf16: loaded, rounded and stored by the threads). */
-	{
-		const int qes = FA_QIN == 3 ? 4 : 2;
-		const char *Qg = (const char *)p.q + qes * (b * p.qs[0] + h * p.qs[2]);
-		for (int i = tid; i < BR * (DP / EPC); i += NT) {
-			const int row = i / (DP / EPC), dc = i % (DP / EPC);
-			const bool in = q0 + row < p.Sq && dc * EPC < FA_D;
-			const char *src = in ? Qg + qes * ((long long)(q0 + row) * p.qs[1] + dc * EPC) : Qg;
-			elem_t *dst = sQ + core_idx(row, dc * EPC, DP);
-#if W16 && FA_QIN == 3
-			*(uint4 *)dst = in ? load8_16(src) : make_uint4(0, 0, 0, 0);
-#else
-			cp_async16(smem_u32(dst), src, in ? 16 : 0);
-#endif
-		}
-		cp_async_commit();
-	}
+	load_q(p, sQ, tid, q0, b, h);
 	/* Tile jt of the images into stage buffer st: contiguous copies. */
 	auto load_kv = [&](int st, int jt) {
 		elem_t *dst = sKV + st * NT_KV * TILE;
@@ -800,10 +798,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 			const u64 dk = wg_desc(kaddr + ks * 256, SBO_Q);
 			s_ss(s, dq, dk);
 #if X3
-			if (FA_X3_TERMS & 1)
-				s_ss(s, dq, wg_desc(kladdr + ks * 256, SBO_Q));
-			if (FA_X3_TERMS & 2)
-				s_rs(s, qa[ks], dk);
+			s_ss(s, dq, wg_desc(kladdr + ks * 256, SBO_Q)); /* Q K_lo^T */
+			s_rs(s, qa[ks], dk);                            /* Q_lo K^T */
 #endif
 		}
 		wg_commit();
@@ -871,10 +867,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 			for (int n = 0; n < NSTEP_P; n++) {
 				const u32 vo = (d0 / 8) * SBO_V + n * 256;
 				pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vaddr + vo);
-				if (FA_X3_TERMS & 4)
-					pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vladdr + vo);
-				if (FA_X3_TERMS & 8)
-					pv_rs<0, W>(t, pl[n][0], pl[n][1], pl[n][2], pl[n][3], vaddr + vo);
+				pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vladdr + vo); /* P V_lo */
+				pv_rs<0, W>(t, pl[n][0], pl[n][1], pl[n][2], pl[n][3], vaddr + vo);  /* P_lo V */
 			}
 			wg_commit();
 			wg_wait<0>();
@@ -899,34 +893,5 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 #endif
 	cp_async_wait<0>();
 
-	/* Epilogue: O /= l, logsumexp = (m + log2 l) ln 2. */
-#pragma unroll
-	for (int hh = 0; hh < 2; hh++) {
-		float l = lrow[hh];
-		l += __shfl_xor_sync(0xffffffffu, l, 1);
-		l += __shfl_xor_sync(0xffffffffu, l, 2);
-		const float inv = l > 0.f ? 1.f / l : 0.f;
-		const int row = q0 + wg * 64 + r0 + hh * 8;
-		if (row >= p.Sq)
-			continue;
-		if (p.lse && c == 0)
-			p.lse[b * p.ls[0] + h * p.ls[1] + row * p.ls[2]] =
-			    l > 0.f ? (mrow[hh] * sl + fast_log2(l)) * 0.69314718055994531f : NEG_INF;
-		const long long ob = b * p.os[0] + h * p.os[2] + (long long)row * p.os[1];
-#pragma unroll
-		for (int n = 0; n < FA_D / 8; n++) {
-			const float x0 = acc[4 * n + 2 * hh] * inv, x1 = acc[4 * n + 2 * hh + 1] * inv;
-#if FA_OUT == 3
-			*(float2 *)((float *)p.o + ob + n * 8 + 2 * c) = make_float2(x0, x1);
-#elif FA_OUT == 2
-			u32 w;
-			asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(x1), "f"(x0));
-			*(u32 *)((u16 *)p.o + ob + n * 8 + 2 * c) = w;
-#else
-			u32 w;
-			asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(x1), "f"(x0));
-			*(u32 *)((u16 *)p.o + ob + n * 8 + 2 * c) = w;
-#endif
-		}
-	}
+	epilogue(p, acc, mrow, lrow, sl, q0 + wg * 64, r0, c, b, h);
 }

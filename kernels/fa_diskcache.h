@@ -1,7 +1,8 @@
 /* fa_diskcache.h - compiled kernels (cubins) on disk, so a restarted daemon compiles nothing.
  *
  * Layout: "<dir>/kernels/<32 hex digits>.cubin", one file per specialisation. The name is the
- * first 128 bits of the key, a SHA-256 of (format version, kernel source text, NVRTC version,
+ * first 128 bits of the key, a SHA-256 of (format version, kernel source text and the header it
+ * includes, NVRTC version,
  * the full NVRTC option list incl. -arch, the -D specialisation macros and FA_NVRTC_EXTRA).
  * Each file is a 192-byte header (magic, format version, the full 256-bit key, payload length,
  * payload SHA-256, the specialisation's name for people) followed by the cubin, so a truncated,
@@ -66,8 +67,8 @@ const char *fa_diskcache_path(const struct fa_diskcache *dc);
  * NVRTC's version. Options are hashed with their lengths, so {"-DA", "B"} != {"-DAB"}. */
 void fa_diskcache_key_make(struct fa_diskcache_key *k, const char *src, size_t srclen,
                            const struct fa_nvrtc_opts *o, int nvrtc_major, int nvrtc_minor);
-/* The key of spec compiled by n now: fa_src_attn_fwd, fa_nvrtc_options(spec) (so it reads
- * FA_NVRTC_EXTRA), NVRTC's version. Fills *o (may be NULL) with the options that were hashed. */
+/* The key of spec compiled by n now: its source (fa_kernel_source) and the header it includes
+ * (fa_device.cuh), fa_nvrtc_options(n, spec) (so n's FA_NVRTC_EXTRA), NVRTC's version. Fills *o (may be NULL) with the options that were hashed. */
 void fa_diskcache_key_for_spec(struct fa_diskcache_key *k, const struct fa_nvrtc *n,
                                const struct fa_kernel_spec *spec, struct fa_nvrtc_opts *o);
 /* The file name's 32 hex digits (the key's first 16 bytes) and a NUL. */

@@ -44,9 +44,8 @@ struct fa_kernel_spec {
 };
 
 /* The specialisation that serves (dtype, precision, D, mask) with `tile` on architecture sm.
- * fp32 with precision bf16: a bf16 kernel reading fp32 Q and writing fp32 O (qin fp32); with
- * FA_BF16_STAGE=v5 in the environment (an experiment: kernels/PERF-NOTES.md, "v6: bf16
- * staging") qin is bf16, the host converting Q as well, as before v6. */
+ * fp32 with precision bf16: a bf16 kernel reading fp32 Q and writing fp32 O (qin fp32; the host
+ * converts K and V). */
 void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_precision prec, int D,
                          fa_mask mask, const struct fa_tile *tile);
 
@@ -69,9 +68,12 @@ struct fa_kernel_usage {
 
 struct fa_nvrtc;
 
-/* Load NVRTC ($FA_CUDA_HOME/lib64/libnvrtc.so.13, then the loader path). FA_ENOGPU with the
- * reason when it cannot be loaded. */
-fa_status fa_nvrtc_open(struct fa_nvrtc **out, char *err, size_t errlen);
+/* Load NVRTC (FA_CUDA_HOME/lib64/libnvrtc.so.13 as built, then ks->cuda_home's, then the loader
+ * path). ks (borrowed for the call; NULL: the defaults) also gives the experiments' extra -D
+ * options (FA_NVRTC_EXTRA), copied into the handle. FA_ENOGPU with the reason when NVRTC cannot
+ * be loaded. */
+fa_status fa_nvrtc_open(struct fa_nvrtc **out, const struct fa_kernel_settings *ks, char *err,
+                        size_t errlen);
 void fa_nvrtc_close(struct fa_nvrtc *n);
 /* NVRTC's version, e.g. 13.0. */
 void fa_nvrtc_version(const struct fa_nvrtc *n, int *major, int *minor);
@@ -83,15 +85,16 @@ fa_status fa_nvrtc_compile(struct fa_nvrtc *n, const struct fa_kernel_spec *s, v
                            size_t *cubin_size, struct fa_kernel_usage *usage, char *err,
                            size_t errlen);
 
-/* The NVRTC option list of a specialisation, in the order the compile passes it: -arch, the
- * -D specialisation macros, and FA_NVRTC_EXTRA's tokens (experiments). The disk cache hashes
- * exactly this list (fa_diskcache.h). */
+/* The NVRTC option list of a specialisation as n compiles it, in the order the compile passes
+ * it: -arch, the -D specialisation macros, and the tokens of n's FA_NVRTC_EXTRA (experiments;
+ * none when n is NULL). The disk cache hashes exactly this list (fa_diskcache.h). */
 #define FA_NVRTC_MAX_OPTS 17
 struct fa_nvrtc_opts {
 	int n;
 	char v[FA_NVRTC_MAX_OPTS][48];
 };
-void fa_nvrtc_options(const struct fa_kernel_spec *s, struct fa_nvrtc_opts *o);
+void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
+                      struct fa_nvrtc_opts *o);
 
 /* fa_nvrtc_compile with a given option list (from fa_nvrtc_options): what the disk cache uses,
  * so that the options it hashed are the ones compiled. Same statuses. Thread-safe. */
@@ -104,9 +107,14 @@ fa_status fa_nvrtc_compile_opts(struct fa_nvrtc *n, const struct fa_kernel_spec 
 struct fa_gpu;
 
 /* Open device `ordinal` (CUDA's numbering): load the driver and NVRTC, retain the primary
- * context, read the device's limits. FA_ENOGPU with the reason when there is no usable GPU
- * (no driver, no device, older than sm_80). */
-fa_status fa_gpu_open(struct fa_gpu **out, int ordinal, char *err, size_t errlen);
+ * context, read the device's limits. ks: the kernel settings (fa_settings.h; copied; NULL: the
+ * defaults) for the planner, NVRTC, the disk cache's bound and the tuning identity
+ * (fa_tune_gpu_ident). FA_ENOGPU with the reason when there is no usable GPU (no driver, no
+ * device, older than sm_80). */
+fa_status fa_gpu_open(struct fa_gpu **out, int ordinal, const struct fa_kernel_settings *ks,
+                      char *err, size_t errlen);
+/* The settings fa_gpu_open was given (the defaults for NULL). */
+const struct fa_kernel_settings *fa_gpu_settings(const struct fa_gpu *g);
 /* Unload every cached module, release the context. Safe on NULL. */
 void fa_gpu_close(struct fa_gpu *g);
 
@@ -172,8 +180,8 @@ fa_status fa_gpu_plan(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, struct
 /* Keep compiled kernels on disk under `dir` ("<dir>/kernels/<32 hex>.cubin", fa_diskcache.h,
  * kernels/README.md "Kernel cache"), so a restarted daemon loads instead of compiling. The
  * directories are created (0750) if missing. dir NULL or "": no disk cache (the default after
- * fa_gpu_open). The cache is bounded at 512 MiB (oldest entries pruned), or at
- * $FA_KERNEL_CACHE_MAX_MB MiB. Returns FA_OK; FA_ESYS or FA_EPERM with the reason in err when
+ * fa_gpu_open). The cache is bounded at 512 MiB (oldest entries pruned), or at the settings'
+ * FA_KERNEL_CACHE_MAX_MB MiB. Returns FA_OK; FA_ESYS or FA_EPERM with the reason in err when
  * the directory is unusable: the disk cache is then disabled and everything else works as
  * before (the caller logs err and carries on). Call it before other threads use g (not
  * concurrently with fa_gpu_attn_fwd / fa_gpu_prepare). */

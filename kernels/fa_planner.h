@@ -13,23 +13,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "fa_settings.h"
 #include "fa_types.h"
 
 /* What the planner needs to know about a device. */
 struct fa_device_model {
 	const char *name;   /* "sm_89", "h200", ... */
-	int sm;             /* compute capability as major*10 + minor: 80, 86, 89, 90 */
+	int sm;             /* compute capability as major*10 + minor: 80, 86, 89, 90, 100, 120 */
 	size_t smem_optin;  /* bytes of dynamic shared memory one block may opt in to */
 	size_t smem_per_sm; /* bytes of shared memory per multiprocessor */
 	int regs_per_sm;    /* 32-bit registers per multiprocessor */
 	int sm_count;       /* multiprocessors (for wave quantisation); 0 if unknown */
 };
 
-/* The named models (sm_75, sm_80, sm_86, sm_89, sm_90 and card names). *n gets the count. */
+/* The named models (sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_120 and card names). *n gets
+ * the count. */
 const struct fa_device_model *fa_device_models(int *n);
 
-/* A named model: "sm_80", "80", "a100", "sm_86", "sm_89", "l40s", "sm_90", "h100", "h200"...
- * NULL if unknown. */
+/* A named model: "sm_80", "80", "a100", "sm_86", "sm_89", "l40s", "sm_90", "h100", "h200",
+ * "sm_100", "b200", "sm_120", "rtx5090"... NULL if unknown. */
 const struct fa_device_model *fa_device_model_find(const char *name);
 
 /* The kernel's two data paths. */
@@ -70,6 +72,9 @@ struct fa_plan_req {
 	int D;
 	fa_mask mask;
 	int64_t B, H, Sq, Sk;
+	/* what the planner may offer (wgmma, experiments' tile filters); borrowed for the call;
+	 * NULL: fa_kernel_settings_default() */
+	const struct fa_kernel_settings *ks;
 };
 
 struct fa_attn_fwd_desc;
@@ -89,11 +94,12 @@ const char *fa_mask_name(fa_mask m);
  * paths on sm_90 for fp32 tf32 and 3xtf32). */
 int fa_plan_path(fa_dtype dt, fa_precision p);
 
-/* Whether fa_plan offers the wgmma paths: an sm_90 device and $FA_WGMMA not "0" (the switch
- * that lets benchmarks compare with the mma.sync kernel in one run). The 16-bit one also needs
- * $FA_WGMMA16 not "0". */
-bool fa_plan_wgmma_enabled(const struct fa_device_model *dev);
-bool fa_plan_wgmma16_enabled(const struct fa_device_model *dev);
+/* Whether fa_plan offers the wgmma paths: an sm_90 device (wgmma is sm_90a's: sm_100 and sm_120
+ * run mma.sync) and ks->wgmma (FA_WGMMA, the switch that lets benchmarks compare with the
+ * mma.sync kernel in one run). The 16-bit one also needs ks->wgmma16 not FA_WGMMA16_OFF. ks
+ * NULL: the defaults. */
+bool fa_plan_wgmma_enabled(const struct fa_device_model *dev, const struct fa_kernel_settings *ks);
+bool fa_plan_wgmma16_enabled(const struct fa_device_model *dev, const struct fa_kernel_settings *ks);
 
 /* Head dim as the kernel pads it (16-bit path: next multiple of 16). */
 int fa_tile_padded_d(int path, int D);

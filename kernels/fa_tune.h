@@ -28,17 +28,23 @@
 #define FA_TUNE_DEFAULT_RUNS 5          /* timed runs per candidate (median), after 1 warm-up */
 
 /* Whose results a table holds: a table is only valid for this GPU, this driver and this kernel
- * source (the SHA-256 of fa_src_attn_fwd and $FA_NVRTC_EXTRA). */
+ * source (the SHA-256 of the kernel sources, their shared header and FA_NVRTC_EXTRA). ks: the
+ * kernel settings the table's planner calls use (fa_tune_pick, fa_tuner_start); of them only
+ * FA_NVRTC_EXTRA changes the kernels, so only it enters src_hash. */
 struct fa_tune_ident {
 	uint8_t uuid[16];
 	int driver;          /* cuDriverGetVersion, e.g. 13000 */
 	uint8_t src_hash[32];
+	struct fa_kernel_settings ks;
 };
 
-/* The hash of the kernel source as compiled now (fa_src_attn_fwd + $FA_NVRTC_EXTRA). */
-void fa_tune_src_hash(uint8_t out[32]);
-/* An identity from a UUID and a driver version, with fa_tune_src_hash. */
-void fa_tune_ident_make(struct fa_tune_ident *id, const uint8_t uuid[16], int driver);
+/* The hash of the kernel source as ks compiles it (attn_fwd.cu, attn_fwd_sm90.cu, fa_device.cuh
+ * and ks->nvrtc_extra; ks NULL: the defaults). */
+void fa_tune_src_hash(const struct fa_kernel_settings *ks, uint8_t out[32]);
+/* An identity from a UUID, a driver version and the settings (copied; NULL: the defaults), with
+ * fa_tune_src_hash. */
+void fa_tune_ident_make(struct fa_tune_ident *id, const uint8_t uuid[16], int driver,
+                        const struct fa_kernel_settings *ks);
 
 /* The specialisation class a problem belongs to. Sequence lengths go in log2 buckets: bucket b
  * holds lengths in (2^(b-1), 2^b] (b = 0 holds 1); the GQA ratio Hq/Hkv likewise (floor). */
@@ -101,6 +107,8 @@ void fa_tune_table_close(struct fa_tune_table *t);
 /* The file's path ("" for a table in memory). */
 const char *fa_tune_table_path(const struct fa_tune_table *t);
 const struct fa_device_model *fa_tune_table_model(const struct fa_tune_table *t);
+/* The settings of the table's identity (what its planner calls use). */
+const struct fa_kernel_settings *fa_tune_table_settings(const struct fa_tune_table *t);
 
 /* The entry of a class: true and *e filled when tuned. */
 bool fa_tune_table_get(struct fa_tune_table *t, const struct fa_tune_key *k,
@@ -132,7 +140,8 @@ const char *fa_tune_src_name(enum fa_tune_src s);
 
 /* The tile to launch for d: the tuned one when the class is tuned and the tile is still one of
  * the planner's fitting candidates on the table's device, else the planner's first choice.
- * t NULL: the heuristic (model must then be given; with a table, model may be NULL). The tile's
+ * t NULL: the heuristic with the default settings (model must then be given; with a table, model
+ * may be NULL, and the table's settings are used). The tile's
  * smem, regs and score are the planner's. *src (may be NULL) says which. A class not tuned is
  * remembered for fa_tune_table_next_wanted. Returns fa_plan's statuses. */
 fa_status fa_tune_pick(struct fa_tune_table *t, const struct fa_device_model *model,
@@ -206,7 +215,7 @@ struct fa_gpu;
 fa_status fa_tune_gpu_ops_init(struct fa_tune_ops *ops, struct fa_gpu *g, char *err,
                                size_t errlen);
 void fa_tune_gpu_ops_fini(struct fa_tune_ops *ops);
-/* The identity of g now (UUID, driver version, source hash). */
+/* The identity of g now (UUID, driver version, source hash, the settings g was opened with). */
 void fa_tune_gpu_ident(struct fa_gpu *g, struct fa_tune_ident *id);
 
 #endif /* FA_TUNE_H */

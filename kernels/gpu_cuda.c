@@ -94,6 +94,7 @@ struct fa_gpu {
 	uint8_t uuid[16];
 	int driver; /* cuDriverGetVersion */
 	struct fa_device_model model;
+	struct fa_kernel_settings ks; /* fa_gpu_open's, copied */
 	struct fa_tune_table *tune; /* NULL: the planner's heuristic (fa_gpu_set_tune_table) */
 	pthread_mutex_t lock; /* guards the cache and the counters */
 	struct kcache_entry *cache;
@@ -113,12 +114,14 @@ static fa_status cu_fail(const struct fa_gpu *g, curesult r, const char *what, c
 	return r == 2 ? FA_ENOMEM : FA_EDEVICE;
 }
 
-fa_status fa_gpu_open(struct fa_gpu **out, int ordinal, char *err, size_t errlen)
+fa_status fa_gpu_open(struct fa_gpu **out, int ordinal, const struct fa_kernel_settings *ks,
+                      char *err, size_t errlen)
 {
 	*out = NULL;
 	struct fa_gpu *g = calloc(1, sizeof *g);
 	if (!g)
 		return FA_ENOMEM;
+	g->ks = ks ? *ks : *fa_kernel_settings_default();
 	pthread_mutex_init(&g->lock, NULL);
 	fa_status st = fa_cu_load();
 	if (st != FA_OK) {
@@ -171,7 +174,7 @@ fa_status fa_gpu_open(struct fa_gpu **out, int ordinal, char *err, size_t errlen
 		uint64_t thr = UINT64_MAX;
 		g->cu.MemPoolSetAttribute(pool, POOL_ATTR_RELEASE_THRESHOLD, &thr);
 	}
-	st = fa_nvrtc_open(&g->nvrtc, err, errlen);
+	st = fa_nvrtc_open(&g->nvrtc, &g->ks, err, errlen);
 	if (st != FA_OK)
 		goto fail;
 	*out = g;
@@ -204,6 +207,7 @@ size_t fa_gpu_smem_optin(const struct fa_gpu *g) { return g->model.smem_optin; }
 const char *fa_gpu_name(const struct fa_gpu *g) { return g->name; }
 void fa_gpu_uuid(const struct fa_gpu *g, uint8_t uuid[16]) { memcpy(uuid, g->uuid, 16); }
 int fa_gpu_driver_version(const struct fa_gpu *g) { return g->driver; }
+const struct fa_kernel_settings *fa_gpu_settings(const struct fa_gpu *g) { return &g->ks; }
 
 void fa_gpu_set_tune_table(struct fa_gpu *g, struct fa_tune_table *t)
 {
@@ -366,14 +370,8 @@ static fa_status get_kernel(struct fa_gpu *g, const struct fa_kernel_spec *s,
 
 fa_status fa_gpu_set_cache_dir(struct fa_gpu *g, const char *dir, char *err, size_t errlen)
 {
-	uint64_t max = 0;
-	const char *e = getenv("FA_KERNEL_CACHE_MAX_MB");
-	if (e && *e) {
-		char *end;
-		unsigned long long mb = strtoull(e, &end, 10);
-		if (*end == 0 && mb > 0 && mb < (1ull << 40))
-			max = (uint64_t)mb << 20;
-	}
+	const unsigned long long mb = g->ks.kernel_cache_max_mb;
+	const uint64_t max = mb > 0 && mb < (1ull << 40) ? (uint64_t)mb << 20 : 0;
 	struct fa_diskcache *dc = NULL;
 	fa_status st = FA_OK;
 	if (dir && *dir)
@@ -409,6 +407,7 @@ fa_status fa_gpu_plan(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, struct
 {
 	struct fa_plan_req r;
 	fa_plan_req_from_desc(d, &r);
+	r.ks = &g->ks;
 	return fa_plan(&g->model, &r, out, max, n, err, errlen);
 }
 
@@ -638,29 +637,24 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	/* fp32 staged as bf16 (kernels/PERF-NOTES.md, "v6: bf16 staging"): K and V converted into
 	 * bf16 scratch (stream-ordered; one flat pass keeping their strides where they fill their
 	 * ranges, else dense BSHD), Q read as fp32 by the kernel itself (spec.qin), which writes
-	 * fp32 O; the scratch is freed in stream order. FA_BF16_STAGE=v5 (spec.qin bf16): Q, K and
-	 * V through the strided conversion, as before v6. */
+	 * fp32 O; the scratch is freed in stream order. (v5 converted Q here too: 0.92x of v6,
+	 * retired; PERF-NOTES.md.) */
 	CUdeviceptr scratch = 0;
 	if (d->dtype == FA_DTYPE_FP32 && spec.in == FA_DTYPE_BF16) {
-		const bool v5 = spec.qin != FA_DTYPE_FP32;
-		const bool flat = !v5 && fills_range(kshape, d->k_stride, d->D) &&
+		const bool flat = fills_range(kshape, d->k_stride, d->D) &&
 		                  fills_range(kshape, d->v_stride, d->D);
-		size_t nq = (size_t)(d->B * d->Sq * d->Hq * d->D), nk = (size_t)(d->B * d->Sk * d->Hkv * d->D);
-		size_t bq = v5 ? (nq * 2 + 255) / 256 * 256 : 0, bk = (nk * 2 + 255) / 256 * 256;
-		curesult r = g->cu.MemAllocAsync(&scratch, bq + 2 * bk, (custream)s);
+		size_t nk = (size_t)(d->B * d->Sk * d->Hkv * d->D);
+		size_t bk = (nk * 2 + 255) / 256 * 256;
+		curesult r = g->cu.MemAllocAsync(&scratch, 2 * bk, (custream)s);
 		if (r)
 			return cu_fail(g, r, "cuMemAllocAsync (bf16 staging)", err, errlen);
-		CUdeviceptr dq = scratch, dk = scratch + bq, dv = scratch + bq + bk;
+		CUdeviceptr dk = scratch, dv = scratch + bk;
 		if (flat) {
 			st = launch_cvt_flat(g, ke->cvt_flat, k, dk, v, dv, (int64_t)nk, s, err,
 			                     errlen);
 		} else {
-			if (v5)
-				st = launch_cvt(g, ke->cvt, q, d->q_stride, d->B, d->Sq, d->Hq,
-				                d->D, dq, s, err, errlen);
-			if (!st)
-				st = launch_cvt(g, ke->cvt, k, d->k_stride, d->B, d->Sk, d->Hkv,
-				                d->D, dk, s, err, errlen);
+			st = launch_cvt(g, ke->cvt, k, d->k_stride, d->B, d->Sk, d->Hkv, d->D, dk, s,
+			                err, errlen);
 			if (!st)
 				st = launch_cvt(g, ke->cvt, v, d->v_stride, d->B, d->Sk, d->Hkv,
 				                d->D, dv, s, err, errlen);
@@ -668,12 +662,6 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 		if (st) {
 			g->cu.MemFreeAsync(scratch, (custream)s);
 			return st;
-		}
-		if (v5) {
-			p.q = dq;
-			p.qs[0] = d->Sq * d->Hq * d->D;
-			p.qs[1] = d->Hq * d->D;
-			p.qs[2] = d->D;
 		}
 		p.k = dk;
 		p.v = dv;

@@ -22,9 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The kernel source, embedded by tools/embed.sh from kernels/attn_fwd.cu. */
-extern const char fa_src_attn_fwd[];
-extern const unsigned long fa_src_attn_fwd_len;
+#include "fa_kernel_src.h"
 
 static const uint8_t MAGIC[8] = {'F', 'A', 'K', 'C', 'U', 'B', 'I', 'N'};
 #define TMP_PREFIX ".tmp."
@@ -149,25 +147,36 @@ static void hash_u64(struct fa_sha256 *c, uint64_t v)
 	fa_sha256_update(c, b, sizeof b);
 }
 
-void fa_diskcache_key_make(struct fa_diskcache_key *k, const char *src, size_t srclen,
-                           const struct fa_nvrtc_opts *o, int nvrtc_major, int nvrtc_minor)
+/* The key over the texts the compile reads (the source, then the header it includes), each
+ * length-prefixed; one text hashes as fa_diskcache_key_make always did. */
+static void key_make_texts(struct fa_diskcache_key *k, const char *const *txt, const size_t *len,
+                           int ntxt, const struct fa_nvrtc_opts *o, int nvrtc_major,
+                           int nvrtc_minor)
 {
 	static const char tag[] = "fa kernel cache";
 	struct fa_sha256 c;
 	fa_sha256_init(&c);
 	fa_sha256_update(&c, tag, sizeof tag);
 	hash_u64(&c, FA_DISKCACHE_FORMAT);
-	hash_u64(&c, srclen);
-	fa_sha256_update(&c, src, srclen);
+	for (int i = 0; i < ntxt; i++) {
+		hash_u64(&c, len[i]);
+		fa_sha256_update(&c, txt[i], len[i]);
+	}
 	hash_u64(&c, (uint64_t)(int64_t)nvrtc_major);
 	hash_u64(&c, (uint64_t)(int64_t)nvrtc_minor);
 	hash_u64(&c, (uint64_t)o->n);
 	for (int i = 0; i < o->n && i < FA_NVRTC_MAX_OPTS; i++) {
-		size_t len = strnlen(o->v[i], sizeof o->v[i]);
-		hash_u64(&c, len);
-		fa_sha256_update(&c, o->v[i], len);
+		size_t l = strnlen(o->v[i], sizeof o->v[i]);
+		hash_u64(&c, l);
+		fa_sha256_update(&c, o->v[i], l);
 	}
 	fa_sha256_final(&c, k->b);
+}
+
+void fa_diskcache_key_make(struct fa_diskcache_key *k, const char *src, size_t srclen,
+                           const struct fa_nvrtc_opts *o, int nvrtc_major, int nvrtc_minor)
+{
+	key_make_texts(k, &src, &srclen, 1, o, nvrtc_major, nvrtc_minor);
 }
 
 void fa_diskcache_key_for_spec(struct fa_diskcache_key *k, const struct fa_nvrtc *n,
@@ -177,12 +186,14 @@ void fa_diskcache_key_for_spec(struct fa_diskcache_key *k, const struct fa_nvrtc
 	int major, minor;
 	if (!o)
 		o = &local;
-	fa_nvrtc_options(spec, o);
+	fa_nvrtc_options(n, spec, o);
 	fa_nvrtc_version(n, &major, &minor);
-	const char *src;
-	size_t srclen;
-	fa_kernel_source(spec, &src, &srclen);
-	fa_diskcache_key_make(k, src, srclen, o, major, minor);
+	const char *txt[2];
+	size_t len[2];
+	fa_kernel_source(spec, &txt[0], &len[0]);
+	txt[1] = fa_src_fa_device;
+	len[1] = fa_src_fa_device_len;
+	key_make_texts(k, txt, len, 2, o, major, minor);
 }
 
 void fa_diskcache_key_hex(const struct fa_diskcache_key *k, char out[33])
@@ -669,7 +680,7 @@ fa_status fa_kernel_cubin(struct fa_nvrtc *n, struct fa_diskcache *dc,
 	memset(info, 0, sizeof *info);
 	*cubin = NULL;
 	*size = 0;
-	/* The options hashed are the options compiled: FA_NVRTC_EXTRA is read once, here. */
+	/* The options hashed are the options compiled (FA_NVRTC_EXTRA from n's settings). */
 	fa_diskcache_key_for_spec(&k, n, spec, &o);
 	info->key = k;
 	if (dc) {

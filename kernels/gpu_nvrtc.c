@@ -17,11 +17,7 @@
 #define FA_CUDA_HOME "/usr/local/cuda"
 #endif
 
-/* The kernel source, embedded by tools/embed.sh from kernels/attn_fwd.cu. */
-extern const char fa_src_attn_fwd[];
-extern const unsigned long fa_src_attn_fwd_len;
-extern const char fa_src_attn_fwd_sm90[];
-extern const unsigned long fa_src_attn_fwd_sm90_len;
+#include "fa_kernel_src.h"
 
 typedef int nvrtcResult_t;
 typedef void *nvrtcProgram_t;
@@ -29,6 +25,7 @@ typedef void *nvrtcProgram_t;
 struct fa_nvrtc {
 	void *lib;
 	int major, minor;
+	char extra[FA_KERNEL_SETTINGS_EXTRA_MAX]; /* FA_NVRTC_EXTRA, copied at open */
 	nvrtcResult_t (*Version)(int *, int *);
 	nvrtcResult_t (*CreateProgram)(nvrtcProgram_t *, const char *, const char *, int,
 	                               const char *const *, const char *const *);
@@ -41,13 +38,17 @@ struct fa_nvrtc {
 	const char *(*GetErrorString)(nvrtcResult_t);
 };
 
-/* Try the toolkit's copy first (FA_CUDA_HOME), then whatever the loader finds. */
-fa_status fa_nvrtc_open(struct fa_nvrtc **out, char *err, size_t errlen)
+/* Try the toolkit's copy first (FA_CUDA_HOME), then the settings' CUDA_HOME, then whatever the
+ * loader finds. */
+fa_status fa_nvrtc_open(struct fa_nvrtc **out, const struct fa_kernel_settings *ks, char *err,
+                        size_t errlen)
 {
-	const char *home = getenv("CUDA_HOME");
+	if (!ks)
+		ks = fa_kernel_settings_default();
+	const char *home = ks->cuda_home;
 	char path[512];
 	const char *names[] = {NULL, NULL, "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"};
-	char p1[512];
+	char p1[FA_KERNEL_SETTINGS_PATH_MAX + 32];
 	void *lib = NULL;
 	*out = NULL;
 	snprintf(path, sizeof path, "%s/lib64/libnvrtc.so.13", FA_CUDA_HOME);
@@ -75,6 +76,7 @@ fa_status fa_nvrtc_open(struct fa_nvrtc **out, char *err, size_t errlen)
 		return FA_ENOMEM;
 	}
 	n->lib = lib;
+	snprintf(n->extra, sizeof n->extra, "%s", ks->nvrtc_extra);
 #define SYM(field, name)                                                                        \
 	do {                                                                                       \
 		*(void **)&n->field = dlsym(lib, name);                                                \
@@ -117,8 +119,7 @@ void fa_nvrtc_version(const struct fa_nvrtc *n, int *major, int *minor)
 }
 
 /* fp32 staged as bf16 is a bf16 kernel reading fp32 Q and writing fp32; other fp32 precisions
- * read fp32. FA_BF16_STAGE=v5: Q staged by the host too (the comparison in PERF-NOTES.md, "v6:
- * bf16 staging"). */
+ * read fp32. */
 void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_precision prec, int D,
                          fa_mask mask, const struct fa_tile *tile)
 {
@@ -129,10 +130,9 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 	s->tile = *tile;
 	prec = fa_prec_resolve(dt, prec);
 	if (dt == FA_DTYPE_FP32 && prec == FA_PREC_BF16) {
-		const char *v5 = getenv("FA_BF16_STAGE");
 		s->in = FA_DTYPE_BF16;
 		s->out = FA_DTYPE_FP32;
-		s->qin = v5 && strcmp(v5, "v5") == 0 ? FA_DTYPE_BF16 : FA_DTYPE_FP32;
+		s->qin = FA_DTYPE_FP32;
 		s->precision = FA_PREC_DEFAULT;
 	} else {
 		s->in = dt;
@@ -213,7 +213,8 @@ static double now_s(void)
 
 /* The options are built in one place so that the disk cache's key (gpu_diskcache.c) hashes
  * exactly what the compile is given, FA_NVRTC_EXTRA included. */
-void fa_nvrtc_options(const struct fa_kernel_spec *s, struct fa_nvrtc_opts *o)
+void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
+                      struct fa_nvrtc_opts *o)
 {
 	int k = 0;
 	int in = s->in == FA_DTYPE_FP16 ? 1 : s->in == FA_DTYPE_BF16 ? 2 : 3;
@@ -251,12 +252,12 @@ void fa_nvrtc_options(const struct fa_kernel_spec *s, struct fa_nvrtc_opts *o)
 	 * keys) stay */
 	if (!wg && qin != in)
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_QIN=%d", qin);
-	/* Experiments only (tools/gpu-run.sh variants, kernels/PERF-NOTES.md): extra -D options
-	 * from FA_NVRTC_EXTRA ("-DX=1 -DY=2"), at most 4, each cut to 47 bytes. They are part of
-	 * the option list, hence of the disk cache's key. */
-	const char *extra = getenv("FA_NVRTC_EXTRA");
+	/* Experiments only (tools/perf-variants.sh, kernels/PERF-NOTES.md): extra -D options from
+	 * the settings' FA_NVRTC_EXTRA ("-DX=1 -DY=2"), at most 4, each cut to 47 bytes. They are
+	 * part of the option list, hence of the disk cache's key. */
+	const char *extra = n ? n->extra : "";
 	int ne = 0;
-	if (extra) {
+	if (*extra) {
 		const char *q = extra;
 		while (*q && ne < 4 && k < FA_NVRTC_MAX_OPTS) {
 			while (*q == ' ')
@@ -280,7 +281,7 @@ fa_status fa_nvrtc_compile(struct fa_nvrtc *n, const struct fa_kernel_spec *s, v
                            size_t errlen)
 {
 	struct fa_nvrtc_opts o;
-	fa_nvrtc_options(s, &o);
+	fa_nvrtc_options(n, s, &o);
 	return fa_nvrtc_compile_opts(n, s, &o, cubin, cubin_size, usage, err, errlen);
 }
 
@@ -302,10 +303,12 @@ fa_status fa_nvrtc_compile_opts(struct fa_nvrtc *n, const struct fa_kernel_spec 
 	const char *src;
 	size_t srclen;
 	fa_kernel_source(s, &src, &srclen);
+	/* the shared device helpers: #include "fa_device.cuh" resolves to the embedded text */
+	const char *const hdr[1] = {fa_src_fa_device}, *const hdr_name[1] = {FA_DEVICE_HEADER_NAME};
 	nvrtcResult_t r = n->CreateProgram(&prog, src,
 	                                   fa_kpath_is_wg(s->tile.path) ? "attn_fwd_sm90.cu"
 	                                                                : "attn_fwd.cu",
-	                                   0, NULL, NULL);
+	                                   1, hdr, hdr_name);
 	if (r != 0) {
 		snprintf(err, errlen, "nvrtcCreateProgram: %s", n->GetErrorString(r));
 		return FA_EINTERNAL;

@@ -6,6 +6,7 @@
  */
 #include "fa_planner.h"
 #include "fa_attn.h" /* FA_ATTN_MAX_HEAD_DIM */
+#include "fa_settings.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -14,13 +15,20 @@
 #include <strings.h>
 
 /* Opt-in per-block limits and per-SM shared memory from the CUDA programming guide's table of
- * compute capabilities. sm_count is the largest common part of that architecture. */
+ * compute capabilities (docs.nvidia.com/cuda/cuda-programming-guide/05-appendices/
+ * compute-capabilities.html, "maximum amount of shared memory per thread block" with the opt-in,
+ * and "per SM"): 7.5 64 KiB / 64 KiB, 8.0 163 / 164, 8.6 and 8.9 99 / 100, 9.0 227 / 228, 10.0
+ * 227 / 228 (B200; also the Blackwell tuning guide, "Unified Shared Memory/L1/Texture Cache"),
+ * 12.0 99 / 100 (RTX 50xx). sm_count is the largest common part of that architecture: 148 for
+ * the B200, 170 for the RTX 5090. */
 static const struct fa_device_model models[] = {
 	{"sm_75", 75, 65536, 65536, 65536, 40},
 	{"sm_80", 80, 166912, 167936, 65536, 108},
 	{"sm_86", 86, 101376, 102400, 65536, 84},
 	{"sm_89", 89, 101376, 102400, 65536, 128},
 	{"sm_90", 90, 232448, 233472, 65536, 132},
+	{"sm_100", 100, 232448, 233472, 65536, 148},
+	{"sm_120", 120, 101376, 102400, 65536, 170},
 	{"t4", 75, 65536, 65536, 65536, 40},
 	{"a100", 80, 166912, 167936, 65536, 108},
 	{"a10", 86, 101376, 102400, 65536, 72},
@@ -31,6 +39,8 @@ static const struct fa_device_model models[] = {
 	{"rtx4090", 89, 101376, 102400, 65536, 128},
 	{"h100", 90, 232448, 233472, 65536, 132},
 	{"h200", 90, 232448, 233472, 65536, 132},
+	{"b200", 100, 232448, 233472, 65536, 148},
+	{"rtx5090", 120, 101376, 102400, 65536, 170},
 };
 
 /* dtype names without depending on the CPU reference's fa_dtype.c. */
@@ -52,13 +62,13 @@ const struct fa_device_model *fa_device_models(int *n)
 	return models;
 }
 
-/* Look a model up by name; "80" and "sm80" mean "sm_80". */
+/* Look a model up by name; "80" and "sm80" mean "sm_80", "100" "sm_100". */
 const struct fa_device_model *fa_device_model_find(const char *name)
 {
 	char buf[32];
 	if (!name)
 		return NULL;
-	if (strlen(name) < 3 && strspn(name, "0123456789") == strlen(name)) {
+	if (strlen(name) < 4 && strspn(name, "0123456789") == strlen(name)) {
 		snprintf(buf, sizeof buf, "sm_%s", name);
 		name = buf;
 	} else if (strncasecmp(name, "sm", 2) == 0 && name[2] != '_') {
@@ -136,25 +146,15 @@ int fa_tile_padded_d(int path, int D)
 	return path == FA_KPATH_16 ? (D + 15) / 16 * 16 : D;
 }
 
-/* FA_PAIR of attn_fwd.cu as NVRTC compiles it for a tile: the default there (2 at head dim 256
- * exactly with 64 keys and 8 warps, the tile where it was measured faster and tested on a GPU,
- * else 0), or the last -DFA_PAIR[=N] in FA_NVRTC_EXTRA, the experiments' switch (gpu_nvrtc.c
- * passes the same tokens). */
-static int pair_mode(const struct fa_tile *t, int D)
+/* Whether attn_fwd.cu pairs the warps of a tile (its PAIR): at head dim 256 exactly with 64 keys
+ * and 8 warps, the tile where it was measured faster and tested on a GPU (PERF-NOTES.md v5). */
+static bool pair_on(const struct fa_tile *t, int D)
 {
-	const char *e = getenv("FA_NVRTC_EXTRA");
-	int m = D == 256 && t->bc == 64 && t->nw == 8 ? 2 : 0;
-	for (const char *p = e; p && (p = strstr(p, "-DFA_PAIR")) != NULL; p += 9) {
-		if (p[9] == '=')
-			m = atoi(p + 10);
-		else if (p[9] == ' ' || p[9] == '\0')
-			m = 1;
-	}
-	return m;
+	return D == 256 && t->bc == 64 && t->nw == 8;
 }
 
 /* Mirrors SMEM_Q/K/V in attn_fwd.cu, plus the warp pairs' exchange buffer (SMEM_XP + SMEM_XR)
- * on the tiles where FA_PAIR is on and applies (PAIR_OK there: one row tile per warp, >= 2
+ * on the tiles where the pairs are on and apply (PAIR_OK there: one row tile per warp, >= 2
  * stages, padded D > 128 and a multiple of 32). */
 size_t fa_tile_smem(const struct fa_tile *t, int D)
 {
@@ -170,7 +170,7 @@ size_t fa_tile_smem(const struct fa_tile *t, int D)
 		int dp = fa_tile_padded_d(t->path, D);
 		size_t ld = (size_t)dp + 8;
 		size_t x = 0;
-		if (t->rt == 1 && t->stages >= 2 && dp % 32 == 0 && dp > 128 && pair_mode(t, D) != 0)
+		if (t->rt == 1 && t->stages >= 2 && dp % 32 == 0 && dp > 128 && pair_on(t, D))
 			x = (size_t)t->nw * t->bc * 32 + (size_t)t->nw * 512;
 		return 2 * (br * ld + (size_t)t->stages * t->bc * 2 * ld) + x;
 	}
@@ -190,6 +190,17 @@ static bool regs_exception(const struct fa_tile *t, int D)
 {
 	int dp = fa_tile_padded_d(t->path, D);
 	return t->path == FA_KPATH_16 && t->rt == 2 && t->bc == 64 && (dp <= 96 || dp == 128);
+}
+
+/* ptxas for sm_100 (CUDA 13.0) spends more registers on the 16-bit two-row-tile tiles than for
+ * sm_80 to sm_90: 128x64 w4r2 spilled at d128 (255 + 8 bytes) and at d64 (254 + 24, estimate
+ * 240) in test_nvrtc_compile. Until a B200 measures them, sm_100 keeps those tiles only well
+ * under the cap, without the exception above. */
+static bool regs_fit(const struct fa_device_model *dev, const struct fa_tile *t, int D, int raw)
+{
+	if (dev->sm == 100 && t->path == FA_KPATH_16 && t->rt == 2)
+		return raw <= 208;
+	return raw <= FA_PLAN_MAX_REGS || regs_exception(t, D);
 }
 static int tile_regs_raw(const struct fa_tile *t, int D, fa_precision p)
 {
@@ -215,10 +226,10 @@ int fa_tile_regs(const struct fa_tile *t, int D, fa_precision p)
 	return r > 255 ? 255 : r;
 }
 
-/* Threads one SM can hold: 1536 on sm_86/sm_89, 1024 on sm_75, 2048 otherwise. */
+/* Threads one SM can hold: 1536 on sm_86/sm_89/sm_120, 1024 on sm_75, 2048 otherwise. */
 static int max_threads_per_sm(int sm)
 {
-	if (sm == 86 || sm == 89)
+	if (sm == 86 || sm == 89 || sm == 120) /* the consumer parts: 48 warps per SM */
 		return 1536;
 	if (sm == 75)
 		return 1024;
@@ -287,16 +298,20 @@ static int cmp_tile(const void *a, const void *b)
 	return 0;
 }
 
-bool fa_plan_wgmma_enabled(const struct fa_device_model *dev)
+/* wgmma is sm_90a's alone: sm_100 and sm_120 have no wgmma (their tensor-core instructions
+ * are tcgen05 and the mma.sync family), so they run the mma.sync kernel. */
+bool fa_plan_wgmma_enabled(const struct fa_device_model *dev, const struct fa_kernel_settings *ks)
 {
-	const char *e = getenv("FA_WGMMA");
-	return dev->sm == 90 && !(e && strcmp(e, "0") == 0);
+	if (!ks)
+		ks = fa_kernel_settings_default();
+	return dev->sm == 90 && ks->wgmma;
 }
 
-bool fa_plan_wgmma16_enabled(const struct fa_device_model *dev)
+bool fa_plan_wgmma16_enabled(const struct fa_device_model *dev, const struct fa_kernel_settings *ks)
 {
-	const char *e = getenv("FA_WGMMA16");
-	return fa_plan_wgmma_enabled(dev) && !(e && strcmp(e, "0") == 0);
+	if (!ks)
+		ks = fa_kernel_settings_default();
+	return fa_plan_wgmma_enabled(dev, ks) && ks->wgmma16 != FA_WGMMA16_OFF;
 }
 
 /* The wgmma candidates (sm_90): 1 or 2 warpgroups, 16-64 keys (fp32) or 32-128 (16-bit), 2-3
@@ -304,22 +319,20 @@ bool fa_plan_wgmma16_enabled(const struct fa_device_model *dev)
  * offers them they measured faster (kernels/PERF-NOTES.md v7, v8). Within them: two warpgroups (one block's
  * softmax overlaps the other's MMAs), wider key steps, the waves. */
 static void wg_candidates(const struct fa_device_model *dev, const struct fa_plan_req *req,
-                          fa_precision prec, struct fa_tile *all, int *nall, size_t *min_smem,
-                          struct fa_tile *smallest)
+                          const struct fa_kernel_settings *ks, fa_precision prec,
+                          struct fa_tile *all, int *nall, size_t *min_smem, struct fa_tile *smallest)
 {
 	static const int nwgs[] = {1, 2}, bcs[] = {16, 32, 64, 128}, stgs[] = {2, 3};
 	const bool w16 = req->dtype != FA_DTYPE_FP32 || prec == FA_PREC_BF16;
 	/* experiments (kernels/PERF-NOTES.md): FA_WG_BC, FA_WG_STAGES, FA_WG_NWG keep one value */
-	const char *only_bc = getenv("FA_WG_BC"), *only_st = getenv("FA_WG_STAGES"),
-	           *only_nwg = getenv("FA_WG_NWG");
+	const int only_bc = ks->wg_bc, only_st = ks->wg_stages, only_nwg = ks->wg_nwg;
 	for (size_t a = 0; a < 2; a++)
 		for (size_t c = 0; c < 4; c++)
 			for (size_t d = 0; d < 2; d++) {
 				if (bcs[c] == (w16 ? 16 : 128)) /* 16-bit: k16 steps; fp32: N <= 64 measured */
 					continue;
-				if ((only_bc && atoi(only_bc) != bcs[c]) ||
-				    (only_st && atoi(only_st) != stgs[d]) ||
-				    (only_nwg && atoi(only_nwg) != nwgs[a]))
+				if ((only_bc && only_bc != bcs[c]) || (only_st && only_st != stgs[d]) ||
+				    (only_nwg && only_nwg != nwgs[a]))
 					continue;
 				struct fa_tile t = {0};
 				t.path = w16 ? FA_KPATH_WG16
@@ -366,12 +379,12 @@ static bool wg_long_enough(const struct fa_plan_req *req)
 /* Where the 16-bit wgmma kernel beat the mma.sync one on the H200 (PERF-NOTES.md v8, same run,
  * S=4096): no mask, and fp32 staged as bf16 from head dim 128 (349 vs 329 TFLOP/s; the staging
  * is then as fast as the bf16 kernel), fp16/bf16 above 192 (d256 325 vs 295). Elsewhere it was
- * slower (d64 273 vs 336; every causal shape) and mma.sync stays. $FA_WGMMA16=1 offers it
+ * slower (d64 273 vs 336; every causal shape) and mma.sync stays. FA_WGMMA16=1 offers it
  * everywhere (experiments). */
-static bool wg16_wins(const struct fa_plan_req *req, fa_precision prec)
+static bool wg16_wins(const struct fa_plan_req *req, const struct fa_kernel_settings *ks,
+                      fa_precision prec)
 {
-	const char *e = getenv("FA_WGMMA16");
-	if (e && strcmp(e, "1") == 0)
+	if (ks->wgmma16 == FA_WGMMA16_ALL)
 		return true;
 	if (req->mask != FA_MASK_NONE)
 		return false;
@@ -406,6 +419,7 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 		snprintf(err, errlen, "head dim %d: must be a multiple of 8 from 8 to 256", req->D);
 		return FA_ESHAPE;
 	}
+	const struct fa_kernel_settings *ks = req->ks ? req->ks : fa_kernel_settings_default();
 	fa_precision prec = fa_prec_resolve(req->dtype, req->precision);
 	int path = fa_plan_path(req->dtype, prec);
 	for (size_t a = 0; a < sizeof nws / sizeof nws[0]; a++)
@@ -431,8 +445,7 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 						min_smem = t.smem;
 						smallest = t;
 					}
-					if ((raw > FA_PLAN_MAX_REGS && !regs_exception(&t, req->D)) ||
-					    t.smem > dev->smem_optin)
+					if (!regs_fit(dev, &t, req->D, raw) || t.smem > dev->smem_optin)
 						continue;
 					if (req->D > FA_ATTN_MAX_HEAD_DIM)
 						continue;
@@ -442,11 +455,11 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 						all[nall++] = t;
 				}
 	if (req->dtype == FA_DTYPE_FP32 && (prec == FA_PREC_TF32 || prec == FA_PREC_3XTF32) &&
-	    fa_plan_wgmma_enabled(dev) && wg_long_enough(req))
-		wg_candidates(dev, req, prec, all, &nall, &min_smem, &smallest);
+	    fa_plan_wgmma_enabled(dev, ks) && wg_long_enough(req))
+		wg_candidates(dev, req, ks, prec, all, &nall, &min_smem, &smallest);
 	else if ((req->dtype != FA_DTYPE_FP32 || prec == FA_PREC_BF16) &&
-	         fa_plan_wgmma16_enabled(dev) && wg_long_enough(req) && wg16_wins(req, prec))
-		wg_candidates(dev, req, prec, all, &nall, &min_smem, &smallest);
+	         fa_plan_wgmma16_enabled(dev, ks) && wg_long_enough(req) && wg16_wins(req, ks, prec))
+		wg_candidates(dev, req, ks, prec, all, &nall, &min_smem, &smallest);
 	if (nall == 0) {
 		char tb[48];
 		fa_tile_format(&smallest, tb, sizeof tb);

@@ -29,10 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-extern const char fa_src_attn_fwd[];
-extern const unsigned long fa_src_attn_fwd_len;
-extern const char fa_src_attn_fwd_sm90[];
-extern const unsigned long fa_src_attn_fwd_sm90_len;
+#include "fa_kernel_src.h"
 
 #define WANTED_MAX 64
 #define FILE_MAX (16u << 20) /* larger files are not read (4096 entries need ~1.5 MiB) */
@@ -54,26 +51,30 @@ struct fa_tune_table {
 
 /* ---- identity and keys ------------------------------------------------------------------- */
 
-void fa_tune_src_hash(uint8_t out[32])
+void fa_tune_src_hash(const struct fa_kernel_settings *ks, uint8_t out[32])
 {
 	struct fa_sha256 c;
-	const char *extra = getenv("FA_NVRTC_EXTRA");
+	const char *extra = (ks ? ks : fa_kernel_settings_default())->nvrtc_extra;
 	fa_sha256_init(&c);
 	fa_sha256_update(&c, fa_src_attn_fwd, fa_src_attn_fwd_len);
 	fa_sha256_update(&c, fa_src_attn_fwd_sm90, fa_src_attn_fwd_sm90_len);
+	/* the header both include: a change there changes both kernels */
+	fa_sha256_update(&c, "\0hdr=", 5);
+	fa_sha256_update(&c, fa_src_fa_device, fa_src_fa_device_len);
 	/* experiments change the kernel without changing its text */
 	fa_sha256_update(&c, "\0extra=", 7);
-	if (extra)
-		fa_sha256_update(&c, extra, strlen(extra));
+	fa_sha256_update(&c, extra, strlen(extra));
 	fa_sha256_final(&c, out);
 }
 
-void fa_tune_ident_make(struct fa_tune_ident *id, const uint8_t uuid[16], int driver)
+void fa_tune_ident_make(struct fa_tune_ident *id, const uint8_t uuid[16], int driver,
+                        const struct fa_kernel_settings *ks)
 {
 	memset(id, 0, sizeof *id);
 	memcpy(id->uuid, uuid, 16);
 	id->driver = driver;
-	fa_tune_src_hash(id->src_hash);
+	id->ks = ks ? *ks : *fa_kernel_settings_default();
+	fa_tune_src_hash(&id->ks, id->src_hash);
 }
 
 /* Bucket b holds (2^(b-1), 2^b]: ceil(log2(n)). */
@@ -480,6 +481,11 @@ const char *fa_tune_table_path(const struct fa_tune_table *t) { return t->path; 
 const struct fa_device_model *fa_tune_table_model(const struct fa_tune_table *t)
 {
 	return &t->model;
+}
+
+const struct fa_kernel_settings *fa_tune_table_settings(const struct fa_tune_table *t)
+{
+	return &t->id.ks;
 }
 
 bool fa_tune_table_get(struct fa_tune_table *t, const struct fa_tune_key *k,

@@ -165,5 +165,5 @@ void fa_tune_gpu_ident(struct fa_gpu *g, struct fa_tune_ident *id)
 {
 	uint8_t u[16];
 	fa_gpu_uuid(g, u);
-	fa_tune_ident_make(id, u, fa_gpu_driver_version(g));
+	fa_tune_ident_make(id, u, fa_gpu_driver_version(g), fa_gpu_settings(g));
 }

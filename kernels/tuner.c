@@ -85,6 +85,7 @@ fa_status fa_tune_pick(struct fa_tune_table *t, const struct fa_device_model *mo
 		return FA_EINVAL;
 	}
 	fa_plan_req_from_desc(d, &r);
+	r.ks = t ? fa_tune_table_settings(t) : NULL;
 	/* every fitting candidate: the tuned tile must be one of them to be used */
 	fa_status st = fa_plan(model, &r, c, FA_PLAN_MAX_CANDIDATES, &n, err, errlen);
 	if (st != FA_OK)
@@ -143,6 +144,7 @@ fa_status fa_tuner_start(struct fa_tuner **out, struct fa_tune_table *t,
 	struct fa_plan_req r;
 	int n = 0;
 	fa_plan_req_from_desc(d, &r);
+	r.ks = fa_tune_table_settings(t);
 	st = fa_plan(fa_tune_table_model(t), &r, c, want, &n, err, errlen);
 	if (st != FA_OK) {
 		free(tu);

@@ -44,7 +44,14 @@ int main(int argc, char **argv)
 {
 	char err[2048];
 	struct fa_gpu *g;
-	if (fa_gpu_open(&g, 0, err, sizeof err) != FA_OK) {
+	/* the kernel settings from the environment (FA_NVRTC_EXTRA: the variant timed) */
+	struct fa_kernel_settings ks = FA_KERNEL_SETTINGS_INIT;
+	for (const char *const *nm = fa_kernel_settings_names(); *nm; nm++)
+		if (fa_kernel_settings_set(&ks, *nm, getenv(*nm), err, sizeof err) != FA_OK) {
+			printf("%s\n", err);
+			return 1;
+		}
+	if (fa_gpu_open(&g, 0, &ks, err, sizeof err) != FA_OK) {
 		printf("no GPU: skipped (%s)\n", err);
 		return 0;
 	}

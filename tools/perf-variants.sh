@@ -109,7 +109,7 @@ fi
 # FA_PV_TILES="D BR BC NW RT ST|...": given tiles, timed under each '|'-separated FA_PV_TEXTRA
 if [ -n "${FA_PV_TILES:-}" ]; then
 	cc -std=c11 -D_GNU_SOURCE -O2 -Iclient/include -Ikernels -o "$B/perf-tiles" tools/perf-tiles.c \
-		"$B/libfakernels.a" "$B/libfaproto.a" -lpthread -ldl -lm || rc=1
+		"$B/libfakernels.a" "$B/libfaproto.a" "$B/libfacommon.a" -lpthread -ldl -lm || rc=1
 	IFS='|'
 	for x in ${FA_PV_TEXTRA:--}; do
 		[ "$x" = - ] && x=

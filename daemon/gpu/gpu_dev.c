@@ -53,7 +53,7 @@ fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordinal,
 
 	d->b = b;
 	d->ordinal = ordinal;
-	if ((st = fa_gpu_open(&d->g, ordinal, err, errlen)) != FA_OK)
+	if ((st = fa_gpu_open(&d->g, ordinal, &cfg->kernels, err, errlen)) != FA_OK)
 		return st;
 	fa_gpu_set_log(d->g, gpu_kernels_log, NULL);
 	/* A warm restart loads every kernel it compiled before from here; a cache that cannot be

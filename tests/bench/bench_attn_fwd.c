@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "fa_gpu.h"
+#include "fa_ksettings.h"
 
 static struct fa_gpu *g;
 static FILE *tsv;
@@ -197,7 +198,9 @@ static void bench(const struct shape *s, const struct fa_tile *tile, const char 
 int main(void)
 {
 	char err[512];
-	if (fa_gpu_open(&g, 0, err, sizeof err) != FA_OK) {
+	struct fa_kernel_settings ks;
+	fa_test_kernel_settings(&ks);
+	if (fa_gpu_open(&g, 0, &ks, err, sizeof err) != FA_OK) {
 		printf("no GPU: skipped (%s)\n", err);
 		return 0;
 	}

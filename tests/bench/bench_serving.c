@@ -54,6 +54,7 @@
 #include "fa_integ.h"
 #include "fa_proto.h"
 #include "fa_raw.h"
+#include "fa_ksettings.h"
 
 #define WARMUP 200 /* untimed requests before each latency series */
 #define MAX_CLIENTS 8
@@ -472,7 +473,9 @@ static int child_inproc(const void *arg)
 
 	if (cu_open(why, sizeof why) != 0)
 		return fail("CUDA: %s", why);
-	if ((st = fa_gpu_open(&g, 0, err, sizeof err)) != FA_OK)
+	struct fa_kernel_settings ks;
+	fa_test_kernel_settings(&ks);
+	if ((st = fa_gpu_open(&g, 0, &ks, err, sizeof err)) != FA_OK)
 		return fail("fa_gpu_open: %s (%s)", fa_status_name(st), err);
 	if (fa_gpu_set_cache_dir(g, g_cache_dir, err, sizeof err) != FA_OK)
 		note("no kernel disk cache (kernels compile here again): %s", err);

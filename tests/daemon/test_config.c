@@ -16,7 +16,8 @@
 static const char *const env_names[] = {
 	"FA_SOCKET",  "FA_SOCKET_MODE", "FA_THREADS",   "FA_MAX_INFLIGHT",     "FA_MAX_REGIONS",
 	"FA_MAX_SESSIONS", "FA_MAX_REGION_BYTES", "FA_BACKEND", "FA_CACHE_DIR", "FA_CONFIG",
-	"FA_VERBOSE",
+	"FA_VERBOSE", "FA_WGMMA", "FA_WGMMA16", "FA_WG_BC", "FA_WG_STAGES", "FA_WG_NWG",
+	"FA_NVRTC_EXTRA", "FA_KERNEL_CACHE_MAX_MB", "CUDA_HOME",
 };
 
 /* Every test starts from an environment without FA_* settings. */
@@ -209,6 +210,45 @@ static void test_config_rejects_bad_values_with_a_message(void **state)
 	unsetenv("FA_MAX_REGIONS");
 }
 
+/* The kernels' settings are options like the others (flag, environment, file), parsed and
+ * checked by kernels/fa_settings.c, and land in c.kernels for the GPU backend. */
+static void test_config_carries_the_kernel_settings(void **state)
+{
+	(void)state;
+	struct config c;
+	enum config_action a;
+	char err[512], v[256];
+
+	assert_int_equal(parse(&c, &a, err, sizeof err, NULL), FA_OK);
+	assert_true(c.kernels.wgmma);
+	assert_int_equal(c.kernels.wgmma16, FA_WGMMA16_MEASURED);
+	assert_string_equal(c.kernels.nvrtc_extra, "");
+	get(&c, "wgmma16", v, sizeof v);
+	assert_string_equal(v, "auto");
+
+	setenv("FA_WGMMA", "0", 1);
+	setenv("FA_NVRTC_EXTRA", "-DFA_X=1", 1);
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--wgmma16", "1", "--wg-bc", "32",
+	                       "--kernel-cache-max-mb", "64", NULL),
+	                 FA_OK);
+	unsetenv("FA_WGMMA");
+	unsetenv("FA_NVRTC_EXTRA");
+	assert_false(c.kernels.wgmma);
+	assert_int_equal(c.kernels.wgmma16, FA_WGMMA16_ALL);
+	assert_int_equal(c.kernels.wg_bc, 32);
+	assert_int_equal(c.kernels.kernel_cache_max_mb, 64);
+	assert_string_equal(c.kernels.nvrtc_extra, "-DFA_X=1");
+	get(&c, "nvrtc-extra", v, sizeof v);
+	assert_string_equal(v, "-DFA_X=1");
+
+	expect_refused("--wgmma: bad value \"yes\" (0 or 1)", "--wgmma", "yes", NULL);
+	expect_refused("--wgmma16: bad value \"2\" (auto, 0 or 1)", "--wgmma16", "2", NULL);
+	expect_refused("--wg-stages: bad value \"-1\"", "--wg-stages", "-1", NULL);
+	setenv("FA_WGMMA", "2", 1);
+	expect_refused("FA_WGMMA: bad value \"2\" (0 or 1)", NULL);
+	unsetenv("FA_WGMMA");
+}
+
 static void test_config_file_errors_name_the_line(void **state)
 {
 	char path[64], needle[128];
@@ -290,6 +330,7 @@ int main(void)
 		cmocka_unit_test_setup(test_config_environment_is_read, clean_env),
 		cmocka_unit_test_setup(test_config_file_then_env_then_flags, clean_env),
 		cmocka_unit_test_setup(test_config_rejects_bad_values_with_a_message, clean_env),
+		cmocka_unit_test_setup(test_config_carries_the_kernel_settings, clean_env),
 		cmocka_unit_test_setup(test_config_file_errors_name_the_line, clean_env),
 		cmocka_unit_test_setup(test_config_help_and_version_win_over_errors, clean_env),
 		cmocka_unit_test_setup(test_config_help_and_describe_list_every_option, clean_env),

@@ -25,6 +25,7 @@
 
 #include "fa_gpu.h"
 #include "fa_test.h"
+#include "fa_ksettings.h"
 
 struct gcase {
 	fa_dtype dt;
@@ -363,7 +364,9 @@ static bool run_case(const struct gcase *c, int verbose)
 static int setup(void **state)
 {
 	(void)state;
-	if (fa_gpu_open(&gpu, 0, gpu_err, sizeof gpu_err) != FA_OK)
+	struct fa_kernel_settings ks;
+	fa_test_kernel_settings(&ks);
+	if (fa_gpu_open(&gpu, 0, &ks, gpu_err, sizeof gpu_err) != FA_OK)
 		gpu = NULL;
 	const char *seed = getenv("FA_TEST_SEED");
 	seed0 ^= seed ? strtoull(seed, NULL, 0) : (uint64_t)fa_test_now_us();

@@ -131,8 +131,7 @@ static int setup(void **state)
 	if (!dev || fa_plan(dev, &r, &t, 1, &n, err, sizeof err) != FA_OK || n < 1)
 		return -1;
 	fa_kernel_spec_make(&spec, dev->sm, FA_DTYPE_BF16, FA_PREC_DEFAULT, 64, FA_MASK_NONE, &t);
-	unsetenv("FA_NVRTC_EXTRA");
-	if (fa_nvrtc_open(&nv, nv_err, sizeof nv_err) != FA_OK)
+	if (fa_nvrtc_open(&nv, NULL, nv_err, sizeof nv_err) != FA_OK)
 		nv = NULL;
 	if (nv) {
 		struct fa_kernel_usage u;
@@ -254,7 +253,7 @@ static void test_diskcache_key_changes_with_source_options_arch_and_version(void
 	struct fa_nvrtc_opts o, o2;
 	struct fa_diskcache_key base, k;
 	const char src[] = "__global__ void f() {}";
-	fa_nvrtc_options(&spec, &o);
+	fa_nvrtc_options(nv, &spec, &o);
 	fa_diskcache_key_make(&base, src, sizeof src - 1, &o, 13, 0);
 
 	fa_diskcache_key_make(&k, src, sizeof src - 1, &o, 13, 0);
@@ -281,17 +280,17 @@ static void test_diskcache_key_changes_with_source_options_arch_and_version(void
 	/* arch, head dim, tile: through the real option builder */
 	struct fa_kernel_spec s2 = spec;
 	s2.sm = 86;
-	fa_nvrtc_options(&s2, &o2);
+	fa_nvrtc_options(nv, &s2, &o2);
 	fa_diskcache_key_make(&k, src, sizeof src - 1, &o2, 13, 0);
 	assert_memory_not_equal(&k, &base, sizeof k);
 	s2 = spec;
 	s2.D = 128;
-	fa_nvrtc_options(&s2, &o2);
+	fa_nvrtc_options(nv, &s2, &o2);
 	fa_diskcache_key_make(&k, src, sizeof src - 1, &o2, 13, 0);
 	assert_memory_not_equal(&k, &base, sizeof k);
 	s2 = spec;
 	s2.tile.stages = spec.tile.stages == 2 ? 3 : 2;
-	fa_nvrtc_options(&s2, &o2);
+	fa_nvrtc_options(nv, &s2, &o2);
 	fa_diskcache_key_make(&k, src, sizeof src - 1, &o2, 13, 0);
 	assert_memory_not_equal(&k, &base, sizeof k);
 
@@ -305,12 +304,30 @@ static void test_diskcache_key_changes_with_source_options_arch_and_version(void
 	fa_diskcache_key_make(&kb, src, sizeof src - 1, &b, 13, 0);
 	assert_memory_not_equal(&ka, &kb, sizeof ka);
 
-	/* FA_NVRTC_EXTRA is part of the options, hence of the key of the real source */
+	/* FA_NVRTC_EXTRA (the settings NVRTC was opened with) is part of the options, hence of the
+	 * key of the real source; so is the header the sources include */
 	struct fa_diskcache_key plain, extra;
 	fa_diskcache_key_for_spec(&plain, nv, &spec, NULL);
-	setenv("FA_NVRTC_EXTRA", "-DFA_FOLD=0", 1);
-	fa_diskcache_key_for_spec(&extra, nv, &spec, &o2);
-	unsetenv("FA_NVRTC_EXTRA");
+	const char *src1;
+	size_t src1len;
+	fa_kernel_source(&spec, &src1, &src1len);
+	fa_nvrtc_options(nv, &spec, &o2);
+	int major = 0, minor = 0;
+	fa_nvrtc_version(nv, &major, &minor);
+	fa_diskcache_key_make(&k, src1, src1len, &o2, major, minor);
+	assert_memory_not_equal(&k, &plain, sizeof k); /* the header counts */
+	if (!nv) {
+		printf("NVRTC not available: the FA_NVRTC_EXTRA key check needs an NVRTC handle\n");
+		return;
+	}
+	struct fa_kernel_settings ks = FA_KERNEL_SETTINGS_INIT;
+	char e[256];
+	assert_int_equal(fa_kernel_settings_set(&ks, "FA_NVRTC_EXTRA", "-DFA_FOLD=0", e, sizeof e),
+	                 FA_OK);
+	struct fa_nvrtc *nx = NULL;
+	assert_int_equal(fa_nvrtc_open(&nx, &ks, e, sizeof e), FA_OK);
+	fa_diskcache_key_for_spec(&extra, nx, &spec, &o2);
+	fa_nvrtc_close(nx);
 	assert_memory_not_equal(&plain, &extra, sizeof plain);
 	assert_string_equal(o2.v[o2.n - 1], "-DFA_FOLD=0");
 	fa_diskcache_key_for_spec(&k, nv, &spec, NULL);

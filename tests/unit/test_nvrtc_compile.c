@@ -1,6 +1,6 @@
 /* test_nvrtc_compile.c - every specialisation the planner picks compiles with NVRTC for sm_80,
- * sm_86, sm_89 and sm_90, without local-memory spills, within the register file the plan
- * assumed. No GPU needed; skipped (with the reason) when NVRTC cannot be loaded.
+ * sm_86, sm_89, sm_90, sm_100 and sm_120, without local-memory spills, within the register file
+ * the plan assumed. No GPU needed; skipped (with the reason) when NVRTC cannot be loaded.
  *
  * Default: a representative sample (CI, 2 cores, well under 3 minutes). FA_GPU_GRID=full: every
  * head dim that is a multiple of 8, every dtype and precision, the planner's first three tiles.
@@ -47,6 +47,9 @@ static void *worker(void *arg)
 	}
 }
 
+/* The settings the planner is asked with (FA_WGMMA16=1 for the 16-bit wgmma kernel's jobs). */
+static struct fa_kernel_settings plan_ks = FA_KERNEL_SETTINGS_INIT;
+
 static void add_jobs(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m, int top)
 {
 	const struct fa_device_model *dev = fa_device_model_find(arch);
@@ -56,6 +59,7 @@ static void add_jobs(const char *arch, fa_dtype dt, fa_precision p, int D, fa_ma
 	r.precision = p;
 	r.D = D;
 	r.mask = m;
+	r.ks = &plan_ks;
 	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
 	int n = 0;
 	char err[512];
@@ -76,7 +80,7 @@ static int setup(void **state)
 	 * host: a specialisation the daemon compiled earlier came back in 0.02 s with no ptxas
 	 * report). The check needs ptxas to run: switch the cache off for this process. */
 	setenv("CUDA_CACHE_DISABLE", "1", 1);
-	if (fa_nvrtc_open(&nv, nv_err, sizeof nv_err) != FA_OK)
+	if (fa_nvrtc_open(&nv, NULL, nv_err, sizeof nv_err) != FA_OK)
 		nv = NULL;
 	return 0;
 }
@@ -98,7 +102,8 @@ static void test_nvrtc_compiles_the_planned_specialisations_without_spills(void 
 	}
 	const char *grid = getenv("FA_GPU_GRID");
 	bool full = grid && strcmp(grid, "full") == 0;
-	const char *archs[] = {"sm_80", "sm_86", "sm_89", "sm_90"};
+	/* sm_100 (B200) and sm_120 (RTX 50xx): mma.sync only (no wgmma there), NVRTC 13 targets */
+	const char *archs[] = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"};
 	const fa_dtype dts[] = {FA_DTYPE_FP16, FA_DTYPE_BF16, FA_DTYPE_FP32, FA_DTYPE_FP32,
 	                        FA_DTYPE_FP32, FA_DTYPE_FP32};
 	const fa_precision precs[] = {FA_PREC_DEFAULT, FA_PREC_DEFAULT, FA_PREC_IEEE,
@@ -107,7 +112,7 @@ static void test_nvrtc_compiles_the_planned_specialisations_without_spills(void 
 	jobs = calloc(8192, sizeof *jobs);
 	assert_non_null(jobs);
 	if (full) {
-		for (int a = 0; a < 4; a++)
+		for (int a = 0; a < 6; a++)
 			for (int d = 0; d < 6; d++)
 				for (int D = 8; D <= 256; D += 8)
 					add_jobs(archs[a], dts[d], precs[d], D, masks[(D / 8) % 3], 3);
@@ -116,7 +121,7 @@ static void test_nvrtc_compiles_the_planned_specialisations_without_spills(void 
 		 * covers 8 (padding), 40, 64, 128, 256 and every mask. */
 		const int Ds[] = {128, 64, 256, 40, 8, 160};
 		int k = 0;
-		for (int a = 0; a < 4; a++)
+		for (int a = 0; a < 6; a++)
 			for (int d = 0; d < 6; d++, k++)
 				add_jobs(archs[a], dts[d], precs[d], Ds[k % 6], masks[k % 3], 1);
 		/* and the headline shapes on sm_90 */
@@ -135,11 +140,11 @@ static void test_nvrtc_compiles_the_planned_specialisations_without_spills(void 
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 40, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1);
 		/* the 16-bit wgmma kernel, offered everywhere (FA_WGMMA16=1): its first two tiles
 		 * (two stages, and the overlapped three-stage loop) at d64/256/72 */
-		setenv("FA_WGMMA16", "1", 1);
+		plan_ks.wgmma16 = FA_WGMMA16_ALL;
 		add_jobs("sm_90", FA_DTYPE_BF16, FA_PREC_DEFAULT, 64, FA_MASK_NONE, 2);
 		add_jobs("sm_90", FA_DTYPE_FP16, FA_PREC_DEFAULT, 256, FA_MASK_CAUSAL_TOP_LEFT, 2);
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_BF16, 72, FA_MASK_CAUSAL_BOTTOM_RIGHT, 2);
-		unsetenv("FA_WGMMA16");
+		plan_ks.wgmma16 = FA_WGMMA16_MEASURED;
 	}
 	int nthreads = 2;
 	const char *e = getenv("FA_COMPILE_THREADS");

@@ -40,7 +40,78 @@ static void test_planner_knows_the_named_device_models(void **state)
 	assert_int_equal(m->sm, 90);
 	assert_non_null(m = fa_device_model_find("89"));
 	assert_int_equal(m->sm, 89);
+	/* Blackwell: datacenter (B200) 227 KiB of 228 per SM, consumer (RTX 50xx) 99 of 100 */
+	assert_non_null(m = fa_device_model_find("sm_100"));
+	assert_int_equal(m->sm, 100);
+	assert_int_equal(m->smem_optin, 227 * 1024);
+	assert_int_equal(m->smem_per_sm, 228 * 1024);
+	assert_non_null(m = fa_device_model_find("b200"));
+	assert_int_equal(m->sm, 100);
+	assert_non_null(m = fa_device_model_find("100"));
+	assert_int_equal(m->sm, 100);
+	assert_non_null(m = fa_device_model_find("sm_120"));
+	assert_int_equal(m->sm, 120);
+	assert_int_equal(m->smem_optin, 99 * 1024);
+	assert_int_equal(m->smem_per_sm, 100 * 1024);
+	assert_non_null(m = fa_device_model_find("sm120"));
+	assert_int_equal(m->sm, 120);
 	assert_null(fa_device_model_find("sm_42"));
+}
+
+/* wgmma is sm_90a's alone: on sm_100 and sm_120 every dtype and precision plans mma.sync tiles,
+ * also where sm_90 takes the wgmma paths (fp32 tf32 d128, bf16 d256, long sequences), and with
+ * FA_WGMMA16=1; the limits are the models' own. */
+static void test_planner_blackwell_plans_mma_sync_only(void **state)
+{
+	(void)state;
+	const char *archs[] = {"sm_100", "sm_120", "b200", "rtx5090"};
+	const fa_dtype dts[] = {FA_DTYPE_FP16, FA_DTYPE_BF16, FA_DTYPE_FP32, FA_DTYPE_FP32,
+	                        FA_DTYPE_FP32, FA_DTYPE_FP32};
+	const fa_precision precs[] = {FA_PREC_DEFAULT, FA_PREC_DEFAULT, FA_PREC_IEEE,
+	                              FA_PREC_3XTF32, FA_PREC_TF32, FA_PREC_BF16};
+	struct fa_kernel_settings all16 = FA_KERNEL_SETTINGS_INIT;
+	all16.wgmma16 = FA_WGMMA16_ALL;
+	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+	char err[512];
+	for (size_t a = 0; a < 4; a++) {
+		const struct fa_device_model *m = fa_device_model_find(archs[a]);
+		assert_non_null(m);
+		assert_false(fa_plan_wgmma_enabled(m, NULL));
+		assert_false(fa_plan_wgmma16_enabled(m, &all16));
+		for (size_t d = 0; d < 6; d++)
+			for (int D = 64; D <= 256; D += 64) {
+				struct fa_plan_req r = req(dts[d], precs[d], D, FA_MASK_NONE);
+				r.B = 4;
+				r.H = 16;
+				r.Sq = r.Sk = 8192;
+				r.ks = &all16;
+				int n = 0;
+				assert_int_equal(fa_plan(m, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
+				                 FA_OK);
+				assert_true(n > 0);
+				for (int i = 0; i < n; i++) {
+					assert_false(fa_kpath_is_wg(t[i].path));
+					assert_true(t[i].smem <= m->smem_optin);
+				}
+			}
+	}
+	/* the same request on sm_90 does take wgmma (the test means something) */
+	struct fa_plan_req r = req(FA_DTYPE_FP32, FA_PREC_TF32, 128, FA_MASK_NONE);
+	int n = 0;
+	assert_int_equal(fa_plan(fa_device_model_find("sm_90"), &r, t, FA_PLAN_MAX_CANDIDATES, &n, err,
+	                         sizeof err),
+	                 FA_OK);
+	assert_true(fa_kpath_is_wg(t[0].path));
+	/* sm_120's 99 KiB gives the tiles sm_89 gets; sm_100's 227 KiB those of sm_90's mma.sync */
+	int n89 = 0, n120 = 0;
+	r = req(FA_DTYPE_FP32, FA_PREC_IEEE, 256, FA_MASK_NONE);
+	assert_int_equal(fa_plan(fa_device_model_find("sm_89"), &r, t, FA_PLAN_MAX_CANDIDATES, &n89,
+	                         err, sizeof err),
+	                 FA_OK);
+	assert_int_equal(fa_plan(fa_device_model_find("sm_120"), &r, t, FA_PLAN_MAX_CANDIDATES, &n120,
+	                         err, sizeof err),
+	                 FA_OK);
+	assert_int_equal(n89, n120);
 }
 
 /* Every candidate fits, is sorted best first, and its bytes are the formula's. */
@@ -69,10 +140,10 @@ static void check_plan(const char *arch, fa_dtype dt, fa_precision p, int D, fa_
 static void test_planner_fits_every_head_dim_on_every_sm80_plus_model(void **state)
 {
 	(void)state;
-	const char *archs[] = {"sm_80", "sm_86", "sm_89", "sm_90"};
+	const char *archs[] = {"sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120"};
 	const fa_dtype dts[] = {FA_DTYPE_FP16, FA_DTYPE_BF16, FA_DTYPE_FP32};
 	const fa_precision precs[] = {FA_PREC_IEEE, FA_PREC_3XTF32, FA_PREC_TF32, FA_PREC_BF16};
-	for (size_t a = 0; a < 4; a++)
+	for (size_t a = 0; a < 6; a++)
 		for (int D = 8; D <= 256; D += 8)
 			for (size_t d = 0; d < 3; d++)
 				for (size_t p = 0; p < (dts[d] == FA_DTYPE_FP32 ? 4u : 1u); p++)
@@ -145,9 +216,11 @@ static void test_planner_sm90_fp32_takes_the_wgmma_path(void **state)
 	assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
 	assert_int_equal(t[0].path, FA_KPATH_32);
 	r.precision = FA_PREC_TF32;
-	setenv("FA_WGMMA", "0", 1);
+	struct fa_kernel_settings off = FA_KERNEL_SETTINGS_INIT;
+	off.wgmma = false; /* FA_WGMMA=0 */
+	r.ks = &off;
 	assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
-	unsetenv("FA_WGMMA");
+	r.ks = NULL;
 	for (int i = 0; i < n; i++)
 		assert_false(fa_kpath_is_wg(t[i].path));
 }
@@ -248,6 +321,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_planner_knows_the_named_device_models),
+		cmocka_unit_test(test_planner_blackwell_plans_mma_sync_only),
 		cmocka_unit_test(test_planner_fits_every_head_dim_on_every_sm80_plus_model),
 		cmocka_unit_test(test_planner_fp32_d128_fits_sm89_above_48k),
 		cmocka_unit_test(test_planner_sm90_fp32_takes_the_wgmma_path),

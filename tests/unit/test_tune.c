@@ -146,7 +146,7 @@ static struct fa_tune_ident ident_a(void)
 	struct fa_tune_ident id;
 	for (int i = 0; i < 16; i++)
 		u[i] = (uint8_t)(i + 1);
-	fa_tune_ident_make(&id, u, 13000);
+	fa_tune_ident_make(&id, u, 13000, NULL);
 	return id;
 }
 

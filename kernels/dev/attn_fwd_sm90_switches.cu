@@ -1,0 +1,932 @@
+/* attn_fwd_sm90.cu - the Hopper (sm_90a) forward kernel on wgmma: fp32 inputs as tf32 and
+ * 3xtf32, and 16-bit inputs (fp16, bf16, and fp32 staged as bf16).
+ *
+ * Self-contained like attn_fwd.cu (NVRTC, no #include); compiled with -arch=sm_90a and the -D
+ * options below; the host (kernels/gpu_cuda.c) picks it when the planner's best tile is on one
+ * of the paths FA_KPATH_WG32, FA_KPATH_WG32X3 (fp32 tf32 / 3xtf32) or FA_KPATH_WG16 (16-bit),
+ * on an sm_90 device.
+ *
+ *   FA_IN      element type the kernel computes in: 1 fp16, 2 bf16, 3 fp32 (tf32 / 3xtf32)
+ *   FA_QIN     element type of Q, K and V in memory: FA_IN, or 3 with FA_IN 2 (the bf16 staging
+ *              of fp32: Q rounded as it is loaded, K and V by fa_wg_prep)
+ *   FA_OUT     element type written to O: 1 fp16, 2 bf16, 3 fp32
+ *   FA_PREC    FA_IN 3 only: 2 3xtf32 (hi*hi + hi*lo + lo*hi), 3 tf32
+ *   FA_D       head dim, a multiple of 8 in [8, 256] (16-bit: padded with zeros to 16)
+ *   FA_NWG     consumer warpgroups per block; each owns 64 query rows (BR = 64 * NWG)
+ *   FA_BC      keys per step: 16, 32, 64 or 128 (the N of the S = Q K^T wgmma)
+ *   FA_STAGES  K/V pipeline depth (2 or 3; 16-bit with 3 runs FA3's intra-warpgroup overlap:
+ *              the softmax of tile j+1 while P_j V_j is on the tensor cores)
+ *   experiments: FA_X3_TERMS (which 3xtf32 correction products run), PV_W (3xtf32 columns of
+ *              one P V partial sum), OVL (0: the plain loop at 3 stages)
+ *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_fwd.cu)
+ *
+ * Why a second kernel: mma.sync caps tf32 at 321 TFLOP/s on the H200, 3xtf32 at 107 and bf16 at
+ * 642; wgmma (warpgroup MMA, operands from shared memory by descriptor) reaches 495 for tf32 and
+ * 989 for bf16.
+ *
+ * Two launches per call:
+ *   fa_wg_prep  K and V, any strides, rounded to tf32 (cvt.rna) and, for 3xtf32, their
+ *               remainders (x - rna(x)), or converted to / copied as 16-bit, written to scratch
+ *               as the exact shared-memory images the attention kernel copies: K as [key][d] in
+ *               "core matrices" of 8 rows x 16 bytes (K-major B operand of S = Q K^T), V
+ *               transposed as [d][key] (tf32 wgmma reads B only K-major, and for P V the
+ *               reduction runs over keys; 16-bit uses the same layout, one code path), keys
+ *               zero-filled up to a multiple of FA_BC, head dims up to the padded width. One
+ *               pass per (batch, kv head), where the attention kernel reads every tile Sq / BR
+ *               times: a few % of the kernel's time at S = 4096.
+ *   fa_attn_fwd FlashAttention-2's loop on warpgroups: a block owns BR query rows of one
+ *               (batch, head), Q in shared memory (tf32: rounded in place, 3xtf32's remainder
+ *               in registers), K/V tiles streamed by 16-byte cp.async into a STAGES-deep ring,
+ *               S = Q K^T by wgmma (A and B from shared memory), online softmax on the fp32
+ *               accumulators, P kept in registers as the A operand of O += P V (B = V^T from
+ *               shared memory).
+ *
+ * Layouts. Shared tiles use wgmma's no-swizzle K-major layout: 8 rows x 16 bytes (8 x 4 fp32,
+ * 8 x 8 16-bit) per 128-byte core matrix, core matrices along K 128 bytes apart (leading byte
+ * offset) and 8-row groups SBO bytes apart; one k step (k8 tf32, k16 16-bit) reads 2 core
+ * matrices along K. tf32: P's accumulator layout (thread holds keys 2c, 2c+1 of each 8) becomes
+ * the A fragment (k slots c and c+4) without shuffles by permuting the keys of each 8 in V^T:
+ * slot s holds key 2s (s < 4) or 2(s-4)+1; the sum over keys does not care about the order.
+ * 16-bit: the accumulator pairs pack into the m16n8k16 A fragment as they are (FA2's reuse).
+ *
+ * Numerics: tf32 rounds Q, K, V and P to nearest (cvt.rna); 3xtf32 adds the hi*lo and lo*hi
+ * products, so the error is fp32's (ARCHITECTURE.md: relative 1e-5); 16-bit rounds P to the
+ * input type, fp32 staged as bf16 rounds Q, K, V to nearest even. Scores in the log2 domain,
+ * fp32 statistics, rows that see no key give O = 0 and lse = -inf.
+ */
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+#ifndef FA_IN
+#define FA_IN 3
+#endif
+#ifndef FA_QIN
+#define FA_QIN FA_IN
+#endif
+#ifndef FA_OUT
+#define FA_OUT FA_QIN
+#endif
+#if FA_IN == 1
+#define WG16_T "f16"
+#elif FA_IN == 2
+#define WG16_T "bf16"
+#endif
+#ifndef FA_PREC
+#define FA_PREC 3
+#endif
+#ifndef FA_D
+#define FA_D 128
+#endif
+#ifndef FA_NWG
+#define FA_NWG 2
+#endif
+#ifndef FA_BC
+#define FA_BC 64
+#endif
+#ifndef FA_STAGES
+#define FA_STAGES 2
+#endif
+#ifndef FA_MASK
+#define FA_MASK 0
+#endif
+
+#define BR (64 * FA_NWG)
+#define NT (128 * FA_NWG)
+#define W16 (FA_IN != 3)        /* 16-bit kernel */
+#define X3 (FA_IN == 3 && FA_PREC == 2)
+#if W16
+typedef u16 elem_t;
+#else
+typedef float elem_t;
+#endif
+#define EPC (W16 ? 8 : 4)             /* elements per 16-byte core-matrix row */
+#define KS (2 * EPC)                   /* k of one wgmma: 8 (tf32) or 16 */
+#define DP ((FA_D + KS - 1) / KS * KS) /* head dim padded to the k step (16-bit: to 16) */
+#ifndef FA_X3_TERMS /* experiments: which 3xtf32 correction products run (1 Q K_lo, 2 Q_lo K,
+                     * 4 P V_lo, 8 P_lo V) */
+#define FA_X3_TERMS 15
+#endif
+#define TILE (FA_BC * DP)            /* elements in one K or V tile */
+#define NSTEP_S (DP / KS)            /* k steps of S = Q K^T */
+#define NSTEP_P (FA_BC / KS)         /* k steps of O += P V */
+#define NBLK (FA_BC / 8)             /* n8 blocks of the S accumulator */
+#ifndef OVL /* the overlapped loop (16-bit, three stages; see the kernel) */
+#define OVL (W16 && FA_STAGES >= 3)
+#endif
+#if OVL && FA_STAGES != 3
+#error "the overlapped loop keeps three tiles in shared memory"
+#endif
+#define NSACC (FA_BC / 2)            /* S accumulator floats per thread */
+#define NOACC (DP / 2)               /* O accumulator floats per thread */
+#define SBO_Q (DP / EPC * 128)       /* bytes between 8-row groups of Q and K */
+#define SBO_V (FA_BC / EPC * 128)    /* bytes between 8-row (d) groups of V^T */
+#define NEG_INF (__int_as_float(0xff800000))
+/* 3xtf32: head-dim columns of one P V partial sum: all of them (one wgmma wait per step; the
+ * planner offers 3xtf32 here up to D = 128, where ptxas fits it in 253 registers) */
+#ifndef PV_W
+#define PV_W DP
+#endif
+#if DP % PV_W
+#error "PV_W must divide DP"
+#endif
+
+#if FA_D % 8 || FA_D < 8 || FA_D > 256
+#error "FA_D must be a multiple of 8 in [8, 256]"
+#endif
+#if FA_BC != 16 && FA_BC != 32 && FA_BC != 64 && FA_BC != 128
+#error "FA_BC must be 16, 32, 64 or 128"
+#endif
+#if FA_IN == 3 && FA_QIN != 3
+#error "fp32 kernels read fp32"
+#endif
+
+/* Kernel parameters; mirrored by struct fa_wgparams in gpu_cuda.c (same order, same types). */
+struct fa_wgparams {
+	const void *q;                  /* FA_QIN elements */
+	void *o;                        /* FA_OUT elements */
+	float *lse;
+	const elem_t *kh, *kl, *vh, *vl; /* fa_wg_prep's images (kl, vl: 3xtf32 only) */
+	long long qs[3], os[3];         /* batch, seq, head strides in elements */
+	long long ls[3];                /* lse: batch, head, seq */
+	int B, Sq, Sk, Hq, Hkv, group;  /* group = Hq / Hkv */
+	int skp;                        /* keys of one (batch, kv head) image: Sk rounded up to FA_BC */
+	float scale_log2;               /* |scale| * log2(e) */
+	int neg_scale;                  /* scale < 0: Q is negated */
+};
+
+/* fa_wg_prep's parameters; mirrored by struct fa_wgprep in gpu_cuda.c. */
+struct fa_wgprep {
+	const void *k, *v;              /* FA_QIN elements */
+	elem_t *kh, *kl, *vh, *vl;
+	long long ks[3], vs[3];
+	int B, Sk, Hkv, skp;
+};
+
+__device__ __forceinline__ u32 smem_u32(const void *p)
+{
+	return (u32)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(u32 dst, const void *src, int src_bytes)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+	             "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit(void)
+{
+	asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N> __device__ __forceinline__ void cp_async_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+/* Shared memory written by the generic proxy (st.shared, cp.async) is read by wgmma through
+ * the async proxy: each writer fences before the barrier that publishes its writes. */
+__device__ __forceinline__ void fence_proxy_async(void)
+{
+	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_fence(void)
+{
+	asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit(void)
+{
+	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait(void)
+{
+	asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* The accumulators an asynchronous wgmma writes must not be touched before its wait: this
+ * tells the compiler each one may change there. */
+__device__ __forceinline__ void wg_touch(float &x)
+{
+	asm volatile("" : "+f"(x)::"memory");
+}
+
+__device__ __forceinline__ float fast_exp2(float x)
+{
+	float y;
+	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+	return y;
+}
+__device__ __forceinline__ float fast_log2(float x)
+{
+	float y;
+	asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+	return y;
+}
+/* fp32 -> tf32, round to nearest (ties away), as a float with the low 13 bits clear. */
+__device__ __forceinline__ float tf32_rna(float x)
+{
+	u32 r;
+	asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+	return __uint_as_float(r);
+}
+
+/* A shared-memory matrix descriptor: no swizzle, leading (K) byte offset 128, stride byte
+ * offset sbo between 8-row groups. Addresses and offsets in units of 16 bytes. */
+__device__ __forceinline__ u64 wg_desc(u32 addr, u32 sbo)
+{
+	return (u64)((addr & 0x3ffff) >> 4) | ((u64)(128 >> 4) << 16) | ((u64)(sbo >> 4) << 32);
+}
+
+/* Index (in elements) of element (row, col) of a K-major tile of `cols` columns in core
+ * matrices: 8-row group, then EPC-column group, then row in group, then column in group. */
+__device__ __forceinline__ int core_idx(int row, int col, int cols)
+{
+	return ((row >> 3) * (cols / EPC) + col / EPC) * (8 * EPC) + (row & 7) * EPC + col % EPC;
+}
+/* The slot of key w (0..7) of a group of 8 in V^T: keys 2c -> c, 2c+1 -> c+4. */
+__device__ __forceinline__ int key_slot(int w)
+{
+	return (w >> 1) + ((w & 1) << 2);
+}
+
+/* Pack two floats as 16-bit of the kernel's type: lo goes to the low half (the lower k). */
+__device__ __forceinline__ u32 pack16(float lo, float hi)
+{
+	u32 r;
+#if FA_IN == 1
+	asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+	asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+	return r;
+}
+
+/* ---- wgmma wrappers (generated by tools/gen-wgmma.py): m64nNk8 tf32 and m64nNk16 16-bit,
+ * fp32 accumulate, ss: A and B by descriptor, rs: A from registers (mma.sync's m16n8k8 /
+ * m16n8k16 A fragment per warp). */
+__device__ __forceinline__ void wg_ss_n8(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	             : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wg_rs_n8(float *d, u32 a0, u32 a1, u32 a2, u32 a3, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n8k8.f32.tf32.tf32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+__device__ __forceinline__ void wg_ss_n16(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+	             : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wg_rs_n16(float *d, u32 a0, u32 a1, u32 a2, u32 a3, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+	             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+__device__ __forceinline__ void wg_ss_n32(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+	             : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wg_rs_n32(float *d, u32 a0, u32 a1, u32 a2, u32 a3, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+	             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+__device__ __forceinline__ void wg_ss_n64(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+	             : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wg_rs_n64(float *d, u32 a0, u32 a1, u32 a2, u32 a3, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+	             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+__device__ __forceinline__ void wg_ss_n128(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+	             : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wg_rs_n128(float *d, u32 a0, u32 a1, u32 a2, u32 a3, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+	             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+#if FA_IN != 3
+__device__ __forceinline__ void wg16_ss_n8(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n8k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	             : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wg16_rs_n8(float *d, u32 a0, u32 a1, u32 a2, u32 a3, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n8k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, 0;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+__device__ __forceinline__ void wg16_ss_n16(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n16k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+	             : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wg16_rs_n16(float *d, u32 a0, u32 a1, u32 a2, u32 a3, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n16k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+	             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+__device__ __forceinline__ void wg16_ss_n32(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n32k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+	             : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wg16_rs_n32(float *d, u32 a0, u32 a1, u32 a2, u32 a3, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n32k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+	             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+__device__ __forceinline__ void wg16_ss_n64(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+	             : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wg16_rs_n64(float *d, u32 a0, u32 a1, u32 a2, u32 a3, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+	             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+__device__ __forceinline__ void wg16_ss_n128(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+	             : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wg16_rs_n128(float *d, u32 a0, u32 a1, u32 a2, u32 a3, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+	             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db));
+}
+#endif
+
+/* The wrappers of the kernel's type: WG_SS(N) / WG_RS(N), N a literal or a macro of one. */
+#if W16
+#define WG_PFX wg16
+#else
+#define WG_PFX wg
+#endif
+#define WG_NAME_(pfx, form, n) pfx##_##form##_n##n
+#define WG_NAME(pfx, form, n) WG_NAME_(pfx, form, n)
+#define WG_SS(n) WG_NAME(WG_PFX, ss, n)
+#define WG_RS(n) WG_NAME(WG_PFX, rs, n)
+
+/* O += A V over the head dim: the N of one wgmma is at most 128, so D is split into slices of
+ * 128, 64, 32, 16 and 8 columns (D0: the first column of the rest). */
+template <int D0, int REM>
+__device__ __forceinline__ void pv_rs(float *acc, u32 a0, u32 a1, u32 a2, u32 a3, u32 vaddr)
+{
+	if constexpr (REM >= 128) {
+		WG_RS(128)(acc + D0 / 2, a0, a1, a2, a3, wg_desc(vaddr + (D0 / 8) * SBO_V, SBO_V));
+		pv_rs<D0 + 128, REM - 128>(acc, a0, a1, a2, a3, vaddr);
+	} else if constexpr (REM >= 64) {
+		WG_RS(64)(acc + D0 / 2, a0, a1, a2, a3, wg_desc(vaddr + (D0 / 8) * SBO_V, SBO_V));
+		pv_rs<D0 + 64, REM - 64>(acc, a0, a1, a2, a3, vaddr);
+	} else if constexpr (REM >= 32) {
+		WG_RS(32)(acc + D0 / 2, a0, a1, a2, a3, wg_desc(vaddr + (D0 / 8) * SBO_V, SBO_V));
+		pv_rs<D0 + 32, REM - 32>(acc, a0, a1, a2, a3, vaddr);
+	} else if constexpr (REM >= 16) {
+		WG_RS(16)(acc + D0 / 2, a0, a1, a2, a3, wg_desc(vaddr + (D0 / 8) * SBO_V, SBO_V));
+		pv_rs<D0 + 16, REM - 16>(acc, a0, a1, a2, a3, vaddr);
+	} else if constexpr (REM >= 8) {
+		WG_RS(8)(acc + D0 / 2, a0, a1, a2, a3, wg_desc(vaddr + (D0 / 8) * SBO_V, SBO_V));
+	}
+}
+
+/* S += Q K^T for one k step (N = FA_BC keys). */
+__device__ __forceinline__ void s_ss(float *s, u64 dq, u64 dk)
+{
+	WG_SS(FA_BC)(s, dq, dk);
+}
+__device__ __forceinline__ void s_rs(float *s, const u32 *a, u64 dk)
+{
+	WG_RS(FA_BC)(s, a[0], a[1], a[2], a[3], dk);
+}
+
+/* Load 8 elements of type FA_QIN at p (16-byte aligned for 16-bit, 32 for fp32... 16 each half)
+ * as 8 elements of the kernel's 16-bit type (fp32: rounded to nearest even). */
+__device__ __forceinline__ uint4 load8_16(const void *p)
+{
+#if FA_QIN == 3
+	const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+	return make_uint4(pack16(a.x, a.y), pack16(a.z, a.w), pack16(b.x, b.y), pack16(b.z, b.w));
+#else
+	return *(const uint4 *)p;
+#endif
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * K and V -> the tile images (see the head comment). One thread per 16 bytes of the image's
+ * row (4 fp32 or 8 16-bit head-dim elements) of one key; keys past Sk and head dims past D
+ * (16-bit padding) are zeros. */
+extern "C" __global__ void fa_wg_prep(const fa_wgprep p)
+{
+	const int dq = DP / EPC;
+	const long long n = (long long)p.B * p.Hkv * p.skp * dq;
+	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+	     i += (long long)gridDim.x * blockDim.x) {
+		const int dc = (int)(i % dq);
+		const long long rest = i / dq;
+		const int key = (int)(rest % p.skp);
+		const long long bh = rest / p.skp;
+		const int hk = (int)(bh % p.Hkv), b = (int)(bh / p.Hkv);
+		const long long base = bh * (long long)p.skp * DP;
+		const int ki = core_idx(key, dc * EPC, DP);
+		const int j = key / FA_BC, kl = key % FA_BC;
+		const long long vb = base + (long long)j * TILE;
+		const bool in = key < p.Sk && dc * EPC < FA_D;
+#if W16
+		const int es = FA_QIN == 3 ? 4 : 2; /* bytes per element in memory */
+		uint4 k = make_uint4(0, 0, 0, 0), v = k;
+		if (in) {
+			k = load8_16((const char *)p.k +
+			             es * (b * p.ks[0] + key * p.ks[1] + hk * p.ks[2] + dc * 8));
+			v = load8_16((const char *)p.v +
+			             es * (b * p.vs[0] + key * p.vs[1] + hk * p.vs[2] + dc * 8));
+		}
+		*(uint4 *)(p.kh + base + ki) = k;
+		const u32 vw[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+		for (int e = 0; e < 8; e++)
+			p.vh[vb + core_idx(dc * 8 + e, kl, FA_BC)] = (u16)(vw[e >> 1] >> (16 * (e & 1)));
+#else
+		float4 k = make_float4(0.f, 0.f, 0.f, 0.f), v = k;
+		if (in) {
+			const float *kg = (const float *)p.k, *vg = (const float *)p.v;
+			k = *(const float4 *)(kg + b * p.ks[0] + key * p.ks[1] + hk * p.ks[2] + dc * 4);
+			v = *(const float4 *)(vg + b * p.vs[0] + key * p.vs[1] + hk * p.vs[2] + dc * 4);
+		}
+		float kx[4] = {k.x, k.y, k.z, k.w}, vx[4] = {v.x, v.y, v.z, v.w};
+		float khi[4], klo[4];
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			khi[e] = tf32_rna(kx[e]);
+			klo[e] = kx[e] - khi[e];
+		}
+		*(float4 *)(p.kh + base + ki) = make_float4(khi[0], khi[1], khi[2], khi[3]);
+		if (X3)
+			*(float4 *)(p.kl + base + ki) = make_float4(klo[0], klo[1], klo[2], klo[3]);
+		const int kp = (kl & ~7) + key_slot(kl & 7);
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int vi = core_idx(dc * 4 + e, kp, FA_BC);
+			const float hi = tf32_rna(vx[e]);
+			p.vh[vb + vi] = hi;
+			if (X3)
+				p.vl[vb + vi] = vx[e] - hi;
+		}
+#endif
+	}
+}
+
+/* Tile j's scores s (rows wrow0 + r0 and + 8 of the warpgroup): key tails and the causal edge
+ * masked, then the online softmax: row maxima mrow and sums lrow updated, s turned into P in
+ * place, alpha the factor O is to be rescaled by. Scores in raw units (sl > 0). */
+__device__ __forceinline__ void softmax_tile(float (&s)[NSACC], int j, int wrow0, int r0, int c,
+                                             int Sk, int off, float sl, float (&mrow)[2],
+                                             float (&lrow)[2], float (&alpha)[2])
+{
+	const int kv0 = j * FA_BC;
+	const int rowb = wrow0 + r0;
+	if (kv0 + FA_BC > Sk || (FA_MASK && kv0 + FA_BC - 1 > wrow0 + off)) {
+#pragma unroll
+		for (int n = 0; n < NBLK; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const int row = rowb + (e >> 1) * 8, col = kv0 + n * 8 + 2 * c + (e & 1);
+				if (col >= Sk || (FA_MASK && col > row + off))
+					s[4 * n + e] = NEG_INF;
+			}
+	}
+#pragma unroll
+	for (int hh = 0; hh < 2; hh++) {
+		float mx = mrow[hh];
+#pragma unroll
+		for (int n = 0; n < NBLK; n++)
+			mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+		const float msc = mx == NEG_INF ? 0.f : mx * sl;
+		alpha[hh] = mrow[hh] == NEG_INF ? 0.f : fast_exp2(mrow[hh] * sl - msc);
+		mrow[hh] = mx;
+		float sum = 0.f;
+#pragma unroll
+		for (int n = 0; n < NBLK; n++)
+#pragma unroll
+			for (int e = 0; e < 2; e++) {
+				const float pv = fast_exp2(fmaf(s[4 * n + 2 * hh + e], sl, -msc));
+				s[4 * n + 2 * hh + e] = pv;
+				sum += pv;
+			}
+		lrow[hh] = lrow[hh] * alpha[hh] + sum;
+	}
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The forward kernel */
+extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparams p)
+{
+	extern __shared__ __align__(128) elem_t smem[];
+	elem_t *sQ = smem;                /* BR x DP, core matrices */
+	elem_t *sKV = smem + BR * DP;     /* per stage: K hi, [K lo], V^T hi, [V^T lo] */
+	const int NT_KV = X3 ? 4 : 2;
+
+	const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
+	const int g = lane >> 2, c = lane & 3;
+	const int mb = FA_MASK ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+	const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+	const int q0 = mb * BR;
+	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
+	const long long img = ((long long)b * p.Hkv + hk) * p.skp * DP;
+
+	int ntiles = (p.Sk + FA_BC - 1) / FA_BC;
+	if (FA_MASK) {
+		int lim = min(q0 + BR, p.Sq) - 1 + off; /* the last key any row of this block sees */
+		ntiles = lim < 0 ? 0 : min(ntiles, lim / FA_BC + 1);
+	}
+
+	/* Q: BR rows (zeros past Sq and, 16-bit, past D) into core matrices; one commit group
+	 * (fp32 staged as bf16: loaded, rounded and stored by the threads). */
+	{
+		const int qes = FA_QIN == 3 ? 4 : 2;
+		const char *Qg = (const char *)p.q + qes * (b * p.qs[0] + h * p.qs[2]);
+		for (int i = tid; i < BR * (DP / EPC); i += NT) {
+			const int row = i / (DP / EPC), dc = i % (DP / EPC);
+			const bool in = q0 + row < p.Sq && dc * EPC < FA_D;
+			const char *src = in ? Qg + qes * ((long long)(q0 + row) * p.qs[1] + dc * EPC) : Qg;
+			elem_t *dst = sQ + core_idx(row, dc * EPC, DP);
+#if W16 && FA_QIN == 3
+			*(uint4 *)dst = in ? load8_16(src) : make_uint4(0, 0, 0, 0);
+#else
+			cp_async16(smem_u32(dst), src, in ? 16 : 0);
+#endif
+		}
+		cp_async_commit();
+	}
+	/* Tile jt of the images into stage buffer st: contiguous copies. */
+	auto load_kv = [&](int st, int jt) {
+		elem_t *dst = sKV + st * NT_KV * TILE;
+		const long long src = img + (long long)jt * TILE;
+		const elem_t *from[4] = {p.kh, X3 ? p.kl : p.vh, p.vh, p.vl}; /* stage order */
+		for (int m = 0; m < NT_KV; m++) {
+			const elem_t *s_ = from[m] + src;
+			for (int i = tid; i < TILE / EPC; i += NT)
+				cp_async16(smem_u32(dst + m * TILE + EPC * i), s_ + EPC * i, 16);
+		}
+	};
+#pragma unroll
+	for (int st = 0; st < FA_STAGES - 1; st++) {
+		if (st < ntiles)
+			load_kv(st, st);
+		cp_async_commit();
+	}
+
+	/* Q landed: tf32: each thread rounds the elements of its own A fragments in place (negated
+	 * for a negative scale) and, for 3xtf32, keeps their remainders as register A fragments;
+	 * 16-bit: a negative scale flips the sign bits of the warpgroup's rows. */
+	cp_async_wait<FA_STAGES - 1>();
+	__syncthreads();
+	elem_t *sQw = sQ + wg * 64 * DP;
+	const int r0 = 16 * wi + g;
+#if W16
+	if (p.neg_scale)
+		for (int i = tid & 127; i < 64 * DP / 2; i += 128)
+			((u32 *)sQw)[i] ^= 0x80008000u;
+#else
+#if X3
+	u32 qlo[NSTEP_S][4];
+#endif
+#pragma unroll
+	for (int ks = 0; ks < NSTEP_S; ks++) {
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int row = r0 + (e & 1) * 8, col = ks * 8 + c + (e >> 1) * 4;
+			float *q = sQw + core_idx(row, col, DP);
+			float x = p.neg_scale ? -*q : *q;
+			const float hi = tf32_rna(x);
+			*q = hi;
+#if X3
+			qlo[ks][e] = __float_as_uint(x - hi);
+#endif
+		}
+	}
+#endif
+
+	const float sl = p.scale_log2;
+	float acc[NOACC];
+#pragma unroll
+	for (int i = 0; i < NOACC; i++)
+		acc[i] = 0.f;
+	float mrow[2] = {NEG_INF, NEG_INF}, lrow[2] = {0.f, 0.f};
+	const u32 qaddr = smem_u32(sQw);
+
+#if OVL
+	/* 16-bit, FA3's intra-warpgroup overlap: step j issues S_{j+1} = Q K_{j+1}^T and then
+	 * O += P_j V_j, waits for S_{j+1} only, and runs the softmax of tile j+1 while P_j V_j is
+	 * still on the tensor cores; O is rescaled once P_j V_j is in. Tiles j and j+1 are in use
+	 * during step j, so tile j+2 loads into the third buffer (FA_STAGES 3; the barrier at the
+	 * top of step j says every warpgroup is done with step j - 1, hence with tile j - 1). */
+	float sc[NSACC];
+	u32 pc[NSTEP_P][4];
+	auto issue_s = [&](float (&sx)[NSACC], int jt) {
+		const u32 kaddr = smem_u32(sKV + (jt % FA_STAGES) * NT_KV * TILE);
+#pragma unroll
+		for (int i = 0; i < NSACC; i++)
+			sx[i] = 0.f;
+		wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < NSTEP_S; ks++)
+			s_ss(sx, wg_desc(qaddr + ks * 256, SBO_Q), wg_desc(kaddr + ks * 256, SBO_Q));
+		wg_commit();
+	};
+	auto pack_p = [&](const float (&sx)[NSACC], u32 (&px)[NSTEP_P][4]) {
+#pragma unroll
+		for (int n = 0; n < NSTEP_P; n++) {
+			px[n][0] = pack16(sx[8 * n], sx[8 * n + 1]);
+			px[n][1] = pack16(sx[8 * n + 2], sx[8 * n + 3]);
+			px[n][2] = pack16(sx[8 * n + 4], sx[8 * n + 5]);
+			px[n][3] = pack16(sx[8 * n + 6], sx[8 * n + 7]);
+		}
+	};
+	auto issue_pv = [&](const u32 (&px)[NSTEP_P][4], int jt) {
+		const u32 vaddr = smem_u32(sKV + (jt % FA_STAGES) * NT_KV * TILE + TILE);
+		wg_fence();
+#pragma unroll
+		for (int n = 0; n < NSTEP_P; n++)
+			pv_rs<0, DP>(acc, px[n][0], px[n][1], px[n][2], px[n][3], vaddr + n * 256);
+		wg_commit();
+	};
+	if (ntiles > 0) {
+		cp_async_wait<FA_STAGES - 2>(); /* tile 0 */
+		fence_proxy_async();
+		__syncthreads();
+		issue_s(sc, 0);
+		wg_wait<0>();
+#pragma unroll
+		for (int i = 0; i < NSACC; i++)
+			wg_touch(sc[i]);
+		float alpha[2];
+		softmax_tile(sc, 0, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha);
+		pack_p(sc, pc);
+	}
+	/* Steps 0 .. ntiles - 2 (the S of the next tile issued unconditionally: with a branch
+	 * around it ptxas cannot tell which wgmma group wait_group 1 leaves running and
+	 * serializes them all), then the last tile's P V. */
+	for (int j = 0; j + 1 < ntiles; j++) {
+		float sn[NSACC];
+		cp_async_wait<0>(); /* tile j + 1 */
+		fence_proxy_async();
+		__syncthreads();
+		if (j + 2 < ntiles)
+			load_kv((j + 2) % FA_STAGES, j + 2);
+		cp_async_commit();
+		issue_s(sn, j + 1);
+		issue_pv(pc, j);
+		wg_wait<1>(); /* S_{j+1}; P_j V_j may still run */
+#pragma unroll
+		for (int i = 0; i < NSACC; i++)
+			wg_touch(sn[i]);
+		float alpha[2];
+		softmax_tile(sn, j + 1, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha);
+		u32 pn[NSTEP_P][4];
+		pack_p(sn, pn);
+		wg_wait<0>();
+#pragma unroll
+		for (int i = 0; i < NOACC; i++)
+			wg_touch(acc[i]);
+#pragma unroll
+		for (int n = 0; n < DP / 8; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				acc[4 * n + e] *= alpha[e >> 1];
+		/* P_{j+1} becomes the current P. pc is read once more (ANDed with z, a 0 the compiler
+		 * cannot see) so that its registers stay P_j's until here: coalesced with pn, the
+		 * packing above would write the A operand of the running P_j V_j, and ptxas then
+		 * serializes every wgmma (C7513). */
+		const u32 z = (u32)j >> 30;
+#pragma unroll
+		for (int n = 0; n < NSTEP_P; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				pc[n][e] = pn[n][e] ^ (pc[n][e] & z);
+	}
+	if (ntiles > 0) {
+		issue_pv(pc, ntiles - 1);
+		wg_wait<0>();
+#pragma unroll
+		for (int i = 0; i < NOACC; i++)
+			wg_touch(acc[i]);
+	}
+#else
+	for (int j = 0; j < ntiles; j++) {
+		cp_async_wait<FA_STAGES - 2>();
+		fence_proxy_async();
+		__syncthreads(); /* tile j is in; every warpgroup is done with tile j - 1 */
+		{
+			const int jn = j + FA_STAGES - 1;
+			if (jn < ntiles)
+				load_kv(jn % FA_STAGES, jn);
+			cp_async_commit();
+		}
+		const elem_t *kv = sKV + (j % FA_STAGES) * NT_KV * TILE;
+		const u32 kaddr = smem_u32(kv), kladdr = smem_u32(kv + TILE);
+		const u32 vaddr = smem_u32(kv + (X3 ? 2 : 1) * TILE), vladdr = smem_u32(kv + 3 * TILE);
+
+		/* S = Q K^T (3xtf32: + Q K_lo^T + Q_lo K^T) */
+		float s[NSACC];
+#pragma unroll
+		for (int i = 0; i < NSACC; i++)
+			s[i] = 0.f;
+#if X3
+		/* Fresh copies of Q's remainder for this step's wgmmas: with the loop-invariant
+		 * registers themselves as A operands, ptxas (CUDA 13.0) handed three of them to other
+		 * values inside the loop (seen in the SASS at d64 with 64 keys: 1e-4 error from the
+		 * second step on; kernels/PERF-NOTES.md v7). z is 0, but not to the compiler, and it
+		 * changes with j, so the XORs are neither folded nor hoisted. */
+		const u32 z = (u32)j >> 30;
+		u32 qa[NSTEP_S][4];
+#pragma unroll
+		for (int ks = 0; ks < NSTEP_S; ks++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				qa[ks][e] = qlo[ks][e] ^ z;
+#endif
+		wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < NSTEP_S; ks++) {
+			const u64 dq = wg_desc(qaddr + ks * 256, SBO_Q);
+			const u64 dk = wg_desc(kaddr + ks * 256, SBO_Q);
+			s_ss(s, dq, dk);
+#if X3
+			if (FA_X3_TERMS & 1)
+				s_ss(s, dq, wg_desc(kladdr + ks * 256, SBO_Q));
+			if (FA_X3_TERMS & 2)
+				s_rs(s, qa[ks], dk);
+#endif
+		}
+		wg_commit();
+		wg_wait<0>();
+#pragma unroll
+		for (int i = 0; i < NSACC; i++)
+			wg_touch(s[i]);
+		(void)kladdr;
+		(void)vladdr;
+
+		float alpha[2];
+		softmax_tile(s, j, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha);
+#pragma unroll
+		for (int n = 0; n < DP / 8; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				acc[4 * n + e] *= alpha[e >> 1];
+
+		/* O += P V: P's accumulator as A fragments, all of them converted before the first
+		 * wgmma (registers written between wgmmas make ptxas insert a fence before each).
+		 * 16-bit, per k16 step (key blocks 2n, 2n+1 of 8): a0 (r, 2c..), a1 (r+8, 2c..), a2
+		 * (r, 8+2c..), a3 (r+8, 8+2c..), pairs packed. tf32: a0 (r, 2c), a1 (r+8, 2c), a2 (r,
+		 * 2c+1), a3 (r+8, 2c+1), see the key slots of V^T. */
+		u32 ph[NSTEP_P][4];
+#if X3
+		u32 pl[NSTEP_P][4];
+#endif
+#if W16
+#pragma unroll
+		for (int n = 0; n < NSTEP_P; n++) {
+			ph[n][0] = pack16(s[8 * n], s[8 * n + 1]);
+			ph[n][1] = pack16(s[8 * n + 2], s[8 * n + 3]);
+			ph[n][2] = pack16(s[8 * n + 4], s[8 * n + 5]);
+			ph[n][3] = pack16(s[8 * n + 6], s[8 * n + 7]);
+		}
+#else
+#pragma unroll
+		for (int n = 0; n < NSTEP_P; n++) {
+			const float x[4] = {s[4 * n], s[4 * n + 2], s[4 * n + 1], s[4 * n + 3]};
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const float hf = tf32_rna(x[e]);
+				ph[n][e] = __float_as_uint(hf);
+#if X3
+				pl[n][e] = __float_as_uint(x[e] - hf);
+#endif
+			}
+		}
+#endif
+#if X3
+		/* 3xtf32: each step's P V goes into a zeroed partial sum, added to O with IEEE adds.
+		 * wgmma adds into its fp32 accumulator with a truncating (biased) rounding: summing
+		 * 3 products per 8 keys straight into O over 4097 keys measured 1e-4 relative error
+		 * on the H200, ten times fp32's bound (kernels/PERF-NOTES.md v7). PV_W columns of the
+		 * partial sum at a time. */
+#pragma unroll
+		for (int d0 = 0; d0 < DP; d0 += PV_W) {
+			constexpr int W = PV_W;
+			float t[W / 2];
+#pragma unroll
+			for (int i = 0; i < W / 2; i++)
+				t[i] = 0.f;
+			wg_fence();
+#pragma unroll
+			for (int n = 0; n < NSTEP_P; n++) {
+				const u32 vo = (d0 / 8) * SBO_V + n * 256;
+				pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vaddr + vo);
+				if (FA_X3_TERMS & 4)
+					pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vladdr + vo);
+				if (FA_X3_TERMS & 8)
+					pv_rs<0, W>(t, pl[n][0], pl[n][1], pl[n][2], pl[n][3], vaddr + vo);
+			}
+			wg_commit();
+			wg_wait<0>();
+#pragma unroll
+			for (int i = 0; i < W / 2; i++) {
+				wg_touch(t[i]);
+				acc[d0 / 2 + i] += t[i];
+			}
+		}
+#else
+		wg_fence();
+#pragma unroll
+		for (int n = 0; n < NSTEP_P; n++)
+			pv_rs<0, DP>(acc, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vaddr + n * 256);
+		wg_commit();
+		wg_wait<0>();
+#pragma unroll
+		for (int i = 0; i < NOACC; i++)
+			wg_touch(acc[i]);
+#endif
+	}
+#endif
+	cp_async_wait<0>();
+
+	/* Epilogue: O /= l, logsumexp = (m + log2 l) ln 2. */
+#pragma unroll
+	for (int hh = 0; hh < 2; hh++) {
+		float l = lrow[hh];
+		l += __shfl_xor_sync(0xffffffffu, l, 1);
+		l += __shfl_xor_sync(0xffffffffu, l, 2);
+		const float inv = l > 0.f ? 1.f / l : 0.f;
+		const int row = q0 + wg * 64 + r0 + hh * 8;
+		if (row >= p.Sq)
+			continue;
+		if (p.lse && c == 0)
+			p.lse[b * p.ls[0] + h * p.ls[1] + row * p.ls[2]] =
+			    l > 0.f ? (mrow[hh] * sl + fast_log2(l)) * 0.69314718055994531f : NEG_INF;
+		const long long ob = b * p.os[0] + h * p.os[2] + (long long)row * p.os[1];
+#pragma unroll
+		for (int n = 0; n < FA_D / 8; n++) {
+			const float x0 = acc[4 * n + 2 * hh] * inv, x1 = acc[4 * n + 2 * hh + 1] * inv;
+#if FA_OUT == 3
+			*(float2 *)((float *)p.o + ob + n * 8 + 2 * c) = make_float2(x0, x1);
+#elif FA_OUT == 2
+			u32 w;
+			asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(x1), "f"(x0));
+			*(u32 *)((u16 *)p.o + ob + n * 8 + 2 * c) = w;
+#else
+			u32 w;
+			asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(x1), "f"(x0));
+			*(u32 *)((u16 *)p.o + ob + n * 8 + 2 * c) = w;
+#endif
+		}
+	}
+}
