@@ -11,7 +11,7 @@
 #endif
 
 /* X(code, name, sticky): the codes this file can name without the driver, and which of them
- * poison the context. The sticky set is the one daemon/backend_gpu.c classified: the faults of
+ * poison the context. The sticky set is the one the GPU backend classified before this shim: the faults of
  * ARCHITECTURE.md (700, 710, 714-719) and the rest of cuda.h's "the context cannot be used
  * any more" list. */
 #define FA_CU_ERROR_MAP(X) FA_CU_ERROR_MAP_12_0(X) FA_CU_ERROR_MAP_NEWER(X)

@@ -25,28 +25,6 @@
  *
  * The driver is never unloaded: unloading CUDA is not well supported, and the table stays valid
  * for the process' life.
- *
- * Adopting it, from the copies this replaces (daemon/backend_gpu.c's names on the left):
- *   struct gpu_cu cu; b->cu.X(...)          -> fa_cu->X(...) (same field names, same argument
- *                                              order; or copy the table, `struct fa_cu_api cu =
- *                                              *fa_cu;`, where `cu.X` should keep reading so)
- *   gpu_load_driver(&b->cu, err, errlen)    -> if ((st = fa_cu_load()) != FA_OK)
- *                                                      return util_fail(err, errlen, st, "%s",
- *                                                                       fa_cu_why());
- *   dlclose(b->cu.lib), b->cu.lib != NULL   -> nothing: the driver stays loaded (fa_cu_load is
- *                                              cheap after the first call)
- *   gpu_errstr(b, r)                        -> fa_cu_errstr(r) (same text, same fallback)
- *   gpu_sticky(r)                           -> fa_cu_sticky(r) (exactly the same set)
- *   gpu_res, gpu_ctx, gpu_stream, gpu_event -> fa_cu_res, fa_cu_ctx, fa_cu_stream, fa_cu_event
- *   gpu_ptr                                 -> fa_cu_ptr (== CUdeviceptr of fa_gpu.h)
- *   struct gpu_ipc_handle, gpu_ipc_event    -> struct fa_cu_ipc_handle (one type for both)
- *   GPU_EVENT_DISABLE_TIMING, _INTERPROCESS -> FA_CU_EVENT_DISABLE_TIMING, FA_CU_EVENT_INTERPROCESS
- *   the literal flags 1 commented as CU_STREAM_NON_BLOCKING, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
- *   and cuMemHostRegister's 1               -> FA_CU_STREAM_NON_BLOCKING,
- *                                              FA_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS,
- *                                              FA_CU_MEMHOSTREGISTER_PORTABLE
- *   #include <dlfcn.h> (for the driver)      -> #include "fa_cu.h"
- * (This block serves the move of daemon/backend_gpu.c; drop it once no such name is left.)
  */
 #ifndef FA_CU_H
 #define FA_CU_H

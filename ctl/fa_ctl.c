@@ -17,6 +17,7 @@
 
 #include "fa/fa_client.h"
 #include "fa_ctl.h"
+#include "fa_time.h"
 #include "fa_proto.h" /* FA_PROTO_VERSION, FA_PROTO_STATS_MAX */
 
 /* Global options, parsed before the subcommand. */
@@ -109,19 +110,11 @@ static fa_client *open_client(const struct ctl_opts *o, const char *what)
 	return c;
 }
 
-/* Monotonic time in seconds. */
-static double now_s(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /* `ping [-c COUNT]`: connect, then COUNT round trips (default 1), each with its time. */
 static int cmd_ping(const struct ctl_opts *o, int argc, char **argv)
 {
-	double t0, min = 0, max = 0, sum = 0;
+	uint64_t t0;
+	double min = 0, max = 0, sum = 0;
 	int count = 1;
 	fa_client *c;
 
@@ -135,18 +128,15 @@ static int cmd_ping(const struct ctl_opts *o, int argc, char **argv)
 			return 1;
 		}
 	}
-	t0 = now_s();
+	t0 = fa_now_ns();
 	if ((c = open_client(o, "ping")) == NULL)
 		return 1;
 	printf("connected to the daemon (epoch %016llx) in %.3f ms\n",
-	       (unsigned long long)fa_client_epoch(c), (now_s() - t0) * 1e3);
+	       (unsigned long long)fa_client_epoch(c), 1e-6 * (double)(fa_now_ns() - t0));
 	for (int i = 0; i < count; i++) {
-		double t, dt;
-		fa_status st;
-
-		t = now_s();
-		st = fa_ping(c);
-		dt = (now_s() - t) * 1e3;
+		uint64_t t = fa_now_ns();
+		fa_status st = fa_ping(c);
+		double dt = 1e-6 * (double)(fa_now_ns() - t);
 		if (st != FA_OK) {
 			fail("ping", st);
 			fa_client_close(c);

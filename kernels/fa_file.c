@@ -1,6 +1,8 @@
 /* fa_file.c - atomic publication of a file; see fa_file.h. */
 #include "fa_file.h"
 
+#include "fa_err.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -35,14 +37,13 @@ fa_status fa_file_publish(int fd, const char *tmp, const char *path, const char 
 		int e = errno;
 		close(fd);
 		unlink(tmp);
-		snprintf(err, errlen, "%s: writing %s: %s", what, tmp, strerror(e));
-		return FA_ESYS;
+		return fa_err(err, errlen, FA_ESYS, "%s: writing %s: %s", what, tmp, strerror(e));
 	}
 	if (close(fd) != 0 || rename(tmp, path) != 0) {
 		int e = errno;
 		unlink(tmp);
-		snprintf(err, errlen, "%s: publishing %s: %s", what, path, strerror(e));
-		return FA_ESYS;
+		return fa_err(err, errlen, FA_ESYS,
+		              "%s: publishing %s: %s", what, path, strerror(e));
 	}
 	int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd >= 0) {

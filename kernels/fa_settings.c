@@ -1,6 +1,8 @@
 /* fa_settings.c - the kernels' settings by name (fa_settings.h). */
 #include "fa_settings.h"
 
+#include "fa_err.h"
+
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,16 +47,14 @@ static bool parse_count(const char *v, unsigned long long max, unsigned long lon
 static fa_status bad(char *err, size_t errlen, const char *name, const char *value,
                      const char *want)
 {
-	snprintf(err, errlen, "%s: bad value \"%.64s\" (%s)", name, value, want);
-	return FA_EINVAL;
+	return fa_err(err, errlen, FA_EINVAL, "%s: bad value \"%.64s\" (%s)", name, value, want);
 }
 
 static fa_status set_str(char *dst, size_t cap, const char *name, const char *value, char *err,
                          size_t errlen)
 {
 	if (strlen(value) >= cap) {
-		snprintf(err, errlen, "%s: longer than %zu bytes", name, cap - 1);
-		return FA_EINVAL;
+		return fa_err(err, errlen, FA_EINVAL, "%s: longer than %zu bytes", name, cap - 1);
 	}
 	memcpy(dst, value, strlen(value) + 1);
 	return FA_OK;
@@ -65,8 +65,7 @@ fa_status fa_kernel_settings_set(struct fa_kernel_settings *s, const char *name,
 {
 	unsigned long long x;
 	if (!name) {
-		snprintf(err, errlen, "no setting name");
-		return FA_EINVAL;
+		return fa_err(err, errlen, FA_EINVAL, "no setting name");
 	}
 	if (!value)
 		return FA_OK;
@@ -97,8 +96,7 @@ fa_status fa_kernel_settings_set(struct fa_kernel_settings *s, const char *name,
 	} else if (strcmp(name, "CUDA_HOME") == 0) {
 		return set_str(s->cuda_home, sizeof s->cuda_home, name, value, err, errlen);
 	} else {
-		snprintf(err, errlen, "unknown kernel setting %.64s", name);
-		return FA_EINVAL;
+		return fa_err(err, errlen, FA_EINVAL, "unknown kernel setting %.64s", name);
 	}
 	return FA_OK;
 }

@@ -6,6 +6,7 @@
  */
 #include "fa_gpu.h"
 #include "fa_cu.h"
+#include "fa_err.h"
 #include "fa_diskcache.h"
 #include "fa_tune.h"
 
@@ -416,9 +417,9 @@ static fa_status check_align(const char *name, CUdeviceptr p, const int64_t *str
                              const int64_t *shape, size_t es, char *err, size_t errlen)
 {
 	if (p % FA_KERNEL_ALIGN) {
-		snprintf(err, errlen, "%s: device pointer 0x%llx is not %d-byte aligned", name,
-		         (unsigned long long)p, FA_KERNEL_ALIGN);
-		return FA_EALIGN;
+		return fa_err(err, errlen, FA_EALIGN,
+		              "%s: device pointer 0x%llx is not %d-byte aligned", name,
+		              (unsigned long long)p, FA_KERNEL_ALIGN);
 	}
 	return fa_check_stride_align(name, shape, stride, es, FA_KERNEL_ALIGN, err, errlen);
 }
@@ -575,12 +576,12 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	if (st != FA_OK)
 		return st;
 	if (d->B > 65535 || d->Hq > 65535 || d->Sq > INT32_MAX / 2 || d->Sk > INT32_MAX / 2) {
-		snprintf(err, errlen, "shape too large for the kernel's grid: B=%lld (max 65535), "
-		         "Hq=%lld (max 65535), Sq=%lld, Sk=%lld (max 2^30)", (long long)d->B,
-		         (long long)d->Hq, (long long)d->Sq, (long long)d->Sk);
-		return FA_ESHAPE;
+		return fa_err(err, errlen, FA_ESHAPE,
+		              "shape too large for the kernel's grid: B=%lld (max 65535), "
+		              "Hq=%lld (max 65535), Sq=%lld, Sk=%lld (max 2^30)", (long long)d->B,
+		              (long long)d->Hq, (long long)d->Sq, (long long)d->Sk);
 	}
-	size_t es = d->dtype == FA_DTYPE_FP32 ? 4 : 2;
+	size_t es = fa_dtype_size(d->dtype);
 	int64_t qshape[3] = {d->B, d->Sq, d->Hq}, kshape[3] = {d->B, d->Sk, d->Hkv};
 	if ((st = check_align("q", q, d->q_stride, qshape, es, err, errlen)) ||
 	    (st = check_align("k", k, d->k_stride, kshape, es, err, errlen)) ||
@@ -588,8 +589,7 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	    (st = check_align("o", o, d->o_stride, qshape, es, err, errlen)))
 		return st;
 	if (lse % 4) {
-		snprintf(err, errlen, "lse: device pointer is not 4-byte aligned");
-		return FA_EALIGN;
+		return fa_err(err, errlen, FA_EALIGN, "lse: device pointer is not 4-byte aligned");
 	}
 	struct fa_tile t;
 	if (tile) {
@@ -604,9 +604,9 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	if (spec.tile.smem > g->model.smem_optin) {
 		char tb[48];
 		fa_tile_format(&spec.tile, tb, sizeof tb);
-		snprintf(err, errlen, "tile %s needs %zu bytes of shared memory, %s allows %zu", tb,
-		         spec.tile.smem, g->name, g->model.smem_optin);
-		return FA_ENOFIT;
+		return fa_err(err, errlen, FA_ENOFIT,
+		              "tile %s needs %zu bytes of shared memory, %s allows %zu", tb,
+		              spec.tile.smem, g->name, g->model.smem_optin);
 	}
 	if ((st = fa_gpu_make_current(g, err, errlen)))
 		return st;

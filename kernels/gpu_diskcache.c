@@ -8,6 +8,7 @@
  * hand-copied file must never reach cuModuleLoadData (a bad cubin can fault the context).
  */
 #include "fa_diskcache.h"
+#include "fa_err.h"
 #include "fa_bytes.h"
 #include "fa_file.h"
 
@@ -315,12 +316,11 @@ fa_status fa_diskcache_open(struct fa_diskcache **out, const char *dir, uint64_t
 {
 	*out = NULL;
 	if (!dir || !*dir) {
-		snprintf(err, errlen, "kernel cache directory not set");
-		return FA_EINVAL;
+		return fa_err(err, errlen, FA_EINVAL, "kernel cache directory not set");
 	}
 	if (strlen(dir) > PATH_CAP - 128) {
-		snprintf(err, errlen, "kernel cache directory path too long (%zu bytes)", strlen(dir));
-		return FA_EINVAL;
+		return fa_err(err, errlen, FA_EINVAL,
+		              "kernel cache directory path too long (%zu bytes)", strlen(dir));
 	}
 	struct fa_diskcache *dc = calloc(1, sizeof *dc);
 	if (!dc)
@@ -411,11 +411,11 @@ fa_status fa_diskcache_load(struct fa_diskcache *dc, const struct fa_diskcache_k
 		if (errno == ELOOP) {
 			/* A symlink under a cubin's name: never followed, removed. */
 			unlink(path);
-			snprintf(err, errlen, "kernel cache entry %s: a symbolic link; removed", path);
-			return FA_EPROTO;
+			return fa_err(err, errlen, FA_EPROTO,
+			              "kernel cache entry %s: a symbolic link; removed", path);
 		}
-		snprintf(err, errlen, "kernel cache entry %s: cannot open: %s", path, strerror(errno));
-		return FA_ESYS;
+		return fa_err(err, errlen, FA_ESYS,
+		              "kernel cache entry %s: cannot open: %s", path, strerror(errno));
 	}
 	if (fstat(fd, &st) != 0) {
 		snprintf(err, errlen, "kernel cache entry %s: fstat: %s", path, strerror(errno));
@@ -493,8 +493,7 @@ bad:
 	free(buf);
 	close(fd);
 	remove_bad(path, &st);
-	snprintf(err, errlen, "kernel cache entry %s: %s; removed", path, why);
-	return FA_EPROTO;
+	return fa_err(err, errlen, FA_EPROTO, "kernel cache entry %s: %s; removed", path, why);
 }
 
 /* ---- store --------------------------------------------------------------------------------- */
@@ -507,8 +506,8 @@ fa_status fa_diskcache_store(struct fa_diskcache *dc, const struct fa_diskcache_
 	uint8_t h[FA_DISKCACHE_HEADER_BYTES];
 
 	if (size == 0 || size > FA_DISKCACHE_MAX_PAYLOAD) {
-		snprintf(err, errlen, "kernel cache: refusing to store a cubin of %zu bytes", size);
-		return FA_EINVAL;
+		return fa_err(err, errlen, FA_EINVAL,
+		              "kernel cache: refusing to store a cubin of %zu bytes", size);
 	}
 	memset(h, 0, sizeof h);
 	memcpy(h + H_MAGIC, MAGIC, sizeof MAGIC);
@@ -525,9 +524,9 @@ fa_status fa_diskcache_store(struct fa_diskcache *dc, const struct fa_diskcache_
 	fa_diskcache_entry_path(dc, k, path, sizeof path);
 	int fd = open_temp(dc, hex, tmp, sizeof tmp);
 	if (fd < 0) {
-		snprintf(err, errlen, "kernel cache: cannot create a file in %s: %s", dc->path,
-		         strerror(errno));
-		return FA_ESYS;
+		return fa_err(err, errlen, FA_ESYS,
+		              "kernel cache: cannot create a file in %s: %s", dc->path,
+		              strerror(errno));
 	}
 	struct iovec parts[2] = {{h, sizeof h}, {(void *)data, size}};
 	fa_status st = fa_file_publish(fd, tmp, path, dc->path, parts, 2, "kernel cache", err,
@@ -577,8 +576,8 @@ static fa_status prune(struct fa_diskcache *dc, uint64_t max_bytes, const char *
 		max_bytes = dc->max_bytes;
 	DIR *d = opendir(dc->path);
 	if (!d) {
-		snprintf(err, errlen, "kernel cache: cannot list %s: %s", dc->path, strerror(errno));
-		return FA_ESYS;
+		return fa_err(err, errlen, FA_ESYS,
+		              "kernel cache: cannot list %s: %s", dc->path, strerror(errno));
 	}
 	int dfd = dirfd(d);
 	struct prune_ent *v = NULL;
@@ -646,8 +645,8 @@ fa_status fa_diskcache_remove(struct fa_diskcache *dc, const struct fa_diskcache
 	char path[PATH_CAP + 64];
 	fa_diskcache_entry_path(dc, k, path, sizeof path);
 	if (unlink(path) != 0 && errno != ENOENT) {
-		snprintf(err, errlen, "kernel cache: removing %s: %s", path, strerror(errno));
-		return FA_ESYS;
+		return fa_err(err, errlen, FA_ESYS,
+		              "kernel cache: removing %s: %s", path, strerror(errno));
 	}
 	return FA_OK;
 }

@@ -5,6 +5,8 @@
  * (--ptxas-options=-v) and parses it: the compile checks and the GPU launcher both read it.
  */
 #include "fa_gpu.h"
+#include "fa_err.h"
+#include "fa_time.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -66,9 +68,9 @@ fa_status fa_nvrtc_open(struct fa_nvrtc **out, const struct fa_kernel_settings *
 			last = dlerror();
 	}
 	if (!lib) {
-		snprintf(err, errlen, "NVRTC not found (%s/lib64/libnvrtc.so.13 nor on the loader path): %s",
-		         FA_CUDA_HOME, last ? last : "");
-		return FA_ENOGPU;
+		return fa_err(err, errlen, FA_ENOGPU,
+		              "NVRTC not found (%s/lib64/libnvrtc.so.13 nor on the loader path): %s",
+		              FA_CUDA_HOME, last ? last : "");
 	}
 	struct fa_nvrtc *n = calloc(1, sizeof *n);
 	if (!n) {
@@ -204,13 +206,6 @@ static void parse_usage(const char *log, struct fa_kernel_usage *u)
 		sscanf(q, "Used %d registers", &u->regs);
 }
 
-static double now_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The options are built in one place so that the disk cache's key (gpu_diskcache.c) hashes
  * exactly what the compile is given, FA_NVRTC_EXTRA included. */
 void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
@@ -310,12 +305,12 @@ fa_status fa_nvrtc_compile_opts(struct fa_nvrtc *n, const struct fa_kernel_spec 
 	                                                                : "attn_fwd.cu",
 	                                   1, hdr, hdr_name);
 	if (r != 0) {
-		snprintf(err, errlen, "nvrtcCreateProgram: %s", n->GetErrorString(r));
-		return FA_EINTERNAL;
+		return fa_err(err, errlen, FA_EINTERNAL,
+		              "nvrtcCreateProgram: %s", n->GetErrorString(r));
 	}
-	double t0 = now_s();
+	uint64_t t0 = fa_now_ns();
 	r = n->CompileProgram(prog, k, opts);
-	double dt = now_s() - t0;
+	double dt = 1e-9 * (double)(fa_now_ns() - t0);
 	size_t lsz = 0;
 	n->GetProgramLogSize(prog, &lsz);
 	char *log = malloc(lsz + 1);

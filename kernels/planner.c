@@ -5,6 +5,7 @@
  * (accumulators + scores + fragments + a fixed overhead), checked against ptxas there too.
  */
 #include "fa_planner.h"
+#include "fa_err.h"
 #include "fa_attn.h" /* FA_ATTN_MAX_HEAD_DIM */
 #include "fa_settings.h"
 
@@ -407,17 +408,15 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 	if (n)
 		*n = 0;
 	if (!dev || !req || (!out && max > 0) || !n) {
-		snprintf(err, errlen, "planner: NULL argument");
-		return FA_EINVAL;
+		return fa_err(err, errlen, FA_EINVAL, "planner: NULL argument");
 	}
 	if (req->dtype != FA_DTYPE_FP16 && req->dtype != FA_DTYPE_BF16 &&
 	    req->dtype != FA_DTYPE_FP32) {
-		snprintf(err, errlen, "planner: unknown dtype %d", (int)req->dtype);
-		return FA_EDTYPE;
+		return fa_err(err, errlen, FA_EDTYPE, "planner: unknown dtype %d", (int)req->dtype);
 	}
 	if (req->D < 8 || req->D % 8 != 0) {
-		snprintf(err, errlen, "head dim %d: must be a multiple of 8 from 8 to 256", req->D);
-		return FA_ESHAPE;
+		return fa_err(err, errlen, FA_ESHAPE,
+		              "head dim %d: must be a multiple of 8 from 8 to 256", req->D);
 	}
 	const struct fa_kernel_settings *ks = req->ks ? req->ks : fa_kernel_settings_default();
 	fa_precision prec = fa_prec_resolve(req->dtype, req->precision);

@@ -14,6 +14,7 @@
  * renamed over the old one, under an flock that also merges what other writers saved.
  */
 #include "fa_tune.h"
+#include "fa_err.h"
 #include "fa_file.h"
 #include "fa_diskcache.h" /* fa_sha256 */
 
@@ -393,17 +394,16 @@ static fa_status mkdir_p(const char *path, char *err, size_t errlen)
 {
 	char tmp[4096];
 	if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp) {
-		snprintf(err, errlen, "tuning table: path too long");
-		return FA_EINVAL;
+		return fa_err(err, errlen, FA_EINVAL, "tuning table: path too long");
 	}
 	for (char *p = tmp + 1;; p++) {
 		if (*p == '/' || *p == 0) {
 			char c = *p;
 			*p = 0;
 			if (mkdir(tmp, 0750) != 0 && errno != EEXIST) {
-				snprintf(err, errlen, "tuning table: cannot create %s: %s", tmp,
-				         strerror(errno));
-				return FA_ESYS;
+				return fa_err(err, errlen, FA_ESYS,
+				              "tuning table: cannot create %s: %s", tmp,
+				              strerror(errno));
 			}
 			*p = c;
 			if (c == 0)
@@ -412,8 +412,7 @@ static fa_status mkdir_p(const char *path, char *err, size_t errlen)
 	}
 	struct stat sb;
 	if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-		snprintf(err, errlen, "tuning table: %s is not a directory", path);
-		return FA_ESYS;
+		return fa_err(err, errlen, FA_ESYS, "tuning table: %s is not a directory", path);
 	}
 	return FA_OK;
 }
@@ -424,8 +423,8 @@ fa_status fa_tune_table_open(struct fa_tune_table **out, const char *dir,
 {
 	*out = NULL;
 	if (!id || !model) {
-		snprintf(err, errlen, "tuning table: NULL identity or device model");
-		return FA_EINVAL;
+		return fa_err(err, errlen, FA_EINVAL,
+		              "tuning table: NULL identity or device model");
 	}
 	struct fa_tune_table *t = calloc(1, sizeof *t);
 	if (!t)
@@ -518,8 +517,7 @@ fa_status fa_tune_table_save(struct fa_tune_table *t, char *err, size_t errlen)
 	/* one open file description per call: flock then serialises threads as well as processes */
 	int lfd = open(lockp, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0640);
 	if (lfd < 0) {
-		snprintf(err, errlen, "tuning table: %s: %s", lockp, strerror(errno));
-		return FA_ESYS;
+		return fa_err(err, errlen, FA_ESYS, "tuning table: %s: %s", lockp, strerror(errno));
 	}
 	while (flock(lfd, LOCK_EX) != 0 && errno == EINTR)
 		;

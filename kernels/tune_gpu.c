@@ -8,6 +8,7 @@
  */
 #include "fa_gpu.h"
 #include "fa_tune.h"
+#include "fa_err.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,8 +81,7 @@ static fa_status ensure(struct gpu_tune_ctx *c, const struct fa_attn_fwd_desc *d
 	       bv = span(ks, d->v_stride, d->D, es), bo = span(qs, d->o_stride, d->D, es);
 	size_t bl = (size_t)(d->B * d->Hq * d->Sq) * 4;
 	if (!bq || !bk || !bv || !bo) {
-		snprintf(err, errlen, "tuning shape too large");
-		return FA_ESHAPE;
+		return fa_err(err, errlen, FA_ESHAPE, "tuning shape too large");
 	}
 	fa_status st;
 	c->have = true; /* release() frees whatever was allocated */
@@ -122,8 +122,7 @@ static fa_status gpu_time(void *ctx, const struct fa_attn_fwd_desc *d, const str
 	if (lst != FA_OK)
 		return lst;
 	if (st != FA_OK) {
-		snprintf(err, errlen, "%s", terr);
-		return st;
+		return fa_err(err, errlen, st, "%s", terr);
 	}
 	*us = (double)ms * 1000.0;
 	return FA_OK;
@@ -140,8 +139,7 @@ fa_status fa_tune_gpu_ops_init(struct fa_tune_ops *ops, struct fa_gpu *g, char *
 	memset(ops, 0, sizeof *ops);
 	struct gpu_tune_ctx *c = calloc(1, sizeof *c);
 	if (!c) {
-		snprintf(err, errlen, "out of memory");
-		return FA_ENOMEM;
+		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	}
 	c->g = g;
 	c->rng = 0x9e3779b97f4a7c15ull;

@@ -10,6 +10,7 @@
  */
 #include "fa_time.h"
 #include "fa_tune.h"
+#include "fa_err.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -81,8 +82,7 @@ fa_status fa_tune_pick(struct fa_tune_table *t, const struct fa_device_model *mo
 	if (!model)
 		model = t ? fa_tune_table_model(t) : NULL;
 	if (!model || !d || !tile) {
-		snprintf(err, errlen, "fa_tune_pick: NULL argument");
-		return FA_EINVAL;
+		return fa_err(err, errlen, FA_EINVAL, "fa_tune_pick: NULL argument");
 	}
 	fa_plan_req_from_desc(d, &r);
 	r.ks = t ? fa_tune_table_settings(t) : NULL;
@@ -118,8 +118,7 @@ fa_status fa_tuner_start(struct fa_tuner **out, struct fa_tune_table *t,
 {
 	*out = NULL;
 	if (!t || !d || !ops || !ops->time) {
-		snprintf(err, errlen, "fa_tuner_start: NULL argument");
-		return FA_EINVAL;
+		return fa_err(err, errlen, FA_EINVAL, "fa_tuner_start: NULL argument");
 	}
 	fa_status st = fa_attn_fwd_check(d, err, errlen);
 	if (st != FA_OK)
