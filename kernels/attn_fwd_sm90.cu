@@ -40,6 +40,14 @@
  *               accumulators, P kept in registers as the A operand of O += P V (B = V^T from
  *               shared memory).
  *
+ * Stages (as llama.cpp's fattn-mma-f16.cuh; defined above the kernel, in the order a step runs
+ * them): load_q, prep_q; per tile load_kv_tile, kv_ready, issue_s (S = Q K^T) + wg_wait_acc,
+ * softmax_tile + rescale_o, make_p, pv_tile (O += P V; issue_pv without the wait); epilogue.
+ * The overlapped loop (16-bit, three stages) runs the same stages, S of tile j+1 issued before
+ * P_j V_j and waited for alone, with carry_p handing P on. Every stage is __forceinline__ and
+ * takes the kernel's arrays rather than declaring its own: the split changes no instruction
+ * (the PTX of every wgmma specialisation of tools/sass-dump is the inline kernel's).
+ *
  * Layouts. Shared tiles use wgmma's no-swizzle K-major layout: 8 rows x 16 bytes (8 x 4 fp32,
  * 8 x 8 16-bit) per 128-byte core matrix, core matrices along K 128 bytes apart (leading byte
  * offset) and 8-row groups SBO bytes apart; one k step (k8 tf32, k16 16-bit) reads 2 core
