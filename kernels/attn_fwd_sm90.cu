@@ -40,6 +40,14 @@
  *               accumulators, P kept in registers as the A operand of O += P V (B = V^T from
  *               shared memory).
  *
+ * Stages (as llama.cpp's fattn-mma-f16.cuh; defined above the kernel, in the order a step runs
+ * them): load_q, prep_q; per tile load_kv_tile, kv_ready, issue_s (S = Q K^T) + wg_wait_acc,
+ * softmax_tile + rescale_o, make_p, pv_tile (O += P V; issue_pv without the wait); epilogue.
+ * The overlapped loop (16-bit, three stages) runs the same stages, S of tile j+1 issued before
+ * P_j V_j and waited for alone, with carry_p handing P on. Every stage is __forceinline__ and
+ * takes the kernel's arrays rather than declaring its own: the split changes no instruction
+ * (the PTX of every wgmma specialisation of tools/sass-dump is the inline kernel's).
+ *
  * Layouts. Shared tiles use wgmma's no-swizzle K-major layout: 8 rows x 16 bytes (8 x 4 fp32,
  * 8 x 8 16-bit) per 128-byte core matrix, core matrices along K 128 bytes apart (leading byte
  * offset) and 8-row groups SBO bytes apart; one k step (k8 tf32, k16 16-bit) reads 2 core
@@ -522,9 +530,32 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NSACC], int j, int wrow0
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Stages of the kernel (the online softmax is softmax_tile above; S and P V are wgmma groups
- * issued in the loop). Each is __forceinline__: the split changes no instruction
- * (tools/sass-dump.c). */
+ * Stages of the kernel, in the order a step runs them: load_q and prep_q once, then per key
+ * tile load_kv_tile (into the ring), kv_ready, issue_s (S = Q K^T) and wg_wait_acc,
+ * softmax_tile (above: masks, online softmax) and rescale_o, make_p (P as A fragments),
+ * pv_tile / issue_pv (O += P V), and epilogue. The overlapped loop runs the same stages in
+ * another order, with carry_p between steps. Each is __forceinline__: the split changes no
+ * instruction (SASS_DUMP_PTX=1 tools/sass-dump: the PTX of every wgmma specialisation is
+ * byte for byte the one of the kernel written inline).
+ *
+ * Rules the split keeps (as attn_fwd.cu's): the arrays a stage fills are declared by the kernel,
+ * in the order it always declared them, and passed in (the order of the locals steers the
+ * code generated); kernel parameters are read through p where the kernel read them, never
+ * copied into a struct of their own. */
+
+#define NT_KV (X3 ? 4 : 2) /* tiles per ring stage: K hi, [K lo], V^T hi, [V^T lo] */
+
+/* 3xtf32 keeps the remainders (x - tf32(x)) of Q and P as register A fragments; the other
+ * kinds keep none, and pass an empty struct in their place. */
+#if X3
+typedef u32 qlo_frags[NSTEP_S][4];
+typedef u32 plo_frags[NSTEP_P][4];
+#else
+struct no_frags {
+};
+typedef no_frags qlo_frags;
+typedef no_frags plo_frags;
+#endif
 
 /* Q: BR rows (zeros past Sq and, 16-bit, past D) into core matrices; one commit group (fp32
  * staged as bf16: loaded, rounded and stored by the threads). */
@@ -545,6 +576,244 @@ __device__ __forceinline__ void load_q(const fa_wgparams &p, elem_t *sQ, int tid
 #endif
 	}
 	cp_async_commit();
+}
+
+/* Tile jt of the prep's images (img: this (batch, kv head)'s first element) into ring stage
+ * st: K hi, [K lo], V^T hi, [V^T lo], each a contiguous copy by 16-byte cp.async, as the
+ * images are already the shared-memory layout. The caller commits the group (one per step,
+ * loaded or not, so that cp.async.wait_group counts steps). */
+__device__ __forceinline__ void load_kv_tile(const fa_wgparams &p, elem_t *sKV, long long img,
+                                             int tid, int st, int jt)
+{
+	elem_t *dst = sKV + st * NT_KV * TILE;
+	const long long src = img + (long long)jt * TILE;
+	const elem_t *from[4] = {p.kh, X3 ? p.kl : p.vh, p.vh, p.vl}; /* stage order */
+	for (int m = 0; m < NT_KV; m++) {
+		const elem_t *s_ = from[m] + src;
+		for (int i = tid; i < TILE / EPC; i += NT)
+			cp_async16(smem_u32(dst + m * TILE + EPC * i), s_ + EPC * i, 16);
+	}
+}
+
+/* A K/V tile landed and may be read by wgmma: this thread's copies but the newest N groups
+ * are in (cp.async.wait_group), the fence hands its shared-memory writes (cp.async and
+ * st.shared: prep_q's rounded Q too, before the first tile) from the generic to the async
+ * proxy wgmma reads through, and the barrier publishes every thread's, and says that every
+ * warpgroup is done with the step before (so its buffer may be loaded again). */
+template <int N> __device__ __forceinline__ void kv_ready(void)
+{
+	cp_async_wait<N>();
+	fence_proxy_async();
+	__syncthreads();
+}
+
+/* Q landed (the caller waited and synchronized): tf32: each thread rounds the elements of its
+ * own A fragments in place (negated for a negative scale) and, for 3xtf32, keeps their
+ * remainders as register A fragments in qlo; 16-bit: a negative scale flips the sign bits of
+ * the warpgroup's rows sQw. */
+__device__ __forceinline__ void prep_q(const fa_wgparams &p, elem_t *sQw, int tid, int r0, int c,
+                                       qlo_frags &qlo)
+{
+#if W16
+	(void)r0;
+	(void)c;
+	(void)qlo;
+	if (p.neg_scale)
+		for (int i = tid & 127; i < 64 * DP / 2; i += 128)
+			((u32 *)sQw)[i] ^= 0x80008000u;
+#else
+	(void)tid;
+#if !X3
+	(void)qlo;
+#endif
+#pragma unroll
+	for (int ks = 0; ks < NSTEP_S; ks++) {
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const int row = r0 + (e & 1) * 8, col = ks * 8 + c + (e >> 1) * 4;
+			float *q = sQw + core_idx(row, col, DP);
+			float x = p.neg_scale ? -*q : *q;
+			const float hi = tf32_rna(x);
+			*q = hi;
+#if X3
+			qlo[ks][e] = __float_as_uint(x - hi);
+#endif
+		}
+	}
+#endif
+}
+
+/* S = Q K^T of one tile (3xtf32: + Q K_lo^T + Q_lo K^T) as one wgmma group, issued and
+ * committed, not waited for: s zeroed, wgmma.fence (s and Q_lo's registers are written before
+ * the first wgmma reads them), the k steps, commit. qaddr, kaddr, kladdr: shared addresses of
+ * Q, K hi, K lo (3xtf32 only); j: the step (3xtf32: see qa). */
+__device__ __forceinline__ void issue_s(float (&s)[NSACC], const qlo_frags &qlo, int j, u32 qaddr,
+                                        u32 kaddr, u32 kladdr)
+{
+#pragma unroll
+	for (int i = 0; i < NSACC; i++)
+		s[i] = 0.f;
+#if X3
+	/* Fresh copies of Q's remainder for this step's wgmmas: with the loop-invariant
+	 * registers themselves as A operands, ptxas (CUDA 13.0) handed three of them to other
+	 * values inside the loop (seen in the SASS at d64 with 64 keys: 1e-4 error from the
+	 * second step on; kernels/PERF-NOTES.md v7). z is 0, but not to the compiler, and it
+	 * changes with j, so the XORs are neither folded nor hoisted. */
+	const u32 z = (u32)j >> 30;
+	u32 qa[NSTEP_S][4];
+#pragma unroll
+	for (int ks = 0; ks < NSTEP_S; ks++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			qa[ks][e] = qlo[ks][e] ^ z;
+#else
+	(void)qlo;
+	(void)j;
+	(void)kladdr;
+#endif
+	wg_fence();
+#pragma unroll
+	for (int ks = 0; ks < NSTEP_S; ks++) {
+		const u64 dq = wg_desc(qaddr + ks * 256, SBO_Q);
+		const u64 dk = wg_desc(kaddr + ks * 256, SBO_Q);
+		s_ss(s, dq, dk);
+#if X3
+		s_ss(s, dq, wg_desc(kladdr + ks * 256, SBO_Q)); /* Q K_lo^T */
+		s_rs(s, qa[ks], dk);                            /* Q_lo K^T */
+#endif
+	}
+	wg_commit();
+}
+
+/* Wait until at most N wgmma groups are still running (the newest ones), then tell the
+ * compiler that the accumulators x of the groups now done may have changed here (wg_touch):
+ * before it, no instruction may read or write them. */
+template <int N, int L> __device__ __forceinline__ void wg_wait_acc(float (&x)[L])
+{
+	wg_wait<N>();
+#pragma unroll
+	for (int i = 0; i < L; i++)
+		wg_touch(x[i]);
+}
+
+/* O *= alpha per row (softmax_tile's factor), once no P V that adds into O is running. */
+__device__ __forceinline__ void rescale_o(float (&acc)[NOACC], const float (&alpha)[2])
+{
+#pragma unroll
+	for (int n = 0; n < DP / 8; n++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			acc[4 * n + e] *= alpha[e >> 1];
+}
+
+/* P (softmax_tile's s) as the A fragments of O += P V, all of them converted before the first
+ * wgmma (registers written between wgmmas make ptxas insert a fence before each). 16-bit, per
+ * k16 step (key blocks 2n, 2n+1 of 8): a0 (r, 2c..), a1 (r+8, 2c..), a2 (r, 8+2c..), a3 (r+8,
+ * 8+2c..), pairs packed. tf32: a0 (r, 2c), a1 (r+8, 2c), a2 (r, 2c+1), a3 (r+8, 2c+1), see the
+ * key slots of V^T (x: the kernel's scratch for one k step's 4 values); 3xtf32 also the
+ * remainders pl. */
+__device__ __forceinline__ void make_p(const float (&s)[NSACC], u32 (&ph)[NSTEP_P][4],
+                                       plo_frags &pl, float (&x)[4])
+{
+#if W16
+	(void)pl;
+	(void)x;
+#pragma unroll
+	for (int n = 0; n < NSTEP_P; n++) {
+		ph[n][0] = pack16(s[8 * n], s[8 * n + 1]);
+		ph[n][1] = pack16(s[8 * n + 2], s[8 * n + 3]);
+		ph[n][2] = pack16(s[8 * n + 4], s[8 * n + 5]);
+		ph[n][3] = pack16(s[8 * n + 6], s[8 * n + 7]);
+	}
+#else
+#if !X3
+	(void)pl;
+#endif
+#pragma unroll
+	for (int n = 0; n < NSTEP_P; n++) {
+		x[0] = s[4 * n];
+		x[1] = s[4 * n + 2];
+		x[2] = s[4 * n + 1];
+		x[3] = s[4 * n + 3];
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			const float hf = tf32_rna(x[e]);
+			ph[n][e] = __float_as_uint(hf);
+#if X3
+			pl[n][e] = __float_as_uint(x[e] - hf);
+#endif
+		}
+	}
+#endif
+}
+
+/* O += P V of one tile as one wgmma group, issued and committed, not waited for: wgmma.fence
+ * (acc and P's registers were written since the last wgmma), the k steps over keys, commit.
+ * vaddr: the shared address of the tile's V^T. */
+__device__ __forceinline__ void issue_pv(float (&acc)[NOACC], const u32 (&ph)[NSTEP_P][4],
+                                         u32 vaddr)
+{
+	wg_fence();
+#pragma unroll
+	for (int n = 0; n < NSTEP_P; n++)
+		pv_rs<0, DP>(acc, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vaddr + n * 256);
+	wg_commit();
+}
+
+/* O += P V of one tile, waited for (the loop without overlap). 3xtf32: P V + P V_lo + P_lo V
+ * into a zeroed partial sum t (the kernel's), added to O with IEEE adds: wgmma adds into its
+ * fp32 accumulator with a truncating (biased) rounding, and summing 3 products per 8 keys
+ * straight into O over 4097 keys measured 1e-4 relative error on the H200, ten times fp32's
+ * bound (kernels/PERF-NOTES.md v7). PV_W columns of the partial sum at a time; the wait
+ * before the adds, as they read t. vladdr: V^T lo (3xtf32 only). */
+__device__ __forceinline__ void pv_tile(float (&acc)[NOACC], float (&t)[PV_W / 2],
+                                        const u32 (&ph)[NSTEP_P][4], const plo_frags &pl,
+                                        u32 vaddr, u32 vladdr)
+{
+#if X3
+#pragma unroll
+	for (int d0 = 0; d0 < DP; d0 += PV_W) {
+		constexpr int W = PV_W;
+#pragma unroll
+		for (int i = 0; i < W / 2; i++)
+			t[i] = 0.f;
+		wg_fence();
+#pragma unroll
+		for (int n = 0; n < NSTEP_P; n++) {
+			const u32 vo = (d0 / 8) * SBO_V + n * 256;
+			pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vaddr + vo);
+			pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vladdr + vo); /* P V_lo */
+			pv_rs<0, W>(t, pl[n][0], pl[n][1], pl[n][2], pl[n][3], vaddr + vo);  /* P_lo V */
+		}
+		wg_commit();
+		wg_wait<0>();
+#pragma unroll
+		for (int i = 0; i < W / 2; i++) {
+			wg_touch(t[i]);
+			acc[d0 / 2 + i] += t[i];
+		}
+	}
+#else
+	(void)t;
+	(void)pl;
+	(void)vladdr;
+	issue_pv(acc, ph, vaddr);
+	wg_wait_acc<0>(acc);
+#endif
+}
+
+/* The overlapped loop: P_{j+1} (pn) becomes the current P (pc). pc is read once more (ANDed
+ * with z, a 0 the compiler cannot see, that changes with j) so that its registers stay P_j's
+ * until here: coalesced with pn, the packing of P_{j+1} would write the A operand of the
+ * running P_j V_j, and ptxas then serializes every wgmma (C7513; PERF-NOTES.md v8). */
+__device__ __forceinline__ void carry_p(u32 (&pc)[NSTEP_P][4], const u32 (&pn)[NSTEP_P][4], int j)
+{
+	const u32 z = (u32)j >> 30;
+#pragma unroll
+	for (int n = 0; n < NSTEP_P; n++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			pc[n][e] = pn[n][e] ^ (pc[n][e] & z);
 }
 
 /* Epilogue: O /= l, logsumexp = (m + log2 l) ln 2, rows wrow0 + r0 (+ 8) of the warpgroup. */
@@ -580,13 +849,12 @@ __device__ __forceinline__ void epilogue(const fa_wgparams &p, const float (&acc
 }
 
 /* ---------------------------------------------------------------------------------------------
- * The forward kernel */
+ * The forward kernel: the loop over key tiles, in stages. */
 extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparams p)
 {
 	extern __shared__ __align__(128) elem_t smem[];
 	elem_t *sQ = smem;                /* BR x DP, core matrices */
 	elem_t *sKV = smem + BR * DP;     /* per stage: K hi, [K lo], V^T hi, [V^T lo] */
-	const int NT_KV = X3 ? 4 : 2;
 
 	const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
 	const int g = lane >> 2, c = lane & 3;
@@ -603,17 +871,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 	}
 
 	load_q(p, sQ, tid, q0, b, h);
-	/* Tile jt of the images into stage buffer st: contiguous copies. */
-	auto load_kv = [&](int st, int jt) {
-		elem_t *dst = sKV + st * NT_KV * TILE;
-		const long long src = img + (long long)jt * TILE;
-		const elem_t *from[4] = {p.kh, X3 ? p.kl : p.vh, p.vh, p.vl}; /* stage order */
-		for (int m = 0; m < NT_KV; m++) {
-			const elem_t *s_ = from[m] + src;
-			for (int i = tid; i < TILE / EPC; i += NT)
-				cp_async16(smem_u32(dst + m * TILE + EPC * i), s_ + EPC * i, 16);
-		}
-	};
+	/* The K/V load stage bound to this block's ring. Called through this lambda, as the kernel
+	 * always called its loads: called directly, the inliner's order changes and with it the
+	 * PTX of every loop without overlap (the same instructions, other registers). */
+	auto load_kv = [&](int st, int jt) { load_kv_tile(p, sKV, img, tid, st, jt); };
 #pragma unroll
 	for (int st = 0; st < FA_STAGES - 1; st++) {
 		if (st < ntiles)
@@ -621,36 +882,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 		cp_async_commit();
 	}
 
-	/* Q landed: tf32: each thread rounds the elements of its own A fragments in place (negated
-	 * for a negative scale) and, for 3xtf32, keeps their remainders as register A fragments;
-	 * 16-bit: a negative scale flips the sign bits of the warpgroup's rows. */
+	/* Q is in (its group is older than the STAGES - 1 tiles'); the barrier publishes every
+	 * thread's copies before prep_q rewrites the elements of its fragments. */
 	cp_async_wait<FA_STAGES - 1>();
 	__syncthreads();
 	elem_t *sQw = sQ + wg * 64 * DP;
 	const int r0 = 16 * wi + g;
-#if W16
-	if (p.neg_scale)
-		for (int i = tid & 127; i < 64 * DP / 2; i += 128)
-			((u32 *)sQw)[i] ^= 0x80008000u;
-#else
-#if X3
-	u32 qlo[NSTEP_S][4];
-#endif
-#pragma unroll
-	for (int ks = 0; ks < NSTEP_S; ks++) {
-#pragma unroll
-		for (int e = 0; e < 4; e++) {
-			const int row = r0 + (e & 1) * 8, col = ks * 8 + c + (e >> 1) * 4;
-			float *q = sQw + core_idx(row, col, DP);
-			float x = p.neg_scale ? -*q : *q;
-			const float hi = tf32_rna(x);
-			*q = hi;
-#if X3
-			qlo[ks][e] = __float_as_uint(x - hi);
-#endif
-		}
-	}
-#endif
+	qlo_frags qlo;
+	prep_q(p, sQw, tid, r0, c, qlo);
 
 	const float sl = p.scale_log2;
 	float acc[NOACC];
@@ -668,100 +907,43 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 	 * top of step j says every warpgroup is done with step j - 1, hence with tile j - 1). */
 	float sc[NSACC];
 	u32 pc[NSTEP_P][4];
-	auto issue_s = [&](float (&sx)[NSACC], int jt) {
-		const u32 kaddr = smem_u32(sKV + (jt % FA_STAGES) * NT_KV * TILE);
-#pragma unroll
-		for (int i = 0; i < NSACC; i++)
-			sx[i] = 0.f;
-		wg_fence();
-#pragma unroll
-		for (int ks = 0; ks < NSTEP_S; ks++)
-			s_ss(sx, wg_desc(qaddr + ks * 256, SBO_Q), wg_desc(kaddr + ks * 256, SBO_Q));
-		wg_commit();
-	};
-	auto pack_p = [&](const float (&sx)[NSACC], u32 (&px)[NSTEP_P][4]) {
-#pragma unroll
-		for (int n = 0; n < NSTEP_P; n++) {
-			px[n][0] = pack16(sx[8 * n], sx[8 * n + 1]);
-			px[n][1] = pack16(sx[8 * n + 2], sx[8 * n + 3]);
-			px[n][2] = pack16(sx[8 * n + 4], sx[8 * n + 5]);
-			px[n][3] = pack16(sx[8 * n + 6], sx[8 * n + 7]);
-		}
-	};
-	auto issue_pv = [&](const u32 (&px)[NSTEP_P][4], int jt) {
-		const u32 vaddr = smem_u32(sKV + (jt % FA_STAGES) * NT_KV * TILE + TILE);
-		wg_fence();
-#pragma unroll
-		for (int n = 0; n < NSTEP_P; n++)
-			pv_rs<0, DP>(acc, px[n][0], px[n][1], px[n][2], px[n][3], vaddr + n * 256);
-		wg_commit();
-	};
+	plo_frags pl; /* none: 16-bit */
+	float x[4];   /* unused: 16-bit */
 	if (ntiles > 0) {
-		cp_async_wait<FA_STAGES - 2>(); /* tile 0 */
-		fence_proxy_async();
-		__syncthreads();
-		issue_s(sc, 0);
-		wg_wait<0>();
-#pragma unroll
-		for (int i = 0; i < NSACC; i++)
-			wg_touch(sc[i]);
+		kv_ready<FA_STAGES - 2>(); /* tile 0 */
+		issue_s(sc, qlo, 0, qaddr, smem_u32(sKV), 0);
+		wg_wait_acc<0>(sc);
 		float alpha[2];
 		softmax_tile(sc, 0, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha);
-		pack_p(sc, pc);
+		make_p(sc, pc, pl, x);
 	}
 	/* Steps 0 .. ntiles - 2 (the S of the next tile issued unconditionally: with a branch
 	 * around it ptxas cannot tell which wgmma group wait_group 1 leaves running and
 	 * serializes them all), then the last tile's P V. */
 	for (int j = 0; j + 1 < ntiles; j++) {
 		float sn[NSACC];
-		cp_async_wait<0>(); /* tile j + 1 */
-		fence_proxy_async();
-		__syncthreads();
+		kv_ready<0>(); /* tile j + 1 */
 		if (j + 2 < ntiles)
 			load_kv((j + 2) % FA_STAGES, j + 2);
 		cp_async_commit();
-		issue_s(sn, j + 1);
-		issue_pv(pc, j);
-		wg_wait<1>(); /* S_{j+1}; P_j V_j may still run */
-#pragma unroll
-		for (int i = 0; i < NSACC; i++)
-			wg_touch(sn[i]);
+		issue_s(sn, qlo, j + 1, qaddr, smem_u32(sKV + ((j + 1) % FA_STAGES) * NT_KV * TILE), 0);
+		issue_pv(acc, pc, smem_u32(sKV + (j % FA_STAGES) * NT_KV * TILE + TILE));
+		wg_wait_acc<1>(sn); /* S_{j+1}; P_j V_j may still run */
 		float alpha[2];
 		softmax_tile(sn, j + 1, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha);
 		u32 pn[NSTEP_P][4];
-		pack_p(sn, pn);
-		wg_wait<0>();
-#pragma unroll
-		for (int i = 0; i < NOACC; i++)
-			wg_touch(acc[i]);
-#pragma unroll
-		for (int n = 0; n < DP / 8; n++)
-#pragma unroll
-			for (int e = 0; e < 4; e++)
-				acc[4 * n + e] *= alpha[e >> 1];
-		/* P_{j+1} becomes the current P. pc is read once more (ANDed with z, a 0 the compiler
-		 * cannot see) so that its registers stay P_j's until here: coalesced with pn, the
-		 * packing above would write the A operand of the running P_j V_j, and ptxas then
-		 * serializes every wgmma (C7513). */
-		const u32 z = (u32)j >> 30;
-#pragma unroll
-		for (int n = 0; n < NSTEP_P; n++)
-#pragma unroll
-			for (int e = 0; e < 4; e++)
-				pc[n][e] = pn[n][e] ^ (pc[n][e] & z);
+		make_p(sn, pn, pl, x);
+		wg_wait_acc<0>(acc); /* P_j V_j */
+		rescale_o(acc, alpha);
+		carry_p(pc, pn, j);
 	}
 	if (ntiles > 0) {
-		issue_pv(pc, ntiles - 1);
-		wg_wait<0>();
-#pragma unroll
-		for (int i = 0; i < NOACC; i++)
-			wg_touch(acc[i]);
+		issue_pv(acc, pc, smem_u32(sKV + ((ntiles - 1) % FA_STAGES) * NT_KV * TILE + TILE));
+		wg_wait_acc<0>(acc);
 	}
 #else
 	for (int j = 0; j < ntiles; j++) {
-		cp_async_wait<FA_STAGES - 2>();
-		fence_proxy_async();
-		__syncthreads(); /* tile j is in; every warpgroup is done with tile j - 1 */
+		kv_ready<FA_STAGES - 2>(); /* tile j */
 		{
 			const int jn = j + FA_STAGES - 1;
 			if (jn < ntiles)
@@ -772,123 +954,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 		const u32 kaddr = smem_u32(kv), kladdr = smem_u32(kv + TILE);
 		const u32 vaddr = smem_u32(kv + (X3 ? 2 : 1) * TILE), vladdr = smem_u32(kv + 3 * TILE);
 
-		/* S = Q K^T (3xtf32: + Q K_lo^T + Q_lo K^T) */
 		float s[NSACC];
-#pragma unroll
-		for (int i = 0; i < NSACC; i++)
-			s[i] = 0.f;
-#if X3
-		/* Fresh copies of Q's remainder for this step's wgmmas: with the loop-invariant
-		 * registers themselves as A operands, ptxas (CUDA 13.0) handed three of them to other
-		 * values inside the loop (seen in the SASS at d64 with 64 keys: 1e-4 error from the
-		 * second step on; kernels/PERF-NOTES.md v7). z is 0, but not to the compiler, and it
-		 * changes with j, so the XORs are neither folded nor hoisted. */
-		const u32 z = (u32)j >> 30;
-		u32 qa[NSTEP_S][4];
-#pragma unroll
-		for (int ks = 0; ks < NSTEP_S; ks++)
-#pragma unroll
-			for (int e = 0; e < 4; e++)
-				qa[ks][e] = qlo[ks][e] ^ z;
-#endif
-		wg_fence();
-#pragma unroll
-		for (int ks = 0; ks < NSTEP_S; ks++) {
-			const u64 dq = wg_desc(qaddr + ks * 256, SBO_Q);
-			const u64 dk = wg_desc(kaddr + ks * 256, SBO_Q);
-			s_ss(s, dq, dk);
-#if X3
-			s_ss(s, dq, wg_desc(kladdr + ks * 256, SBO_Q)); /* Q K_lo^T */
-			s_rs(s, qa[ks], dk);                            /* Q_lo K^T */
-#endif
-		}
-		wg_commit();
-		wg_wait<0>();
-#pragma unroll
-		for (int i = 0; i < NSACC; i++)
-			wg_touch(s[i]);
-		(void)kladdr;
-		(void)vladdr;
-
+		issue_s(s, qlo, j, qaddr, kaddr, kladdr);
+		wg_wait_acc<0>(s);
 		float alpha[2];
 		softmax_tile(s, j, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha);
-#pragma unroll
-		for (int n = 0; n < DP / 8; n++)
-#pragma unroll
-			for (int e = 0; e < 4; e++)
-				acc[4 * n + e] *= alpha[e >> 1];
-
-		/* O += P V: P's accumulator as A fragments, all of them converted before the first
-		 * wgmma (registers written between wgmmas make ptxas insert a fence before each).
-		 * 16-bit, per k16 step (key blocks 2n, 2n+1 of 8): a0 (r, 2c..), a1 (r+8, 2c..), a2
-		 * (r, 8+2c..), a3 (r+8, 8+2c..), pairs packed. tf32: a0 (r, 2c), a1 (r+8, 2c), a2 (r,
-		 * 2c+1), a3 (r+8, 2c+1), see the key slots of V^T. */
+		rescale_o(acc, alpha);
 		u32 ph[NSTEP_P][4];
-#if X3
-		u32 pl[NSTEP_P][4];
-#endif
-#if W16
-#pragma unroll
-		for (int n = 0; n < NSTEP_P; n++) {
-			ph[n][0] = pack16(s[8 * n], s[8 * n + 1]);
-			ph[n][1] = pack16(s[8 * n + 2], s[8 * n + 3]);
-			ph[n][2] = pack16(s[8 * n + 4], s[8 * n + 5]);
-			ph[n][3] = pack16(s[8 * n + 6], s[8 * n + 7]);
-		}
-#else
-#pragma unroll
-		for (int n = 0; n < NSTEP_P; n++) {
-			const float x[4] = {s[4 * n], s[4 * n + 2], s[4 * n + 1], s[4 * n + 3]};
-#pragma unroll
-			for (int e = 0; e < 4; e++) {
-				const float hf = tf32_rna(x[e]);
-				ph[n][e] = __float_as_uint(hf);
-#if X3
-				pl[n][e] = __float_as_uint(x[e] - hf);
-#endif
-			}
-		}
-#endif
-#if X3
-		/* 3xtf32: each step's P V goes into a zeroed partial sum, added to O with IEEE adds.
-		 * wgmma adds into its fp32 accumulator with a truncating (biased) rounding: summing
-		 * 3 products per 8 keys straight into O over 4097 keys measured 1e-4 relative error
-		 * on the H200, ten times fp32's bound (kernels/PERF-NOTES.md v7). PV_W columns of the
-		 * partial sum at a time. */
-#pragma unroll
-		for (int d0 = 0; d0 < DP; d0 += PV_W) {
-			constexpr int W = PV_W;
-			float t[W / 2];
-#pragma unroll
-			for (int i = 0; i < W / 2; i++)
-				t[i] = 0.f;
-			wg_fence();
-#pragma unroll
-			for (int n = 0; n < NSTEP_P; n++) {
-				const u32 vo = (d0 / 8) * SBO_V + n * 256;
-				pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vaddr + vo);
-				pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vladdr + vo); /* P V_lo */
-				pv_rs<0, W>(t, pl[n][0], pl[n][1], pl[n][2], pl[n][3], vaddr + vo);  /* P_lo V */
-			}
-			wg_commit();
-			wg_wait<0>();
-#pragma unroll
-			for (int i = 0; i < W / 2; i++) {
-				wg_touch(t[i]);
-				acc[d0 / 2 + i] += t[i];
-			}
-		}
-#else
-		wg_fence();
-#pragma unroll
-		for (int n = 0; n < NSTEP_P; n++)
-			pv_rs<0, DP>(acc, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vaddr + n * 256);
-		wg_commit();
-		wg_wait<0>();
-#pragma unroll
-		for (int i = 0; i < NOACC; i++)
-			wg_touch(acc[i]);
-#endif
+		plo_frags pl;
+		float x[4];
+		make_p(s, ph, pl, x);
+		float t[PV_W / 2];
+		pv_tile(acc, t, ph, pl, vaddr, vladdr);
 	}
 #endif
 	cp_async_wait<0>();

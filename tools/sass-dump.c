@@ -6,6 +6,11 @@
  *   sass-dump OUTDIR [SUBSTRING]   cubins OUTDIR/<spec name>.cubin; SUBSTRING keeps the
  *                                  specialisations whose name contains it
  *   SASS_DUMP_LIST=1 sass-dump -   the list instead: name, source file, NVRTC options
+ *   SASS_DUMP_PTX=1 sass-dump OUTDIR [SUBSTRING]
+ *                                  the PTX instead, OUTDIR/<spec name>.ptx: the same source
+ *                                  and options for the virtual target (compute_90a for
+ *                                  sm_90a), no ptxas; identical PTX means identical SASS, and
+ *                                  it needs no nvdisasm (compare with cmp)
  *
  * The list covers every path (mma.sync fp16, bf16, fp32 ieee / 3xtf32 / tf32 / bf16 staging;
  * wgmma tf32, 3xtf32, 16-bit two-stage and overlapped), padded and unpadded head dims, the three
@@ -13,12 +18,14 @@
  * here rather than asked of the planner, so that a planner change cannot change the list.
  * Built by `make sass-dump`; not part of `all`.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fa_gpu.h"
+#include "fa_kernel_src.h"
 #include "fa_planner.h"
 
 struct job {
@@ -33,6 +40,92 @@ static struct job *jobs;
 static int njobs, next_job;
 static const char *outdir;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* SASS_DUMP_PTX: NVRTC's own entry points, as the project's layer does not return PTX */
+static struct {
+	int (*create)(void **, const char *, const char *, int, const char *const *,
+	              const char *const *);
+	int (*compile)(void *, int, const char *const *);
+	int (*log_size)(void *, size_t *);
+	int (*log)(void *, char *);
+	int (*ptx_size)(void *, size_t *);
+	int (*ptx)(void *, char *);
+	int (*destroy)(void **);
+} ptxfn;
+static bool want_ptx;
+
+static int ptx_open(void)
+{
+	void *lib = dlopen(FA_CUDA_HOME "/lib64/libnvrtc.so.13", RTLD_NOW | RTLD_LOCAL);
+	if (!lib)
+		lib = dlopen("libnvrtc.so.13", RTLD_NOW | RTLD_LOCAL);
+	if (!lib)
+		return -1;
+	*(void **)&ptxfn.create = dlsym(lib, "nvrtcCreateProgram");
+	*(void **)&ptxfn.compile = dlsym(lib, "nvrtcCompileProgram");
+	*(void **)&ptxfn.log_size = dlsym(lib, "nvrtcGetProgramLogSize");
+	*(void **)&ptxfn.log = dlsym(lib, "nvrtcGetProgramLog");
+	*(void **)&ptxfn.ptx_size = dlsym(lib, "nvrtcGetPTXSize");
+	*(void **)&ptxfn.ptx = dlsym(lib, "nvrtcGetPTX");
+	*(void **)&ptxfn.destroy = dlsym(lib, "nvrtcDestroyProgram");
+	bool all = ptxfn.create && ptxfn.compile && ptxfn.log_size && ptxfn.log && ptxfn.ptx_size &&
+	           ptxfn.ptx && ptxfn.destroy;
+	return all ? 0 : -1;
+}
+
+/* The PTX of j's spec: fa_nvrtc_compile's source, header and options, with the real target
+ * (-arch=sm_90a) made virtual (compute_90a) and ptxas' options dropped. */
+static fa_status ptx_compile(struct job *j, char **ptx, size_t *len)
+{
+	struct fa_nvrtc_opts o;
+	const char *opts[FA_NVRTC_MAX_OPTS];
+	char arch[64];
+	int k = 0;
+	fa_nvrtc_options(nv, &j->spec, &o);
+	for (int i = 0; i < o.n; i++) {
+		if (strncmp(o.v[i], "--ptxas-options", 15) == 0)
+			continue;
+		if (strncmp(o.v[i], "-arch=sm_", 9) == 0) {
+			snprintf(arch, sizeof arch, "-arch=compute_%s", o.v[i] + 9);
+			opts[k++] = arch;
+			continue;
+		}
+		opts[k++] = o.v[i];
+	}
+	const char *src;
+	size_t srclen;
+	fa_kernel_source(&j->spec, &src, &srclen);
+	const char *const hdr[1] = {fa_src_fa_device}, *const hdr_name[1] = {FA_DEVICE_HEADER_NAME};
+	void *prog = NULL;
+	if (ptxfn.create(&prog, src,
+	              fa_kpath_is_wg(j->spec.tile.path) ? "attn_fwd_sm90.cu" : "attn_fwd.cu", 1, hdr,
+	              hdr_name) != 0) {
+		snprintf(j->err, sizeof j->err, "nvrtcCreateProgram failed");
+		return FA_EINTERNAL;
+	}
+	fa_status st = FA_OK;
+	if (ptxfn.compile(prog, k, opts) != 0) {
+		size_t ls = 0;
+		ptxfn.log_size(prog, &ls);
+		char *log = malloc(ls + 1);
+		if (log) {
+			log[0] = 0;
+			ptxfn.log(prog, log);
+			log[ls] = 0;
+		}
+		snprintf(j->err, sizeof j->err, "%.2000s", log ? log : "compile failed");
+		free(log);
+		st = FA_EINTERNAL;
+	} else if (ptxfn.ptx_size(prog, len) != 0 || !(*ptx = malloc(*len)) ||
+	           ptxfn.ptx(prog, *ptx) != 0) {
+		snprintf(j->err, sizeof j->err, "no PTX");
+		st = FA_EINTERNAL;
+	}
+	ptxfn.destroy(&prog);
+	if (st == FA_OK && *len && (*ptx)[*len - 1] == 0)
+		(*len)--; /* the size counts the NUL */
+	return st;
+}
 
 static void add(int sm, fa_dtype dt, fa_precision p, int D, fa_mask m, int path, int nw, int rt,
                 int bc, int stages, const char *filter)
@@ -71,11 +164,14 @@ static void *worker(void *arg)
 		struct job *j = &jobs[i];
 		void *cubin = NULL;
 		size_t sz = 0;
-		j->st = fa_nvrtc_compile(nv, &j->spec, &cubin, &sz, NULL, j->err, sizeof j->err);
+		if (want_ptx)
+			j->st = ptx_compile(j, (char **)&cubin, &sz);
+		else
+			j->st = fa_nvrtc_compile(nv, &j->spec, &cubin, &sz, NULL, j->err, sizeof j->err);
 		if (j->st != FA_OK)
 			continue;
 		char path[4096];
-		snprintf(path, sizeof path, "%s/%s.cubin", outdir, j->name);
+		snprintf(path, sizeof path, "%s/%s.%s", outdir, j->name, want_ptx ? "ptx" : "cubin");
 		FILE *f = fopen(path, "wb");
 		if (!f || fwrite(cubin, 1, sz, f) != sz) {
 			j->st = FA_ESYS;
@@ -181,6 +277,12 @@ int main(int argc, char **argv)
 		fa_nvrtc_close(nv);
 		free(jobs);
 		return 0;
+	}
+	const char *wp = getenv("SASS_DUMP_PTX");
+	want_ptx = wp && strcmp(wp, "1") == 0;
+	if (want_ptx && ptx_open() != 0) {
+		fprintf(stderr, "sass-dump: NVRTC (for PTX) not found\n");
+		return 1;
 	}
 	int nth = 2;
 	const char *e = getenv("SASS_DUMP_THREADS");
