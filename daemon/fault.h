@@ -1,9 +1,10 @@
 /* fault.h - a lost engine's state: the backend that sees the fault marks it here, the server
  * learns of it here, and nothing in between needs to know who stops the daemon.
  *
- * A backend decides what is fatal (the GPU backend: CUDA's sticky errors, gpu_sticky()) and
- * marks it with fault_mark() from any thread, then wakes the loop (its async), whose callback
- * ends with fault_check(): that calls the handler the server installed (fault_set_handler) once.
+ * A backend decides what is fatal (the GPU backend: CUDA's sticky errors, common/fa_cu.h's
+ * fa_cu_sticky()) and marks it with fault_mark() from any thread, then wakes the loop (its
+ * async), whose callback ends with fault_check(): that calls the handler the server installed
+ * (fault_set_handler) once.
  * The server's handler is the daemon's fatal path (server.c, server_fault): it stops feeding
  * systemd's watchdog, answers every queued request FA_EDEVICE and every running one FA_EDEVICE
  * when it finishes, says STOPPING=1 with a STATUS line naming the fault, refuses new work, and

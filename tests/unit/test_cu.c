@@ -41,7 +41,8 @@ static void test_cu_errname_names_known_codes_without_a_driver(void **state)
 	assert_string_equal(fa_cu_errname(-1), "CUDA_ERROR_UNRECOGNISED");
 }
 
-/* The set the GPU backend's gpu_sticky had before the shim: the context is gone after these only. */
+/* The set the GPU backend's gpu_sticky had before the shim: the context is gone after these
+ * only. */
 static void test_cu_sticky_is_exactly_the_context_poisoning_set(void **state)
 {
 	static const int sticky[] = {214, 220, 226, 700, 702, 709, 710, 714,
