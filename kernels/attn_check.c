@@ -1,4 +1,4 @@
-/* attn_check.c - is a forward descriptor self-consistent.
+/* attn_check.c - is a forward (or backward) descriptor self-consistent.
  *
  * Every size here comes from a client, so every product is overflow-checked. The detail texts go
  * back to the client verbatim ("head dim 12 is not a multiple of 8"), so they name the field and
@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "fa_attn.h"
+#include "fa_attn_bwd.h"
 #include "fa_err.h"
 
 /* Strides of one tensor: each >= 0. */
@@ -84,6 +85,23 @@ fa_status fa_attn_fwd_check(const struct fa_attn_fwd_desc *d, char *err, size_t 
 	    (st = check_strides("v", d->v_stride, seq_names, err, errlen)) != FA_OK ||
 	    (st = check_strides("o", d->o_stride, seq_names, err, errlen)) != FA_OK ||
 	    (st = check_strides("lse", d->lse_stride, lse_names, err, errlen)) != FA_OK)
+		return st;
+	return FA_OK;
+}
+
+/* The forward's rules, then the gradients' strides; see fa_attn_bwd.h. */
+fa_status fa_attn_bwd_check(const struct fa_attn_bwd_desc *d, char *err, size_t errlen)
+{
+	static const char *const seq_names[3] = {"batch", "seq", "head"};
+	fa_status st;
+
+	if (d == NULL)
+		return fa_err(err, errlen, FA_EINVAL, "no descriptor");
+	if ((st = fa_attn_fwd_check(&d->fwd, err, errlen)) != FA_OK ||
+	    (st = check_strides("do", d->do_stride, seq_names, err, errlen)) != FA_OK ||
+	    (st = check_strides("dq", d->dq_stride, seq_names, err, errlen)) != FA_OK ||
+	    (st = check_strides("dk", d->dk_stride, seq_names, err, errlen)) != FA_OK ||
+	    (st = check_strides("dv", d->dv_stride, seq_names, err, errlen)) != FA_OK)
 		return st;
 	return FA_OK;
 }

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_ref_int.h"
 #include "fa_attn.h"
 
 #define REF_DEFAULT_SCRATCH ((size_t)64 << 20)
@@ -60,45 +61,6 @@ struct ref_ctx {
 	double *m, *l;   /* [br] row max and sum */
 	int64_t *n;      /* [br] visible keys of each row (a prefix) */
 };
-
-/* Number of keys query row i sees: masks are prefixes, [0, n). Agrees with fa_mask_allows(). */
-static int64_t ref_visible(fa_mask m, int64_t Sq, int64_t Sk, int64_t i)
-{
-	int64_t n;
-	switch (m) {
-	case FA_MASK_CAUSAL_BOTTOM_RIGHT: n = i + (Sk - Sq) + 1; break;
-	case FA_MASK_CAUSAL_TOP_LEFT: n = i + 1; break;
-	default: n = Sk; break;
-	}
-	if (n < 0)
-		return 0;
-	return n < Sk ? n : Sk;
-}
-
-/* Convert one head row of D elements at element offset off to float64: one switch per row. */
-static void ref_load_row(const void *base, fa_dtype dt, int64_t off, int64_t D, double *dst)
-{
-	switch (dt) {
-	case FA_DTYPE_FP16: {
-		const uint16_t *p = (const uint16_t *)base + off;
-		for (int64_t x = 0; x < D; x++)
-			dst[x] = fa_half_to_float(p[x]);
-		break;
-	}
-	case FA_DTYPE_BF16: {
-		const uint16_t *p = (const uint16_t *)base + off;
-		for (int64_t x = 0; x < D; x++)
-			dst[x] = fa_bf16_to_float(p[x]);
-		break;
-	}
-	case FA_DTYPE_FP32: {
-		const float *p = (const float *)base + off;
-		for (int64_t x = 0; x < D; x++)
-			dst[x] = p[x];
-		break;
-	}
-	}
-}
 
 /* Convert keys [j0, j0 + cn) of (b, kvh) from K (and V when want_v) into kd / vd. */
 static void ref_load_kv(struct ref_ctx *c, int64_t b, int64_t kvh, int64_t j0, int64_t cn,
