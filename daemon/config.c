@@ -69,6 +69,33 @@ static const struct config_option config_options[] = {
 	{.name = "max-sessions", .type = CONFIG_INT, .def = "1024", .min = 1, .max = 65536,
 	 .env = "FA_MAX_SESSIONS", .metavar = "N",
 	 .help = "open sessions (client processes); more get FA_ELIMIT", FIELD(max_sessions)},
+	/* Connections: see daemon/README.md ("Robustness and limits") and systemd/README.md for
+	 * the file-descriptor arithmetic behind LimitNOFILE=. */
+	{.name = "max-connections", .type = CONFIG_INT, .def = "4096", .min = 16, .max = 1048576,
+	 .env = "FA_MAX_CONNECTIONS", .metavar = "N",
+	 .help = "open client connections, all users together (each is a file descriptor; the "
+	         "soft file limit is raised to fit); more are closed at accept",
+	 FIELD(max_connections)},
+	{.name = "max-connections-per-uid", .type = CONFIG_INT, .def = "1024", .min = 1,
+	 .max = 1048576, .env = "FA_MAX_CONNECTIONS_PER_UID", .metavar = "N",
+	 .help = "open connections of one user (root too), so that one user cannot lock the "
+	         "others out; at most --max-connections",
+	 FIELD(max_connections_per_uid)},
+	{.name = "reserved-connections", .type = CONFIG_INT, .def = "32", .min = 0, .max = 65536,
+	 .env = "FA_RESERVED_CONNECTIONS", .metavar = "N",
+	 .help = "of --max-connections, the last N only for root and the daemon's own user (the "
+	         "operator's fa-ctl)",
+	 FIELD(reserved_connections)},
+	{.name = "frame-timeout-ms", .type = CONFIG_INT, .def = "10000", .min = 10,
+	 .max = 3600000, .env = "FA_FRAME_TIMEOUT_MS", .metavar = "MS",
+	 .help = "a message whose first byte arrived must be whole within this, or its "
+	         "connection is closed",
+	 FIELD(frame_timeout_ms)},
+	{.name = "idle-timeout-ms", .type = CONFIG_INT, .def = "30000", .min = 10,
+	 .max = 86400000, .env = "FA_IDLE_TIMEOUT_MS", .metavar = "MS",
+	 .help = "a connection no session uses (no HELLO yet, or after BYE) is closed after this "
+	         "long without a message; connections of open sessions are never timed out",
+	 FIELD(idle_timeout_ms)},
 	{.name = "max-region-bytes", .type = CONFIG_SIZE, .def = "64G", .min = 1, .max = INT64_MAX,
 	 .env = "FA_MAX_REGION_BYTES", .metavar = "BYTES",
 	 .help = "largest buffer a client may register (suffix K, M, G or T)",
@@ -548,6 +575,21 @@ void config_finish(struct config *c)
 	}
 }
 
+/* The checks between options; see config.h. */
+fa_status config_check(const struct config *c, char *err, size_t errlen)
+{
+	if (c->max_connections_per_uid > c->max_connections)
+		return fa_err(err, errlen, FA_EINVAL,
+		              "max-connections-per-uid %d is above max-connections %d",
+		              c->max_connections_per_uid, c->max_connections);
+	if (c->reserved_connections >= c->max_connections)
+		return fa_err(err, errlen, FA_EINVAL,
+		              "reserved-connections %d leaves none of max-connections %d for other "
+		              "users",
+		              c->reserved_connections, c->max_connections);
+	return FA_OK;
+}
+
 /* Defaults, file, environment, flags, in that order; see config.h. */
 fa_status config_load(struct config *c, int argc, char **argv, enum config_action *action,
                       char *err, size_t errlen)
@@ -587,7 +629,7 @@ fa_status config_load(struct config *c, int argc, char **argv, enum config_actio
 	if ((st = config_parse_args(c, argc, argv, action, err, errlen)) != FA_OK)
 		return st;
 	config_finish(c);
-	return FA_OK;
+	return config_check(c, err, errlen);
 }
 
 /* An option's current value as text, formatted as its parser reads it. */

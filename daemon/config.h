@@ -25,6 +25,11 @@ struct config {
 	int max_inflight;                 /* ATTN_FWD requests per session queued or running */
 	int max_regions;                  /* registered regions per session */
 	int max_sessions;                 /* open sessions */
+	int max_connections;              /* open connections (each an fd), all peers together */
+	int max_connections_per_uid;      /* open connections of one peer uid (<= max_connections) */
+	int reserved_connections;         /* of max_connections, for root and the daemon's uid */
+	int frame_timeout_ms;             /* a message begun must be whole within this */
+	int idle_timeout_ms;              /* a connection without a session: closed when silent */
 	uint64_t max_region_bytes;        /* largest region a client may register */
 	char backend[16];                 /* "auto" or a backend's name ("cpu") */
 	char cache_dir[CONFIG_PATH_MAX];  /* compiled kernels and tuning results (gpu backend) */
@@ -72,6 +77,11 @@ fa_status config_load(struct config *c, int argc, char **argv, enum config_actio
 
 /* Resolve derived values: threads 0 -> the number of CPUs this process may run on. */
 void config_finish(struct config *c);
+
+/* The checks between options (each option's own range is checked as it is set):
+ * max-connections-per-uid <= max-connections, reserved-connections < max-connections.
+ * Returns FA_OK or FA_EINVAL with the reason in err. config_load runs it. */
+fa_status config_check(const struct config *c, char *err, size_t errlen);
 
 /* The --help text, generated from the table. */
 void config_print_help(FILE *f, const char *argv0);

@@ -237,6 +237,24 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 
 	/* The backend's sections (the GPU's: devices, async, canary, tuning, kernels: ~2 KiB); a
 	 * backend that runs out of room drops whole sections, so give it plenty. */
+	struct ipc_counters n = {0};
+	if (srv->ipc != NULL)
+		ipc_counters(srv->ipc, &n);
+	in.conns_open = n.conns;
+	in.conns_peak = n.conns_peak;
+	in.conns_max = srv->max_conns;
+	in.conns_max_per_uid = srv->max_conns_per_uid;
+	in.conn_uids = n.uids;
+	in.conn_top_uid = n.uid_top;
+	in.conn_top_uid_held = n.uid_top_conns;
+	in.conn_uid_peak = n.uid_peak;
+	in.conns_refused_limit = n.refused_limit;
+	in.conns_refused_uid = n.refused_uid;
+	in.conns_closed_handshake = n.closed_handshake;
+	in.conns_closed_frame = n.closed_frame;
+	in.conns_closed_idle = n.closed_idle;
+	in.file_limit = srv->nofile;
+
 	static char extra[8192];
 	extra[0] = '\0';
 	if (srv->backend != NULL && srv->backend->ops->stats != NULL)

@@ -19,7 +19,9 @@
  * Anything a peer sends can only close that peer's connection. Memory a peer can pin is bounded:
  * a body buffer only up to recv_max, and all of them together up to IPC_PARTIAL_MAX; unread
  * replies up to send_max per connection and IPC_UNSENT_MAX together; connections (fds) up to
- * max_conns, and a connection that does not finish the handshake in handshake_ms is closed.
+ * max_conns, and up to max_conns_per_uid for one peer uid. Time a peer can hold a connection for
+ * nothing is bounded too (ipc.h, "Deadlines"): one timer per connection serves whichever deadline
+ * applies at the moment (handshake, frame, idle without a session).
  */
 #include "ipc.h"
 
@@ -48,6 +50,9 @@
 #define IPC_DEFAULT_HANDSHAKE_MS 5000
 #define IPC_DEFAULT_MAX_CONNS 4096
 #define IPC_DEFAULT_SEND_MAX ((size_t)16 << 20)
+#define IPC_DEFAULT_FRAME_MS 10000
+#define IPC_DEFAULT_IDLE_MS 30000
+#define IPC_DEFAULT_MAX_CONNS_PER_UID 1024
 #define IPC_RECV_MAX_LIMIT ((size_t)1 << 30) /* libuv buffers are sized by unsigned int */
 #define IPC_PARTIAL_MAX ((size_t)256 << 20)  /* all half-received bodies together */
 #define IPC_UNSENT_MAX ((size_t)256 << 20)   /* all unread replies together */
@@ -69,9 +74,23 @@ enum ipc_state {
 	IPC_BODY,      /* msg collects a body that did not arrive in one read */
 };
 
+/* The deadline the connection's timer is set for. */
+enum ipc_deadline {
+	IPC_DL_NONE,      /* a session holds it, between frames: no deadline */
+	IPC_DL_HANDSHAKE, /* the peer's 8 bytes, handshake_ms from accept */
+	IPC_DL_FRAME,     /* the frame under way, frame_ms from its first byte */
+	IPC_DL_IDLE,      /* no session: the next message, idle_ms from the last one */
+};
+
+/* Open connections of one peer uid. */
+struct ipc_uid {
+	uint32_t uid;
+	unsigned conns;
+};
+
 struct ipc_conn {
 	uv_pipe_t pipe;    /* data = this */
-	uv_timer_t timer;  /* the handshake deadline */
+	uv_timer_t timer;  /* the deadline that applies now (deadline) */
 	uv_write_t hello;  /* our header */
 	struct ipc *ipc;
 	struct ipc_peer peer;
@@ -84,6 +103,10 @@ struct ipc_conn {
 	uint8_t *msg;      /* IPC_BODY: the body being assembled */
 	size_t msg_len, msg_got;
 	size_t unsent;     /* reply bytes queued in libuv, not yet in the kernel */
+	enum ipc_deadline deadline;
+	bool framed;       /* a frame ended since the timer was last set */
+	unsigned holds;    /* sessions using this connection (ipc_pipe_hold) */
+	struct ipc_uid *who; /* the peer uid's count, once known */
 };
 
 /* A reply (or its tail) that the kernel did not take at once. */
@@ -115,6 +138,10 @@ struct ipc {
 	size_t unsent;        /* bytes of the struct ipc_write in flight */
 	size_t partial;       /* bytes of body buffers being assembled */
 	uint64_t refused, warn_ms; /* connections refused; when that was last logged */
+	uint64_t warn_uid_ms;      /* when a per-uid refusal was last logged */
+	uint32_t self_uid;         /* ours: with uid 0, may use the reserved connections */
+	struct idmap uids;         /* uid + 1 -> struct ipc_uid *, uids with open connections */
+	struct ipc_counters n;     /* the counters kept as they happen (ipc_counters fills the rest) */
 	uint8_t rbuf[IPC_READ_BUF]; /* every read that is not into a body buffer (loop thread) */
 };
 
@@ -125,6 +152,7 @@ static void ipc_release(struct ipc *ipc)
 {
 	if (--ipc->handles > 0 || !ipc->closing)
 		return;
+	idmap_fini(&ipc->uids); /* empty: every connection is closed */
 	if (ipc->done != NULL)
 		ipc->done(ipc->done_arg);
 	free(ipc);
@@ -150,6 +178,10 @@ static void conn_handle_closed(uv_handle_t *h)
 	if (c->msg != NULL) {
 		ipc->partial -= c->msg_len;
 		free(c->msg);
+	}
+	if (c->who != NULL && --c->who->conns == 0) {
+		idmap_del(&ipc->uids, (uint64_t)c->who->uid + 1);
+		free(c->who);
 	}
 	ipc->nconns--;
 	free(c);
@@ -186,6 +218,7 @@ static void conn_deliver(struct ipc_conn *c, const uint8_t *p, size_t len)
 	struct ipc_hdr hdr;
 	size_t bt = 0;
 
+	c->framed = true;
 	for (;;) {
 		if (bt / 4 == IPC_HOPS_MAX) {
 			log_debug("ipc: dropped a %zu-byte message from connection %u: more than %d "
@@ -237,6 +270,8 @@ static void conn_handshake(struct ipc_conn *c)
 		return;
 	}
 	uv_timer_stop(&c->timer);
+	c->deadline = IPC_DL_NONE;
+	c->framed = true; /* the idle deadline starts now */
 	c->state = IPC_FRAME;
 	c->head_got = 0;
 	c->announced = true;
@@ -265,6 +300,38 @@ static bool conn_frame(struct ipc_conn *c, uint64_t *len)
 		return false;
 	}
 	return true;
+}
+
+static void conn_timer_cb(uv_timer_t *t);
+
+/* After bytes were taken: set the timer for the deadline that applies now. A frame's deadline
+ * runs from its first byte and the idle one from the last message, so the timer is set again
+ * only when the kind changes or a frame ended. */
+static void conn_rearm(struct ipc_conn *c)
+{
+	struct ipc *ipc = c->ipc;
+	enum ipc_deadline want;
+	unsigned ms = 0;
+
+	if (c->closing || c->state == IPC_HANDSHAKE)
+		return;
+	if (c->state == IPC_BODY || c->head_got > 0) {
+		want = IPC_DL_FRAME;
+		ms = ipc->p.frame_ms;
+	} else if (c->holds == 0) {
+		want = IPC_DL_IDLE;
+		ms = ipc->p.idle_ms;
+	} else {
+		want = IPC_DL_NONE;
+	}
+	if (want != c->deadline || (c->framed && want != IPC_DL_NONE)) {
+		c->deadline = want;
+		if (want == IPC_DL_NONE)
+			uv_timer_stop(&c->timer);
+		else if (uv_timer_start(&c->timer, conn_timer_cb, ms, 0) != 0)
+			conn_close(c, FA_LOG_ERR, "cannot set the connection's deadline");
+	}
+	c->framed = false;
 }
 
 /* Bytes from the shared read buffer: run them through the state machine. Stops as soon as the
@@ -347,14 +414,39 @@ static void conn_read_cb(uv_stream_t *s, ssize_t n, const uv_buf_t *buf)
 		c->msg_got += (size_t)n;
 		if (c->msg_got == c->msg_len)
 			conn_body_done(c);
-		return;
+	} else {
+		conn_feed(c, (const uint8_t *)buf->base, (size_t)n);
 	}
-	conn_feed(c, (const uint8_t *)buf->base, (size_t)n);
+	conn_rearm(c);
 }
 
+/* A deadline passed: the peer's fault, so logged at debug (handshake) or info, not louder. */
 static void conn_timer_cb(uv_timer_t *t)
 {
-	conn_close(t->data, FA_LOG_DEBUG, "no SP handshake in time");
+	struct ipc_conn *c = t->data;
+	struct ipc *ipc = c->ipc;
+	char why[128];
+
+	switch (c->deadline) {
+	case IPC_DL_HANDSHAKE:
+		ipc->n.closed_handshake++;
+		conn_close(c, FA_LOG_DEBUG, "no SP handshake in time");
+		break;
+	case IPC_DL_FRAME:
+		ipc->n.closed_frame++;
+		snprintf(why, sizeof why, "a message not whole %u ms after it began (uid %u)",
+		         ipc->p.frame_ms, c->peer.uid);
+		conn_close(c, FA_LOG_INFO, why);
+		break;
+	case IPC_DL_IDLE:
+		ipc->n.closed_idle++;
+		snprintf(why, sizeof why, "no session and no message for %u ms (uid %u)",
+		         ipc->p.idle_ms, c->peer.uid);
+		conn_close(c, FA_LOG_INFO, why);
+		break;
+	case IPC_DL_NONE:
+		break;
+	}
 }
 
 static void conn_hello_cb(uv_write_t *req, int status)
@@ -413,6 +505,52 @@ static void ipc_warn_refused(struct ipc *ipc, const char *why)
 	ipc->warn_ms = now;
 }
 
+/* The caps that need the peer's uid: the reserve (root and our own uid only) and the per-uid
+ * cap. Counts c under its uid, or closes it (false). */
+static bool conn_count_uid(struct ipc_conn *c)
+{
+	struct ipc *ipc = c->ipc;
+	uint64_t key = (uint64_t)c->peer.uid + 1;
+	struct ipc_uid *u = idmap_get(&ipc->uids, key);
+	bool admin = c->peer.uid == 0 || c->peer.uid == ipc->self_uid;
+	uint64_t now = uv_now(ipc->loop);
+
+	if (!admin && ipc->nconns > ipc->p.max_conns - ipc->p.reserved_conns) {
+		conn_close(c, FA_LOG_DEBUG, NULL);
+		ipc->refused++;
+		ipc_warn_refused(ipc, "the connection limit for users other than root and the "
+		                      "daemon's own is reached");
+		return false;
+	}
+	if (u != NULL && u->conns >= ipc->p.max_conns_per_uid) {
+		conn_close(c, FA_LOG_DEBUG, NULL);
+		ipc->refused++;
+		ipc->n.refused_uid++;
+		if (ipc->warn_uid_ms == 0 || now - ipc->warn_uid_ms >= IPC_WARN_EVERY_MS) {
+			log_warn("ipc: refusing connections of uid %u (pid %u): it holds %u, the "
+			         "per-uid limit (%llu refused for this so far)",
+			         c->peer.uid, c->peer.pid, u->conns,
+			         (unsigned long long)ipc->n.refused_uid);
+			ipc->warn_uid_ms = now;
+		}
+		return false;
+	}
+	if (u == NULL) {
+		if ((u = calloc(1, sizeof(*u))) == NULL ||
+		    idmap_put(&ipc->uids, key, u) != FA_OK) {
+			free(u);
+			conn_close(c, FA_LOG_ERR, "out of memory tracking the connection");
+			return false;
+		}
+		u->uid = c->peer.uid;
+	}
+	u->conns++;
+	c->who = u;
+	if (u->conns > ipc->n.uid_peak)
+		ipc->n.uid_peak = u->conns;
+	return true;
+}
+
 /* Who is on the other end, as the kernel recorded it at connect. */
 static bool conn_peercred(struct ipc_conn *c)
 {
@@ -460,6 +598,8 @@ static void ipc_connection_cb(uv_stream_t *server, int status)
 	c->handles = 2;
 	ipc->nconns++;
 	ipc->handles++;
+	if (ipc->nconns > ipc->n.conns_peak)
+		ipc->n.conns_peak = ipc->nconns;
 	do /* 0 is "none" for idmap; after 2^32 connections ids wrap past 0 and live ones */
 		c->peer.pipe = (uint32_t)(atomic_fetch_add(&ipc_next_id, 1) + 1);
 	while (c->peer.pipe == 0 || idmap_get(&ipc->conns, c->peer.pipe) != NULL);
@@ -472,13 +612,16 @@ static void ipc_connection_cb(uv_stream_t *server, int status)
 		conn_close(c, FA_LOG_WARNING, "no peer credentials (SO_PEERCRED)");
 		return;
 	}
+	if (!conn_count_uid(c))
+		return;
 	if (idmap_put(&ipc->conns, c->peer.pipe, c) != FA_OK) {
 		conn_close(c, FA_LOG_ERR, "out of memory tracking the connection");
 		return;
 	}
 	uv_buf_t hello = uv_buf_init((char *)ipc_hello, sizeof ipc_hello);
 	if ((rv = uv_write(&c->hello, (uv_stream_t *)&c->pipe, &hello, 1, conn_hello_cb)) != 0 ||
-	    (rv = uv_timer_start(&c->timer, conn_timer_cb, ipc->p.handshake_ms, 0)) != 0 ||
+	    (c->deadline = IPC_DL_HANDSHAKE,
+	     rv = uv_timer_start(&c->timer, conn_timer_cb, ipc->p.handshake_ms, 0)) != 0 ||
 	    (rv = uv_read_start((uv_stream_t *)&c->pipe, conn_alloc_cb, conn_read_cb)) != 0) {
 		conn_close(c, FA_LOG_WARNING, uv_strerror(rv));
 		return;
@@ -564,6 +707,44 @@ fa_status ipc_reply(struct ipc *ipc, const struct ipc_hdr *hdr, const void *buf,
 	c->unsent += rest;
 	ipc->unsent += rest;
 	return FA_OK;
+}
+
+void ipc_pipe_hold(struct ipc *ipc, uint32_t pipe)
+{
+	struct ipc_conn *c = idmap_get(&ipc->conns, pipe);
+
+	if (c != NULL && c->holds++ == 0)
+		conn_rearm(c);
+}
+
+void ipc_pipe_release(struct ipc *ipc, uint32_t pipe)
+{
+	struct ipc_conn *c = idmap_get(&ipc->conns, pipe);
+
+	if (c == NULL || c->holds == 0 || --c->holds > 0)
+		return;
+	c->framed = true; /* the idle deadline runs from now */
+	conn_rearm(c);
+}
+
+void ipc_counters(const struct ipc *ipc, struct ipc_counters *out)
+{
+	size_t pos = 0;
+	void *val;
+
+	*out = ipc->n;
+	out->conns = ipc->nconns;
+	out->uids = (unsigned)idmap_len(&ipc->uids);
+	out->refused_limit = ipc->refused - ipc->n.refused_uid;
+	out->uid_top = 0;
+	out->uid_top_conns = 0;
+	while (idmap_next(&ipc->uids, &pos, NULL, &val)) {
+		const struct ipc_uid *u = val;
+		if (u->conns > out->uid_top_conns) {
+			out->uid_top = u->uid;
+			out->uid_top_conns = u->conns;
+		}
+	}
 }
 
 unsigned ipc_pipe_count(const struct ipc *ipc)
@@ -713,7 +894,24 @@ fa_status ipc_open(struct ipc **out, uv_loop_t *loop, const struct ipc_params *p
 		ipc->p.max_conns = IPC_DEFAULT_MAX_CONNS;
 	if (ipc->p.send_max == 0)
 		ipc->p.send_max = IPC_DEFAULT_SEND_MAX;
+	if (ipc->p.frame_ms == 0)
+		ipc->p.frame_ms = IPC_DEFAULT_FRAME_MS;
+	if (ipc->p.idle_ms == 0)
+		ipc->p.idle_ms = IPC_DEFAULT_IDLE_MS;
+	if (ipc->p.max_conns_per_uid == 0)
+		ipc->p.max_conns_per_uid = IPC_DEFAULT_MAX_CONNS_PER_UID;
+	if (ipc->p.max_conns_per_uid > ipc->p.max_conns)
+		ipc->p.max_conns_per_uid = ipc->p.max_conns;
+	if (ipc->p.reserved_conns >= ipc->p.max_conns) {
+		unsigned max = ipc->p.max_conns;
+		free(ipc);
+		return fa_err(err, errlen, FA_EINVAL,
+		              "%u reserved connections leave none of the %u for other users",
+		              p->reserved_conns, max);
+	}
+	ipc->self_uid = (uint32_t)geteuid();
 	idmap_init(&ipc->conns);
+	idmap_init(&ipc->uids);
 	if (!atomic_flag_test_and_set(&ipc_ids_seeded) && util_random_u64(&seed) == FA_OK)
 		atomic_store(&ipc_next_id, (uint32_t)seed);
 	if ((rv = uv_pipe_init(loop, &ipc->server, 0)) != 0) {

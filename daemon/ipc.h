@@ -14,6 +14,16 @@
  * Connection ids count up, process-wide, from a random start (so that the logs of several daemons
  * do not share them) and are not reused within the process, so a header kept for a long time
  * can never reach a newer connection: a reply to a closed connection is dropped.
+ *
+ * Deadlines (one local process must not be able to hold connections, and so file descriptors,
+ * for nothing): the handshake within handshake_ms; a frame, once its first byte arrived, whole
+ * within frame_ms; and a connection no session holds (ipc_pipe_hold) closed after idle_ms
+ * without a message. A connection a session holds may stay silent for ever (a long-lived client
+ * between calls), but not in the middle of a frame.
+ * Caps, checked at accept, before the handshake: max_conns in all; max_conns_per_uid for one
+ * peer uid (root counted like any other); and the last reserved_conns of max_conns only for
+ * peers of uid 0 or of the daemon's own uid (an operator's fa-ctl gets in when other users have
+ * filled the rest). A refused connection is closed at once, with a rate-limited warning.
  * The process must ignore SIGPIPE (main.c does): libuv writes with write(2).
  */
 #ifndef FA_DAEMON_IPC_H
@@ -62,6 +72,28 @@ struct ipc_params {
 	unsigned max_conns;    /* open connections, handshaking or not; more are closed; 4096 */
 	size_t send_max;       /* reply bytes a connection may leave unread before it is closed;
 	                        * 16 MiB */
+	unsigned frame_ms;     /* a frame begun and not whole by then closes its connection; 10000 */
+	unsigned idle_ms;      /* a connection no session holds, silent for so long, is closed;
+	                        * 30000 */
+	unsigned max_conns_per_uid; /* open connections of one peer uid; more are closed; 1024
+	                             * (at most max_conns) */
+	unsigned reserved_conns; /* of max_conns, only for uid 0 and the daemon's uid; 0: none
+	                          * (the exception to "zero means the default"); < max_conns */
+};
+
+/* Connection counts and why connections were refused or closed, since ipc_open. */
+struct ipc_counters {
+	unsigned conns;         /* open connections, handshaking or not (each holds an fd) */
+	unsigned conns_peak;    /* the most open at once */
+	unsigned uids;          /* distinct peer uids among the open connections */
+	uint32_t uid_top;       /* the uid holding the most open connections now (0 when none) */
+	unsigned uid_top_conns; /* and how many it holds */
+	unsigned uid_peak;      /* the most any one uid held at once */
+	uint64_t refused_limit; /* refused at accept: max_conns (or the reserve) reached, or EMFILE */
+	uint64_t refused_uid;   /* refused at accept: the peer's uid at max_conns_per_uid */
+	uint64_t closed_handshake; /* closed: no handshake within handshake_ms */
+	uint64_t closed_frame;  /* closed: a frame not whole within frame_ms */
+	uint64_t closed_idle;   /* closed: no session and no message within idle_ms */
 };
 
 /* Bind and start accepting. Refuses a path of >= 108 bytes, a path that exists and is not a
@@ -81,6 +113,15 @@ fa_status ipc_reply(struct ipc *ipc, const struct ipc_hdr *hdr, const void *buf,
 
 /* Announced connections open right now. */
 unsigned ipc_pipe_count(const struct ipc *ipc);
+
+/* A session uses connection `pipe` (hold) or stopped using it (release, once per hold): while
+ * a connection has holds, the idle deadline does not apply to it; at the last release it starts
+ * again. A pipe that is closed or unknown is ignored. */
+void ipc_pipe_hold(struct ipc *ipc, uint32_t pipe);
+void ipc_pipe_release(struct ipc *ipc, uint32_t pipe);
+
+/* The counters of this transport, now (walks the peer uids: one entry per distinct uid). */
+void ipc_counters(const struct ipc *ipc, struct ipc_counters *out);
 
 /* Reply bytes queued in the daemon, not yet written to the kernel. */
 size_t ipc_sends_pending(const struct ipc *ipc);

@@ -3,9 +3,11 @@
  * (server_fault, the handler the backend's fault mark reaches) both end in server_stop. */
 #include "server.h"
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "dispatch.h"
@@ -79,6 +81,19 @@ static void server_on_fault(struct backend *b, const char *why, void *arg)
 	server_fault(arg, why);
 }
 
+/* A session took up or let go of a connection: the transport's idle deadline follows it. */
+static void server_on_session_pipe(uint32_t pipe, bool used, void *arg)
+{
+	struct server *srv = arg;
+
+	if (srv->ipc == NULL)
+		return;
+	if (used)
+		ipc_pipe_hold(srv->ipc, pipe);
+	else
+		ipc_pipe_release(srv->ipc, pipe);
+}
+
 /* A session is closing: its queued work will never be wanted. */
 static void server_on_session_close(struct session *s, void *arg)
 {
@@ -114,6 +129,61 @@ static bool server_is_healthy(void *arg)
 	return srv->backend->ops->healthy == NULL || srv->backend->ops->healthy(srv->backend);
 }
 
+/* Fit the connection caps and the soft file limit to each other; see server.h. The soft limit
+ * is raised only as far as needed (never lowered), as redis does for maxclients: other code in
+ * the process (the CUDA driver, select() users) is not asked to live with a huge one. */
+static fa_status server_fd_limit(struct server *srv, char *err, size_t errlen)
+{
+	const struct config *cfg = srv->cfg;
+	struct rlimit rl;
+	uint64_t need = (uint64_t)cfg->max_connections + SERVER_FD_HEADROOM;
+
+	srv->max_conns = (unsigned)cfg->max_connections;
+	srv->max_conns_per_uid = (unsigned)cfg->max_connections_per_uid;
+	srv->reserved_conns = (unsigned)cfg->reserved_connections;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return fa_err(err, errlen, FA_ESYS, "getrlimit(RLIMIT_NOFILE): %s",
+		              strerror(errno));
+	uint64_t old = rl.rlim_cur;
+	if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
+		struct rlimit want = rl;
+		want.rlim_cur = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need
+		                    ? (rlim_t)need : rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &want) == 0)
+			rl = want;
+		else
+			log_warn("server: cannot raise the soft file limit from %" PRIu64
+			         " to %" PRIu64 ": %s", old, (uint64_t)want.rlim_cur,
+			         strerror(errno));
+	}
+	srv->nofile = rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX : rl.rlim_cur;
+	if (srv->nofile < need) {
+		uint64_t fit = srv->nofile > SERVER_FD_HEADROOM ? srv->nofile - SERVER_FD_HEADROOM : 0;
+		if (fit < SERVER_MIN_CONNS)
+			return fa_err(err, errlen, FA_ESYS,
+			              "the file limit (%" PRIu64 ", hard %" PRIu64 ") leaves room "
+			              "for %" PRIu64 " connections, fewer than %d: raise "
+			              "LimitNOFILE= (or ulimit -Hn) to at least %" PRIu64,
+			              srv->nofile, (uint64_t)rl.rlim_max, fit, SERVER_MIN_CONNS,
+			              need);
+		srv->max_conns = (unsigned)fit;
+		if (srv->max_conns_per_uid > srv->max_conns)
+			srv->max_conns_per_uid = srv->max_conns;
+		if (srv->reserved_conns >= srv->max_conns / 2)
+			srv->reserved_conns = srv->max_conns / 8;
+		log_warn("server: the file limit is %" PRIu64 " (hard %" PRIu64 "), below the %" PRIu64
+		         " that max-connections %d needs: serving at most %u connections (%u per "
+		         "uid, %u reserved); raise LimitNOFILE= or ulimit -Hn",
+		         srv->nofile, (uint64_t)rl.rlim_max, need, cfg->max_connections,
+		         srv->max_conns, srv->max_conns_per_uid, srv->reserved_conns);
+	} else if (old != srv->nofile) {
+		log_notice("server: raised the soft file limit from %" PRIu64 " to %" PRIu64
+		           " (max-connections %u + %d other descriptors)",
+		           old, srv->nofile, srv->max_conns, SERVER_FD_HEADROOM);
+	}
+	return FA_OK;
+}
+
 /* Start the backend, then the socket, then tell systemd; see server.h. */
 fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *cfg, char *err,
                       size_t errlen)
@@ -135,11 +205,17 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 	srv->sessions.on_close_arg = srv;
 	srv->sessions.on_free = server_on_session_free;
 	srv->sessions.on_free_arg = srv;
+	srv->sessions.on_pipe = server_on_session_pipe;
+	srv->sessions.on_pipe_arg = srv;
 
 	config_describe(cfg, desc, sizeof desc);
 	log_notice("fa-daemon %s (protocol %d) pid %ld starting", fa_version_string(),
 	           FA_PROTO_VERSION, (long)getpid());
 	log_notice("config: %s", desc);
+	if ((st = server_fd_limit(srv, err, errlen)) != FA_OK) {
+		srv->state = SERVER_CLOSED;
+		return st;
+	}
 
 	/* The backend before the socket: a daemon that cannot compute should not accept. */
 	st = backend_open(cfg->backend, &srv->backend, loop, cfg, server_on_job_done, srv, err,
@@ -157,6 +233,11 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 		.on_recv = server_on_recv,
 		.on_pipe_closed = server_on_pipe_closed,
 		.arg = srv,
+		.max_conns = srv->max_conns,
+		.max_conns_per_uid = srv->max_conns_per_uid,
+		.reserved_conns = srv->reserved_conns,
+		.frame_ms = (unsigned)cfg->frame_timeout_ms,
+		.idle_ms = (unsigned)cfg->idle_timeout_ms,
 	};
 	if ((st = ipc_open(&srv->ipc, loop, &p, err, errlen)) != FA_OK) {
 		srv->ipc = NULL;

@@ -48,6 +48,10 @@ struct server {
 	struct watchdog watchdog; /* systemd's WatchdogSec, fed while the backend is healthy */
 	bool timer_open;
 	uint64_t linger_start_ns;
+	/* The connection caps in force: the configuration's, lowered when the hard file limit
+	 * cannot hold them (server_open), and the soft file limit they were fitted to. */
+	unsigned max_conns, max_conns_per_uid, reserved_conns;
+	uint64_t nofile;
 	int closing;              /* handles / parts still closing */
 	void (*closed)(void *arg);
 	void *closed_arg;
@@ -60,7 +64,17 @@ struct server {
 	uint8_t rep_buf[FA_PROTO_MAX_MSG];
 };
 
-/* Start everything on `loop`: backend, socket, READY=1. cfg must outlive the server. On failure
+/* File descriptors the daemon needs beyond one per connection: the listener, the loop's own,
+ * the log, the CUDA driver's device files (a few per GPU and per context), NVRTC while it
+ * compiles, a shm object while it is being mapped (closed once mapped). systemd/README.md
+ * derives LimitNOFILE= from it. */
+#define SERVER_FD_HEADROOM 512
+#define SERVER_MIN_CONNS 64 /* fewer fit under the hard file limit: refuse to start */
+
+/* Start everything on `loop`: first the file limit (the soft RLIMIT_NOFILE raised to
+ * max-connections + SERVER_FD_HEADROOM within the hard limit; if the hard limit is lower, the
+ * caps are lowered to fit, with a warning, and below SERVER_MIN_CONNS the start fails with
+ * FA_ESYS), then backend, socket, READY=1. cfg must outlive the server. On failure
  * whatever was started is being closed: run the loop until it returns, then stop. Returns FA_OK
  * or the failing part's status, with err saying why. */
 fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *cfg, char *err,

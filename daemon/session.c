@@ -30,6 +30,8 @@ void session_table_fini(struct session_table *t, bool unlink)
 	idmap_fini(&t->map);
 }
 
+static void session_release_pipes(struct session *s);
+
 /* A new session for the HELLO's peer, under a fresh random id. */
 fa_status session_open(struct session_table *t, const struct ipc_peer *peer, const char *name,
                        struct session **out, char *err, size_t errlen)
@@ -71,6 +73,7 @@ fa_status session_open(struct session_table *t, const struct ipc_peer *peer, con
 	return FA_OK;
 
 out_free:
+	session_release_pipes(s);
 	dedupe_fini(&s->dedupe);
 	free(s->pipes);
 	free(s);
@@ -111,7 +114,19 @@ fa_status session_attach(struct session *s, const struct ipc_peer *peer)
 		s->pipes_cap = cap;
 	}
 	s->pipes[s->npipes++] = peer->pipe;
+	if (s->table != NULL && s->table->on_pipe != NULL)
+		s->table->on_pipe(peer->pipe, true, s->table->on_pipe_arg);
 	return FA_OK;
+}
+
+/* The session lets go of the connections it still lists (those that did not close). */
+static void session_release_pipes(struct session *s)
+{
+	struct session_table *t = s->table;
+
+	for (unsigned i = 0; t != NULL && t->on_pipe != NULL && i < s->npipes; i++)
+		t->on_pipe(s->pipes[i], false, t->on_pipe_arg);
+	s->npipes = 0;
 }
 
 /* Forget a closed connection in every session; close those left with none. */
@@ -165,6 +180,7 @@ void session_close(struct session_table *t, struct session *s, bool unlink, cons
 	           s->id, why, s->requests, idmap_len(&s->regions), s->inflight);
 	if (t->on_close != NULL)
 		t->on_close(s, t->on_close_arg);
+	session_release_pipes(s);
 	while (idmap_first(&s->regions, NULL, &val)) {
 		struct region *r = val;
 		idmap_del(&s->regions, r->id);

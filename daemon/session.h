@@ -42,6 +42,9 @@ struct session {
 };
 
 typedef void (*session_close_fn)(struct session *s, void *arg);
+/* A session started using connection `pipe` (used), or an open session that used it closed
+ * (!used; not called for the connection's own close). Once per session and connection each. */
+typedef void (*session_pipe_fn)(uint32_t pipe, bool used, void *arg);
 
 struct session_table {
 	struct idmap map;              /* session id -> struct session* (open sessions only) */
@@ -53,6 +56,8 @@ struct session_table {
 	void *on_close_arg;
 	session_close_fn on_free;      /* called when a session's last reference goes */
 	void *on_free_arg;
+	session_pipe_fn on_pipe;       /* connections taken up and let go (may be NULL) */
+	void *on_pipe_arg;
 };
 
 /* An empty table. dedupe_slots must exceed the per-session in-flight limit. */

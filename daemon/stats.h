@@ -34,7 +34,13 @@ struct stats_info {
 	unsigned threads;
 	unsigned sessions;
 	uint64_t sessions_total;
-	unsigned connections;
+	unsigned connections;  /* announced (past the handshake) */
+	/* The transport's connection counts (ipc.h, struct ipc_counters) and the caps in force. */
+	unsigned conns_open, conns_peak, conns_max, conns_max_per_uid;
+	unsigned conn_uids, conn_top_uid, conn_top_uid_held, conn_uid_peak;
+	uint64_t conns_refused_limit, conns_refused_uid;
+	uint64_t conns_closed_handshake, conns_closed_frame, conns_closed_idle;
+	uint64_t file_limit;   /* the soft RLIMIT_NOFILE the caps were fitted to */
 	unsigned regions;
 	uint64_t region_bytes;
 	unsigned inflight;

@@ -17,7 +17,9 @@ static const char *const env_names[] = {
 	"FA_SOCKET",  "FA_SOCKET_MODE", "FA_THREADS",   "FA_MAX_INFLIGHT",     "FA_MAX_REGIONS",
 	"FA_MAX_SESSIONS", "FA_MAX_REGION_BYTES", "FA_BACKEND", "FA_CACHE_DIR", "FA_CONFIG",
 	"FA_VERBOSE", "FA_WGMMA", "FA_WGMMA16", "FA_WG_BC", "FA_WG_STAGES", "FA_WG_NWG",
-	"FA_NVRTC_EXTRA", "FA_KERNEL_CACHE_MAX_MB", "CUDA_HOME",
+	"FA_NVRTC_EXTRA", "FA_KERNEL_CACHE_MAX_MB", "CUDA_HOME", "FA_MAX_CONNECTIONS",
+	"FA_MAX_CONNECTIONS_PER_UID", "FA_RESERVED_CONNECTIONS", "FA_FRAME_TIMEOUT_MS",
+	"FA_IDLE_TIMEOUT_MS",
 };
 
 /* Every test starts from an environment without FA_* settings. */
@@ -65,6 +67,11 @@ static void test_config_defaults_are_the_documented_values(void **state)
 	assert_string_equal(c.backend, "auto");
 	assert_int_equal(c.verbose, 0);
 	assert_true(c.threads >= 1); /* 0 resolved to the CPU count */
+	assert_int_equal(c.max_connections, 4096);
+	assert_int_equal(c.max_connections_per_uid, 1024);
+	assert_int_equal(c.reserved_connections, 32);
+	assert_int_equal(c.frame_timeout_ms, 10000);
+	assert_int_equal(c.idle_timeout_ms, 30000);
 	get(&c, "socket-mode", v, sizeof v);
 	assert_string_equal(v, "0660");
 	get(&c, "max-region-bytes", v, sizeof v);
@@ -297,7 +304,10 @@ static void test_config_help_and_describe_list_every_option(void **state)
 	static const char *const names[] = {"socket",       "socket-mode",      "threads",
 	                                    "max-inflight", "max-regions",      "max-sessions",
 	                                    "max-region-bytes", "backend",      "cache-dir",
-	                                    "config",       "verbose"};
+	                                    "config",       "verbose",
+	                                    "max-connections", "max-connections-per-uid",
+	                                    "reserved-connections", "frame-timeout-ms",
+	                                    "idle-timeout-ms"};
 	struct config c;
 	char desc[8192], *help = NULL, key[64];
 	size_t helplen = 0;
@@ -317,8 +327,69 @@ static void test_config_help_and_describe_list_every_option(void **state)
 		assert_non_null(strstr(help, key));
 	}
 	assert_non_null(strstr(help, "FA_MAX_INFLIGHT"));
+	assert_non_null(strstr(help, "FA_MAX_CONNECTIONS_PER_UID"));
+	assert_non_null(strstr(help, "FA_IDLE_TIMEOUT_MS"));
 	assert_non_null(strstr(help, "-vv"));
 	free(help);
+}
+
+/* The connection options: flags, environment and file, their ranges, and the checks between
+ * them (a per-uid cap above the global one, a reserve that leaves nothing). */
+static void test_config_connection_limits_parse_and_are_checked_together(void **state)
+{
+	struct config c;
+	enum config_action a;
+	char err[256], path[] = "/tmp/fa-test-config-conn-XXXXXX";
+	(void)state;
+
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--max-connections", "200",
+	                       "--max-connections-per-uid=50", "--reserved-connections", "0",
+	                       "--frame-timeout-ms", "250", "--idle-timeout-ms=1500", NULL),
+	                 FA_OK);
+	assert_int_equal(c.max_connections, 200);
+	assert_int_equal(c.max_connections_per_uid, 50);
+	assert_int_equal(c.reserved_connections, 0);
+	assert_int_equal(c.frame_timeout_ms, 250);
+	assert_int_equal(c.idle_timeout_ms, 1500);
+
+	setenv("FA_MAX_CONNECTIONS_PER_UID", "7", 1);
+	setenv("FA_IDLE_TIMEOUT_MS", "900", 1);
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--idle-timeout-ms", "800", NULL), FA_OK);
+	assert_int_equal(c.max_connections_per_uid, 7);
+	assert_int_equal(c.idle_timeout_ms, 800); /* the flag beats the environment */
+	unsetenv("FA_MAX_CONNECTIONS_PER_UID");
+	unsetenv("FA_IDLE_TIMEOUT_MS");
+
+	int fd = mkstemp(path);
+	assert_true(fd >= 0);
+	const char text[] = "max-connections = 100\nreserved-connections = 4\n";
+	assert_int_equal(write(fd, text, sizeof text - 1), (ssize_t)(sizeof text - 1));
+	close(fd);
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--config", path,
+	                       "--max-connections-per-uid", "100", NULL),
+	                 FA_OK);
+	assert_int_equal(c.max_connections, 100);
+	assert_int_equal(c.reserved_connections, 4);
+	assert_int_equal(c.max_connections_per_uid, 100);
+	unlink(path);
+
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--max-connections", "100", NULL),
+	                 FA_EINVAL); /* the default per-uid cap, 1024, is above it */
+	assert_non_null(strstr(err, "max-connections-per-uid 1024 is above max-connections 100"));
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--max-connections", "100",
+	                       "--max-connections-per-uid", "10", "--reserved-connections", "100",
+	                       NULL),
+	                 FA_EINVAL);
+	assert_non_null(strstr(err, "reserved-connections 100"));
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--max-connections", "8", NULL), FA_EINVAL);
+	assert_non_null(strstr(err, "--max-connections: 8 is out of range 16..1048576"));
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--frame-timeout-ms", "5", NULL),
+	                 FA_EINVAL);
+	assert_non_null(strstr(err, "--frame-timeout-ms"));
+	setenv("FA_IDLE_TIMEOUT_MS", "soon", 1);
+	assert_int_equal(parse(&c, &a, err, sizeof err, NULL), FA_EINVAL);
+	assert_non_null(strstr(err, "FA_IDLE_TIMEOUT_MS: 'soon' is not an integer"));
+	unsetenv("FA_IDLE_TIMEOUT_MS");
 }
 
 int main(void)
@@ -334,6 +405,8 @@ int main(void)
 		cmocka_unit_test_setup(test_config_file_errors_name_the_line, clean_env),
 		cmocka_unit_test_setup(test_config_help_and_version_win_over_errors, clean_env),
 		cmocka_unit_test_setup(test_config_help_and_describe_list_every_option, clean_env),
+		cmocka_unit_test_setup(test_config_connection_limits_parse_and_are_checked_together,
+		                       clean_env),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -854,6 +854,83 @@ static void test_ipc_closes_a_connection_silent_past_the_handshake_deadline(void
 	wait_closed(1);
 }
 
+/* A connection a session holds is not timed out when idle, but is for a half-sent frame; one
+ * no session holds is closed after idle_ms without a message; a release starts it again. */
+static void test_ipc_deadlines_follow_the_frame_and_the_sessions_holds(void **state)
+{
+	(void)state;
+	uint8_t buf[64], fh[9];
+	uint32_t id = 0x80000001u;
+	struct ipc_counters n;
+
+	g.p.idle_ms = 100;
+	g.p.frame_ms = 150;
+	server_reopen();
+	int held = raw_hello(), idle = raw_hello();
+	raw_send(held, buf, build_req(buf, &id, 1, "hi", 2));
+	wait_reqs(1);
+	ipc_pipe_hold(g.ipc, g.reqs[0].peer.pipe);
+	uint64_t t0 = fa_test_now_ms();
+	raw_expect_eof(idle);
+	assert_true(fa_test_now_ms() - t0 >= 80);
+	pump_until(NULL, 300); /* three idle deadlines: the held one must stay */
+	ipc_counters(g.ipc, &n);
+	assert_int_equal(n.closed_idle, 1);
+	assert_int_equal(n.conns, 1);
+	memset(buf, 0, sizeof buf);
+	raw_send(held, fh, put_frame(fh, 40));
+	raw_send(held, buf, 10);
+	t0 = fa_test_now_ms();
+	raw_expect_eof(held);
+	assert_true(fa_test_now_ms() - t0 >= 120);
+	ipc_counters(g.ipc, &n);
+	assert_int_equal(n.closed_frame, 1);
+	close(held);
+	close(idle);
+	wait_closed(2);
+
+	/* Released: idle again, closed. */
+	forget_reqs();
+	int c = raw_hello();
+	raw_send(c, buf, build_req(buf, &id, 1, "hi", 2));
+	wait_reqs(1);
+	ipc_pipe_hold(g.ipc, g.reqs[0].peer.pipe);
+	pump_until(NULL, 200);
+	ipc_pipe_release(g.ipc, g.reqs[0].peer.pipe);
+	raw_expect_eof(c);
+	ipc_counters(g.ipc, &n);
+	assert_int_equal(n.closed_idle, 2);
+	close(c);
+	wait_closed(3);
+}
+
+/* One uid at max_conns_per_uid is refused at accept. The test's uid is the transport's own, so
+ * the reserve (max_conns - reserved_conns = 2 for others) does not stop it. */
+static void test_ipc_caps_connections_per_uid(void **state)
+{
+	(void)state;
+	int fd[3];
+	struct ipc_counters n;
+
+	g.p.max_conns = 8;
+	g.p.max_conns_per_uid = 3;
+	g.p.reserved_conns = 6;
+	server_reopen();
+	for (int i = 0; i < 3; i++)
+		fd[i] = raw_hello();
+	int extra = raw_connect();
+	raw_expect_eof(extra);
+	close(extra);
+	ipc_counters(g.ipc, &n);
+	assert_int_equal(n.refused_uid, 1);
+	assert_int_equal(n.uid_top_conns, 3);
+	assert_int_equal(n.uid_top, geteuid());
+	assert_int_equal(n.uids, 1);
+	for (int i = 0; i < 3; i++)
+		close(fd[i]);
+	wait_closed(3);
+}
+
 static void test_ipc_refuses_connections_beyond_the_limit(void **state)
 {
 	(void)state;
@@ -1042,6 +1119,8 @@ int main(void)
 		T(test_ipc_reports_each_announced_connection_closed_once),
 		T(test_ipc_closes_a_connection_silent_past_the_handshake_deadline),
 		T(test_ipc_refuses_connections_beyond_the_limit),
+		T(test_ipc_deadlines_follow_the_frame_and_the_sessions_holds),
+		T(test_ipc_caps_connections_per_uid),
 		T(test_ipc_closes_a_peer_that_does_not_read_its_replies),
 		T(test_ipc_req_resends_its_request_after_the_server_reopens),
 		T(test_ipc_open_sets_the_mode_and_close_removes_only_its_own_file),
