@@ -496,8 +496,8 @@ static fa_status tensor_buffer(fa_client *c, const char *name, const fa_tensor *
 
 /* Check the arguments locally, with the daemon's rules and texts (common/fa_check.h) in the
  * daemon's order (types, each tensor's sizes and strides, shapes, values, extents), and fill the
- * request. The daemon alone checks overlaps and alignment: they depend on its regions and its
- * backend. */
+ * request. The daemon alone checks overlaps and alignment: they depend on its regions (two
+ * buffers may be one memory, which only the daemon sees) and its backend. */
 static fa_status fwd_request(fa_client *c, const fa_attn_fwd_args *a, struct fa_proto_req *req)
 {
 	const fa_tensor *t[FA_FWD_NTENSORS] = {&a->q, &a->k, &a->v, &a->o, &a->lse};

@@ -249,14 +249,22 @@ fa_status fa_check_align(const char *name, uint64_t offset, const int64_t shape[
 	return FA_OK;
 }
 
-/* Half-open ranges share a byte unless one ends before the other starts. */
-fa_status fa_check_overlap(const char *a, const char *b, uint64_t region, uint64_t alo,
-                           uint64_t ahi, uint64_t blo, uint64_t bhi, char *err, size_t errlen)
+/* Half-open ranges share a byte unless one ends before the other starts; compared where both lie,
+ * in the memory the regions map. */
+fa_status fa_check_overlap(const struct fa_check_span *a, const struct fa_check_span *b,
+                           char *err, size_t errlen)
 {
-	if (ahi <= blo || bhi <= alo)
+	if (a->at + a->hi <= b->at + b->lo || b->at + b->hi <= a->at + a->lo)
 		return FA_OK;
+	if (a->region == b->region)
+		return fa_err(err, errlen, FA_EOVERLAP,
+		              "%s overlaps %s in region %016" PRIx64 ": bytes [%" PRIu64 ", %" PRIu64
+		              ") and [%" PRIu64 ", %" PRIu64 ")",
+		              a->name, b->name, a->region, a->lo, a->hi, b->lo, b->hi);
 	return fa_err(err, errlen, FA_EOVERLAP,
-	              "%s overlaps %s in region %016" PRIx64 ": bytes [%" PRIu64 ", %" PRIu64
-	              ") and [%" PRIu64 ", %" PRIu64 ")",
-	              a, b, region, alo, ahi, blo, bhi);
+	              "%s overlaps %s: regions %016" PRIx64 " and %016" PRIx64
+	              " map the same memory (%s: bytes [%" PRIu64 ", %" PRIu64
+	              ") of the first, %s: [%" PRIu64 ", %" PRIu64 ") of the second)",
+	              a->name, b->name, a->region, b->region, a->name, a->lo, a->hi, b->name, b->lo,
+	              b->hi);
 }

@@ -90,11 +90,24 @@ fa_status fa_check_align(const char *name, uint64_t offset, const int64_t shape[
                          const int64_t stride[3], size_t elem, size_t align, char *err,
                          size_t errlen);
 
-/* An output's byte range [alo, ahi) and an input's [blo, bhi) in one region do not share a byte:
- * else a race inside one request, and a retried request could not run again on unchanged
- * inputs. Bounding ranges: interleaved layouts that do not really share a byte are refused too
- * (rare for an output; the text says which bytes). FA_OK or FA_EOVERLAP. */
-fa_status fa_check_overlap(const char *a, const char *b, uint64_t region, uint64_t alo,
-                           uint64_t ahi, uint64_t blo, uint64_t bhi, char *err, size_t errlen);
+/* Where a tensor's bytes lie, for fa_check_overlap: [lo, hi) of the region `region` (its id, as
+ * the request names it), whose byte 0 is byte `at` of the memory that region maps (the daemon's
+ * regions start at byte 0 of their shm object or CUDA allocation). */
+struct fa_check_span {
+	const char *name; /* the tensor ("o"), borrowed */
+	uint64_t region;
+	uint64_t at;
+	uint64_t lo, hi;
+};
+
+/* An output's bytes a and another tensor's b (an input, or another output) do not share a byte
+ * of the memory both map: else a race inside one request, and a retried request could not run
+ * again on unchanged inputs. The caller has found that both map one memory: the same region, or
+ * two registrations of one shm object or CUDA allocation (then the text says the two regions map
+ * the same memory). Bounding ranges: interleaved layouts that do not really share a byte are
+ * refused too (rare for an output; the text says which bytes). at + hi must not pass 2^64 (a
+ * region lies inside its memory). FA_OK or FA_EOVERLAP. */
+fa_status fa_check_overlap(const struct fa_check_span *a, const struct fa_check_span *b,
+                           char *err, size_t errlen);
 
 #endif /* FA_CHECK_H */

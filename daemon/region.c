@@ -129,6 +129,10 @@ fa_status region_open_shm(struct region **out, const char *name, uint64_t size, 
 	r->dev = -1;
 	r->base = base;
 	r->size = size;
+	/* The mapping starts at the object's byte 0; a hard link or a second registration of the
+	 * same object has the same (st_dev, st_ino). */
+	r->mem = (struct region_mem){FA_REGION_HOST_SHM, (uint64_t)st.st_dev, (uint64_t)st.st_ino};
+	r->mem_at = 0;
 	snprintf(r->name, sizeof r->name, "%s", name);
 	region_live++;
 	region_live_bytes += size;
@@ -161,6 +165,15 @@ fa_status region_open_ipc(struct region **out, uint64_t size, uint64_t max_bytes
 	region_live_bytes += size;
 	*out = r;
 	return FA_OK;
+}
+
+/* The same region, or identities that are known and equal. */
+bool region_same_mem(const struct region *a, const struct region *b)
+{
+	if (a == b)
+		return true;
+	return a->mem.kind != 0 && a->mem.kind == b->mem.kind && a->mem.dev == b->mem.dev &&
+	       a->mem.obj == b->mem.obj;
 }
 
 /* One more user of the mapping. */

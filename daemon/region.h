@@ -30,6 +30,17 @@
 #include "fa_types.h"
 #include "fa_proto.h"
 
+/* Which memory a region maps, the same for every registration of that memory: a client may
+ * register one shm object or one CUDA allocation more than once (up to --max-regions), so the
+ * overlap rule (validate.c) compares this and byte ranges in the memory, never region ids.
+ * kind 0: not known yet (a CUDA IPC region before the backend opened it): such a region maps the
+ * same memory as itself only. */
+struct region_mem {
+	uint8_t kind; /* FA_REGION_HOST_SHM or FA_REGION_CUDA_IPC, or 0 */
+	uint64_t dev; /* host shm: the object's st_dev; CUDA IPC: 0 (the daemon's one address space) */
+	uint64_t obj; /* host shm: the object's st_ino; CUDA IPC: the allocation's base address */
+};
+
 struct region {
 	uint64_t id;        /* random, nonzero; set by the session that holds it */
 	unsigned refs;
@@ -44,6 +55,8 @@ struct region {
 	void (*release)(struct region *r);
 	void *backend;      /* the backend's own, for release */
 	int dev;            /* CUDA IPC regions: the backend's index of their GPU; -1 otherwise */
+	struct region_mem mem; /* the memory mapped (fstat at open; the backend for CUDA IPC) */
+	uint64_t mem_at;    /* the byte of that memory at which the region's byte 0 lies */
 };
 
 /* Is `name` of the form "/fa.<uid>.<pid>.<16 hex digits>" (decimal uid and pid, no other '/')? */
@@ -61,6 +74,10 @@ fa_status region_open_shm(struct region **out, const char *name, uint64_t size, 
  * FA_EINVAL (size 0 or above max_bytes), FA_ENOMEM. */
 fa_status region_open_ipc(struct region **out, uint64_t size, uint64_t max_bytes, char *err,
                           size_t errlen);
+
+/* Do a and b map the same memory (one region, or two registrations of one shm object or one
+ * CUDA allocation)? Then their bytes are compared at mem_at + offset. */
+bool region_same_mem(const struct region *a, const struct region *b);
 
 /* Take / drop a reference. The last drop unmaps (and unlinks when r->unlink) and frees. */
 void region_ref(struct region *r);

@@ -9,6 +9,28 @@
 #include "fa_check.h"
 #include "util.h"
 
+/* Each output against every input and every output before it (each pair once, outputs in
+ * order, so "lse overlaps o" and not "o overlaps lse"), where both map one memory. Any request's
+ * tensors: is_output says which of the n are written. */
+static fa_status validate_overlaps(int n, const bool *is_output, struct region *const *region,
+                                   const struct fa_check_span *span, char *err, size_t errlen)
+{
+	fa_status st;
+
+	for (int i = 0; i < n; i++) {
+		if (!is_output[i])
+			continue;
+		for (int j = 0; j < n; j++) {
+			if (j == i || (is_output[j] && j > i) ||
+			    !region_same_mem(region[i], region[j]))
+				continue;
+			if ((st = fa_check_overlap(&span[i], &span[j], err, errlen)) != FA_OK)
+				return st;
+		}
+	}
+	return FA_OK;
+}
+
 /* Validate an ATTN_FWD against the session; see validate.h. */
 fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *req, size_t align,
                             struct validate_result *out, char *err, size_t errlen)
@@ -96,20 +118,16 @@ fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *
 		lo[i] = t[i]->offset;
 	}
 
-	/* Outputs overlap nothing else (fa_check_overlap says why). */
-	static const int pairs[][2] = {
-		{VALIDATE_O, VALIDATE_Q},   {VALIDATE_O, VALIDATE_K},   {VALIDATE_O, VALIDATE_V},
-		{VALIDATE_LSE, VALIDATE_Q}, {VALIDATE_LSE, VALIDATE_K}, {VALIDATE_LSE, VALIDATE_V},
-		{VALIDATE_LSE, VALIDATE_O},
-	};
-	for (size_t p = 0; p < sizeof(pairs) / sizeof(pairs[0]); p++) {
-		int i = pairs[p][0], j = pairs[p][1];
-		if (i >= n || out->region[i] != out->region[j])
-			continue;
-		if ((st = fa_check_overlap(fa_fwd_names[i], fa_fwd_names[j], out->region[i]->id,
-		                           lo[i], hi[i], lo[j], hi[j], err, errlen)) != FA_OK)
-			return st;
-	}
+	/* Outputs overlap nothing else, in the memory itself: two registrations of one shm object
+	 * or one CUDA allocation are one memory. */
+	static const bool is_output[VALIDATE_NTENSORS] = {[VALIDATE_O] = true,
+	                                                  [VALIDATE_LSE] = true};
+	struct fa_check_span span[VALIDATE_NTENSORS];
+	for (int i = 0; i < n; i++)
+		span[i] = (struct fa_check_span){fa_fwd_names[i], t[i]->region,
+		                                 out->region[i]->mem_at, lo[i], hi[i]};
+	if ((st = validate_overlaps(n, is_output, out->region, span, err, errlen)) != FA_OK)
+		return st;
 
 	/* A device region's base is a device address: the sum is only ever handed to the GPU. */
 	char *b[VALIDATE_NTENSORS];

@@ -3,8 +3,10 @@
  * Everything a client sends is checked before any byte of its memory is touched: the regions
  * belong to this session, dtypes agree (lse is fp32), shapes are consistent (GQA, lse
  * [B, Hq, Sq, 1]), the head dim is contiguous, every tensor's extent (offset + strided span,
- * overflow-checked) lies inside its region, offsets are aligned, and the outputs (O, lse) overlap
- * no other tensor. A bad request gets a status and a detail text naming the tensor and numbers.
+ * overflow-checked) lies inside its region, offsets are aligned, and each output (O, lse) shares
+ * no byte with an input or another output: in the memory itself, so two registrations of one shm
+ * object or one CUDA allocation are compared as one (region.h's struct region_mem). A bad request
+ * gets a status and a detail text naming the tensor and numbers.
  */
 #ifndef FA_DAEMON_VALIDATE_H
 #define FA_DAEMON_VALIDATE_H

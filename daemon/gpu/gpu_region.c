@@ -109,6 +109,10 @@ fa_status gpu_region_open(struct backend *base, struct region *r,
 		              asize, r->size);
 	}
 	r->base = (void *)(uintptr_t)p;
+	/* One address space for every GPU of the daemon (UVA): an allocation is known by its base,
+	 * and a second registration of it opens at the same pointer. */
+	r->mem = (struct region_mem){FA_REGION_CUDA_IPC, 0, (uint64_t)abase};
+	r->mem_at = (uint64_t)(p - abase);
 	r->backend = b;
 	r->release = gpu_region_release;
 	r->dev = (int)(d - b->devs);

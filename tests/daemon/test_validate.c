@@ -185,6 +185,92 @@ static void test_validate_overlapping_output_is_eoverlap(void **state)
 	expect(f, 0, FA_OK, NULL);
 }
 
+/* A second registration of r's shm object in session s (what a client may do up to
+ * --max-regions): a new region id, the same memory. */
+static struct region *register_again(struct session *s, const struct region *r)
+{
+	char err[256];
+	struct region *again;
+
+	if (region_open_shm(&again, r->name, r->size, s->uid, UINT64_MAX, err, sizeof err) != FA_OK)
+		fail_msg("region_open_shm %s again: %s", r->name, err);
+	if (session_region_add(s, again, err, sizeof err) != FA_OK)
+		fail_msg("session_region_add: %s", err);
+	return again;
+}
+
+/* The case: O in the second registration at Q's bytes in the first. */
+static void test_validate_output_over_an_input_through_another_registration_is_eoverlap(
+    void **state)
+{
+	struct fixture *f = *state;
+	struct region *again = register_again(f->s, f->r1);
+	char want[FA_PROTO_DETAIL_MAX];
+
+	assert_true(again->id != f->r1->id);
+	assert_true(region_same_mem(again, f->r1));
+	f->req.u.fwd.o.region = again->id;
+	f->req.u.fwd.o.offset = 64; /* over q's [0, 128) of r1 */
+	snprintf(want, sizeof want,
+	         "o overlaps q: regions %016" PRIx64 " and %016" PRIx64
+	         " map the same memory (o: bytes [64, 192) of the first, q: [0, 128) of the second)",
+	         again->id, f->r1->id);
+	expect(f, 0, FA_EOVERLAP, want);
+	/* lse in the first registration over o in the second: outputs against each other too. */
+	f->req.u.fwd.o.offset = 512;
+	f->req.u.fwd.lse.offset = 576;
+	snprintf(want, sizeof want, "lse overlaps o: regions %016" PRIx64 " and %016" PRIx64
+	         " map the same memory", f->r1->id, again->id);
+	expect(f, 0, FA_EOVERLAP, want);
+	/* Disjoint bytes of one memory through two registrations are fine. */
+	f->req.u.fwd.lse.offset = 1024;
+	expect(f, 0, FA_OK, NULL);
+	f->req.u.fwd.lse.region = again->id;
+	expect(f, 0, FA_OK, NULL);
+}
+
+/* Identities set by hand: equal identity (and where each region starts in that memory) decides,
+ * not the region id. */
+static void test_validate_overlap_compares_memory_identity_and_bytes_in_it(void **state)
+{
+	struct fixture *f = *state;
+	char want[FA_PROTO_DETAIL_MAX];
+
+	/* r2 made a second view of r1's memory: o at its offset 64 lies on q. */
+	f->r2->mem = f->r1->mem;
+	f->req.u.fwd.o.region = f->r2->id;
+	f->req.u.fwd.o.offset = 64;
+	expect(f, 0, FA_EOVERLAP, "map the same memory (o: bytes [64, 192) of the first, q: [0, 128)");
+	f->req.u.fwd.o.offset = 2048;
+	expect(f, 0, FA_OK, NULL);
+
+	/* r2 starting 4096 bytes into that memory: its byte 0 is r1's byte 4096. */
+	f->r2->mem_at = 4096;
+	f->req.u.fwd.o.offset = 0;
+	expect(f, 0, FA_OK, NULL);
+	f->req.u.fwd.k.offset = 4096 + 64; /* k [4160, 4224) of r1 */
+	snprintf(want, sizeof want,
+	         "o overlaps k: regions %016" PRIx64 " and %016" PRIx64
+	         " map the same memory (o: bytes [0, 128) of the first, k: [4160, 4224) of the second)",
+	         f->r2->id, f->r1->id);
+	expect(f, 0, FA_EOVERLAP, want);
+	f->req.u.fwd.k.offset = 128;
+
+	/* Different identities at the same offsets: another object, another kind, not known. */
+	f->r2->mem_at = 0;
+	f->req.u.fwd.o.offset = 0; /* q's offset, in r2 */
+	f->r2->mem.obj = f->r1->mem.obj + 1;
+	expect(f, 0, FA_OK, NULL);
+	f->r2->mem = f->r1->mem;
+	f->r2->mem.dev = f->r1->mem.dev + 1;
+	expect(f, 0, FA_OK, NULL);
+	f->r2->mem = f->r1->mem;
+	f->r2->mem.kind = FA_REGION_CUDA_IPC;
+	expect(f, 0, FA_OK, NULL);
+	f->r1->mem = f->r2->mem = (struct region_mem){0, 0, 0};
+	expect(f, 0, FA_OK, NULL);
+}
+
 static void test_validate_foreign_or_unknown_region_is_eregion(void **state)
 {
 	struct fixture *f = *state;
@@ -282,6 +368,8 @@ int main(void)
 		T(test_validate_offset_plus_extent_overflow_is_erange),
 		T(test_validate_misaligned_offset_is_ealign),
 		T(test_validate_overlapping_output_is_eoverlap),
+		T(test_validate_output_over_an_input_through_another_registration_is_eoverlap),
+		T(test_validate_overlap_compares_memory_identity_and_bytes_in_it),
 		T(test_validate_foreign_or_unknown_region_is_eregion),
 		T(test_validate_dtype_mismatch_is_edtype),
 		T(test_validate_gqa_mismatch_is_eshape),

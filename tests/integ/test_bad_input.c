@@ -598,6 +598,91 @@ static void test_bad_input_unknown_and_foreign_regions_get_eregion(void **state)
 	fa_client_close(c2);
 }
 
+/* UNREGISTER region rid of the raw session; its status. */
+static int raw_unregister(uint64_t rid, struct fa_proto_rep *rep)
+{
+	struct fa_proto_req req;
+	memset(&req, 0, sizeof req);
+	req.op = FA_OP_UNREGISTER;
+	req.session = g_sid;
+	req.seq = g_seq++;
+	req.u.unreg.region = rid;
+	return fa_raw_call(g_raw, &req, rep);
+}
+
+/* One ATTN_FWD of the raw session that must be refused with want, the detail holding both
+ * needles and the region left unwritten. */
+static void expect_refused_unwritten(const struct fa_proto_req *req, int want, const char *needle,
+                                     const char *needle2)
+{
+	struct fa_proto_rep rep;
+	unsigned char *before = malloc(SHM_SIZE);
+	assert_non_null(before);
+	memcpy(before, g_shm.map, SHM_SIZE);
+	int st = fa_raw_call(g_raw, req, &rep);
+	bool same = !memcmp(before, g_shm.map, SHM_SIZE);
+	free(before);
+	if (st != want || strstr(rep.detail, needle) == NULL || strstr(rep.detail, needle2) == NULL ||
+	    !same)
+		fprintf(stderr, "got %d %s, want %s with '%s' and '%s'; detail '%s'%s\n", st,
+		        st >= 0 ? fa_status_name((fa_status)st) : "", fa_status_name((fa_status)want),
+		        needle, needle2, st >= 0 ? rep.detail : "", same ? "" : "; THE REGION WAS WRITTEN");
+	assert_int_equal(st, want);
+	assert_non_null(strstr(rep.detail, needle));
+	assert_non_null(strstr(rep.detail, needle2));
+	assert_true(same);
+}
+
+/* The same shm object registered twice (allowed up to --max-regions): O in the second
+ * registration at Q's bytes in the first, or lse there on V, is one memory: FA_EOVERLAP, nothing
+ * written. Disjoint bytes through the two registrations compute right, and unregistering the
+ * second leaves the first serving. */
+static void test_bad_input_output_over_an_input_through_a_second_registration_gets_eoverlap(
+    void **state)
+{
+	(void)state;
+	struct fa_case cs;
+	struct fa_case_layout l;
+	fa_attn_fwd_args a;
+	struct fa_proto_req req;
+	struct fa_proto_rep rep;
+	uint64_t rid2 = 0;
+	char why[256], needle[64];
+	small_case(&cs, &l, &a);
+
+	assert_int_equal(fa_raw_register(g_raw, g_sid, g_seq++, g_shm.name, SHM_SIZE, &rid2, &rep),
+	                 FA_OK);
+	assert_true(rid2 != 0 && rid2 != g_rid);
+	fa_case_fill(&cs, &l, g_shm.map, &g_rng);
+
+	fa_raw_fwd_req(&a, g_sid, g_seq++, g_rid, &req);
+	req.u.fwd.o.region = rid2;
+	req.u.fwd.o.offset = req.u.fwd.q.offset;
+	snprintf(needle, sizeof needle, "o overlaps q: regions %016llx and %016llx",
+	         (unsigned long long)rid2, (unsigned long long)g_rid);
+	expect_refused_unwritten(&req, FA_EOVERLAP, needle, "map the same memory");
+
+	fa_raw_fwd_req(&a, g_sid, g_seq++, g_rid, &req);
+	req.u.fwd.lse.region = rid2;
+	req.u.fwd.lse.offset = req.u.fwd.v.offset;
+	expect_refused_unwritten(&req, FA_EOVERLAP, "lse overlaps v: regions", "map the same memory");
+
+	/* O and lse through the second registration at their own bytes: legal, and right. */
+	fa_raw_fwd_req(&a, g_sid, g_seq++, g_rid, &req);
+	req.u.fwd.o.region = rid2;
+	req.u.fwd.lse.region = rid2;
+	assert_int_equal(fa_raw_call(g_raw, &req, &rep), FA_OK);
+	assert_true(fa_case_check(&cs, &l, g_shm.map, NULL, why, sizeof why));
+
+	/* The second registration goes; the object and the first stay. */
+	assert_int_equal(raw_unregister(rid2, &rep), FA_OK);
+	fa_case_fill(&cs, &l, g_shm.map, &g_rng);
+	fa_raw_fwd_req(&a, g_sid, g_seq++, g_rid, &req);
+	assert_int_equal(fa_raw_call(g_raw, &req, &rep), FA_OK);
+	assert_true(fa_case_check(&cs, &l, g_shm.map, NULL, why, sizeof why));
+	assert_serving();
+}
+
 /* ---- semantic checks of an attention request ----------------------------------------- */
 
 struct sem_case {
@@ -1187,6 +1272,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_bad_input_unknown_op_gets_eproto),
 		cmocka_unit_test(test_bad_input_unknown_session_gets_esession),
 		cmocka_unit_test(test_bad_input_unknown_and_foreign_regions_get_eregion),
+		cmocka_unit_test(
+		    test_bad_input_output_over_an_input_through_a_second_registration_gets_eoverlap),
 		cmocka_unit_test(test_bad_input_semantic_errors_through_api),
 		cmocka_unit_test(test_bad_input_semantic_errors_reach_daemon_checks),
 		cmocka_unit_test(test_bad_input_oversize_message_gets_etoobig),

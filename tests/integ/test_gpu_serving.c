@@ -3,7 +3,8 @@
  * offsets, short buffers and forged handles get clear statuses and the daemon keeps serving;
  * four client processes at once; 1,000 register/unregister cycles of 256 MiB leak no device
  * memory; a client SIGKILLed while its kernel runs leaves no region, session or device memory
- * behind; stale handles (freed memory, an exited client's) get FA_EINVAL, another process's live
+ * behind; stale handles (freed memory, an exited client's) get FA_EINVAL; O through a second
+ * registration of one allocation at Q's bytes gets FA_EOVERLAP; another process's live
  * handle registers and its unregistration leaves the owner's mapping alone; the autotuner (the
  * daemon's background tuning and `fa-ctl tune`) fills a table that a restarted daemon loads.
  *
@@ -696,6 +697,66 @@ static int child_same_allocation_twice(void *arg)
 	return 0;
 }
 
+/* One allocation registered twice (a part LEAD bytes in, and the whole): both registrations map
+ * the same memory, so O in the whole at Q's bytes in the part is refused with FA_EOVERLAP and
+ * nothing is written; O at its own bytes through the whole computes right. */
+static int child_same_allocation_output_over_input(void *arg)
+{
+	struct fa_case_layout l;
+	fa_buffer *part = NULL, *whole = NULL;
+	fa_attn_fwd_args a;
+	uint64_t rng = 0x3333;
+	cu_ptr mem = 0;
+	fa_status st;
+	cu_res r;
+	char why[256];
+	double err = 0;
+	(void)arg;
+
+	fa_case_layout(&cases[0], &l);
+	size_t n = LEAD + l.total;
+	unsigned char *host = malloc(n), *after = malloc(n);
+	CHECK(host != NULL && after != NULL, "malloc");
+	fa_client *c = open_client();
+	CHECK(c != NULL, "fa_client_open");
+	CHECK((r = cu.MemAlloc(&mem, n)) == 0, "cuMemAlloc: CUDA error %d", r);
+	st = fa_buffer_register_device(c, (void *)(uintptr_t)(mem + LEAD), l.total, &part);
+	CHECK(st == FA_OK, "register a part: %s (%s)", fa_status_name(st), fa_last_error_detail());
+	st = fa_buffer_register_device(c, (void *)(uintptr_t)mem, n, &whole);
+	CHECK(st == FA_OK, "register the whole: %s (%s)", fa_status_name(st),
+	      fa_last_error_detail());
+	memset(host, 0, LEAD);
+	fa_case_fill(&cases[0], &l, host + LEAD, &rng);
+	CHECK(cu.MemcpyHtoD(mem, host, n) == 0 && cu.StreamSynchronize(NULL) == 0, "upload");
+
+	fa_case_args(&cases[0], &l, part, &a);
+	a.o.buf = whole;
+	a.o.offset = LEAD + l.q_off; /* q's first byte, through the other registration */
+	st = fa_attn_fwd(c, &a);
+	CHECK(st == FA_EOVERLAP, "O at Q's bytes through a second registration: %s (%s)",
+	      fa_status_name(st), fa_last_error_detail());
+	CHECK(strstr(fa_last_error_detail(), "o overlaps q: regions") != NULL &&
+	          strstr(fa_last_error_detail(), "map the same memory") != NULL,
+	      "detail: %s", fa_last_error_detail());
+	CHECK(cu.MemcpyDtoH(after, mem, n) == 0, "download");
+	CHECK(memcmp(host, after, n) == 0, "%s", "the refused request wrote the allocation");
+
+	a.o.offset = LEAD + l.o_off; /* o's own bytes */
+	st = fa_attn_fwd(c, &a);
+	CHECK(st == FA_OK, "O at its own bytes through the second registration: %s (%s)",
+	      fa_status_name(st), fa_last_error_detail());
+	CHECK(cu.MemcpyDtoH(after, mem, n) == 0, "download");
+	CHECK(fa_case_check(&cases[0], &l, after + LEAD, &err, why, sizeof why), "%s", why);
+
+	CHECK(fa_buffer_free(whole) == FA_OK && fa_buffer_free(part) == FA_OK, "unregister: %s",
+	      fa_last_error_detail());
+	CHECK((r = cu.MemFree(mem)) == 0, "cuMemFree: CUDA error %d", r);
+	fa_client_close(c);
+	free(host);
+	free(after);
+	return 0;
+}
+
 #define OWNER_BYTES (256u << 20)
 
 /* A child's pipes to the parent: bytes up, and the parent's word (a byte, or EOF) down. */
@@ -1247,6 +1308,17 @@ static void test_gpu_same_allocation_registered_twice_survives_one_unregister(vo
 	assert_stat_reaches(g_daemon.url, "regions", regions0, 2000);
 }
 
+static void test_gpu_output_over_an_input_through_a_second_registration_gets_eoverlap(
+    void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	uint64_t regions0 = stat_of(g_daemon.url, "regions");
+	assert_int_equal(in_child(child_same_allocation_output_over_input, NULL, 60000), 0);
+	assert_true(daemon_alive(&g_daemon));
+	assert_stat_reaches(g_daemon.url, "regions", regions0, 2000);
+}
+
 /* Process B (this one, raw protocol) registers the 64 bytes of process A's live handle: the
  * daemon cannot tell who exported a handle (it is a capability: B could open it with
  * cuIpcOpenMemHandle itself), so it registers (FA_OK), as a region of B's session. B
@@ -1497,6 +1569,8 @@ int main(void)
 		cmocka_unit_test(test_gpu_region_of_a_client_that_exits_goes_with_its_session),
 		cmocka_unit_test(test_gpu_stale_handle_of_freed_memory_gets_einval),
 		cmocka_unit_test(test_gpu_same_allocation_registered_twice_survives_one_unregister),
+		cmocka_unit_test(
+		    test_gpu_output_over_an_input_through_a_second_registration_gets_eoverlap),
 		cmocka_unit_test(test_gpu_handle_of_another_process_live_registers_dead_gets_einval),
 		cmocka_unit_test(test_gpu_autotuner_tunes_and_a_restarted_daemon_loads_the_table),
 	};
