@@ -2,12 +2,34 @@
 #ifndef FA_CTL_H
 #define FA_CTL_H
 
+#include <stdio.h>
+
+/* fa-ctl's exit statuses, the same in every subcommand (`fa-ctl --help`, ctl/README.md). */
+enum {
+	FA_CTL_EXIT_OK = 0,      /* success */
+	FA_CTL_EXIT_FAILURE = 1, /* a failure at run time: no daemon, a status from it, no GPU, ... */
+	FA_CTL_EXIT_USAGE = 2,   /* a usage error: unknown command or option, a missing or bad value */
+};
+
+/* Print "fa-ctl: <cmd>: <message>\n" on stderr (cmd NULL: "fa-ctl: <message>"), the one prefix
+ * of every fa-ctl error. Returns FA_CTL_EXIT_USAGE, for `return fa_ctl_usage_error(...)`. */
+__attribute__((format(printf, 2, 3))) int fa_ctl_usage_error(const char *cmd, const char *fmt,
+                                                             ...);
+
+/* The same prefix and text for a failure at run time. Returns FA_CTL_EXIT_FAILURE. */
+__attribute__((format(printf, 2, 3))) int fa_ctl_failure(const char *cmd, const char *fmt, ...);
+
+/* Write s to f as a JSON string: quoted, with '"', '\\' and control characters escaped (other
+ * bytes as they are: the texts are UTF-8 or ASCII). */
+void fa_ctl_json_string(FILE *f, const char *s);
+
 /* `fa-ctl plan ...`: the tile planner's choice for a shape, offline (--arch) or for the real
- * device. argv[0] is "plan". Returns the process exit status. */
+ * device. argv[0] is "plan". --json prints the plan (or the status when nothing fits) as one JSON object.
+ * Returns the process exit status (FA_CTL_EXIT_*). */
 int fa_ctl_plan_main(int argc, char **argv);
 
 /* `fa-ctl tune ...`: tune shapes on the local GPU into the daemon's tuning table (fa_ctl_tune.c).
- * argv[0] is "tune". Returns the process exit status. */
+ * argv[0] is "tune". Returns the process exit status (FA_CTL_EXIT_*). */
 int fa_ctl_tune_main(int argc, char **argv);
 
 struct fa_kernel_settings;
@@ -15,7 +37,8 @@ struct fa_kernel_settings;
 /* The kernel settings of the GPU subcommands (plan, tune): the defaults, then the environment
  * variables the daemon reads for the same settings (FA_WGMMA, FA_WGMMA16, FA_NVRTC_EXTRA, ...,
  * kernels/fa_settings.h), so fa-ctl plans and tunes what the daemon would run. A bad value is
- * printed as "<cmd>: ..." on stderr and 2 returned (the exit status); 0 otherwise. */
+ * printed as "fa-ctl: <cmd>: ..." on stderr and FA_CTL_EXIT_USAGE returned (the exit status);
+ * 0 otherwise. */
 int fa_ctl_kernel_settings(struct fa_kernel_settings *ks, const char *cmd);
 
 #endif /* FA_CTL_H */

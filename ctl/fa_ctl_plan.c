@@ -5,13 +5,16 @@
  *   fa-ctl plan --arch sm_89 --dtype fp32 --head-dim 128 --causal
  *
  * prints the chosen configuration, its shared memory against the limit, and the other candidates
- * that fit; exits 1 with the planner's explanation when nothing fits (e.g. --head-dim 512).
+ * that fit; exits 1 with the status and its detail when nothing fits. A head dim the kernels
+ * never take (--head-dim 512) gets the daemon's own status and text (fa_check_head_dim), so the
+ * offline answer is the one a request would get. --json prints the same as one JSON object.
  */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "fa_check.h"
 #include "fa_ctl.h"
 #include "fa_gpu.h"
 #include "fa_planner.h"
@@ -22,11 +25,13 @@ static void usage(FILE *f)
 	        "usage: fa-ctl plan [--arch sm_80|sm_86|sm_89|sm_90|sm_100|sm_120|h200...|--device N]\n"
 	        "                   --dtype fp16|bf16|fp32 --head-dim D [--precision P]\n"
 	        "                   [--causal|--causal-top-left] [--batch B --heads H --seq-q S\n"
-	        "                   --seq-k S] [--all]\n"
+	        "                   --seq-k S] [--all] [--json]\n"
 	        "  precision (fp32): 3xtf32 (default), ieee, tf32, bf16\n"
 	        "  --causal is bottom-right aligned (FlashAttention >= 2.1); --causal-top-left is\n"
 	        "  PyTorch's is_causal. Shape arguments, when given, let the ranking account for waves.\n"
 	        "  --all prints every fitting candidate (default: the best 10).\n"
+	        "  --json prints the plan as one JSON object on stdout (when nothing fits: the\n"
+	        "  status and its detail, exit status 1 as without --json).\n"
 	        "  Without --arch the real device is planned for (fa-ctl loads the CUDA driver).\n"
 	        "  The daemon's kernel settings apply from the environment: FA_WGMMA, FA_WGMMA16,\n"
 	        "  FA_WG_BC, FA_WG_STAGES, FA_WG_NWG, FA_NVRTC_EXTRA, FA_KERNEL_CACHE_MAX_MB, CUDA_HOME.\n");
@@ -37,10 +42,120 @@ static long parse_long(const char *s, const char *what, int *bad)
 	char *end;
 	long v = strtol(s, &end, 10);
 	if (*s == 0 || *end != 0 || v < 0) {
-		fprintf(stderr, "fa-ctl plan: bad %s '%s'\n", what, s);
+		fa_ctl_usage_error("plan", "bad %s '%s'", what, s);
 		*bad = 1;
 	}
 	return v;
+}
+
+static const char *dtype_name(fa_dtype dt)
+{
+	return dt == FA_DTYPE_FP16 ? "fp16" : dt == FA_DTYPE_BF16 ? "bf16" : "fp32";
+}
+
+static const char *path_name(int path)
+{
+	return path == FA_KPATH_16       ? "16-bit mma.sync"
+	       : path == FA_KPATH_32     ? "fp32 mma.sync"
+	       : path == FA_KPATH_WG32X3 ? "sm_90a wgmma 3xtf32"
+	       : path == FA_KPATH_WG16   ? "sm_90a wgmma 16-bit"
+	                                 : "sm_90a wgmma tf32";
+}
+
+/* The plan as text (stdout; the status on stderr when nothing fits). Returns the exit status. */
+static int plan_print_text(const struct fa_device_model *model, bool real,
+                           const struct fa_plan_req *r, fa_status st, const char *err,
+                           const struct fa_tile *t, int n, int all)
+{
+	fa_precision prec = fa_prec_resolve(r->dtype, r->precision);
+	printf("device:    %s (sm_%d), opt-in shared memory %zu bytes per block, %zu per SM%s\n",
+	       model->name, model->sm, model->smem_optin, model->smem_per_sm,
+	       real ? " (read from the GPU)" : "");
+	printf("problem:   %s%s%s head dim %d, mask %s", dtype_name(r->dtype),
+	       r->dtype == FA_DTYPE_FP32 ? " " : "", r->dtype == FA_DTYPE_FP32 ? fa_prec_name(prec) : "",
+	       r->D, fa_mask_name(r->mask));
+	if (r->Sq > 0)
+		printf(", B=%lld H=%lld Sq=%lld Sk=%lld", (long long)r->B, (long long)r->H,
+		       (long long)r->Sq, (long long)r->Sk);
+	printf("\n");
+	if (st != FA_OK)
+		return fa_ctl_failure("plan", "%s: %s", fa_status_name(st), err);
+	if (model->sm < 80)
+		printf("note:      the kernels need sm_80 or newer (cp.async, bf16 mma.sync); sizes "
+		       "below are what the tiles would need\n");
+	char tb[48];
+	fa_tile_format(&t[0], tb, sizeof tb);
+	printf("chosen:    %s  (%d rows x %d keys per step, %d warps, %d row tiles per warp, %d "
+	       "stages, %s path)\n", tb, t[0].br, t[0].bc, t[0].nw, t[0].rt, t[0].stages,
+	       path_name(t[0].path));
+	printf("shared:    %zu of %zu bytes (%.0f%%), ~%d registers/thread, %d block(s)/SM\n",
+	       t[0].smem, model->smem_optin, 100.0 * (double)t[0].smem / (double)model->smem_optin,
+	       t[0].regs, t[0].blocks_per_sm);
+	int shown = all ? n : (n < 10 ? n : 10);
+	printf("candidates that fit: %d%s\n", n, shown < n ? " (best 10; --all for every one)" : "");
+	printf("  %-18s %10s %6s %5s %7s\n", "tile", "smem", "regs", "blk", "score");
+	for (int i = 0; i < shown; i++) {
+		fa_tile_format(&t[i], tb, sizeof tb);
+		printf("  %-18s %10zu %6d %5d %7.3f%s\n", tb, t[i].smem, t[i].regs, t[i].blocks_per_sm,
+		       t[i].score, i == 0 ? "  <- chosen" : "");
+	}
+	return FA_CTL_EXIT_OK;
+}
+
+/* One tile as a JSON object. */
+static void tile_json(const struct fa_tile *t)
+{
+	char tb[48];
+	fa_tile_format(t, tb, sizeof tb);
+	printf("{\"tile\": ");
+	fa_ctl_json_string(stdout, tb);
+	printf(", \"rows\": %d, \"keys\": %d, \"warps\": %d, \"row_tiles_per_warp\": %d, "
+	       "\"stages\": %d, \"path\": ", t->br, t->bc, t->nw, t->rt, t->stages);
+	fa_ctl_json_string(stdout, path_name(t->path));
+	printf(", \"smem_bytes\": %zu, \"registers\": %d, \"blocks_per_sm\": %d, \"score\": %.6g}",
+	       t->smem, t->regs, t->blocks_per_sm, t->score);
+}
+
+/* The plan as one JSON object on stdout (also when nothing fits: "status" and "detail"; the
+ * status text on stderr too, as without --json). Returns the exit status. */
+static int plan_print_json(const struct fa_device_model *model, bool real,
+                           const struct fa_plan_req *r, fa_status st, const char *err,
+                           const struct fa_tile *t, int n, int all)
+{
+	fa_precision prec = fa_prec_resolve(r->dtype, r->precision);
+	printf("{\n  \"device\": {\"name\": ");
+	fa_ctl_json_string(stdout, model->name);
+	printf(", \"sm\": %d, \"smem_optin_bytes\": %zu, \"smem_per_sm_bytes\": %zu, "
+	       "\"real\": %s},\n", model->sm, model->smem_optin, model->smem_per_sm,
+	       real ? "true" : "false");
+	printf("  \"problem\": {\"dtype\": \"%s\", \"precision\": ", dtype_name(r->dtype));
+	if (r->dtype == FA_DTYPE_FP32)
+		fa_ctl_json_string(stdout, fa_prec_name(prec));
+	else
+		printf("null");
+	printf(", \"head_dim\": %d, \"mask\": ", r->D);
+	fa_ctl_json_string(stdout, fa_mask_name(r->mask));
+	if (r->Sq > 0)
+		printf(", \"B\": %lld, \"H\": %lld, \"Sq\": %lld, \"Sk\": %lld", (long long)r->B,
+		       (long long)r->H, (long long)r->Sq, (long long)r->Sk);
+	printf("},\n  \"status\": \"%s\"", fa_status_name(st));
+	if (st != FA_OK) {
+		printf(",\n  \"detail\": ");
+		fa_ctl_json_string(stdout, err);
+		printf("\n}\n");
+		return fa_ctl_failure("plan", "%s: %s", fa_status_name(st), err);
+	}
+	printf(",\n  \"chosen\": ");
+	tile_json(&t[0]);
+	printf(",\n  \"smem_fraction\": %.4f", (double)t[0].smem / (double)model->smem_optin);
+	int shown = all ? n : (n < 10 ? n : 10);
+	printf(",\n  \"candidates_fit\": %d,\n  \"candidates\": [", n);
+	for (int i = 0; i < shown; i++) {
+		printf(i == 0 ? "\n    " : ",\n    ");
+		tile_json(&t[i]);
+	}
+	printf("\n  ]\n}\n");
+	return FA_CTL_EXIT_OK;
 }
 
 int fa_ctl_plan_main(int argc, char **argv)
@@ -58,11 +173,12 @@ int fa_ctl_plan_main(int argc, char **argv)
 		{"seq-q", required_argument, NULL, 'q'},
 		{"seq-k", required_argument, NULL, 'k'},
 		{"all", no_argument, NULL, 'A'},
+		{"json", no_argument, NULL, 'j'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *arch = NULL;
-	int device = -1, bad = 0, all = 0;
+	int device = -1, bad = 0, all = 0, json = 0;
 	struct fa_kernel_settings ks;
 	if (fa_ctl_kernel_settings(&ks, "plan") != 0)
 		return 2;
@@ -72,8 +188,9 @@ int fa_ctl_plan_main(int argc, char **argv)
 	r.dtype = 0;
 	r.D = -1;
 	optind = 1;
+	opterr = 0; /* our own messages, with fa-ctl's prefix */
 	int c;
-	while ((c = getopt_long(argc, argv, "a:g:t:d:p:cCB:H:q:k:Ah", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":a:g:t:d:p:cCB:H:q:k:Ajh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'a': arch = optarg; break;
 		case 'g': device = (int)parse_long(optarg, "device", &bad); break;
@@ -86,15 +203,15 @@ int fa_ctl_plan_main(int argc, char **argv)
 			         strcmp(optarg, "float32") == 0)
 				r.dtype = FA_DTYPE_FP32;
 			else {
-				fprintf(stderr, "fa-ctl plan: unknown dtype '%s' (fp16, bf16, fp32)\n", optarg);
+				fa_ctl_usage_error("plan", "unknown dtype '%s' (fp16, bf16, fp32)", optarg);
 				bad = 1;
 			}
 			break;
 		case 'd': r.D = (int)parse_long(optarg, "head dim", &bad); break;
 		case 'p':
 			if (!fa_prec_parse(optarg, &r.precision)) {
-				fprintf(stderr, "fa-ctl plan: unknown precision '%s' (ieee, 3xtf32, tf32, bf16)\n",
-				        optarg);
+				fa_ctl_usage_error("plan", "unknown precision '%s' (ieee, 3xtf32, tf32, bf16)",
+				                   optarg);
 				bad = 1;
 			}
 			break;
@@ -105,17 +222,28 @@ int fa_ctl_plan_main(int argc, char **argv)
 		case 'q': r.Sq = parse_long(optarg, "seq-q", &bad); break;
 		case 'k': r.Sk = parse_long(optarg, "seq-k", &bad); break;
 		case 'A': all = 1; break;
-		case 'h': usage(stdout); return 0;
-		default: bad = 1;
+		case 'j': json = 1; break;
+		case 'h': usage(stdout); return FA_CTL_EXIT_OK;
+		case ':':
+			fa_ctl_usage_error("plan", "option '%s' needs a value", argv[optind - 1]);
+			bad = 1;
+			break;
+		default:
+			fa_ctl_usage_error("plan", "unknown option '%s'", argv[optind - 1]);
+			bad = 1;
 		}
 	}
-	if (!bad && (r.dtype == 0 || r.D < 0)) {
-		fprintf(stderr, "fa-ctl plan: --dtype and --head-dim are required\n");
+	if (!bad && optind < argc) {
+		fa_ctl_usage_error("plan", "unexpected argument '%s'", argv[optind]);
 		bad = 1;
 	}
-	if (bad || optind < argc) {
+	if (!bad && (r.dtype == 0 || r.D < 0)) {
+		fa_ctl_usage_error("plan", "--dtype and --head-dim are required");
+		bad = 1;
+	}
+	if (bad) {
 		usage(stderr);
-		return 2;
+		return FA_CTL_EXIT_USAGE;
 	}
 
 	struct fa_device_model model;
@@ -126,66 +254,32 @@ int fa_ctl_plan_main(int argc, char **argv)
 		if (!m) {
 			int n;
 			const struct fa_device_model *ms = fa_device_models(&n);
-			fprintf(stderr, "fa-ctl plan: unknown architecture '%s'; known:", arch);
+			fprintf(stderr, "fa-ctl: plan: unknown architecture '%s'; known:", arch);
 			for (int i = 0; i < n; i++)
 				fprintf(stderr, " %s", ms[i].name);
 			fprintf(stderr, "\n");
-			return 2;
+			return FA_CTL_EXIT_USAGE;
 		}
 		model = *m;
 	} else {
 		fa_status st = fa_gpu_open(&g, device < 0 ? 0 : device, &ks, err, sizeof err);
-		if (st != FA_OK) {
-			fprintf(stderr, "fa-ctl plan: no device to plan for (%s); give --arch sm_XX to plan "
-			        "offline\n", err);
-			return 1;
-		}
+		if (st != FA_OK)
+			return fa_ctl_failure("plan", "no device to plan for (%s); give --arch sm_XX to plan "
+			                      "offline", err);
 		model = *fa_gpu_model(g);
 	}
 
 	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
 	int n = 0;
-	fa_status st = fa_plan(&model, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err);
-	fa_precision prec = fa_prec_resolve(r.dtype, r.precision);
-	const char *dtn = r.dtype == FA_DTYPE_FP16 ? "fp16" : r.dtype == FA_DTYPE_BF16 ? "bf16" : "fp32";
-	printf("device:    %s (sm_%d), opt-in shared memory %zu bytes per block, %zu per SM%s\n",
-	       model.name, model.sm, model.smem_optin, model.smem_per_sm, g ? " (read from the GPU)" : "");
-	printf("problem:   %s%s%s head dim %d, mask %s", dtn, r.dtype == FA_DTYPE_FP32 ? " " : "",
-	       r.dtype == FA_DTYPE_FP32 ? fa_prec_name(prec) : "", r.D, fa_mask_name(r.mask));
-	if (r.Sq > 0)
-		printf(", B=%lld H=%lld Sq=%lld Sk=%lld", (long long)r.B, (long long)r.H,
-		       (long long)r.Sq, (long long)r.Sk);
-	printf("\n");
-	if (st != FA_OK) {
-		fprintf(stderr, "fa-ctl plan: %s: %s\n", fa_status_name(st), err);
-		fa_gpu_close(g);
-		return 1;
-	}
-	if (model.sm < 80)
-		printf("note:      the kernels need sm_80 or newer (cp.async, bf16 mma.sync); sizes "
-		       "below are what the tiles would need\n");
-	char tb[48];
-	fa_tile_format(&t[0], tb, sizeof tb);
-	printf("chosen:    %s  (%d rows x %d keys per step, %d warps, %d row tiles per warp, %d "
-	       "stages, %s path)\n", tb, t[0].br, t[0].bc, t[0].nw, t[0].rt, t[0].stages,
-	       t[0].path == FA_KPATH_16                                   ? "16-bit mma.sync"
-	       : t[0].path == FA_KPATH_32                                 ? "fp32 mma.sync"
-	       : t[0].path == FA_KPATH_WG32X3                             ? "sm_90a wgmma 3xtf32"
-	       : t[0].path == FA_KPATH_WG16                               ? "sm_90a wgmma 16-bit"
-	                                                                  : "sm_90a wgmma tf32");
-	printf("shared:    %zu of %zu bytes (%.0f%%), ~%d registers/thread, %d block(s)/SM\n",
-	       t[0].smem, model.smem_optin, 100.0 * (double)t[0].smem / (double)model.smem_optin,
-	       t[0].regs, t[0].blocks_per_sm);
-	int shown = all ? n : (n < 10 ? n : 10);
-	printf("candidates that fit: %d%s\n", n, shown < n ? " (best 10; --all for every one)" : "");
-	printf("  %-18s %10s %6s %5s %7s\n", "tile", "smem", "regs", "blk", "score");
-	for (int i = 0; i < shown; i++) {
-		fa_tile_format(&t[i], tb, sizeof tb);
-		printf("  %-18s %10zu %6d %5d %7.3f%s\n", tb, t[i].smem, t[i].regs, t[i].blocks_per_sm,
-		       t[i].score, i == 0 ? "  <- chosen" : "");
-	}
+	/* the rule every request meets first (the client library and the daemon check it before any
+	 * planning), so a head dim no kernel takes gets the status and text a request would get */
+	fa_status st = fa_check_head_dim(r.D, err, sizeof err);
+	if (st == FA_OK)
+		st = fa_plan(&model, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err);
+	int rc = json ? plan_print_json(&model, g != NULL, &r, st, err, t, n, all)
+	              : plan_print_text(&model, g != NULL, &r, st, err, t, n, all);
 	fa_gpu_close(g);
-	return 0;
+	return rc;
 }
 
 int fa_ctl_kernel_settings(struct fa_kernel_settings *ks, const char *cmd)
@@ -194,8 +288,7 @@ int fa_ctl_kernel_settings(struct fa_kernel_settings *ks, const char *cmd)
 	fa_kernel_settings_init(ks);
 	for (const char *const *n = fa_kernel_settings_names(); *n; n++)
 		if (fa_kernel_settings_set(ks, *n, getenv(*n), err, sizeof err) != FA_OK) {
-			fprintf(stderr, "fa-ctl %s: %s\n", cmd, err);
-			return 2;
+			return fa_ctl_usage_error(cmd, "%s", err);
 		}
 	return 0;
 }
