@@ -7,9 +7,12 @@
  * (fa_tune.h: dtype, precision, head dim, mask, log2 buckets of Sq, Sk and the GQA ratio) is
  * tuned on the shape given (B and H default to the class's representative ones), the table is
  * saved into "<cache dir>/tuning/" where the daemon loads it at start, and a table of heuristic
- * vs tuned times is printed. Exit 1 without a GPU (fa_gpu_open's reason on stderr).
+ * vs tuned times is printed. Exit 2 for a usage error, 1 without a GPU (fa_gpu_open's reason on
+ * stderr) or when a shape fails.
  */
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +67,19 @@ static bool parse_i64(const char *s, int64_t *v)
 	return true;
 }
 
+/* A non-negative int option's value (--device; --candidates and --runs, where 0 is the
+ * default), or false. */
+static bool parse_count(const char *s, int *v)
+{
+	char *end;
+	errno = 0;
+	long x = strtol(s, &end, 10);
+	if (!*s || *end || errno != 0 || x < 0 || x > INT_MAX)
+		return false;
+	*v = (int)x;
+	return true;
+}
+
 /* One shape from argv-style options (getopt_long, from optind 1... of argv). */
 static int parse_shape(int argc, char **argv, struct shape *sh, const char *where)
 {
@@ -97,17 +113,17 @@ static int parse_shape(int argc, char **argv, struct shape *sh, const char *wher
 		default: ok = false;
 		}
 		if (!ok) {
-			fprintf(stderr, "fa-ctl tune: %s: bad or unknown option \"%s\"\n", where,
+			fprintf(stderr, "fa-ctl: tune: %s: bad or unknown option \"%s\"\n", where,
 			        argv[optind - 1]);
 			return -1;
 		}
 	}
 	if (optind < argc || !have_dt || D <= 0 || S <= 0) {
-		fprintf(stderr, "fa-ctl tune: %s: a shape needs --dtype, --head-dim and --seq\n", where);
+		fprintf(stderr, "fa-ctl: tune: %s: a shape needs --dtype, --head-dim and --seq\n", where);
 		return -1;
 	}
 	if (D > FA_ATTN_MAX_HEAD_DIM || gqa > 1024 || S > (1 << 24) || Sk > (1 << 24)) {
-		fprintf(stderr, "fa-ctl tune: %s: head dim, sequence or GQA ratio out of range\n", where);
+		fprintf(stderr, "fa-ctl: tune: %s: head dim, sequence or GQA ratio out of range\n", where);
 		return -1;
 	}
 	/* the class's representative problem, then the shape's own sizes */
@@ -122,7 +138,7 @@ static int parse_shape(int argc, char **argv, struct shape *sh, const char *wher
 	d->Sk = Sk ? Sk : S;
 	if (H) {
 		if (H % gqa) {
-			fprintf(stderr, "fa-ctl tune: %s: --heads %lld is not a multiple of --gqa %lld\n",
+			fprintf(stderr, "fa-ctl: tune: %s: --heads %lld is not a multiple of --gqa %lld\n",
 			        where, (long long)H, (long long)gqa);
 			return -1;
 		}
@@ -145,7 +161,7 @@ static int parse_shape(int argc, char **argv, struct shape *sh, const char *wher
 	d->lse_stride[0] = d->Hq * d->Sq;
 	char err[256];
 	if (fa_attn_fwd_check(d, err, sizeof err) != FA_OK) {
-		fprintf(stderr, "fa-ctl tune: %s: %s\n", where, err);
+		fprintf(stderr, "fa-ctl: tune: %s: %s\n", where, err);
 		return -1;
 	}
 	return 0;
@@ -167,7 +183,7 @@ static int read_shapes(const char *path, struct shape *sh, int *n)
 {
 	FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "r");
 	if (!f) {
-		perror(path);
+		fprintf(stderr, "fa-ctl: tune: %s: %s\n", path, strerror(errno));
 		return -1;
 	}
 	char line[1024];
@@ -189,7 +205,7 @@ static int read_shapes(const char *path, struct shape *sh, int *n)
 		if (ac == 1)
 			continue;
 		if (*n >= MAX_SHAPES) {
-			fprintf(stderr, "fa-ctl tune: %s: more than %d shapes\n", path, MAX_SHAPES);
+			fprintf(stderr, "fa-ctl: tune: %s: more than %d shapes\n", path, MAX_SHAPES);
 			rc = -1;
 			break;
 		}
@@ -221,34 +237,40 @@ int fa_ctl_tune_main(int argc, char **argv)
 		bool arg = i + 1 < argc;
 		if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
 			usage(stdout);
-			return 0;
+			return FA_CTL_EXIT_OK;
 		} else if (strcmp(a, "--device") == 0 && arg) {
-			device = atoi(argv[++i]);
+			if (!parse_count(argv[++i], &device))
+				return fa_ctl_usage_error("tune", "bad --device '%s'", argv[i]);
 		} else if (strcmp(a, "--cache-dir") == 0 && arg) {
 			snprintf(cache, sizeof cache, "%s", argv[++i]);
 		} else if (strcmp(a, "--shapes") == 0 && arg) {
 			shapes_file = argv[++i];
 		} else if (strcmp(a, "--candidates") == 0 && arg) {
-			topts.candidates = atoi(argv[++i]);
+			if (!parse_count(argv[++i], &topts.candidates))
+				return fa_ctl_usage_error("tune", "bad --candidates '%s'", argv[i]);
 		} else if (strcmp(a, "--runs") == 0 && arg) {
-			topts.runs = atoi(argv[++i]);
+			if (!parse_count(argv[++i], &topts.runs))
+				return fa_ctl_usage_error("tune", "bad --runs '%s'", argv[i]);
 		} else if (nrest < 127) {
 			rest[nrest++] = argv[i];
+		} else {
+			return fa_ctl_usage_error("tune", "too many arguments");
 		}
 	}
 	rest[nrest] = NULL;
 	if (shapes_file && read_shapes(shapes_file, shapes, &nshapes) != 0)
-		return 2;
+		return FA_CTL_EXIT_USAGE;
 	if (nrest > 1) {
 		if (parse_shape(nrest, rest, &shapes[nshapes], "arguments") != 0) {
 			usage(stderr);
-			return 2;
+			return FA_CTL_EXIT_USAGE;
 		}
 		nshapes++;
 	}
 	if (nshapes == 0) {
+		fa_ctl_usage_error("tune", "no shape (--shapes FILE or --dtype, --head-dim, --seq)");
 		usage(stderr);
-		return 2;
+		return FA_CTL_EXIT_USAGE;
 	}
 	if (!cache[0])
 		default_cache_dir(cache, sizeof cache);
@@ -256,24 +278,24 @@ int fa_ctl_tune_main(int argc, char **argv)
 	char err[1024];
 	struct fa_kernel_settings ks;
 	if (fa_ctl_kernel_settings(&ks, "tune") != 0)
-		return 2;
+		return FA_CTL_EXIT_USAGE;
 	struct fa_gpu *g = NULL;
 	fa_status st = fa_gpu_open(&g, device, &ks, err, sizeof err);
 	if (st != FA_OK) {
-		fprintf(stderr, "fa-ctl tune: no GPU: %s\n", err);
-		return 1;
+		fprintf(stderr, "fa-ctl: tune: no GPU: %s\n", err);
+		return FA_CTL_EXIT_FAILURE;
 	}
 	/* compiled kernels land in the daemon's disk cache too: its first requests load them */
 	if (fa_gpu_set_cache_dir(g, cache, err, sizeof err) != FA_OK)
-		fprintf(stderr, "fa-ctl tune: kernel disk cache off: %s\n", err);
+		fprintf(stderr, "fa-ctl: tune: kernel disk cache off: %s\n", err);
 	struct fa_tune_ident id;
 	fa_tune_gpu_ident(g, &id);
 	struct fa_tune_table *t = NULL;
 	st = fa_tune_table_open(&t, cache, &id, fa_gpu_model(g), 0, err, sizeof err);
 	if (st != FA_OK) {
-		fprintf(stderr, "fa-ctl tune: tuning table: %s\n", err);
+		fprintf(stderr, "fa-ctl: tune: tuning table: %s\n", err);
 		fa_gpu_close(g);
-		return 1;
+		return FA_CTL_EXIT_FAILURE;
 	}
 	struct fa_tune_stats ts;
 	fa_tune_table_stats(t, &ts);
@@ -281,10 +303,10 @@ int fa_ctl_tune_main(int argc, char **argv)
 	       fa_tune_table_path(t), ts.entries, ts.why[0] ? "; " : "", ts.why);
 	struct fa_tune_ops ops;
 	if ((st = fa_tune_gpu_ops_init(&ops, g, err, sizeof err)) != FA_OK) {
-		fprintf(stderr, "fa-ctl tune: %s\n", err);
+		fprintf(stderr, "fa-ctl: tune: %s\n", err);
 		fa_tune_table_close(t);
 		fa_gpu_close(g);
-		return 1;
+		return FA_CTL_EXIT_FAILURE;
 	}
 	printf("%-44s %-16s %10s  %-16s %10s %8s\n", "shape (class)", "heuristic", "us", "tuned",
 	       "us", "speedup");
@@ -300,7 +322,7 @@ int fa_ctl_tune_main(int argc, char **argv)
 		struct fa_tune_entry e;
 		st = fa_tune_key(t, d, &ops, &topts, &e, err, sizeof err);
 		if (st != FA_OK) {
-			fprintf(stderr, "fa-ctl tune: %s: %s: %s\n", sb, fa_status_name(st), err);
+			fprintf(stderr, "fa-ctl: tune: %s: %s: %s\n", sb, fa_status_name(st), err);
 			failed++;
 			continue;
 		}
@@ -312,12 +334,12 @@ int fa_ctl_tune_main(int argc, char **argv)
 	fa_tune_gpu_ops_fini(&ops);
 	st = fa_tune_table_save(t, err, sizeof err);
 	if (st != FA_OK) {
-		fprintf(stderr, "fa-ctl tune: saving the table: %s\n", err);
+		fprintf(stderr, "fa-ctl: tune: saving the table: %s\n", err);
 		failed++;
 	} else {
 		printf("saved %s\n", fa_tune_table_path(t));
 	}
 	fa_tune_table_close(t);
 	fa_gpu_close(g);
-	return failed ? 1 : 0;
+	return failed ? FA_CTL_EXIT_FAILURE : FA_CTL_EXIT_OK;
 }
