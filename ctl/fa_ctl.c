@@ -53,54 +53,6 @@ static const struct ctl_cmd commands[] = {
 	{"help", cmd_help, "help", "this text"},
 };
 
-__attribute__((format(printf, 2, 0))) static void vreport(const char *cmd, const char *fmt, va_list ap)
-{
-	if (cmd != NULL)
-		fprintf(stderr, "fa-ctl: %s: ", cmd);
-	else
-		fputs("fa-ctl: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
-}
-
-int fa_ctl_usage_error(const char *cmd, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vreport(cmd, fmt, ap);
-	va_end(ap);
-	return FA_CTL_EXIT_USAGE;
-}
-
-int fa_ctl_failure(const char *cmd, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vreport(cmd, fmt, ap);
-	va_end(ap);
-	return FA_CTL_EXIT_FAILURE;
-}
-
-void fa_ctl_json_string(FILE *f, const char *s)
-{
-	fputc('"', f);
-	for (const unsigned char *p = (const unsigned char *)s; *p != '\0'; p++) {
-		if (*p == '"' || *p == '\\')
-			fprintf(f, "\\%c", *p);
-		else if (*p == '\n')
-			fputs("\\n", f);
-		else if (*p == '\t')
-			fputs("\\t", f);
-		else if (*p < 0x20 || *p == 0x7f)
-			fprintf(f, "\\u%04x", *p);
-		else
-			fputc(*p, f);
-	}
-	fputc('"', f);
-}
-
 /* Print a failure of `what` with the status text and the library's detail; returns 1. */
 static int fail(const char *what, fa_status st)
 {

@@ -281,14 +281,3 @@ int fa_ctl_plan_main(int argc, char **argv)
 	fa_gpu_close(g);
 	return rc;
 }
-
-int fa_ctl_kernel_settings(struct fa_kernel_settings *ks, const char *cmd)
-{
-	char err[256];
-	fa_kernel_settings_init(ks);
-	for (const char *const *n = fa_kernel_settings_names(); *n; n++)
-		if (fa_kernel_settings_set(ks, *n, getenv(*n), err, sizeof err) != FA_OK) {
-			return fa_ctl_usage_error(cmd, "%s", err);
-		}
-	return 0;
-}
