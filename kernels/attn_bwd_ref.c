@@ -205,35 +205,18 @@ static fa_status bwd_scratch_alloc(struct bwd_ctx *c, void **mem)
 {
 	const struct fa_attn_fwd_desc *f = &c->d->fwd;
 	size_t D = (size_t)f->D;
-	size_t br = 2048 / D; /* Q, dO and dQ of a block within an L1's worth or two */
-	if (br < 4)
-		br = 4;
-	if (br > 32)
-		br = 32;
-	if ((int64_t)br > f->Sq)
-		br = (size_t)f->Sq;
-	size_t limit_words = fa_attn_fwd_ref_scratch_limit(0) / 8;
+	/* Q, dO and dQ of a block within an L1's worth or two */
+	size_t br = ref_block_rows(D, f->Sq);
 	size_t fixed = 3 * br * D + 3 * br; /* qd, dod, dqd, delta, lse, n */
 	size_t per_key = 4 * D;             /* kd, vd, dkd, dvd rows */
-	size_t nvis = (size_t)c->nvis, kc, total;
+	size_t kc;
+
+	double *w;
+	fa_status st = ref_chunk_alloc(fixed, per_key, (size_t)c->nvis, &w, &kc, &c->one_chunk);
 
 	*mem = NULL;
-	if (nvis == 0)
-		nvis = 1;
-	if (!__builtin_mul_overflow(per_key, nvis, &total) &&
-	    !__builtin_add_overflow(total, fixed, &total) && total <= limit_words) {
-		kc = nvis;
-		c->one_chunk = true;
-	} else {
-		if (limit_words <= fixed || (limit_words - fixed) / per_key < 1)
-			return FA_ENOMEM;
-		kc = (limit_words - fixed) / per_key;
-		c->one_chunk = false;
-		total = fixed + per_key * kc;
-	}
-	double *w = malloc(total * 8);
-	if (w == NULL)
-		return FA_ENOMEM;
+	if (st != FA_OK)
+		return st;
 	*mem = w;
 	c->br = (int64_t)br;
 	c->kc = (int64_t)kc;

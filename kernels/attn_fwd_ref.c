@@ -347,35 +347,17 @@ static fa_status ref_scratch_alloc(struct ref_ctx *c, void **mem)
 {
 	const struct fa_attn_fwd_desc *d = c->d;
 	size_t D = (size_t)d->D;
-	size_t br = 2048 / D; /* Q block + accumulators ~32 KiB: an L1's worth */
-	if (br < 4)
-		br = 4;
-	if (br > 32)
-		br = 32;
-	if ((int64_t)br > d->Sq)
-		br = (size_t)d->Sq;
-	size_t limit_words = fa_attn_fwd_ref_scratch_limit(0) / 8;
+	size_t br = ref_block_rows(D, d->Sq); /* Q block + accumulators ~32 KiB: an L1's worth */
 	size_t fixed = 2 * br * D + 3 * br; /* qd, acc, m, l, n */
 	size_t per_key = 2 * D + br;        /* kd, vd rows and a column of s */
-	size_t nvis = (size_t)c->nvis, kc, total;
+	size_t kc;
+
+	double *w;
+	fa_status st = ref_chunk_alloc(fixed, per_key, (size_t)c->nvis, &w, &kc, &c->one_chunk);
 
 	*mem = NULL;
-	if (nvis == 0)
-		nvis = 1; /* every row masked: still run the epilogue */
-	if (!__builtin_mul_overflow(per_key, nvis, &total) &&
-	    !__builtin_add_overflow(total, fixed, &total) && total <= limit_words) {
-		kc = nvis;
-		c->one_chunk = true;
-	} else {
-		if (limit_words <= fixed || (limit_words - fixed) / per_key < 1)
-			return FA_ENOMEM;
-		kc = (limit_words - fixed) / per_key;
-		c->one_chunk = false;
-		total = fixed + per_key * kc;
-	}
-	double *w = malloc(total * 8);
-	if (w == NULL)
-		return FA_ENOMEM;
+	if (st != FA_OK)
+		return st;
 	*mem = w;
 	c->br = (int64_t)br;
 	c->kc = (int64_t)kc;

@@ -5,7 +5,10 @@
 #ifndef FA_ATTN_REF_INT_H
 #define FA_ATTN_REF_INT_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "fa_attn.h"
 
@@ -47,6 +50,48 @@ static inline void ref_load_row(const void *base, fa_dtype dt, int64_t off, int6
 		break;
 	}
 	}
+}
+
+/* Rows of Q per block: about 2048 / D (an L1's worth of Q, its accumulators or gradients), 4 to
+ * 32, at most Sq. */
+static inline size_t ref_block_rows(size_t D, int64_t Sq)
+{
+	size_t br = 2048 / D;
+	if (br < 4)
+		br = 4;
+	if (br > 32)
+		br = 32;
+	if ((int64_t)br > Sq)
+		br = (size_t)Sq;
+	return br;
+}
+
+/* Scratch of `fixed` words plus `per_key` words for each key of a chunk, within the references'
+ * scratch limit: every visible key (nvis, at least 1) in one chunk when they fit, else as many
+ * as fit. *mem is malloc'd (the caller frees it), *kc the keys per chunk. FA_ENOMEM when not
+ * even one key fits or malloc fails (*mem NULL). */
+static inline fa_status ref_chunk_alloc(size_t fixed, size_t per_key, size_t nvis, double **mem,
+                                        size_t *kc, bool *one_chunk)
+{
+	size_t limit_words = fa_attn_fwd_ref_scratch_limit(0) / 8, total;
+
+	*mem = NULL;
+	if (nvis == 0)
+		nvis = 1; /* every row masked: still run the epilogue */
+	if (!__builtin_mul_overflow(per_key, nvis, &total) &&
+	    !__builtin_add_overflow(total, fixed, &total) && total <= limit_words) {
+		*kc = nvis;
+		*one_chunk = true;
+	} else {
+		if (limit_words <= fixed || (limit_words - fixed) / per_key < 1)
+			return FA_ENOMEM;
+		*kc = (limit_words - fixed) / per_key;
+		*one_chunk = false;
+		total = fixed + per_key * *kc;
+	}
+	if ((*mem = malloc(total * 8)) == NULL)
+		return FA_ENOMEM;
+	return FA_OK;
 }
 
 #endif /* FA_ATTN_REF_INT_H */
