@@ -27,9 +27,9 @@ def scale():
 
 
 class Daemon:
-    def __init__(self, *extra, backend="cpu"):
+    def __init__(self, *extra, backend="cpu", sock=None):
         self.dir = tempfile.mkdtemp(prefix="fa-py.")
-        self.sock = os.path.join(self.dir, "s")
+        self.sock = sock or os.path.join(self.dir, "s")
         self.url = "ipc://" + self.sock
         self.log = os.path.join(self.dir, "daemon.log")
         notify = os.path.join(self.dir, "n")
