@@ -51,10 +51,17 @@ class View:
         return lo, hi + self.itemsize
 
 
+_TORCH_CODES = {}
+_NP_CODES = {}  # numpy dtype -> fa dtype, filled as dtypes are seen (dtype.name is slow)
+
+
 def _torch_dtype(t, name):
-    torch = sys.modules["torch"]
-    d = {torch.float16: _abi.FA_DTYPE_FP16, torch.bfloat16: _abi.FA_DTYPE_BF16,
-         torch.float32: _abi.FA_DTYPE_FP32}.get(t.dtype)
+    if not _TORCH_CODES:
+        torch = sys.modules["torch"]
+        _TORCH_CODES.update({torch.float16: _abi.FA_DTYPE_FP16,
+                             torch.bfloat16: _abi.FA_DTYPE_BF16,
+                             torch.float32: _abi.FA_DTYPE_FP32})
+    d = _TORCH_CODES.get(t.dtype)
     if d is None:
         raise usage("FA_EDTYPE", "%s: dtype %s; fa takes float16, bfloat16 and float32"
                     % (name, t.dtype))
@@ -63,13 +70,18 @@ def _torch_dtype(t, name):
 
 def numpy_dtype_code(dt, name="array"):
     """fa's dtype for a NumPy dtype (ml_dtypes' bfloat16 is bf16)."""
+    code = _NP_CODES.get(dt)
+    if code is not None:
+        return code
     if dt.name == "bfloat16" and dt.itemsize == 2:
-        return _abi.FA_DTYPE_BF16
-    code = {"float16": _abi.FA_DTYPE_FP16, "float32": _abi.FA_DTYPE_FP32}.get(dt.name)
+        code = _abi.FA_DTYPE_BF16
+    else:
+        code = {"float16": _abi.FA_DTYPE_FP16, "float32": _abi.FA_DTYPE_FP32}.get(dt.name)
     if code is None or not dt.isnative:
         raise usage("FA_EDTYPE", "%s: NumPy dtype %s; fa takes float16, float32 and, with "
                     "ml_dtypes installed, ml_dtypes.bfloat16 (NumPy has no bfloat16 of its "
                     "own)" % (name, dt.str if code else dt))
+    _NP_CODES[dt] = code
     return code
 
 
@@ -77,24 +89,23 @@ def view_of(x, name):
     """The View of `x`. Raises FaError FA_EINVAL/FA_EDTYPE for what it cannot take."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(x, torch.Tensor):
-        dt = _torch_dtype(x, name)
-        dev = x.device
-        if dev.type == "cuda":
-            return View(x, CUDA, "torch", x.data_ptr(), dt, tuple(x.shape), x.stride(),
-                        dev.index if dev.index is not None else 0)
-        if dev.type != "cpu":
+        dt = _TORCH_CODES.get(x.dtype) or _torch_dtype(x, name)
+        if x.is_cuda:
+            return View(x, CUDA, "torch", x.data_ptr(), dt, tuple(x.shape), x.stride())
+        if not x.is_cpu:
             raise usage("FA_ENOTSUP", "%s: a tensor on %s; fa takes CUDA and CPU tensors"
-                        % (name, dev))
+                        % (name, x.device))
         return View(x, HOST, "torch", x.data_ptr(), dt, tuple(x.shape), x.stride())
     np = sys.modules.get("numpy")
     if np is not None and isinstance(x, np.ndarray):
-        dt = numpy_dtype_code(x.dtype, name)
+        dt = _NP_CODES.get(x.dtype) or numpy_dtype_code(x.dtype, name)
         isz = x.itemsize
-        if any(s % isz for s in x.strides):
+        fl = x.flags
+        if not fl.aligned:  # strides (or the address) not multiples of the element size
             raise usage("FA_EALIGN", "%s: byte strides %s are not multiples of the element "
                         "size %d" % (name, x.strides, isz))
         return View(x, HOST, "numpy", x.__array_interface__["data"][0], dt, x.shape,
-                    tuple(s // isz for s in x.strides), writeable=x.flags.writeable)
+                    tuple([s // isz for s in x.strides]), writeable=fl.writeable)
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is not None:
         return _view_cai(x, cai, name)

@@ -5,14 +5,15 @@ Layouts: fa's tensors are [B, S, H, D]; PyTorch's SDPA passes [B, H, S, D], whic
 memory with the middle dimensions swapped, so it is the strides that change, never the data.
 """
 import ctypes as C
+import struct
 import sys
 import threading
 import warnings
 
-from . import _abi, _arrays, _cuda, _lib
+from . import _abi, _arrays, _cuda
 from ._arrays import CUDA, HOST
 from ._client import default_client
-from ._errors import error, usage
+from ._errors import usage
 
 
 class FaCopyWarning(UserWarning):
@@ -34,6 +35,9 @@ _SCALE = _abi.fa_attn_fwd_args.scale.offset
 _MASK = _abi.fa_attn_fwd_args.mask.offset
 _PREC = _abi.fa_attn_fwd_args.precision.offset
 _ARGS_BYTES = C.sizeof(_abi.fa_attn_fwd_args) + _abi.ARGS_SLACK
+_DOUBLE = struct.Struct("<d")
+_INT = struct.Struct("<i")
+assert C.sizeof(C.c_int) == 4
 _tls = threading.local()
 
 
@@ -207,9 +211,9 @@ def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, cli
         else:
             sh, st = _fa_dims(vw, bhsd)
         _TENSOR.pack_into(a, _OFF["o" if n == "out" else n], buf, off, vw.dtype, *sh, *st)
-    C.c_double.from_buffer(a, _SCALE).value = float(scale) if scale else 0.0
-    C.c_int.from_buffer(a, _MASK).value = mask
-    C.c_int.from_buffer(a, _PREC).value = precision
+    _DOUBLE.pack_into(a, _SCALE, float(scale) if scale else 0.0)
+    _INT.pack_into(a, _MASK, mask)
+    _INT.pack_into(a, _PREC, precision)
     if stream is None:
         c._call(lib.fa_attn_fwd, C.addressof(a), what=None)
     else:

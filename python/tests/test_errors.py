@@ -1,6 +1,5 @@
 """Errors become FaError subclasses carrying the status name and the daemon's detail; the
 arguments fa does not support are refused, never ignored; a daemon restart is survived."""
-import os
 import pickle
 import unittest
 import warnings

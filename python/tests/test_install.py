@@ -17,10 +17,8 @@ LIB = os.path.join(build_dir(), "libfaclient.so.0")
 
 
 def _venv_reason():
-    try:
-        import ensurepip  # noqa: F401  (Debian: python3-venv)
-        import venv  # noqa: F401
-    except ImportError:
+    import importlib.util
+    if not all(importlib.util.find_spec(m) for m in ("ensurepip", "venv")):  # python3-venv
         return "%s has no venv/ensurepip (Debian: python3-venv)" % sys.executable
     return None
 
