@@ -117,7 +117,7 @@ def empty_cache():
     torch.cuda.empty_cache(): the order CUDA IPC requires (unregister, then free)."""
     from . import _client
     for c in list(_client._clients):
-        if c._c:
+        if c._c and not c._closing:
             c.clear_device_cache()
     torch = _sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():

@@ -69,6 +69,8 @@ class _HostBuffer:
             c._host_remove(self)
             c._free(self.buf)
             self.buf = None
+            if c._closing:
+                c._close_if_unused()
 
 
 class _ArrayOwner:
@@ -101,6 +103,7 @@ class Client:
         _check_fork()
         self._lib = lib = _lib.load()
         self._c = _abi.fa_client_p()
+        self._closing = False
         self.addr = addr
         st = lib.fa_client_open(C.byref(self._c), addr.encode() if addr else None)
         if st:
@@ -126,20 +129,27 @@ class Client:
 
     # ---- lifetime -----------------------------------------------------------------------
     def close(self):
-        """Free the staging and device registrations, say BYE, close. Arrays from empty_host
-        keep working as memory but can no longer be used in calls. Idempotent."""
-        c = getattr(self, "_c", None)
-        if not c:
+        """No more calls on this client: unregister its device allocations and staging, and
+        close the session, once the arrays made by empty_host are gone too (their memory is
+        the session's mapping, so it stays mapped until then). Idempotent."""
+        if not getattr(self, "_c", None) or self._closing:
             return
         if os.getpid() != self._pid:  # an inherited handle: never touch nanomsg state here
             self._c = None
             return
+        self._closing = True
         with self._dev_lock:
             regs, self._dev = list(self._dev.values()), {}
         for r in regs:
             self._lib.fa_buffer_free(r.buf)
-        self._tls = threading.local()
-        self._c = None
+        self._tls = threading.local()  # this thread's staging goes now, others' with them
+        self._close_if_unused()
+
+    def _close_if_unused(self):
+        with self._host_lock:
+            if not self._closing or not self._c or any(r() for r in self._host_bufs):
+                return
+            c, self._c = self._c, None
         self._lib.fa_client_close(c)
         global _open_clients
         with _state:
@@ -159,7 +169,7 @@ class Client:
 
     def _handle(self):
         _check_fork()
-        if not self._c:
+        if not self._c or self._closing:
             raise usage("FA_ECLOSED", "the fa.Client is closed")
         return self._c
 
@@ -387,14 +397,14 @@ def default_client():
     """The process-wide client (opened on first use on $FA_SOCKET or the default socket)."""
     global _default
     c = _default
-    if c is not None and c._c:
+    if c is not None and c._c and not c._closing:
         return c
     with _state:
         c = _default
-    if c is None or not c._c:
+    if c is None or not c._c or c._closing:
         c = Client()
         with _state:
-            if _default is None or not _default._c:
+            if _default is None or not _default._c or _default._closing:
                 _default = c
             else:
                 c.close()

@@ -115,6 +115,19 @@ class Errors(unittest.TestCase):
             c.ping()
         self.assertEqual(cm.exception.status, "FA_ECLOSED")
 
+    def test_close_keeps_shared_arrays_mapped_until_they_are_gone(self):
+        c = fa.Client(self.d.url)
+        a = fa.empty_host((4, 8), "float32", client=c)
+        a[...] = 3.0
+        c.close()
+        with self.assertRaises(fa.FaError) as cm:
+            c.ping()
+        self.assertEqual(cm.exception.status, "FA_ECLOSED")
+        self.assertTrue(c._c, "the session stays while an array lives")
+        self.assertEqual(float(a.sum()), 96.0)  # still mapped
+        del a
+        self.assertFalse(c._c, "closed with the last array")
+
     def test_errors_pickle_with_status_and_detail(self):
         e = fa._errors.usage("FA_ERANGE", "q: extent ends at byte 4160")
         e2 = pickle.loads(pickle.dumps(e))
