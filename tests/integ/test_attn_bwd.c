@@ -45,6 +45,9 @@ static const struct fa_case bwd_cases[] = {
 	 .mask = FA_MASK_CAUSAL_TOP_LEFT, .bhsd = true},
 	{.dtype = FA_DTYPE_FP32, .B = 1, .Sq = 31, .Sk = 29, .Hq = 4, .Hkv = 1, .D = 128,
 	 .mask = FA_MASK_CAUSAL_BOTTOM_RIGHT, .scale = -0.05},
+	/* big enough for the CPU backend to cut it into 8 chunks of (batch, kv-head) pairs */
+	{.dtype = FA_DTYPE_BF16, .B = 2, .Sq = 64, .Sk = 96, .Hq = 8, .Hkv = 4, .D = 64,
+	 .mask = FA_MASK_CAUSAL_TOP_LEFT, .bhsd = true, .pad = 8},
 };
 #define NCASES (sizeof bwd_cases / sizeof bwd_cases[0])
 
@@ -182,8 +185,9 @@ static void test_attn_bwd_gradients_match_the_reference_from_several_processes(v
 static void test_attn_bwd_deterministic_flag_gives_identical_bits(void **state)
 {
 	(void)state;
+	/* 4 (batch, kv-head) pairs of ~1.1M multiply-adds: 4 chunks on the 3 workers */
 	const struct fa_case cs = {.dtype = FA_DTYPE_BF16, .B = 2, .Sq = 45, .Sk = 38, .Hq = 8,
-	                           .Hkv = 2, .D = 32, .mask = FA_MASK_CAUSAL_BOTTOM_RIGHT};
+	                           .Hkv = 2, .D = 64, .mask = FA_MASK_CAUSAL_BOTTOM_RIGHT};
 	struct fa_bwd_layout l;
 	fa_attn_fwd_args fa;
 	fa_attn_bwd_args ba;
