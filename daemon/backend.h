@@ -87,7 +87,8 @@ struct backend_job {
 	/* the backend's own bookkeeping */
 	struct backend_job *next;
 	int64_t bh_next, bh_total,
-	    bh_chunk; /* (batch, head) pairs: next to start, all, per chunk */
+	    bh_chunk; /* (batch, head) pairs (a backward job: (batch, kv-head) pairs): next to
+	               * start, all, per chunk */
 	unsigned chunks_running;
 	uint64_t t_start;
 	uint64_t bytes_in, bytes_out;  /* GPU: staging copies of host tensors */
