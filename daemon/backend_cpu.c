@@ -1,4 +1,5 @@
-/* backend_cpu.c - forward attention on a pool of worker threads with the CPU reference.
+/* backend_cpu.c - attention on a pool of worker threads with the CPU reference (the backward
+ * pass's part: backend_cpu_bwd.c).
  *
  * Scheduling: a request is cut into chunks of (batch, head) pairs, fewer for small problems (a
  * chunk is worth a wake-up) and up to 4 per worker for big ones, so one large request keeps every
@@ -17,6 +18,7 @@
  * from then on.
  */
 #include "backend.h"
+#include "backend_cpu_bwd.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -110,7 +112,10 @@ static fa_status cpu_run_chunk(const struct backend_job *job, int64_t bh0, int64
 	fa_status st;
 
 	cpu_current_job = job;
-	st = fa_attn_fwd_ref(&job->desc, job->q, job->k, job->v, job->o, job->lse, bh0, bh1);
+	if (job->is_bwd)
+		st = cpu_bwd_run(job, bh0, bh1); /* bh: (batch, kv-head) pairs */
+	else
+		st = fa_attn_fwd_ref(&job->desc, job->q, job->k, job->v, job->o, job->lse, bh0, bh1);
 	cpu_current_job = NULL;
 	if (st == FA_OK && cpu_job_broken(job))
 		st = FA_ERANGE;
@@ -214,6 +219,8 @@ static fa_status cpu_submit(struct backend *base, struct backend_job *job)
 	if (__builtin_mul_overflow(d->Sq, d->Sk, &per_bh) ||
 	    __builtin_mul_overflow(per_bh, d->D, &per_bh))
 		per_bh = INT64_MAX;
+	if (job->is_bwd)
+		cpu_bwd_units(job, &total, &per_bh); /* its unit: a (batch, kv-head) pair */
 	if (__builtin_mul_overflow(per_bh, total, &work))
 		work = INT64_MAX;
 	nchunks = work / CPU_MIN_CHUNK_WORK;

@@ -11,8 +11,8 @@
 
 /* Each output against every input and every output before it (each pair once, outputs in
  * order, so "lse overlaps o" and not "o overlaps lse"), where both map one memory. Any request's
- * tensors: is_output says which of the n are written. */
-static fa_status validate_overlaps(int n, const bool *is_output, struct region *const *region,
+ * tensors: is_output says which of the n are written (validate_bwd.c uses it too). */
+fa_status validate_overlaps(int n, const bool *is_output, struct region *const *region,
                                    const struct fa_check_span *span, char *err, size_t errlen)
 {
 	fa_status st;

@@ -41,8 +41,13 @@ enum fa_op {
 	FA_OP_REGISTER = 10,   /* register a buffer as a region */
 	FA_OP_UNREGISTER = 11, /* unregister a region */
 	FA_OP_ATTN_FWD = 20,   /* forward attention */
-	/* 21 is reserved for the backward pass */
+	FA_OP_ATTN_BWD = 21,   /* backward attention: dQ, dK, dV */
+	/* 22 is reserved for the backward pass */
 };
+
+/* Bits of the ATTN_BWD request's flags ("fl"); any other bit is FA_EPROTO. */
+#define FA_PROTO_BWD_DETERMINISTIC 1u /* dQ summed in a fixed order: the same bits every run */
+#define FA_PROTO_BWD_FLAGS FA_PROTO_BWD_DETERMINISTIC /* every known bit */
 
 /* Kinds of registered memory. Values travel on the wire. */
 enum fa_region_kind {
@@ -101,6 +106,21 @@ struct fa_proto_req {
 			bool has_event;             /* the daemon's stream waits on event first */
 			uint8_t event[FA_PROTO_IPC_HANDLE_LEN]; /* the client's cudaIpcEventHandle_t */
 		} fwd;
+		/* ATTN_BWD: the forward's tensors and settings (o and lse are inputs here, lse is
+		 * required), the upstream gradient dout, the gradients dq, dk, dv written; async
+		 * fields as the forward's. */
+		struct {
+			struct fa_proto_tensor q, k, v, o, lse, dout; /* inputs */
+			struct fa_proto_tensor dq, dk, dv;            /* outputs */
+			double scale;               /* 0 = 1/sqrt(D) */
+			uint8_t mask;               /* enum fa_mask */
+			uint8_t precision;          /* enum fa_precision */
+			uint32_t flags;             /* FA_PROTO_BWD_* bits */
+			bool async;
+			uint32_t slot;              /* < FA_PROTO_MAX_SLOTS */
+			bool has_event;
+			uint8_t event[FA_PROTO_IPC_HANDLE_LEN];
+		} bwd;
 	} u;
 };
 
@@ -123,6 +143,7 @@ struct fa_proto_rep {
 		struct {
 			uint64_t region;
 		} reg;
+		/* ATTN_FWD's and ATTN_BWD's replies (the same keys). */
 		struct {
 			uint64_t compute_ns; /* time the backend spent on this request (async: 0) */
 			bool async;          /* an asynchronous request's reply: event is set */
@@ -159,7 +180,7 @@ fa_status fa_proto_decode_req(const void *buf, size_t len, struct fa_proto_req *
 fa_status fa_proto_decode_rep(const void *buf, size_t len, struct fa_proto_rep *out, char *err,
                               size_t errlen);
 
-/* Name of an op for logs ("ATTN_FWD"); "UNKNOWN" for others. Static storage. */
+/* Name of an op for logs ("ATTN_FWD", "ATTN_BWD"); "UNKNOWN" for others. Static storage. */
 const char *fa_proto_op_name(uint32_t op);
 
 #endif /* FA_PROTO_H */
