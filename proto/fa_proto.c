@@ -261,7 +261,8 @@ static fa_status get_tensor(const msgpack_object *o, const char *key, struct fa_
 		return fa_err(err, errlen, FA_EPROTO, "key '%s': 'o' must be an unsigned integer", key);
 	t->offset = u;
 	if (!get_uint(val[T_T], FA_DTYPE_FP32, &u) || u < FA_DTYPE_FP16)
-		return fa_err(err, errlen, FA_EPROTO, "key '%s': 't' must be a dtype 1..3", key);
+		return fa_err(err, errlen, FA_EPROTO,
+		              "key '%s': 't' must be a dtype: 1 (fp16), 2 (bf16) or 3 (fp32)", key);
 	t->dtype = (uint8_t)u;
 	if ((st = get_dims(val[T_SH], key, "sh", t->shape, err, errlen)) != FA_OK)
 		return st;

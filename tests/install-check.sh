@@ -26,8 +26,11 @@ int main(void)
 	fa_status st = fa_client_open(&c, "ipc:///nonexistent/fa-install-check.sock");
 	printf("libfaclient %s: open without a daemon -> %s\n", fa_version_string(),
 	       fa_status_name(st));
-	return st == FA_EUNAVAIL && c == NULL && strcmp(fa_status_name(FA_ERANGE), "FA_ERANGE") == 0
-	               ? 0 : 1;
+	/* The 16-bit converters C users fill tensors with. */
+	int conv = fa_bf16_from_float(1.0f) == 0x3f80 && fa_fp16_from_float(1.0f) == 0x3c00 &&
+	           fa_float_from_bf16(0x4000) == 2.0f && fa_float_from_fp16(0x4000) == 2.0f;
+	return st == FA_EUNAVAIL && c == NULL && strcmp(fa_status_name(FA_ERANGE), "FA_ERANGE") == 0 &&
+	               conv ? 0 : 1;
 }
 C
 export PKG_CONFIG_SYSROOT_DIR="$dest" PKG_CONFIG_PATH="$dest/usr/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
@@ -37,6 +40,17 @@ ${CC:-cc} -std=c11 -Wall -Werror -o "$dest/hello" "$dest/hello.c" $flags
 printf '#include <fa/fa_types.h>\nint fa_check_types(void);\nint fa_check_types(void) { return FA_ERANGE + FA_DTYPE_BF16; }\n' > "$dest/types.c"
 ${CC:-cc} -std=c11 -Wall -Werror -c -o "$dest/types.o" "$dest/types.c" $(pkg-config --cflags libfaclient)
 LD_LIBRARY_PATH="$dest/usr/lib" "$dest/hello"
+# README.md's recipe for a prefix the loader does not search: without LD_LIBRARY_PATH the plain
+# build cannot start, the one linked with an rpath to the .pc's libdir can.
+if env -u LD_LIBRARY_PATH "$dest/hello" >/dev/null 2>"$dest/noload" ||
+	! grep -q 'libfaclient.so.0' "$dest/noload"; then
+	echo "install-check: a program built against a non-system prefix started without its library path" >&2
+	exit 1
+fi
+# (pkgconf puts the sysroot in front of --variable too: the libdir is $dest/usr/lib here.)
+${CC:-cc} -std=c11 -Wall -Werror -o "$dest/hello-rpath" "$dest/hello.c" $flags \
+	-Wl,-rpath,"$(pkg-config --variable=libdir libfaclient)"
+env -u LD_LIBRARY_PATH "$dest/hello-rpath" >/dev/null
 # The shared object exports the API and nothing else: exactly the FA_API functions declared in the
 # installed headers (internal fa__ names and common/'s fa_ helpers are hidden).
 nm -D --defined-only "$dest/usr/lib/libfaclient.so.0" | awk '{print $3}' | sort > "$dest/exported"
