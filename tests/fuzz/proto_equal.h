@@ -50,6 +50,8 @@ static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa
 			return false;
 		return memcmp(&a->u.fwd.scale, &b->u.fwd.scale, sizeof(double)) == 0 &&
 		       a->u.fwd.mask == b->u.fwd.mask && a->u.fwd.precision == b->u.fwd.precision;
+	case FA_OP_CLIENTS:
+		return a->u.clients.after == b->u.clients.after;
 	default:
 		return true;
 	}
@@ -76,6 +78,19 @@ static inline bool proto_rep_equal(const struct fa_proto_rep *a, const struct fa
 		return a->u.fwd.compute_ns == b->u.fwd.compute_ns;
 	case FA_OP_STATS:
 		return strcmp(a->u.stats.text, b->u.stats.text) == 0;
+	case FA_OP_CLIENTS:
+		if (a->u.clients.n != b->u.clients.n)
+			return false;
+		for (uint32_t i = 0; i < a->u.clients.n; i++) {
+			const struct fa_proto_client *x = &a->u.clients.c[i], *y = &b->u.clients.c[i];
+			if (x->session != y->session || x->pid != y->pid ||
+			    x->pid_claimed != y->pid_claimed || x->uid != y->uid ||
+			    strcmp(x->cmd, y->cmd) != 0 || x->regions != y->regions ||
+			    x->bytes != y->bytes || x->inflight != y->inflight || x->done != y->done ||
+			    x->since_ms != y->since_ms)
+				return false;
+		}
+		return true;
 	default:
 		return true;
 	}
