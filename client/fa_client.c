@@ -408,6 +408,51 @@ FA_API fa_status fa_stats(fa_client *c, char *buf, size_t len)
 	return st;
 }
 
+/* The daemon's sessions, page by page (FA_PROTO_CLIENTS_MAX a reply); see fa_client.h. */
+FA_API fa_status fa_clients(fa_client *c, fa_client_info *out, size_t cap, size_t *n)
+{
+	struct fa_proto_req req;
+	struct fa_proto_rep *rep;
+	uint64_t after = 0;
+	fa_status st;
+
+	fa__detail_clear();
+	if (c == NULL || n == NULL || (out == NULL && cap > 0))
+		return fa__fail(FA_EINVAL, "fa_clients: %s", c == NULL   ? "client is NULL"
+		                                          : n == NULL ? "n is NULL"
+		                                                      : "out is NULL with cap > 0");
+	*n = 0;
+	if ((rep = fa__rep_alloc()) == NULL)
+		return FA_ENOMEM;
+	for (;;) {
+		fa__req_init(c, &req, FA_OP_CLIENTS);
+		req.u.clients.after = after;
+		if ((st = fa__call(c, &req, rep, atomic_load(&c->timeout_ms))) != FA_OK)
+			break;
+		for (uint32_t i = 0; i < rep->u.clients.n; i++, (*n)++) {
+			const struct fa_proto_client *e = &rep->u.clients.c[i];
+			if (*n < cap) {
+				fa_client_info *o = &out[*n];
+				o->session = e->session;
+				o->pid = e->pid;
+				o->pid_claimed = e->pid_claimed;
+				o->uid = e->uid;
+				snprintf(o->command, sizeof o->command, "%s", e->cmd);
+				o->regions = e->regions;
+				o->bytes = e->bytes;
+				o->inflight = e->inflight;
+				o->done = e->done;
+				o->since_ms = e->since_ms;
+			}
+			after = e->session;
+		}
+		if (rep->u.clients.n < FA_PROTO_CLIENTS_MAX)
+			break;
+	}
+	free(rep);
+	return st;
+}
+
 /* ---- buffers ---------------------------------------------------------------------------------------- */
 
 /* UNREGISTER, release, free; see fa_client.h. */

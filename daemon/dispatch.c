@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clients.h"
 #include "dedupe.h"
 #include "log.h"
 #include "region.h"
@@ -191,6 +192,7 @@ static fa_status dispatch_hello(struct dispatch_ctx *c)
 		log_debug("session %016" PRIx64 ": client says pid %u, the socket says %u", s->id,
 		          c->req->u.hello.pid, c->peer->pid);
 	c->session = s;
+	s->pid_claimed = c->req->u.hello.pid;
 	session_ref(s); /* dispatch_request drops it with the others */
 	s->requests++;
 	c->rep->u.hello.session = s->id;
@@ -262,6 +264,13 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 	in.backend_text = extra;
 	stats_format(&srv->stats, &in, c->rep->u.stats.text, sizeof c->rep->u.stats.text);
 	return FA_OK;
+}
+
+/* CLIENTS: the sessions this peer may see (clients.h: root and the daemon's uid see all). */
+static fa_status dispatch_clients(struct dispatch_ctx *c)
+{
+	return clients_list(&c->srv->sessions, c->peer->uid, c->req->u.clients.after, c->rep,
+	                    c->rep->detail, sizeof c->rep->detail);
 }
 
 /* REGISTER: map a host shm object, or open a CUDA IPC handle (gpu backend), under a new region
@@ -455,6 +464,7 @@ static const struct dispatch_op dispatch_ops[] = {
 	{FA_OP_REGISTER, true, true, dispatch_register},
 	{FA_OP_UNREGISTER, true, true, dispatch_unregister},
 	{FA_OP_ATTN_FWD, true, true, dispatch_attn_fwd},
+	{FA_OP_CLIENTS, true, false, dispatch_clients},
 };
 
 /* The table entry of an op, or NULL. */

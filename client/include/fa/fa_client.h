@@ -76,6 +76,28 @@ FA_API fa_status fa_ping(fa_client *c);
  * Returns FA_OK, FA_EINVAL (NULL or len == 0), or a transport status. */
 FA_API fa_status fa_stats(fa_client *c, char *buf, size_t len);
 
+/* One session of the daemon, as fa_clients() lists it. */
+typedef struct fa_client_info {
+	uint64_t session;     /* the session's id */
+	uint32_t pid;         /* the client's pid as the kernel reports the peer (SO_PEERCRED) */
+	uint32_t pid_claimed; /* the pid the client claimed at open (differs across pid namespaces) */
+	uint32_t uid;         /* the client's uid */
+	char command[64];     /* the program's name as the client gave it, else /proc/<pid>/comm */
+	uint32_t regions;     /* buffers registered */
+	uint64_t bytes;       /* their bytes */
+	uint32_t inflight;    /* attention calls accepted, not answered yet */
+	uint64_t done;        /* requests served on the session */
+	uint64_t since_ms;    /* when the session opened, Unix time in milliseconds */
+} fa_client_info;
+
+/* The daemon's sessions (this one too), in increasing id order: up to cap entries into out
+ * (caller's array; may be NULL when cap is 0), the number the daemon listed into *n, which may
+ * exceed cap (call again with a larger array). Root and the daemon's own user see every
+ * session; any other user sees only the sessions of their own uid.
+ * Returns FA_OK, FA_EINVAL (c or n NULL, out NULL with cap > 0), FA_ESESSION, or a transport
+ * status. */
+FA_API fa_status fa_clients(fa_client *c, fa_client_info *out, size_t cap, size_t *n);
+
 /* Allocate `size` bytes of host memory in POSIX shared memory, map it here, and register it with
  * the daemon. The memory is zero-filled. The shared-memory object's group is set to the group of
  * the daemon's socket file (mode 0660), so a daemon running as another user in that group can map
