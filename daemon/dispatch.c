@@ -16,6 +16,7 @@
 #include "clients.h"
 #include "dedupe.h"
 #include "log.h"
+#include "metrics_export.h"
 #include "region.h"
 #include "session.h"
 #include "util.h"
@@ -82,8 +83,8 @@ static void dispatch_log_reply(struct server *srv, struct session *s,
 	double us = (double)(fa_now_ns() - t_recv) / 1000.0;
 	const char *op = fa_proto_op_name(rep->op);
 
-	(void)srv;
 	if (rep->status == FA_OK) {
+		metrics_export_reply(&srv->metrics, rep->op, fa_now_ns() - t_recv);
 		log_info("request %s session %016" PRIx64 " seq %" PRIu64 ": ok in %.1f us", op,
 		         s ? s->id : 0, rep->seq, us);
 		return;
@@ -257,6 +258,9 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 	in.conns_closed_idle = n.closed_idle;
 	in.file_limit = srv->nofile;
 
+	static char latency[4096];
+	metrics_stats_text(&srv->metrics, latency, sizeof latency);
+	in.metrics_text = latency;
 	static char extra[8192];
 	extra[0] = '\0';
 	if (srv->backend != NULL && srv->backend->ops->stats != NULL)
@@ -599,6 +603,7 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 		if (job->status == FA_OK) {
 			srv->stats.fwd_total++;
 			srv->stats.fwd_compute_ns += job->compute_ns;
+			metrics_export_fwd(&srv->metrics, fa_now_ns() - r->t_recv, job->compute_ns);
 		} else {
 			log_warn("request ATTN_FWD session %016" PRIx64 " seq %" PRIu64
 			         " (asynchronous) failed after its reply: %s: %s",
@@ -626,6 +631,7 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 		rep->u.fwd.compute_ns = job->compute_ns;
 		srv->stats.fwd_total++;
 		srv->stats.fwd_compute_ns += job->compute_ns;
+		metrics_export_fwd(&srv->metrics, fa_now_ns() - r->t_recv, job->compute_ns);
 	} else {
 		snprintf(rep->detail, sizeof rep->detail, "%s", job->detail);
 	}
