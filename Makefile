@@ -293,6 +293,7 @@ test-quick: check-deps
 	$(Q)sh tools/cycles.sh $(BUILD)
 	$(Q)sh tests/run.sh $(BUILD) $(TEST_BINS)
 	$(Q)sh tests/install-check.sh $(BUILD)
+	$(Q)sh tests/deploy-check.sh $(BUILD)
 
 test: test-quick
 	$(Q)$(MAKE) --no-print-directory SAN=1 BUILD=$(BUILD)-san test-san
