@@ -294,6 +294,7 @@ test-quick: check-deps
 	$(Q)sh tests/run.sh $(BUILD) $(TEST_BINS)
 	$(Q)sh tests/install-check.sh $(BUILD)
 	$(Q)sh tests/deploy-check.sh $(BUILD)
+	$(Q)sh tests/docs-check.sh
 
 test: test-quick
 	$(Q)$(MAKE) --no-print-directory SAN=1 BUILD=$(BUILD)-san test-san
