@@ -9,9 +9,11 @@
  * - stale (the file is there, nobody listens: a daemon that was killed): FA_EUNAVAIL at once,
  *   from one probe connect, instead of after the connect timeout.
  *
- * The probe is a plain AF_UNIX connect that is closed at once: a live daemon sees a connection
- * that closed before its handshake (as its own start-up probe does to another daemon) and counts
- * nothing. Layer: with fa_util.c (calls only it).
+ * Whether somebody listens is read from /proc/net/unix first (no connection to a live daemon, so
+ * its connection caps and counters see nothing); only a path the table does not list gets a
+ * plain AF_UNIX connect, closed at once, which a live daemon sees as a connection closed before
+ * its handshake (as its own start-up probe does to another daemon). Layer: with fa_util.c (calls
+ * only it).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -70,13 +72,40 @@ static fa_status dir_forbidden(const char *path)
 	return fa__fail(FA_EPERM, "no permission to reach %s: %s", path, strerror(EACCES));
 }
 
-/* Is anybody listening on the socket at path? false only for a refused connect (stale file). */
+/* Does this network namespace's socket table (/proc/net/unix) list a listening socket bound at
+ * path? Reads the table only: no connection reaches the daemon. */
+static bool listed_listening(const char *path)
+{
+	FILE *f = fopen("/proc/net/unix", "re");
+	char line[4096 + 128];
+	bool found = false;
+
+	if (f == NULL)
+		return false;
+	while (!found && fgets(line, sizeof line, f) != NULL) {
+		/* Num RefCount Protocol Flags Type St Inode Path */
+		unsigned long flags;
+		char p[4096];
+		if (sscanf(line, "%*s %*s %*s %lx %*s %*s %*s %4095s", &flags, p) == 2 &&
+		    (flags & 0x10000ul) != 0 && strcmp(p, path) == 0) /* __SO_ACCEPTCON */
+			found = true;
+	}
+	fclose(f);
+	return found;
+}
+
+/* Is anybody listening on the socket at path? false only for a refused connect (stale file).
+ * The socket table answers first; only when it does not list the path (another network
+ * namespace: a container's client of the host's daemon, or a path spelled differently) does one
+ * probe connect decide, which a live daemon sees as a connection closed before its handshake. */
 static bool someone_listens(const char *path)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	bool live = true;
 
+	if (listed_listening(path))
+		return true;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return true; /* cannot tell: let the HELLO decide */
 	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
