@@ -94,8 +94,8 @@ typedef struct fa_client_info {
  * (caller's array; may be NULL when cap is 0), the number the daemon listed into *n, which may
  * exceed cap (call again with a larger array). Root and the daemon's own user see every
  * session; any other user sees only the sessions of their own uid.
- * Returns FA_OK, FA_EINVAL (c or n NULL, out NULL with cap > 0), FA_ESESSION, or a transport
- * status. */
+ * Returns FA_OK, FA_EINVAL (c or n NULL, out NULL with cap > 0), FA_ESESSION, FA_EPROTO (a
+ * daemon older than the listing: "unknown op 30"), or a transport status. */
 FA_API fa_status fa_clients(fa_client *c, fa_client_info *out, size_t cap, size_t *n);
 
 /* Allocate `size` bytes of host memory in POSIX shared memory, map it here, and register it with
