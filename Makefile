@@ -17,6 +17,8 @@ DESTDIR ?=
 CC      ?= cc
 PKG_CONFIG ?= pkg-config
 CUDA_HOME ?= /usr/local/cuda
+BINDIR  ?= $(PREFIX)/bin
+MANDIR  ?= $(PREFIX)/share/man
 SYSTEMDUNITDIR ?= $(PREFIX)/lib/systemd/system
 SYSTEMDUSERUNITDIR ?= $(PREFIX)/lib/systemd/user
 
@@ -131,7 +133,13 @@ TEST_BINS := $(UNIT_BIN) $(DTEST_BIN) $(INTEG_BIN) $(GPU_BIN)
         fuzz fuzz-run install install-systemd uninstall clean help
 .DEFAULT_GOAL := all
 
-all: $(DAEMON_BIN) $(CTL_BIN) $(LIBCLIENT_SO) $(LIBCLIENT_A) $(CLIENT_PC) $(TEST_BINS) $(BENCH_BIN) $(DEMO_BIN)
+# The systemd units and man pages as install would write them for this PREFIX (to read, and for
+# `systemd-analyze verify`); install-systemd and install write their own for theirs.
+UNITS := $(BUILD)/systemd/fa-daemon.service $(BUILD)/systemd/fa-daemon-user.service
+MANS  := $(BUILD)/man/fa-daemon.8 $(BUILD)/man/fa-ctl.1
+
+all: $(DAEMON_BIN) $(CTL_BIN) $(LIBCLIENT_SO) $(LIBCLIENT_A) $(CLIENT_PC) $(TEST_BINS) $(BENCH_BIN) $(DEMO_BIN) \
+     $(UNITS) $(MANS)
 
 help:
 	@echo "make deps           install the Debian packages (root) or print the command"
@@ -144,7 +152,9 @@ help:
 	@echo "make test-gpu-full  the full GPU grid (on a GPU host)"
 	@echo "make bench          the benchmarks (latency; kernel TFLOP/s on a GPU host)"
 	@echo "make fuzz           the decoder fuzzer for FUZZ_SECONDS (default 60) with clang"
-	@echo "make install        PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"
+	@echo "make install        PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) (binaries, library, headers, man pages)"
+	@echo "make install-systemd the units (ExecStart= in PREFIX/bin), sysusers and tmpfiles snippets"
+	@echo "make uninstall      remove what install and install-systemd wrote"
 	@echo "options: V=1 (commands), SAN=1 (ASan+UBSan), BUILD=dir, WERROR=1"
 
 # ---- dependencies -------------------------------------------------------------------------------
@@ -284,6 +294,8 @@ test-quick: check-deps
 	$(Q)sh tools/cycles.sh $(BUILD)
 	$(Q)sh tests/run.sh $(BUILD) $(TEST_BINS)
 	$(Q)sh tests/install-check.sh $(BUILD)
+	$(Q)sh tests/deploy-check.sh $(BUILD)
+	$(Q)sh tests/docs-check.sh
 	$(Q)sh python/tests/run.sh $(BUILD)
 
 # The Python package (python/): its tests against this build's library and daemon.
@@ -335,10 +347,28 @@ $(FUZZ_BIN): $(BUILD)/tests/fuzz/%: tests/fuzz/%.c $(PROTO_SRC) $(COMMON_SRC) $(
 		-Iclient/include -Icommon -Iproto $(MSGPACK_CFLAGS) $(CUDA_CFLAGS) -o $@ $< $(PROTO_SRC) $(COMMON_SRC) \
 		$(MSGPACK_LIBS) $(SYS_LIBS)
 
+# ---- units and man pages -------------------------------------------------------------------------
+# Units: ExecStart= follows BINDIR (from PREFIX); the sed is the same at install, for its PREFIX.
+UNIT_SED = sed -e 's|@BINDIR@|$(BINDIR)|g' -e 's|@USERUNITDIR@|$(SYSTEMDUSERUNITDIR)|g'
+$(BUILD)/systemd/%.service: systemd/%.service.in
+	$(call msg,GEN,$@)
+	$(Q)mkdir -p $(@D) && $(UNIT_SED) $< > $@
+
+# fa-daemon(8): its OPTIONS section is the binary's own --help, so the page cannot drift.
+$(BUILD)/man/fa-daemon.8: man/fa-daemon.8.in tools/help2roff.sh $(DAEMON_BIN)
+	$(call msg,GEN,$@)
+	$(Q)mkdir -p $(@D) && $(DAEMON_BIN) --help | VERSION=$(VERSION) sh tools/help2roff.sh $< > $@.tmp && mv $@.tmp $@
+
+$(BUILD)/man/fa-ctl.1: man/fa-ctl.1
+	$(Q)mkdir -p $(@D) && cp $< $@
+
 # ---- install -------------------------------------------------------------------------------------
-install: $(DAEMON_BIN) $(CTL_BIN) $(LIBCLIENT_SO) $(LIBCLIENT_A) $(CLIENT_PC)
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/fa
-	install -m 755 $(DAEMON_BIN) $(CTL_BIN) $(DESTDIR)$(PREFIX)/bin/
+install: $(DAEMON_BIN) $(CTL_BIN) $(LIBCLIENT_SO) $(LIBCLIENT_A) $(CLIENT_PC) $(MANS)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include/fa \
+		$(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man8
+	install -m 755 $(DAEMON_BIN) $(CTL_BIN) $(DESTDIR)$(BINDIR)/
+	install -m 644 $(BUILD)/man/fa-daemon.8 $(DESTDIR)$(MANDIR)/man8/
+	install -m 644 $(BUILD)/man/fa-ctl.1 $(DESTDIR)$(MANDIR)/man1/
 	install -m 755 $(LIBCLIENT_SO) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf libfaclient.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(LIBCLIENT_SONAME)
 	ln -sf $(LIBCLIENT_SONAME) $(DESTDIR)$(PREFIX)/lib/libfaclient.so
@@ -348,17 +378,26 @@ install: $(DAEMON_BIN) $(CTL_BIN) $(LIBCLIENT_SO) $(LIBCLIENT_A) $(CLIENT_PC)
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' client/libfaclient.pc.in \
 		> $(DESTDIR)$(PREFIX)/lib/pkgconfig/libfaclient.pc
 
+# The user unit keeps its name, fa-daemon-user.service, everywhere (files, docs, systemctl --user).
 install-systemd:
 	install -d $(DESTDIR)$(SYSTEMDUNITDIR) $(DESTDIR)$(SYSTEMDUSERUNITDIR) $(DESTDIR)$(PREFIX)/lib/sysusers.d $(DESTDIR)$(PREFIX)/lib/tmpfiles.d
-	install -m 644 systemd/fa-daemon.service $(DESTDIR)$(SYSTEMDUNITDIR)/
-	install -m 644 systemd/fa-daemon-user.service $(DESTDIR)$(SYSTEMDUSERUNITDIR)/fa-daemon.service
+	$(UNIT_SED) systemd/fa-daemon.service.in > $(DESTDIR)$(SYSTEMDUNITDIR)/fa-daemon.service
+	$(UNIT_SED) systemd/fa-daemon-user.service.in > $(DESTDIR)$(SYSTEMDUSERUNITDIR)/fa-daemon-user.service
+	chmod 644 $(DESTDIR)$(SYSTEMDUNITDIR)/fa-daemon.service $(DESTDIR)$(SYSTEMDUSERUNITDIR)/fa-daemon-user.service
 	install -m 644 systemd/fa-daemon.sysusers $(DESTDIR)$(PREFIX)/lib/sysusers.d/fa-daemon.conf
 	install -m 644 systemd/fa-daemon.tmpfiles $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/fa-daemon.conf
 
+# Everything install and install-systemd wrote (the directories only when left empty); also the
+# user unit under the name earlier versions installed it as (fa-daemon.service in the user dir).
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/fa-daemon $(DESTDIR)$(PREFIX)/bin/fa-ctl \
+	rm -f $(DESTDIR)$(BINDIR)/fa-daemon $(DESTDIR)$(BINDIR)/fa-ctl \
 		$(DESTDIR)$(PREFIX)/lib/libfaclient.* $(DESTDIR)$(PREFIX)/lib/pkgconfig/libfaclient.pc \
-		$(DESTDIR)$(PREFIX)/include/fa/fa_client.h $(DESTDIR)$(PREFIX)/include/fa/fa_types.h
+		$(DESTDIR)$(PREFIX)/include/fa/fa_client.h $(DESTDIR)$(PREFIX)/include/fa/fa_types.h \
+		$(DESTDIR)$(MANDIR)/man8/fa-daemon.8 $(DESTDIR)$(MANDIR)/man1/fa-ctl.1 \
+		$(DESTDIR)$(SYSTEMDUNITDIR)/fa-daemon.service \
+		$(DESTDIR)$(SYSTEMDUSERUNITDIR)/fa-daemon-user.service \
+		$(DESTDIR)$(SYSTEMDUSERUNITDIR)/fa-daemon.service \
+		$(DESTDIR)$(PREFIX)/lib/sysusers.d/fa-daemon.conf $(DESTDIR)$(PREFIX)/lib/tmpfiles.d/fa-daemon.conf
 	-rmdir $(DESTDIR)$(PREFIX)/include/fa 2>/dev/null
 
 clean:

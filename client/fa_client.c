@@ -54,7 +54,8 @@ static int env_ms(const char *name, int def)
 /* The socket path for addr: "ipc://PATH" or PATH; NULL means FA_SOCKET, else
  * $XDG_RUNTIME_DIR/fa-daemon/fa.sock, else /run/fa-daemon/fa.sock. Refuses other transports,
  * empty paths and paths a Unix socket cannot hold (nanomsg would abort on 108..127 bytes). */
-static fa_status resolve_path(const char *addr, char path[FA_SOCK_PATH_MAX])
+static fa_status resolve_path(const char *addr, char path[FA_SOCK_PATH_MAX],
+                              bool *user_default)
 {
 	char buf[4096];
 	const char *from = "address";
@@ -69,8 +70,9 @@ static fa_status resolve_path(const char *addr, char path[FA_SOCK_PATH_MAX])
 			snprintf(buf, sizeof buf, "%s/fa-daemon/fa.sock", xdg);
 			addr = buf;
 			from = "default address (from XDG_RUNTIME_DIR)";
+			*user_default = true;
 		} else {
-			addr = "/run/fa-daemon/fa.sock";
+			addr = FA_SYSTEM_SOCKET;
 		}
 	}
 	if (strncmp(addr, "ipc://", 6) == 0)
@@ -107,25 +109,10 @@ static void program_name(char name[FA_PROTO_NAME_MAX])
 /* ---- calls ----------------------------------------------------------------------------------------- */
 
 /* Can this process reach a daemon at the socket path at all? Fails fast, before nanomsg (which
- * connects asynchronously and would only show a timeout). */
-static fa_status check_socket_file(const fa_client *c)
+ * connects asynchronously and would only show a timeout); probe: also that somebody listens. */
+static fa_status check_socket_file(const fa_client *c, bool probe)
 {
-	struct stat sb;
-
-	if (stat(c->path, &sb) != 0) {
-		if (errno == ENOENT || errno == ENOTDIR)
-			return fa__fail(FA_EUNAVAIL, "no daemon socket at %s; is fa-daemon running?",
-			                c->path);
-		return fa__fail(FA_EUNAVAIL, "cannot reach %s: %s", c->path, strerror(errno));
-	}
-	if (!S_ISSOCK(sb.st_mode))
-		return fa__fail(FA_EUNAVAIL, "%s is not a socket", c->path);
-	/* connect() on a Unix socket needs write permission on its file. */
-	if (faccessat(AT_FDCWD, c->path, W_OK, AT_EACCESS) != 0 && errno == EACCES)
-		return fa__fail(FA_EUNAVAIL,
-		                "no permission to connect to %s; members of group %u may",
-		                c->path, (unsigned)sb.st_gid);
-	return FA_OK;
+	return fa__socket_check(c->path, c->path_user_default, probe);
 }
 
 /* Open a session: HELLO on a new socket that becomes the anchor. Stores session, epoch, limits. */
@@ -137,7 +124,7 @@ static fa_status hello(fa_client *c)
 	int64_t deadline;
 	fa_status st;
 
-	if ((st = check_socket_file(c)) != FA_OK)
+	if ((st = check_socket_file(c, true)) != FA_OK)
 		return st;
 	if ((rep = fa__rep_alloc()) == NULL)
 		return FA_ENOMEM;
@@ -187,7 +174,7 @@ static void bye(fa_client *c)
 	if (c->anchor == NULL)
 		return;
 	rep = malloc(sizeof *rep);
-	if (rep != NULL && check_socket_file(c) == FA_OK) {
+	if (rep != NULL && check_socket_file(c, false) == FA_OK) {
 		fa__req_init(c, &req, FA_OP_BYE);
 		st = fa_transport_roundtrip(c->tr, c->anchor, &req, rep,
 		                            fa__deadline(c->connect_timeout_ms));
@@ -215,7 +202,7 @@ FA_API fa_status fa_client_open(fa_client **out, const char *addr)
 	c = calloc(1, sizeof *c);
 	if (c == NULL)
 		return fa__fail(FA_ENOMEM, "no memory for a client");
-	if ((st = resolve_path(addr, c->path)) != FA_OK) {
+	if ((st = resolve_path(addr, c->path, &c->path_user_default)) != FA_OK) {
 		free(c);
 		return st;
 	}
@@ -416,6 +403,51 @@ FA_API fa_status fa_stats(fa_client *c, char *buf, size_t len)
 			n = len - 1;
 		memcpy(buf, rep->u.stats.text, n);
 		buf[n] = '\0';
+	}
+	free(rep);
+	return st;
+}
+
+/* The daemon's sessions, page by page (FA_PROTO_CLIENTS_MAX a reply); see fa_client.h. */
+FA_API fa_status fa_clients(fa_client *c, fa_client_info *out, size_t cap, size_t *n)
+{
+	struct fa_proto_req req;
+	struct fa_proto_rep *rep;
+	uint64_t after = 0;
+	fa_status st;
+
+	fa__detail_clear();
+	if (c == NULL || n == NULL || (out == NULL && cap > 0))
+		return fa__fail(FA_EINVAL, "fa_clients: %s", c == NULL   ? "client is NULL"
+		                                          : n == NULL ? "n is NULL"
+		                                                      : "out is NULL with cap > 0");
+	*n = 0;
+	if ((rep = fa__rep_alloc()) == NULL)
+		return FA_ENOMEM;
+	for (;;) {
+		fa__req_init(c, &req, FA_OP_CLIENTS);
+		req.u.clients.after = after;
+		if ((st = fa__call(c, &req, rep, atomic_load(&c->timeout_ms))) != FA_OK)
+			break;
+		for (uint32_t i = 0; i < rep->u.clients.n; i++, (*n)++) {
+			const struct fa_proto_client *e = &rep->u.clients.c[i];
+			if (*n < cap) {
+				fa_client_info *o = &out[*n];
+				o->session = e->session;
+				o->pid = e->pid;
+				o->pid_claimed = e->pid_claimed;
+				o->uid = e->uid;
+				snprintf(o->command, sizeof o->command, "%s", e->cmd);
+				o->regions = e->regions;
+				o->bytes = e->bytes;
+				o->inflight = e->inflight;
+				o->done = e->done;
+				o->since_ms = e->since_ms;
+			}
+			after = e->session;
+		}
+		if (rep->u.clients.n < FA_PROTO_CLIENTS_MAX)
+			break;
 	}
 	free(rep);
 	return st;

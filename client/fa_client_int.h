@@ -2,6 +2,7 @@
  *
  * Layers, bottom up (each file calls only the ones above it: no call cycle):
  *   fa_util.c       this thread's detail text, debug lines, deadlines
+ *   fa_sockcheck.c  the socket file: missing, stale, forbidden (the group by name), at once
  *   fa_transport.c  nanomsg REQ sockets: a pool, one socket per in-flight call (the only file that
  *                   includes <nanomsg/nn.h>, so the transport can change without touching the rest)
  *   fa_call.c       one call on the session: request header, reply status, buffer registration
@@ -51,6 +52,18 @@ __attribute__((format(printf, 1, 2))) void fa__debug(const char *fmt, ...);
 /* The deadline (CLOCK_MONOTONIC ns, fa_now_ns) for a call of timeout_ms from now; 0 (wait
  * forever) gives 0. */
 int64_t fa__deadline(int timeout_ms);
+
+/* ---- the socket file (fa_sockcheck.c) --------------------------------------------------------- */
+
+/* The system daemon's socket: the default when XDG_RUNTIME_DIR is unset. */
+#define FA_SYSTEM_SOCKET "/run/fa-daemon/fa.sock"
+
+/* Can this process reach a daemon at path? Checks the file (exists, is a socket, we may write
+ * it) and, when probe, that somebody listens on it. user_default: path is the per-user default
+ * (from XDG_RUNTIME_DIR), so a missing one names the system socket when that exists.
+ * Returns FA_OK, FA_EUNAVAIL (missing, not a socket, stale) or FA_EPERM (the detail names the
+ * group that may connect); the detail is set. Any thread. */
+fa_status fa__socket_check(const char *path, bool user_default, bool probe);
 
 /* ---- transport (fa_transport.c) ----------------------------------------------------------------- */
 
@@ -146,6 +159,7 @@ struct fa_client {
 	struct fa_transport *tr;
 	struct fa_tslot *anchor;  /* the HELLO socket, kept open (and idle) so the session lives */
 	char path[FA_SOCK_PATH_MAX];
+	bool path_user_default;   /* path came from XDG_RUNTIME_DIR, not from the caller */
 	char name[FA_PROTO_NAME_MAX];
 	uint64_t session;
 	uint64_t epoch;

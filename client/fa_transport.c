@@ -5,7 +5,7 @@
  *
  * Why one cooked REQ socket per call: a cooked REQ socket carries one request at a time, and one
  * raw REQ socket multiplexing many requests silently lost replies in our measurements
- * (research/ipc.md 3.2). Sockets are kept and reused; the pool grows on demand up to
+ * (docs/research/ipc.md 3.2). Sockets are kept and reused; the pool grows on demand up to
  * FA_TRANSPORT_MAX_SOCKETS, and a call beyond that waits for a free socket within its deadline.
  *
  * nanomsg's sharp edges handled here:

@@ -37,6 +37,7 @@ struct ctl_cmd {
 
 static int cmd_ping(const struct ctl_opts *o, int argc, char **argv);
 static int cmd_stats(const struct ctl_opts *o, int argc, char **argv);
+static int cmd_clients(const struct ctl_opts *o, int argc, char **argv);
 static int cmd_plan(const struct ctl_opts *o, int argc, char **argv);
 static int cmd_tune(const struct ctl_opts *o, int argc, char **argv);
 static int cmd_version(const struct ctl_opts *o, int argc, char **argv);
@@ -46,6 +47,8 @@ static const struct ctl_cmd commands[] = {
 	{"ping", cmd_ping, "ping [-c COUNT]", "round trips to the daemon, with their times"},
 	{"stats", cmd_stats, "stats [--json]", "print the daemon's statistics (INFO-style key:value "
 	 "lines; --json: an object of sections of keys)"},
+	{"clients", cmd_clients, "clients [--json]", "the daemon's sessions: pid, uid, command, "
+	 "regions, bytes, requests in flight and done (root and the daemon's user see all)"},
 	{"plan", cmd_plan, "plan ...", "the tile planner's choice for a shape (`fa-ctl plan --help`)"},
 	{"tune", cmd_tune, "tune ...", "tune shapes on the local GPU into the daemon's tuning table "
 	 "(`fa-ctl tune --help`)"},
@@ -275,6 +278,12 @@ static int cmd_stats(const struct ctl_opts *o, int argc, char **argv)
 }
 
 /* `plan ...`: fa_ctl_plan.c's entry point (no daemon needed). */
+/* `clients [--json]`: fa_ctl_clients.c's entry point. */
+static int cmd_clients(const struct ctl_opts *o, int argc, char **argv)
+{
+	return fa_ctl_clients_main(o->socket, o->timeout_ms, argc, argv);
+}
+
 static int cmd_plan(const struct ctl_opts *o, int argc, char **argv)
 {
 	(void)o;

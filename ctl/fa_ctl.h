@@ -32,6 +32,11 @@ int fa_ctl_plan_main(int argc, char **argv);
  * argv[0] is "tune". Returns the process exit status (FA_CTL_EXIT_*). */
 int fa_ctl_tune_main(int argc, char **argv);
 
+/* `fa-ctl clients [--json]`: the daemon's sessions through fa_clients() (fa_ctl_clients.c), on
+ * a client of its own opened at socket (NULL: the default) with timeout_ms (-1: the default).
+ * argv[0] is "clients". Returns the process exit status (FA_CTL_EXIT_*). */
+int fa_ctl_clients_main(const char *socket, int timeout_ms, int argc, char **argv);
+
 struct fa_kernel_settings;
 
 /* The kernel settings of the GPU subcommands (plan, tune): the defaults, then the environment

@@ -107,6 +107,15 @@ static const struct config_option config_options[] = {
 	 .help = "compiled kernels and tuning results (gpu backend)",
 	 .def_help = "$CACHE_DIRECTORY, $XDG_CACHE_HOME/fa-daemon, else /var/cache/fa-daemon",
 	 FIELD(cache_dir)},
+	{.name = "metrics-file", .type = CONFIG_STR, .def = "", .env = "FA_METRICS_FILE",
+	 .metavar = "PATH",
+	 .help = "write the counters and latency histograms in the Prometheus text format to PATH "
+	         "(atomically: a temporary file renamed), for node_exporter's textfile collector "
+	         "(a *.prom file in its directory); \"\" = off",
+	 FIELD(metrics_file)},
+	{.name = "metrics-interval-ms", .type = CONFIG_INT, .def = "10000", .min = 10,
+	 .max = 3600000, .env = "FA_METRICS_INTERVAL_MS", .metavar = "MS",
+	 .help = "how often --metrics-file is written", FIELD(metrics_interval_ms)},
 	{.name = "config", .type = CONFIG_STR, .def = "", .env = "FA_CONFIG", .metavar = "FILE",
 	 .help = "read NAME = VALUE lines (the long option names) before the environment and flags",
 	 FIELD(config_file)},

@@ -14,8 +14,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "clients.h"
 #include "dedupe.h"
 #include "log.h"
+#include "metrics_export.h"
 #include "region.h"
 #include "session.h"
 #include "util.h"
@@ -82,8 +84,8 @@ static void dispatch_log_reply(struct server *srv, struct session *s,
 	double us = (double)(fa_now_ns() - t_recv) / 1000.0;
 	const char *op = fa_proto_op_name(rep->op);
 
-	(void)srv;
 	if (rep->status == FA_OK) {
+		metrics_export_reply(&srv->metrics, rep->op, fa_now_ns() - t_recv);
 		log_info("request %s session %016" PRIx64 " seq %" PRIu64 ": ok in %.1f us", op,
 		         s ? s->id : 0, rep->seq, us);
 		return;
@@ -192,6 +194,7 @@ static fa_status dispatch_hello(struct dispatch_ctx *c)
 		log_debug("session %016" PRIx64 ": client says pid %u, the socket says %u", s->id,
 		          c->req->u.hello.pid, c->peer->pid);
 	c->session = s;
+	s->pid_claimed = c->req->u.hello.pid;
 	session_ref(s); /* dispatch_request drops it with the others */
 	s->requests++;
 	c->rep->u.hello.session = s->id;
@@ -256,6 +259,9 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 	in.conns_closed_idle = n.closed_idle;
 	in.file_limit = srv->nofile;
 
+	static char latency[4096];
+	metrics_stats_text(&srv->metrics, latency, sizeof latency);
+	in.metrics_text = latency;
 	static char extra[8192];
 	extra[0] = '\0';
 	if (srv->backend != NULL && srv->backend->ops->stats != NULL)
@@ -263,6 +269,13 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 	in.backend_text = extra;
 	stats_format(&srv->stats, &in, c->rep->u.stats.text, sizeof c->rep->u.stats.text);
 	return FA_OK;
+}
+
+/* CLIENTS: the sessions this peer may see (clients.h: root and the daemon's uid see all). */
+static fa_status dispatch_clients(struct dispatch_ctx *c)
+{
+	return clients_list(&c->srv->sessions, c->peer->uid, c->req->u.clients.after, c->rep,
+	                    c->rep->detail, sizeof c->rep->detail);
 }
 
 /* REGISTER: map a host shm object, or open a CUDA IPC handle (gpu backend), under a new region
@@ -557,6 +570,7 @@ static const struct dispatch_op dispatch_ops[] = {
 	{FA_OP_UNREGISTER, true, true, dispatch_unregister},
 	{FA_OP_ATTN_FWD, true, true, dispatch_attn_fwd},
 	{FA_OP_ATTN_BWD, true, true, dispatch_attn_bwd},
+	{FA_OP_CLIENTS, true, false, dispatch_clients},
 };
 
 /* The table entry of an op, or NULL. */
@@ -680,7 +694,8 @@ void dispatch_request(struct server *srv, const struct ipc_peer *peer, const str
 }
 
 /* Count a finished job's computation: forward or backward. */
-static void dispatch_count_done(struct server *srv, const struct backend_job *job)
+static void dispatch_count_done(struct server *srv, const struct backend_job *job,
+                                uint64_t t_recv)
 {
 	if (job->is_bwd) {
 		srv->stats.bwd_total++;
@@ -688,6 +703,7 @@ static void dispatch_count_done(struct server *srv, const struct backend_job *jo
 	} else {
 		srv->stats.fwd_total++;
 		srv->stats.fwd_compute_ns += job->compute_ns;
+		metrics_export_fwd(&srv->metrics, fa_now_ns() - t_recv, job->compute_ns);
 	}
 }
 
@@ -702,7 +718,7 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 	if (r->replied) {
 		/* An asynchronous job's kernel finished; its reply went at the enqueue. */
 		if (job->status == FA_OK) {
-			dispatch_count_done(srv, job);
+			dispatch_count_done(srv, job, r->t_recv);
 		} else {
 			log_warn("request %s session %016" PRIx64 " seq %" PRIu64
 			         " (asynchronous) failed after its reply: %s: %s",
@@ -729,7 +745,7 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 	}
 	if (job->status == FA_OK) {
 		rep->u.fwd.compute_ns = job->compute_ns;
-		dispatch_count_done(srv, job);
+		dispatch_count_done(srv, job, r->t_recv);
 	} else {
 		snprintf(rep->detail, sizeof rep->detail, "%s", job->detail);
 	}

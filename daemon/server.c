@@ -13,6 +13,7 @@
 #include "dispatch.h"
 #include "fault.h"
 #include "log.h"
+#include "metrics_export.h"
 #include "notify.h"
 #include "region.h"
 #include "util.h"
@@ -254,6 +255,11 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 	             backend_name(srv->backend), srv->backend->threads);
 	if (watchdog_start(&srv->watchdog, loop, server_is_healthy, srv) != FA_OK)
 		log_warn("server: cannot start the watchdog timer: systemd will restart us");
+	if (cfg->metrics_file[0] != '\0' &&
+	    metrics_file_start(&srv->metrics_file, loop, cfg->metrics_file,
+	                       (unsigned)cfg->metrics_interval_ms, metrics_export_text, srv, desc,
+	                       sizeof desc) != FA_OK)
+		log_warn("server: no metrics file: %s", desc);
 	return FA_OK;
 }
 
@@ -284,6 +290,8 @@ static void server_teardown(struct server *srv)
 	srv->closing = 1; /* this function's own reference, dropped at the end */
 	srv->closing++;
 	watchdog_stop(&srv->watchdog, server_part_closed, srv);
+	srv->closing++;
+	metrics_file_stop(&srv->metrics_file, server_part_closed, srv);
 	if (srv->timer_open) {
 		srv->closing++;
 		srv->timer_open = false;

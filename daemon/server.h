@@ -21,6 +21,8 @@
 #include "config.h"
 #include "fa_proto.h"
 #include "ipc.h"
+#include "metrics.h"
+#include "metrics_file.h"
 #include "session.h"
 #include "stats.h"
 #include "watchdog.h"
@@ -46,6 +48,8 @@ struct server {
 	enum server_state state;
 	uv_timer_t timer;         /* the linger poll */
 	struct watchdog watchdog; /* systemd's WatchdogSec, fed while the backend is healthy */
+	struct metrics metrics;   /* latency histograms (dispatch.c records, STATS and the file read) */
+	struct metrics_file metrics_file; /* --metrics-file: the Prometheus textfile, when set */
 	bool timer_open;
 	uint64_t linger_start_ns;
 	/* The connection caps in force: the configuration's, lowered when the hard file limit

@@ -48,6 +48,7 @@ fa_status session_open(struct session_table *t, const struct ipc_peer *peer, con
 		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	s->uid = peer->uid;
 	s->pid = peer->pid;
+	s->opened_ms = util_unix_ms();
 	snprintf(s->name, sizeof s->name, "%s", name ? name : "");
 	s->refs = 1;
 	s->open = true;

@@ -36,6 +36,8 @@ struct session {
 	unsigned inflight;             /* ATTN_FWD requests accepted, not yet answered */
 	struct dedupe dedupe;
 	uint64_t requests;             /* requests served, for the closing log line */
+	uint32_t pid_claimed;          /* the pid HELLO claimed (CLIENTS lists it beside pid) */
+	uint64_t opened_ms;            /* when it opened, Unix time in ms (CLIENTS) */
 	bool warned;                   /* a client error was logged at warning already */
 	void *backend_state;           /* the backend's (async streams and events), or NULL */
 	struct session_table *table;

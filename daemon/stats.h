@@ -47,6 +47,7 @@ struct stats_info {
 	uint64_t region_bytes;
 	unsigned inflight;
 	unsigned running;      /* of inflight, being computed now */
+	const char *metrics_text; /* the "# latency" section (metrics_stats_text), or NULL */
 	const char *backend_text; /* the backend's own sections ("# gpu ..."), or NULL */
 };
 

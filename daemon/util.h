@@ -15,4 +15,8 @@
  * Returns FA_OK or FA_ESYS (the kernel could not give randomness: errno set). */
 fa_status util_random_u64(uint64_t *out);
 
+/* The wall clock, Unix time in milliseconds: for timestamps people read (a session's start in
+ * CLIENTS), never for durations. Thread-safe. */
+uint64_t util_unix_ms(void);
+
 #endif /* FA_DAEMON_UTIL_H */

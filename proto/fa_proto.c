@@ -61,6 +61,8 @@ enum key {
 	K_TDK,   /* tensor: dk (ATTN_BWD) */
 	K_TDV,   /* tensor: dv (ATTN_BWD) */
 	K_FL,    /* uint: FA_PROTO_BWD_* flags (ATTN_BWD) */
+	K_AFTER, /* uint64: list sessions with a larger id (CLIENTS, optional) */
+	K_CL,    /* array <= FA_PROTO_CLIENTS_MAX of client maps (CLIENTS reply) */
 	K_COUNT
 };
 
@@ -75,6 +77,22 @@ static const char *const key_names[K_COUNT] = {
 	[K_TXT] = "txt",   [K_SLOT] = "slot", [K_EV] = "ev",
 	[K_TDO] = "tdo",   [K_TDQ] = "tdq",   [K_TDK] = "tdk",    [K_TDV] = "tdv",
 	[K_FL] = "fl",
+	[K_AFTER] = "after", [K_CL] = "cl",
+};
+
+/* Keys of a client map (CLIENTS reply), all required. */
+enum ckey { C_ID, C_PID, C_CPID, C_UID, C_CMD, C_RG, C_BY, C_INF, C_DONE, C_SINCE, C_COUNT };
+static const char *const ckey_names[C_COUNT] = {
+	[C_ID] = "id",     /* uint64 != 0: session */
+	[C_PID] = "pid",   /* uint32: pid from SO_PEERCRED */
+	[C_CPID] = "cpid", /* uint32: pid as HELLO claimed */
+	[C_UID] = "uid",   /* uint32 */
+	[C_CMD] = "cmd",   /* str < 64 */
+	[C_RG] = "rg",     /* uint32: regions */
+	[C_BY] = "by",     /* uint64: bytes registered */
+	[C_INF] = "inf",   /* uint32: requests in flight */
+	[C_DONE] = "done", /* uint64: requests served */
+	[C_SINCE] = "since", /* uint64: opened, Unix ms */
 };
 
 /* Keys of a tensor map. */
@@ -122,6 +140,7 @@ static const struct op_info {
 		 KB(K_TDQ) | KB(K_TDK) | KB(K_TDV) | KB(K_SCALE) | KB(K_MASK) | KB(K_PREC) |
 		 KB(K_FL),
 	 KB(K_SLOT) | KB(K_EV), KB(K_NS), KB(K_EV)},
+	{FA_OP_CLIENTS, "CLIENTS", KB(K_SID), KB(K_AFTER), KB(K_CL), 0},
 };
 
 /* The table entry of an op, or NULL when the number is not an op of this version. */
@@ -275,7 +294,8 @@ static fa_status get_tensor(const msgpack_object *o, const char *key, struct fa_
 		return fa_err(err, errlen, FA_EPROTO, "key '%s': 'o' must be an unsigned integer", key);
 	t->offset = u;
 	if (!get_uint(val[T_T], FA_DTYPE_FP32, &u) || u < FA_DTYPE_FP16)
-		return fa_err(err, errlen, FA_EPROTO, "key '%s': 't' must be a dtype 1..3", key);
+		return fa_err(err, errlen, FA_EPROTO,
+		              "key '%s': 't' must be a dtype: 1 (fp16), 2 (bf16) or 3 (fp32)", key);
 	t->dtype = (uint8_t)u;
 	if ((st = get_dims(val[T_SH], key, "sh", t->shape, err, errlen)) != FA_OK)
 		return st;
@@ -533,6 +553,10 @@ static fa_status decode_req_map(const msgpack_object_map *m, struct fa_proto_req
 		return decode_fwd(val, out, err, errlen);
 	case FA_OP_ATTN_BWD:
 		return decode_bwd(val, out, err, errlen);
+	case FA_OP_CLIENTS:
+		if (val[K_AFTER] && !get_uint(val[K_AFTER], UINT64_MAX, &out->u.clients.after))
+			return fa_err(err, errlen, FA_EPROTO, "key 'after': want an unsigned integer");
+		return FA_OK;
 	default:
 		return FA_OK; /* BYE, PING, STATS: nothing more */
 	}
@@ -563,6 +587,54 @@ fa_status fa_proto_decode_req(const void *buf, size_t len, struct fa_proto_req *
 }
 
 /* ---- reply decoding -------------------------------------------------------------------------- */
+
+/* The CLIENTS reply's array of client maps, each with every key of ckey_names. */
+static fa_status decode_clients(const msgpack_object *o, struct fa_proto_rep *out, char *err,
+                                size_t errlen)
+{
+	static const uint64_t max[C_COUNT] = {
+		[C_ID] = UINT64_MAX,    [C_PID] = UINT32_MAX, [C_CPID] = UINT32_MAX,
+		[C_UID] = UINT32_MAX,   [C_RG] = UINT32_MAX,  [C_BY] = UINT64_MAX,
+		[C_INF] = UINT32_MAX,   [C_DONE] = UINT64_MAX, [C_SINCE] = UINT64_MAX,
+	};
+	if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > FA_PROTO_CLIENTS_MAX)
+		return fa_err(err, errlen, FA_EPROTO, "key 'cl': want an array of at most %d clients",
+		              FA_PROTO_CLIENTS_MAX);
+	for (uint32_t i = 0; i < o->via.array.size; i++) {
+		const msgpack_object *e = &o->via.array.ptr[i];
+		const msgpack_object *val[C_COUNT] = {0};
+		struct fa_proto_client *c = &out->u.clients.c[i];
+		uint64_t u[C_COUNT] = {0};
+		char bad[64];
+		fa_status st;
+
+		if (e->type != MSGPACK_OBJECT_MAP)
+			return fa_err(err, errlen, FA_EPROTO, "key 'cl': client %u is not a map", i);
+		if (!map_collect(&e->via.map, ckey_names, C_COUNT, val, bad, sizeof bad))
+			return fa_err(err, errlen, FA_EPROTO, "key 'cl': client %u: %s", i, bad);
+		for (int k = 0; k < C_COUNT; k++) {
+			if (!val[k])
+				return fa_err(err, errlen, FA_EPROTO, "key 'cl': client %u: missing '%s'",
+				              i, ckey_names[k]);
+			if (k != C_CMD && (!get_uint(val[k], max[k], &u[k]) || (k == C_ID && u[k] == 0)))
+				return fa_err(err, errlen, FA_EPROTO,
+				              "key 'cl': client %u: '%s' out of range", i, ckey_names[k]);
+		}
+		if ((st = get_str(val[C_CMD], "cmd", c->cmd, FA_PROTO_NAME_MAX, err, errlen)) != FA_OK)
+			return st;
+		c->session = u[C_ID];
+		c->pid = (uint32_t)u[C_PID];
+		c->pid_claimed = (uint32_t)u[C_CPID];
+		c->uid = (uint32_t)u[C_UID];
+		c->regions = (uint32_t)u[C_RG];
+		c->bytes = u[C_BY];
+		c->inflight = (uint32_t)u[C_INF];
+		c->done = u[C_DONE];
+		c->since_ms = u[C_SINCE];
+	}
+	out->u.clients.n = o->via.array.size;
+	return FA_OK;
+}
 
 /* Decode the reply map into out (zeroed by the caller). */
 static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep *out, char *err,
@@ -661,6 +733,8 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 		return FA_OK;
 	case FA_OP_STATS:
 		return get_str(val[K_TXT], "txt", out->u.stats.text, FA_PROTO_STATS_MAX, err, errlen);
+	case FA_OP_CLIENTS:
+		return decode_clients(val[K_CL], out, err, errlen);
 	default:
 		return FA_OK;
 	}
@@ -754,6 +828,31 @@ static int pk_tensor(msgpack_packer *pk, enum key k, const struct fa_proto_tenso
 	return rc;
 }
 
+/* A key of a client map, then its unsigned value. */
+static int pk_cu64(msgpack_packer *pk, enum ckey k, uint64_t v)
+{
+	return msgpack_pack_str_with_body(pk, ckey_names[k], strlen(ckey_names[k])) |
+	       msgpack_pack_uint64(pk, v);
+}
+
+/* The CLIENTS reply's array (checked by the caller: n and the strings). */
+static int pk_clients(msgpack_packer *pk, const struct fa_proto_rep *rep)
+{
+	int rc = pk_key(pk, K_CL) | msgpack_pack_array(pk, rep->u.clients.n);
+	for (uint32_t i = 0; i < rep->u.clients.n; i++) {
+		const struct fa_proto_client *c = &rep->u.clients.c[i];
+		rc |= msgpack_pack_map(pk, C_COUNT);
+		rc |= pk_cu64(pk, C_ID, c->session) | pk_cu64(pk, C_PID, c->pid);
+		rc |= pk_cu64(pk, C_CPID, c->pid_claimed) | pk_cu64(pk, C_UID, c->uid);
+		rc |= msgpack_pack_str_with_body(pk, ckey_names[C_CMD], strlen(ckey_names[C_CMD]));
+		rc |= msgpack_pack_str_with_body(pk, c->cmd, strlen(c->cmd));
+		rc |= pk_cu64(pk, C_RG, c->regions) | pk_cu64(pk, C_BY, c->bytes);
+		rc |= pk_cu64(pk, C_INF, c->inflight) | pk_cu64(pk, C_DONE, c->done);
+		rc |= pk_cu64(pk, C_SINCE, c->since_ms);
+	}
+	return rc;
+}
+
 /* Whether a tensor can be encoded (the decoder's rules: region > 0, dtype 1..3, dims >= 0). */
 static bool tensor_ok(const struct fa_proto_tensor *t)
 {
@@ -795,6 +894,9 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 	case FA_OP_UNREGISTER:
 		*n += 1;
 		return req->u.unreg.region != 0 ? FA_OK : FA_EINVAL;
+	case FA_OP_CLIENTS:
+		*n += req->u.clients.after != 0; /* 0 is the default: not written */
+		return FA_OK;
 	case FA_OP_ATTN_FWD:
 		if (!tensor_ok(&req->u.fwd.q) || !tensor_ok(&req->u.fwd.k) ||
 		    !tensor_ok(&req->u.fwd.v) || !tensor_ok(&req->u.fwd.o) ||
@@ -901,6 +1003,10 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 		if (req->u.bwd.has_event)
 			rc |= pk_bin(&pk, K_EV, req->u.bwd.event, FA_PROTO_IPC_HANDLE_LEN);
 		break;
+	case FA_OP_CLIENTS:
+		if (req->u.clients.after != 0)
+			rc |= pk_u64(&pk, K_AFTER, req->u.clients.after);
+		break;
 	default:
 		break;
 	}
@@ -948,6 +1054,15 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 				return FA_EINVAL;
 			n += 1;
 			break;
+		case FA_OP_CLIENTS:
+			if (rep->u.clients.n > FA_PROTO_CLIENTS_MAX)
+				return FA_EINVAL;
+			for (uint32_t i = 0; i < rep->u.clients.n; i++)
+				if (rep->u.clients.c[i].session == 0 ||
+				    !str_fits(rep->u.clients.c[i].cmd, FA_PROTO_NAME_MAX))
+					return FA_EINVAL;
+			n += 1;
+			break;
 		default:
 			break;
 		}
@@ -984,6 +1099,9 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 			break;
 		case FA_OP_STATS:
 			rc |= pk_str(&pk, K_TXT, rep->u.stats.text);
+			break;
+		case FA_OP_CLIENTS:
+			rc |= pk_clients(&pk, rep);
 			break;
 		default:
 			break;

@@ -31,6 +31,8 @@
 #define FA_PROTO_DETAIL_MAX 256    /* incl. NUL */
 #define FA_PROTO_STATS_MAX 16384   /* incl. NUL */
 #define FA_PROTO_NAME_MAX 64       /* client name in HELLO, incl. NUL */
+#define FA_PROTO_CLIENTS_MAX 128   /* entries in one CLIENTS reply: a full one means "ask again
+                                    * with after = the last id" */
 
 /* Operations, grouped by tens. The reply to a request carries the request's op. */
 enum fa_op {
@@ -43,6 +45,7 @@ enum fa_op {
 	FA_OP_ATTN_FWD = 20,   /* forward attention */
 	FA_OP_ATTN_BWD = 21,   /* backward attention: dQ, dK, dV */
 	/* 22 is reserved for the backward pass */
+	FA_OP_CLIENTS = 30,    /* the sessions, one entry each (fa-ctl clients) */
 };
 
 /* Bits of the ATTN_BWD request's flags ("fl"); any other bit is FA_EPROTO. */
@@ -69,6 +72,20 @@ struct fa_proto_tensor {
 	uint8_t dtype;     /* enum fa_dtype */
 	int64_t shape[4];
 	int64_t stride[4];
+};
+
+/* One session in a CLIENTS reply. */
+struct fa_proto_client {
+	uint64_t session;             /* its id */
+	uint32_t pid;                 /* the peer's pid as the kernel says (SO_PEERCRED) */
+	uint32_t pid_claimed;         /* the pid HELLO claimed (differs: a pid namespace, a liar) */
+	uint32_t uid;                 /* the peer's uid (SO_PEERCRED) */
+	char cmd[FA_PROTO_NAME_MAX];  /* HELLO's name, else /proc/<pid>/comm, else "" */
+	uint32_t regions;             /* registered buffers */
+	uint64_t bytes;               /* their bytes */
+	uint32_t inflight;            /* attention requests accepted, not answered yet */
+	uint64_t done;                /* requests served on the session */
+	uint64_t since_ms;            /* when HELLO opened it, Unix time in milliseconds */
 };
 
 /* A request, decoded. Which union member is valid depends on op. */
@@ -121,6 +138,9 @@ struct fa_proto_req {
 			bool has_event;
 			uint8_t event[FA_PROTO_IPC_HANDLE_LEN];
 		} bwd;
+		struct {
+			uint64_t after; /* only sessions with a larger id ("after", optional: 0) */
+		} clients;
 	} u;
 };
 
@@ -152,6 +172,10 @@ struct fa_proto_rep {
 		struct {
 			char text[FA_PROTO_STATS_MAX];
 		} stats;
+		struct {
+			uint32_t n; /* entries used, <= FA_PROTO_CLIENTS_MAX, in increasing id order */
+			struct fa_proto_client c[FA_PROTO_CLIENTS_MAX];
+		} clients;
 	} u;
 };
 

@@ -69,6 +69,8 @@ static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa
 		       a->u.bwd.mask == b->u.bwd.mask && a->u.bwd.precision == b->u.bwd.precision &&
 		       a->u.bwd.flags == b->u.bwd.flags;
 	}
+	case FA_OP_CLIENTS:
+		return a->u.clients.after == b->u.clients.after;
 	default:
 		return true;
 	}
@@ -99,6 +101,19 @@ static inline bool proto_rep_equal(const struct fa_proto_rep *a, const struct fa
 		        memcmp(a->u.fwd.event, b->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN) == 0);
 	case FA_OP_STATS:
 		return strcmp(a->u.stats.text, b->u.stats.text) == 0;
+	case FA_OP_CLIENTS:
+		if (a->u.clients.n != b->u.clients.n)
+			return false;
+		for (uint32_t i = 0; i < a->u.clients.n; i++) {
+			const struct fa_proto_client *x = &a->u.clients.c[i], *y = &b->u.clients.c[i];
+			if (x->session != y->session || x->pid != y->pid ||
+			    x->pid_claimed != y->pid_claimed || x->uid != y->uid ||
+			    strcmp(x->cmd, y->cmd) != 0 || x->regions != y->regions ||
+			    x->bytes != y->bytes || x->inflight != y->inflight || x->done != y->done ||
+			    x->since_ms != y->since_ms)
+				return false;
+		}
+		return true;
 	default:
 		return true;
 	}

@@ -1,7 +1,8 @@
 /* test_ctl.c - fa-ctl's conventions as a script sees them: exit status 2 for a usage error in
  * every subcommand, 1 when the daemon is unreachable, 0 on success; -V and --version as the
- * version command; `stats --json` and `plan --json` are valid JSON; and `plan --head-dim 512`
- * offline gives the status and text the daemon gives a request with head dim 512.
+ * version command; `stats --json`, `clients --json` and `plan --json` are valid JSON; and
+ * `plan --head-dim 512` offline gives the status and text the daemon gives a request with head
+ * dim 512.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,7 +138,8 @@ static void test_ctl_usage_errors_exit_2(void **state)
 		"plan --arch sm_89 --dtype fp99 --head-dim 64", "plan --arch sm_1 --dtype fp16 --head-dim 64",
 		"plan --arch sm_89 --dtype fp16 --head-dim 64 extra", "tune", "tune --runs x",
 		"tune --device x --dtype fp16 --head-dim 64 --seq 128", "tune --dtype fp16 --seq 128",
-		"tune --dtype fp16 --head-dim 64 --seq 128 --bogus",
+		"tune --dtype fp16 --head-dim 64 --seq 128 --bogus", "clients extra",
+		"clients --json --bogus",
 	};
 	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
 		char *err;
@@ -162,6 +164,10 @@ static void test_ctl_unreachable_daemon_exits_1(void **state)
 	snprintf(args, sizeof args, "--socket '%s/no.sock' --timeout 2000 ping", g_dir);
 	assert_int_equal(ctl(args, NULL, &err), 1);
 	assert_true(strncmp(err, "fa-ctl: ping: ", 14) == 0);
+	free(err);
+	snprintf(args, sizeof args, "--socket '%s/no.sock' --timeout 2000 clients", g_dir);
+	assert_int_equal(ctl(args, NULL, &err), 1);
+	assert_true(strncmp(err, "fa-ctl: clients: ", 17) == 0);
 	free(err);
 }
 
@@ -200,6 +206,17 @@ static void test_ctl_stats_and_ping_against_the_daemon(void **state)
 	assert_null(strstr(out, "\"threads\": \""));
 	assert_non_null(strstr(out, "\"version\": \""));
 	assert_non_null(strstr(out, "\"epoch\": \""));
+	free(out);
+	/* clients --json: an array with fa-ctl's own session in it */
+	snprintf(args, sizeof args, "--socket '%s' clients --json", g_d.sock);
+	assert_int_equal(ctl(args, &out, NULL), 0);
+	assert_true(out[0] == '[' && json_balanced(out)); /* an array: assert_json wants an object */
+	if (system("command -v python3 >/dev/null 2>&1") == 0) {
+		char cmd[1400];
+		snprintf(cmd, sizeof cmd, "python3 -m json.tool '%s/out' >/dev/null", g_dir);
+		assert_int_equal(system(cmd), 0);
+	}
+	assert_non_null(strstr(out, "\"command\": \"fa-ctl\""));
 	free(out);
 }
 

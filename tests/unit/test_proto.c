@@ -2022,6 +2022,176 @@ static void test_proto_rejects_null_arguments(void **state)
 	assert_int_equal(fa_proto_decode_req("\xc1", 1, &out, NULL, 0), FA_EPROTO);
 }
 
+/* ---- CLIENTS (op 30) ------------------------------------------------------------------------- */
+
+/* A CLIENTS reply of n entries, every field at its largest value when max. */
+static void rep_clients(struct fa_proto_rep *p, uint32_t n, bool max)
+{
+	rep_fixture(FA_OP_CLIENTS, p);
+	p->u.clients.n = n;
+	for (uint32_t i = 0; i < n; i++) {
+		struct fa_proto_client *c = &p->u.clients.c[i];
+		memset(c, 0, sizeof *c);
+		c->session = max ? UINT64_MAX - i : 1000 + i;
+		c->pid = max ? UINT32_MAX : 4000 + i;
+		c->pid_claimed = max ? UINT32_MAX : 4000 + i;
+		c->uid = max ? UINT32_MAX : 1000;
+		if (max)
+			memset(c->cmd, 'c', FA_PROTO_NAME_MAX - 1);
+		else
+			snprintf(c->cmd, sizeof c->cmd, "trainer-%u", i);
+		c->regions = max ? UINT32_MAX : 3;
+		c->bytes = max ? UINT64_MAX : UINT64_C(3) << 20;
+		c->inflight = max ? UINT32_MAX : 1;
+		c->done = max ? UINT64_MAX : 77;
+		c->since_ms = max ? UINT64_MAX : UINT64_C(1764633600000);
+	}
+}
+
+static void test_proto_clients_request_round_trips_and_after_is_optional(void **state)
+{
+	(void)state;
+	struct fa_proto_req r = req_fixture(FA_OP_CLIENTS);
+	size_t plain = check_req_round_trip(&r);
+	r.u.clients.after = UINT64_MAX;
+	assert_true(check_req_round_trip(&r) > plain);
+	/* A request without "after" is what an older fa-ctl would send: it decodes to after = 0. */
+	struct fa_proto_req ping = req_fixture(FA_OP_STATS);
+	ping.op = FA_OP_CLIENTS;
+	size_t len;
+	struct fa_proto_req out;
+	assert_int_equal(fa_proto_encode_req(&ping, enc, sizeof enc, &len), FA_OK);
+	assert_int_equal(len, plain);
+	assert_int_equal(fa_proto_decode_req(enc, len, &out, errbuf, sizeof errbuf), FA_OK);
+	assert_int_equal(out.u.clients.after, 0);
+	assert_string_equal(fa_proto_op_name(FA_OP_CLIENTS), "CLIENTS");
+}
+
+static void test_proto_clients_reply_round_trips_empty_one_and_full(void **state)
+{
+	(void)state;
+	rep_clients(&rep_in, 0, false);
+	check_rep_round_trip();
+	rep_clients(&rep_in, 1, false);
+	check_rep_round_trip();
+	/* A full reply with every field at its largest still fits one message. */
+	rep_clients(&rep_in, FA_PROTO_CLIENTS_MAX, true);
+	size_t len = check_rep_round_trip();
+	assert_true(len < FA_PROTO_MAX_MSG);
+	assert_int_equal(fa_proto_prescan(enc, len, errbuf, sizeof errbuf), FA_OK);
+	print_message("  a full CLIENTS reply at the largest values: %zu bytes\n", len);
+}
+
+static void test_proto_clients_encoder_refuses_what_the_decoder_would(void **state)
+{
+	(void)state;
+	size_t len;
+	rep_clients(&rep_in, 2, false);
+	rep_in.u.clients.c[1].session = 0;
+	assert_int_equal(fa_proto_encode_rep(&rep_in, enc, sizeof enc, &len), FA_EINVAL);
+	rep_clients(&rep_in, 2, false);
+	memset(rep_in.u.clients.c[0].cmd, 'x', sizeof rep_in.u.clients.c[0].cmd);
+	assert_int_equal(fa_proto_encode_rep(&rep_in, enc, sizeof enc, &len), FA_EINVAL);
+	rep_clients(&rep_in, 2, false);
+	rep_in.u.clients.n = FA_PROTO_CLIENTS_MAX + 1;
+	assert_int_equal(fa_proto_encode_rep(&rep_in, enc, sizeof enc, &len), FA_EINVAL);
+}
+
+/* A CLIENTS reply packed by hand: n entries, entry `bad` changed by how. */
+enum clients_bad { CB_NONE, CB_OMIT_UID, CB_EXTRA_KEY, CB_PID_TOO_BIG, CB_ID_ZERO, CB_CMD_LONG,
+                   CB_NOT_MAP, CB_NOT_ARRAY };
+static size_t pack_clients(unsigned char *out, size_t cap, uint32_t n, uint32_t bad,
+                           enum clients_bad how)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+#define KEY(k) msgpack_pack_str_with_body(&pk, k, strlen(k))
+	msgpack_pack_map(&pk, 6);
+	KEY("v"), msgpack_pack_uint64(&pk, FA_PROTO_VERSION);
+	KEY("op"), msgpack_pack_uint64(&pk, FA_OP_CLIENTS);
+	KEY("seq"), msgpack_pack_uint64(&pk, 9);
+	KEY("st"), msgpack_pack_uint64(&pk, FA_OK);
+	KEY("ep"), msgpack_pack_uint64(&pk, 1);
+	KEY("cl");
+	if (how == CB_NOT_ARRAY) {
+		msgpack_pack_uint64(&pk, 1);
+		n = 0;
+	} else {
+		msgpack_pack_array(&pk, n);
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		bool b = i == bad;
+		if (b && how == CB_NOT_MAP) {
+			msgpack_pack_uint64(&pk, 5);
+			continue;
+		}
+		msgpack_pack_map(&pk, 10 - (b && how == CB_OMIT_UID) + (b && how == CB_EXTRA_KEY));
+		KEY("id"), msgpack_pack_uint64(&pk, b && how == CB_ID_ZERO ? 0 : 100 + i);
+		KEY("pid"), msgpack_pack_uint64(&pk, b && how == CB_PID_TOO_BIG ? UINT64_C(1) << 32 : 7);
+		KEY("cpid"), msgpack_pack_uint64(&pk, 7);
+		if (!(b && how == CB_OMIT_UID))
+			KEY("uid"), msgpack_pack_uint64(&pk, 1000);
+		KEY("cmd");
+		if (b && how == CB_CMD_LONG) {
+			char longname[FA_PROTO_NAME_MAX];
+			memset(longname, 'l', sizeof longname);
+			msgpack_pack_str_with_body(&pk, longname, sizeof longname);
+		} else {
+			msgpack_pack_str_with_body(&pk, "python3", 7);
+		}
+		KEY("rg"), msgpack_pack_uint64(&pk, 1);
+		KEY("by"), msgpack_pack_uint64(&pk, 4096);
+		KEY("inf"), msgpack_pack_uint64(&pk, 0);
+		KEY("done"), msgpack_pack_uint64(&pk, 3);
+		KEY("since"), msgpack_pack_uint64(&pk, 1);
+		if (b && how == CB_EXTRA_KEY)
+			KEY("zz"), msgpack_pack_uint64(&pk, 0);
+	}
+#undef KEY
+	assert_true(sb.size <= cap);
+	memcpy(out, sb.data, sb.size);
+	size_t len = sb.size;
+	msgpack_sbuffer_destroy(&sb);
+	return len;
+}
+
+static void test_proto_clients_decoder_rejects_bad_entries(void **state)
+{
+	(void)state;
+	static const struct {
+		enum clients_bad how;
+		const char *want;
+	} cases[] = {
+		{CB_OMIT_UID, "client 1: missing 'uid'"},
+		{CB_EXTRA_KEY, "client 1: unknown key 'zz'"},
+		{CB_PID_TOO_BIG, "client 1: 'pid' out of range"},
+		{CB_ID_ZERO, "client 1: 'id' out of range"},
+		{CB_CMD_LONG, "key 'cmd': string of 64 bytes"},
+		{CB_NOT_MAP, "client 1 is not a map"},
+		{CB_NOT_ARRAY, "key 'cl': want an array"},
+	};
+	size_t len = pack_clients(enc, sizeof enc, 3, 9, CB_NONE);
+	assert_int_equal(fa_proto_decode_rep(enc, len, &rep_out, errbuf, sizeof errbuf), FA_OK);
+	assert_int_equal(rep_out.u.clients.n, 3);
+	assert_string_equal(rep_out.u.clients.c[2].cmd, "python3");
+	assert_int_equal(rep_out.u.clients.c[2].session, 102);
+	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+		len = pack_clients(enc, sizeof enc, 3, 1, cases[i].how);
+		EXPECT_STATUS(fa_proto_decode_rep(enc, len, &rep_out, errbuf, sizeof errbuf), FA_EPROTO,
+		              "case %zu", i);
+		if (strstr(errbuf, cases[i].want) == NULL)
+			fail_msg("case %zu: detail \"%s\" lacks \"%s\"", i, errbuf, cases[i].want);
+		assert_int_equal(rep_out.op, FA_OP_CLIENTS); /* the address survives */
+	}
+	/* One entry more than a reply may hold. */
+	len = pack_clients(enc, sizeof enc, FA_PROTO_CLIENTS_MAX + 1, UINT32_MAX, CB_NONE);
+	EXPECT_STATUS(fa_proto_decode_rep(enc, len, &rep_out, errbuf, sizeof errbuf), FA_EPROTO,
+	              "129 clients");
+	assert_non_null(strstr(errbuf, "at most 128"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -2067,6 +2237,10 @@ int main(void)
 		cmocka_unit_test(test_proto_prescan_accepts_every_msgpack_format),
 		cmocka_unit_test(test_proto_names_every_op),
 		cmocka_unit_test(test_proto_rejects_null_arguments),
+		cmocka_unit_test(test_proto_clients_request_round_trips_and_after_is_optional),
+		cmocka_unit_test(test_proto_clients_reply_round_trips_empty_one_and_full),
+		cmocka_unit_test(test_proto_clients_encoder_refuses_what_the_decoder_would),
+		cmocka_unit_test(test_proto_clients_decoder_rejects_bad_entries),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -43,7 +43,10 @@ typedef struct fa_buffer fa_buffer;
  * environment variable FA_SOCKET if set, else "$XDG_RUNTIME_DIR/fa-daemon/fa.sock" if
  * XDG_RUNTIME_DIR is set, else "/run/fa-daemon/fa.sock".
  * Returns FA_OK; FA_EINVAL (address too long for a Unix socket, or malformed), FA_EUNAVAIL (no
- * daemon answered within the timeout), FA_EVERSION, FA_ENOMEM, FA_ESYS. */
+ * socket file, or one nobody listens on: at once; or no daemon answered within the timeout; when
+ * the per-user default is missing and the system socket exists, the detail says to set
+ * FA_SOCKET), FA_EPERM (the socket or its directory is open to a group this process is not in:
+ * the detail names the group), FA_EVERSION, FA_ENOMEM, FA_ESYS. */
 FA_API fa_status fa_client_open(fa_client **out, const char *addr);
 
 /* Say BYE to the daemon (which frees the session's regions), close every socket, free `c`.
@@ -72,6 +75,28 @@ FA_API fa_status fa_ping(fa_client *c);
  * Writes at most `len` bytes including the terminating NUL into `buf` (truncating).
  * Returns FA_OK, FA_EINVAL (NULL or len == 0), or a transport status. */
 FA_API fa_status fa_stats(fa_client *c, char *buf, size_t len);
+
+/* One session of the daemon, as fa_clients() lists it. */
+typedef struct fa_client_info {
+	uint64_t session;     /* the session's id */
+	uint32_t pid;         /* the client's pid as the kernel reports the peer (SO_PEERCRED) */
+	uint32_t pid_claimed; /* the pid the client claimed at open (differs across pid namespaces) */
+	uint32_t uid;         /* the client's uid */
+	char command[64];     /* the program's name as the client gave it, else /proc/<pid>/comm */
+	uint32_t regions;     /* buffers registered */
+	uint64_t bytes;       /* their bytes */
+	uint32_t inflight;    /* attention calls accepted, not answered yet */
+	uint64_t done;        /* requests served on the session */
+	uint64_t since_ms;    /* when the session opened, Unix time in milliseconds */
+} fa_client_info;
+
+/* The daemon's sessions (this one too), in increasing id order: up to cap entries into out
+ * (caller's array; may be NULL when cap is 0), the number the daemon listed into *n, which may
+ * exceed cap (call again with a larger array). Root and the daemon's own user see every
+ * session; any other user sees only the sessions of their own uid.
+ * Returns FA_OK, FA_EINVAL (c or n NULL, out NULL with cap > 0), FA_ESESSION, FA_EPROTO (a
+ * daemon older than the listing: "unknown op 30"), or a transport status. */
+FA_API fa_status fa_clients(fa_client *c, fa_client_info *out, size_t cap, size_t *n);
 
 /* Allocate `size` bytes of host memory in POSIX shared memory, map it here, and register it with
  * the daemon. The memory is zero-filled. The shared-memory object's group is set to the group of
@@ -117,7 +142,12 @@ FA_API size_t fa_buffer_size(const fa_buffer *b);
  *     data + offset + sizeof(dtype) * (i0*stride[0] + i1*stride[1] + i2*stride[2] + i3*stride[3])
  * For Q, K, V and O the dimensions are [B, S, H, D] (batch, sequence, head, head dim) and
  * stride[3] must be 1 (the head dim is contiguous); any other strides work, so both BSHD and
- * BHSD layouts are taken without copies. */
+ * BHSD layouts are taken without copies.
+ * Alignment: the offset and every stride in bytes must be multiples of the element size; for q,
+ * k, v and o on the GPU backend (device buffers, and host buffers it stages) of 16 bytes as well,
+ * the width of the kernels' vector loads (offset % 16 == 0, stride[0..2] * sizeof(dtype) % 16 == 0
+ * where that dimension's size is > 1; lse needs its element size only): FA_EALIGN otherwise. cudaMalloc and fa_buffer_alloc_host return
+ * memory aligned far beyond that; D a multiple of 8 makes every 16-bit layout's strides fit. */
 typedef struct fa_tensor {
 	fa_buffer *buf;    /* borrowed; NULL only for an absent optional tensor */
 	uint64_t offset;   /* bytes from the start of the buffer */
@@ -212,6 +242,13 @@ FA_API fa_status fa_attn_bwd(fa_client *c, const fa_attn_bwd_args *args);
  * user's daemon), FA_ENOTSUP (no GPU backend), FA_EINVAL (a host buffer, or `stream` is not a
  * stream of a live context), FA_ENOGPU (no CUDA driver here). */
 FA_API fa_status fa_attn_bwd_async(fa_client *c, const fa_attn_bwd_args *args, void *stream);
+/* fp16 (IEEE binary16) and bf16 (bfloat16) from and to float, for filling and reading tensors
+ * from C: round to nearest, ties to even; infinities, subnormals and NaN (kept quiet) as IEEE 754
+ * says; the same results as the daemon's CPU reference. Pure: any thread. */
+FA_API uint16_t fa_fp16_from_float(float f);
+FA_API float fa_float_from_fp16(uint16_t h);
+FA_API uint16_t fa_bf16_from_float(float f);
+FA_API float fa_float_from_bf16(uint16_t h);
 
 /* The detail text the daemon sent with the last failed call on this thread ("q: extent ends at
  * byte 4160, region has 4096"), or "" when it sent none. Static thread-local storage, valid until
