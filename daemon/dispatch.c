@@ -19,6 +19,7 @@
 #include "session.h"
 #include "util.h"
 #include "validate.h"
+#include "worklimit.h"
 
 /* One ATTN_FWD between validation and its reply. The job comes first: the backend hands back
  * the job pointer. */
@@ -383,6 +384,11 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	st = validate_attn_fwd(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
 		return st;
+	/* Stride 0 lets a few bytes ask for any amount of work: bounded before anything runs. */
+	uint64_t max_gflop = srv->cfg->max_request_gflop != 0 ? srv->cfg->max_request_gflop
+	                                                      : srv->backend->default_max_gflop;
+	if (max_gflop != 0 && (st = worklimit_check(&vr.desc, max_gflop, err, errlen)) != FA_OK)
+		return st;
 	/* One GPU per request: its device buffers must agree (host buffers go anywhere). */
 	int dev = -1;
 	for (int i = 0; i < VALIDATE_NTENSORS; i++) {
@@ -414,6 +420,7 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	r->job.owner = s;
 	r->job.dev = dev;
 	r->job.async = async;
+	r->job.priority = c->req->u.fwd.priority;
 	r->job.slot = c->req->u.fwd.slot;
 	r->job.has_wait_event = c->req->u.fwd.has_event;
 	memcpy(r->job.wait_event, c->req->u.fwd.event, sizeof r->job.wait_event);

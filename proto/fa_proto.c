@@ -56,6 +56,7 @@ enum key {
 	K_SLOT,  /* uint < FA_PROTO_MAX_SLOTS: asynchronous mode's slot (ATTN_FWD, optional) */
 	K_EV,    /* bin 64: CUDA IPC event handle (async ATTN_FWD: the client's; its reply: the
 	          * daemon's) */
+	K_PRI,   /* uint: enum fa_priority (ATTN_FWD, optional; absent: normal) */
 	K_COUNT
 };
 
@@ -67,7 +68,7 @@ static const char *const key_names[K_COUNT] = {
 	[K_LSE] = "lse",   [K_SCALE] = "scale", [K_MASK] = "mask", [K_PREC] = "prec",
 	[K_ST] = "st",     [K_EP] = "ep",     [K_DET] = "det",    [K_MM] = "mm",
 	[K_MI] = "mi",     [K_MR] = "mr",     [K_BE] = "be",      [K_NS] = "ns",
-	[K_TXT] = "txt",   [K_SLOT] = "slot", [K_EV] = "ev",
+	[K_TXT] = "txt",   [K_SLOT] = "slot", [K_EV] = "ev",     [K_PRI] = "pri",
 };
 
 /* Keys of a tensor map. */
@@ -107,7 +108,7 @@ static const struct op_info {
 	{FA_OP_ATTN_FWD, "ATTN_FWD",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_SCALE) | KB(K_MASK) |
 		 KB(K_PREC),
-	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV), KB(K_NS), KB(K_EV)},
+	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV) | KB(K_PRI), KB(K_NS), KB(K_EV)},
 };
 
 /* The table entry of an op, or NULL when the number is not an op of this version. */
@@ -372,6 +373,12 @@ static fa_status decode_fwd(const msgpack_object *const *val, struct fa_proto_re
 	if (!get_uint(val[K_PREC], FA_PREC_BF16, &u))
 		return fa_err(err, errlen, FA_EPROTO, "key 'prec': must be a precision 0..4");
 	out->u.fwd.precision = (uint8_t)u;
+	if (val[K_PRI]) {
+		if (!get_uint(val[K_PRI], FA_PRIORITY_LOW, &u))
+			return fa_err(err, errlen, FA_EPROTO,
+			              "key 'pri': must be a priority 0..2 (normal, high, low)");
+		out->u.fwd.priority = (uint8_t)u;
+	}
 	/* Asynchronous mode: a slot, and optionally the client's event to wait on. */
 	if (val[K_EV] && !val[K_SLOT])
 		return fa_err(err, errlen, FA_EPROTO, "key 'ev' without 'slot' (events are async mode's)");
@@ -720,9 +727,11 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 		    !isfinite(req->u.fwd.scale) || req->u.fwd.mask > FA_MASK_CAUSAL_TOP_LEFT ||
 		    req->u.fwd.precision > FA_PREC_BF16 ||
 		    (req->u.fwd.async && req->u.fwd.slot >= FA_PROTO_MAX_SLOTS) ||
-		    (req->u.fwd.has_event && !req->u.fwd.async))
+		    (req->u.fwd.has_event && !req->u.fwd.async) ||
+		    req->u.fwd.priority > FA_PRIORITY_LOW)
 			return FA_EINVAL;
-		*n += 7 + (req->u.fwd.lse.region != 0) + req->u.fwd.async + req->u.fwd.has_event;
+		*n += 7 + (req->u.fwd.lse.region != 0) + req->u.fwd.async + req->u.fwd.has_event +
+		      (req->u.fwd.priority != FA_PRIORITY_NORMAL);
 		return FA_OK;
 	default:
 		return FA_OK;
@@ -784,6 +793,8 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 			rc |= pk_u64(&pk, K_SLOT, req->u.fwd.slot);
 		if (req->u.fwd.has_event)
 			rc |= pk_bin(&pk, K_EV, req->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);
+		if (req->u.fwd.priority != FA_PRIORITY_NORMAL)
+			rc |= pk_u64(&pk, K_PRI, req->u.fwd.priority); /* absent: normal, as before */
 		break;
 	default:
 		break;
