@@ -42,20 +42,21 @@ void runq_fini(struct runq *s)
 	(void)runq_remove(s, NULL, NULL, NULL);
 }
 
-/* Put node last in its class' turn order (just before the one served next). */
+/* Put node last in its class' turn order: just before the owner served last, so that it comes
+ * after everyone already waiting but before that owner's next turn. */
 static void runq_ring_insert(struct runq *s, struct runq_owner *n)
 {
-	struct runq_owner **head = &s->ring[n->cls];
+	struct runq_owner *last = s->ring[n->cls];
 
-	if (*head == NULL) {
+	if (last == NULL) {
 		n->prev = n->next = n;
-		*head = n;
+		s->ring[n->cls] = n;
 		return;
 	}
-	n->next = *head;
-	n->prev = (*head)->prev;
+	n->next = last;
+	n->prev = last->prev;
 	n->prev->next = n;
-	(*head)->prev = n;
+	last->prev = n;
 }
 
 /* Take node out of the ring and free it (its queue is empty). */
@@ -69,7 +70,7 @@ static void runq_ring_drop(struct runq *s, struct runq_owner *n)
 		n->prev->next = n->next;
 		n->next->prev = n->prev;
 		if (*head == n)
-			*head = n->next;
+			*head = n->prev; /* the turn after it stays the next */
 	}
 	free(n);
 }
@@ -105,9 +106,9 @@ fa_status runq_push(struct runq *s, struct backend_job *job)
 struct backend_job *runq_peek(struct runq *s, runq_ok_fn ok, void *arg)
 {
 	for (int c = 0; c < RUNQ_NCLASSES; c++) {
-		struct runq_owner *first = s->ring[c], *n = first;
-		if (n == NULL)
+		if (s->ring[c] == NULL)
 			continue;
+		struct runq_owner *first = s->ring[c]->next, *n = first; /* after the last served */
 		do {
 			if (ok == NULL || ok(n->owner, arg))
 				return n->head;
@@ -139,7 +140,7 @@ void runq_take(struct runq *s, struct backend_job *job)
 	runq_unlink(n, job);
 	job->runq_node = NULL;
 	s->queued[n->cls]--;
-	s->ring[n->cls] = n->next; /* its turn is used */
+	s->ring[n->cls] = n; /* its turn is used: the next peek starts after it */
 	if (n->head == NULL)
 		runq_ring_drop(s, n);
 }
@@ -152,7 +153,7 @@ void runq_rotate(struct runq *s, struct backend_job *job)
 		runq_unlink(n, job);
 		backend_job_append(&n->head, &n->tail, job);
 	}
-	s->ring[n->cls] = n->next;
+	s->ring[n->cls] = n;
 }
 
 struct backend_job *runq_remove(struct runq *s, const void *owner, runq_match_fn match,
