@@ -139,6 +139,8 @@ enum {
 	X(IpcOpenMemHandle, (fa_cu_ptr *p, struct fa_cu_ipc_handle handle, unsigned flags))       \
 	X(IpcCloseMemHandle, (fa_cu_ptr p))                                                       \
 	X(StreamCreate, (fa_cu_stream *stream, unsigned flags))                                   \
+	X(StreamCreateWithPriority, (fa_cu_stream *stream, unsigned flags, int priority))         \
+	X(CtxGetStreamPriorityRange, (int *least, int *greatest))                                 \
 	X(StreamDestroy, (fa_cu_stream stream))                                                   \
 	X(StreamSynchronize, (fa_cu_stream stream))                                               \
 	X(StreamGetCtx, (fa_cu_stream stream, fa_cu_ctx *ctx))                                    \

@@ -51,6 +51,7 @@ static void runq_ring_insert(struct runq *s, struct runq_owner *n)
 	if (last == NULL) {
 		n->prev = n->next = n;
 		s->ring[n->cls] = n;
+		s->served[n->cls] = false;
 		return;
 	}
 	n->next = last;
@@ -69,8 +70,10 @@ static void runq_ring_drop(struct runq *s, struct runq_owner *n)
 	} else {
 		n->prev->next = n->next;
 		n->next->prev = n->prev;
-		if (*head == n)
+		if (*head == n) {
 			*head = n->prev; /* the turn after it stays the next */
+			s->served[n->cls] = true;
+		}
 	}
 	free(n);
 }
@@ -108,7 +111,7 @@ struct backend_job *runq_peek(struct runq *s, runq_ok_fn ok, void *arg)
 	for (int c = 0; c < RUNQ_NCLASSES; c++) {
 		if (s->ring[c] == NULL)
 			continue;
-		struct runq_owner *first = s->ring[c]->next, *n = first; /* after the last served */
+		struct runq_owner *first = s->served[c] ? s->ring[c]->next : s->ring[c], *n = first;
 		do {
 			if (ok == NULL || ok(n->owner, arg))
 				return n->head;
@@ -141,6 +144,7 @@ void runq_take(struct runq *s, struct backend_job *job)
 	job->runq_node = NULL;
 	s->queued[n->cls]--;
 	s->ring[n->cls] = n; /* its turn is used: the next peek starts after it */
+	s->served[n->cls] = true;
 	if (n->head == NULL)
 		runq_ring_drop(s, n);
 }
@@ -154,6 +158,7 @@ void runq_rotate(struct runq *s, struct backend_job *job)
 		backend_job_append(&n->head, &n->tail, job);
 	}
 	s->ring[n->cls] = n;
+	s->served[n->cls] = true;
 }
 
 struct backend_job *runq_remove(struct runq *s, const void *owner, runq_match_fn match,

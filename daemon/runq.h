@@ -28,7 +28,9 @@ struct backend_job;
 struct runq_owner; /* runq.c's: one owner's queue in one class */
 
 struct runq {
-	struct runq_owner *ring[RUNQ_NCLASSES]; /* owners with queued jobs; the one served last */
+	struct runq_owner *ring[RUNQ_NCLASSES]; /* owners with queued jobs: the one served last,
+	                                          * or (served false) the first to serve */
+	bool served[RUNQ_NCLASSES];
 	unsigned queued[RUNQ_NCLASSES];           /* jobs queued per class */
 	/* Queue time per class, submit to start (runq_started): for STATS. */
 	uint64_t started[RUNQ_NCLASSES], wait_ns[RUNQ_NCLASSES], wait_max_ns[RUNQ_NCLASSES];
