@@ -255,6 +255,9 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 	in.conns_closed_frame = n.closed_frame;
 	in.conns_closed_idle = n.closed_idle;
 	in.file_limit = srv->nofile;
+	in.recv_partial_bytes = n.partial_bytes;
+	in.send_unsent_bytes = n.unsent_bytes;
+	in.memory_trims = n.memory_trims;
 
 	static char extra[8192];
 	extra[0] = '\0';
