@@ -126,6 +126,15 @@ struct gpu_owner_dev {
 	struct backend_job *head, *tail;         /* mu: jobs for the thread */
 	bool stop;                               /* mu */
 	fa_cu_stream stream;                       /* owner */
+	/* The gate (why: a client that dies before its event fires would hold the kernel, the
+	 * request and its regions for good). wait_stream waits on the client's event and then
+	 * writes the job's number into gate[slot]; stream waits for gate[slot] >= that number
+	 * before the kernel. When the session closes, gpu_stop writes UINT32_MAX into the gates of
+	 * its tickets from the loop, so their kernels run on memory still mapped and the tickets
+	 * finish. 0 / NULL: no gate (allocation failed): the stream waits on the event itself. */
+	fa_cu_stream wait_stream;                  /* owner */
+	fa_cu_ptr gate;                            /* owner: FA_PROTO_MAX_SLOTS words */
+	uint32_t gate_seq[FA_PROTO_MAX_SLOTS];   /* owner */
 	struct {
 		fa_cu_event done;
 		uint8_t done_handle[FA_PROTO_IPC_HANDLE_LEN];
@@ -148,6 +157,8 @@ struct gpu_ticket {
 	struct gpu_backend *b;
 	struct backend_job *job;
 	uint64_t t0;
+	struct gpu_dev *d;              /* the device it runs on */
+	fa_cu_ptr gate_word;            /* its gate (gpu_owner_dev), 0: none */
 	bool abandoned;                 /* mu */
 	struct gpu_ticket *prev, *next; /* b->tickets, mu */
 };
@@ -224,6 +235,9 @@ struct gpu_backend {
 	                                  * the event record, cuLaunchHostFunc (where async time goes) */
 	struct gpu_ticket *tickets;      /* mu: asynchronous kernels not finished */
 	unsigned ntickets;               /* mu */
+	uint64_t gates_released;         /* loop: gates opened for a closed session's tickets */
+	uint64_t gates_kept;             /* loop: gates of a freed session whose client event never
+	                                  * fired, kept (256 bytes and a stream) until exit */
 
 	/* Compile pool: jobs whose kernel is not loaded wait in `waiting` while a compile thread
 	 * prepares it (fa_gpu_prepare, without mu); then they go to the worker. */
@@ -327,7 +341,10 @@ unsigned gpu_cancel(struct backend *base, const void *owner, fa_status st, const
 /* ops.stop (loop thread, takes mu): tell the jobs of owner (all: NULL) on a worker now to stop;
  * a split job launches nothing more (gpu_exec.c checks between launches) and comes back with
  * st; a single launch runs to its end. Asynchronous kernels already enqueued cannot be
- * stopped. Returns how many were told. */
+ * stopped, but for a closed session (owner not NULL) their gates are opened (gpu_owner_dev):
+ * a kernel still waiting for its dead client's event runs at once on memory still mapped, so
+ * its ticket finishes and its regions go. Not for owner NULL (the drain deadline): a live
+ * client's kernel must not run before its inputs are ready. Returns how many were told. */
 unsigned gpu_stop(struct backend *base, const void *owner, fa_status st, const char *why);
 
 /* ---- gpu_split.c: large requests as several launches (no CUDA) ------------------------------ */

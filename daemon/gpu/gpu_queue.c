@@ -7,6 +7,7 @@
 #include <stdio.h>
 
 #include "fault.h"
+#include "log.h"
 #include "util.h"
 
 /* Queue a job on d's worker (mutex held; the caller wakes it). */
@@ -166,7 +167,23 @@ unsigned gpu_stop(struct backend *base, const void *owner, fa_status st, const c
 	unsigned n = 0;
 
 	(void)why; /* the worker writes the detail: the job's fields are its own while it runs */
+	struct {
+		struct gpu_dev *d;
+		fa_cu_ptr word;
+	} gates[64];
+	unsigned ngates = 0;
 	pthread_mutex_lock(&b->mu);
+	/* A closed session's asynchronous kernels waiting for its event: their gates, opened
+	 * below without mu (a CUDA call). The gate memory lives until the session is freed, which
+	 * happens on this (the loop) thread, after this. */
+	for (struct gpu_ticket *t = b->tickets; owner != NULL && t != NULL && ngates < 64;
+	     t = t->next)
+		if (t->job != NULL && t->job->owner == owner && t->gate_word != 0) {
+			gates[ngates].d = t->d;
+			gates[ngates++].word = t->gate_word;
+			t->gate_word = 0;
+			n++;
+		}
 	for (unsigned i = 0; i < b->ndevs; i++) {
 		struct gpu_dev *d = &b->devs[i];
 		for (unsigned k = 0; k < d->ncur; k++) {
@@ -179,5 +196,16 @@ unsigned gpu_stop(struct backend *base, const void *owner, fa_status st, const c
 		}
 	}
 	pthread_mutex_unlock(&b->mu);
+	for (unsigned i = 0; i < ngates; i++) {
+		struct gpu_dev *d = gates[i].d;
+		fa_cu->CtxSetCurrent(d->ctx);
+		fa_cu_stream s = d->inline_stream != NULL ? d->inline_stream : d->stream;
+		fa_cu_res r = fa_cu->StreamWriteValue32(s, gates[i].word, UINT32_MAX, 0);
+		if (r != 0)
+			log_warn("gpu: opening a closed session's gate on GPU %d: CUDA error %d (%s)",
+			         d->ordinal, r, fa_cu_errstr(r));
+		else
+			b->gates_released++;
+	}
 	return n;
 }

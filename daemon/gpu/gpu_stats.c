@@ -138,7 +138,9 @@ void gpu_stats(struct backend *base, char *buf, size_t cap)
 		return;
 	n += m;
 	/* queue time per priority class, submit to the worker's pick (inline runs never queue) */
-	m = snprintf(buf + n, cap - (size_t)n, "# scheduler\n");
+	m = snprintf(buf + n, cap - (size_t)n,
+	             "gpu_async_gates_released:%" PRIu64 "\ngpu_async_gates_kept:%" PRIu64
+	             "\n# scheduler\n", b->gates_released, b->gates_kept);
 	if (m < 0 || (size_t)m >= cap - (size_t)n)
 		return;
 	runq_stats(&rq, buf, cap);
