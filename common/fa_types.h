@@ -53,7 +53,8 @@ extern "C" {
 	XX(FA_ESHAPE, 14, "inconsistent or unsupported tensor shapes")                            \
 	XX(FA_EALIGN, 15, "an offset or stride breaks the alignment the kernels need")            \
 	XX(FA_EOVERLAP, 16, "the output overlaps an input")                                       \
-	XX(FA_ETOOBIG, 17, "message larger than the protocol's limit, or a request over the daemon's work limit")                            \
+	/* a message over FA_PROTO_MAX_MSG, or a request over --max-request-gflop */                \
+	XX(FA_ETOOBIG, 17, "message or request too big (the protocol's size limit, the daemon's work limit)") \
 	XX(FA_ENOFIT, 18, "no tile configuration fits the device's shared memory")                \
 	/* foreign shared memory, CUDA IPC events across users */                                  \
 	XX(FA_EPERM, 19, "permission denied")                                                     \

@@ -38,8 +38,21 @@ void runq_init(struct runq *s)
 
 void runq_fini(struct runq *s)
 {
-	/* The backend handed every job back first: this only frees what might be left. */
-	(void)runq_remove(s, NULL, NULL, NULL);
+	/* The backend handed every job back first; the nodes are freed without touching a job
+	 * (one left queued may be gone by now). */
+	for (int c = 0; c < RUNQ_NCLASSES; c++) {
+		struct runq_owner *n = s->ring[c];
+		if (n == NULL)
+			continue;
+		n->prev->next = NULL;
+		while (n != NULL) {
+			struct runq_owner *next = n->next;
+			free(n);
+			n = next;
+		}
+		s->ring[c] = NULL;
+		s->queued[c] = 0;
+	}
 }
 
 /* Put node last in its class' turn order: just before the owner served last, so that it comes

@@ -48,7 +48,8 @@ const char *runq_class_name(int cls);
 
 /* An empty queue. */
 void runq_init(struct runq *s);
-/* Free the nodes of an empty queue (the backend handed every job back first). */
+/* Free the queue's nodes (the backend handed every job back first; a job still queued is
+ * forgotten, never touched). */
 void runq_fini(struct runq *s);
 
 /* Queue job (its priority and owner set; job->t_submit is its queue start) at the tail of its

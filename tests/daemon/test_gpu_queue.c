@@ -59,6 +59,8 @@ static int teardown(void **state)
 	uv_run(&f->loop, UV_RUN_DEFAULT);
 	assert_int_equal(uv_loop_close(&f->loop), 0);
 	compile_table_fini(&f->b->waiting);
+	for (unsigned i = 0; i < f->b->ndevs; i++)
+		runq_fini(&f->b->devs[i].queue); /* jobs a test left queued: their queue nodes */
 	pthread_mutex_destroy(&f->b->mu);
 	free(f->b);
 	free(f);
