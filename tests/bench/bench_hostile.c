@@ -194,17 +194,18 @@ static void phase_conns(struct fa_daemon *d)
 /* ---- phase: a hostile request -------------------------------------------------------------- */
 
 /* The hostile request: stride 0 on the sequence, so a few KiB of memory ask for a lot of work
- * (CPU: 4*8*16384^2*64 = 550 GFLOP, under the CPU default of 1000; GPU: 4*8*2^18*2^18*128 =
- * 2.8e5 GFLOP, under the GPU default of 1e6, split into launches by head). */
+ * (CPU: 4*8*16384^2*64 = 550 GFLOP, under the CPU default of 1000; GPU: 4*64*65536^2*128 =
+ * 1.4e5 GFLOP, under the GPU default of 1e6: 64 launches of one head, ~6 ms each on an H200). */
+#define HOSTILE_SLOT 16384 /* bytes between the tensors; 4 of them in the buffer */
 static void hostile_args(fa_buffer *buf, fa_attn_fwd_args *a, double *gflop)
 {
-	int64_t S = g_gpu ? INT64_C(1) << 18 : 16384, H = 8, D = g_gpu ? 128 : 64;
+	int64_t S = g_gpu ? 65536 : 16384, H = g_gpu ? 64 : 8, D = g_gpu ? 128 : 64;
 	int64_t st[4] = {0, 0, D, 1};
 	memset(a, 0, sizeof *a);
 	a->q = fa_case_tensor(buf, 0, FA_DTYPE_BF16, 1, S, H, D, st);
-	a->k = fa_case_tensor(buf, 4096, FA_DTYPE_BF16, 1, S, H, D, st);
-	a->v = fa_case_tensor(buf, 8192, FA_DTYPE_BF16, 1, S, H, D, st);
-	a->o = fa_case_tensor(buf, 12288, FA_DTYPE_BF16, 1, S, H, D, st);
+	a->k = fa_case_tensor(buf, HOSTILE_SLOT, FA_DTYPE_BF16, 1, S, H, D, st);
+	a->v = fa_case_tensor(buf, 2 * HOSTILE_SLOT, FA_DTYPE_BF16, 1, S, H, D, st);
+	a->o = fa_case_tensor(buf, 3 * HOSTILE_SLOT, FA_DTYPE_BF16, 1, S, H, D, st);
 	*gflop = 4.0 * (double)H * (double)S * (double)S * (double)D / 1e9;
 }
 
@@ -225,10 +226,11 @@ static pid_t hostile_child(const char *url, double *gflop)
 		fa_client *c = NULL;
 		fa_buffer *buf = NULL;
 		close(p[0]);
-		if (fa_client_open(&c, url) != FA_OK || fa_buffer_alloc_host(c, 16384, &buf) != FA_OK)
+		if (fa_client_open(&c, url) != FA_OK ||
+		    fa_buffer_alloc_host(c, 4 * HOSTILE_SLOT, &buf) != FA_OK)
 			_exit(2);
 		fa_client_set_timeout(c, 0);
-		memset(fa_buffer_data(buf), 0, 16384);
+		memset(fa_buffer_data(buf), 0, 4 * HOSTILE_SLOT);
 		hostile_args(buf, &a, gflop);
 		fa_test_write_all(p[1], &ch, 1);
 		int st = fa_attn_fwd(c, &a);
