@@ -570,6 +570,11 @@ static fa_status fwd_request(fa_client *c, const fa_attn_fwd_args *a, struct fa_
 	req->u.fwd.scale = a->scale;
 	req->u.fwd.mask = (uint8_t)a->mask;
 	req->u.fwd.precision = (uint8_t)a->precision;
+	if ((unsigned)a->priority > FA_PRIORITY_LOW)
+		return fa_err(err, errlen, FA_EINVAL,
+		              "priority %d is not a priority class (0 normal, 1 high, 2 low)",
+		              (int)a->priority);
+	req->u.fwd.priority = (uint8_t)a->priority;
 	return FA_OK;
 }
 

@@ -77,6 +77,7 @@ enum {
 	FA_CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
 	/* flags */
 	FA_CU_STREAM_NON_BLOCKING = 0x1,
+	FA_CU_STREAM_WAIT_VALUE_GEQ = 0x0, /* cuStreamWaitValue32: until *addr >= value */
 	FA_CU_EVENT_DISABLE_TIMING = 0x2,
 	FA_CU_EVENT_INTERPROCESS = 0x4,
 	FA_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1,
@@ -139,12 +140,17 @@ enum {
 	X(IpcOpenMemHandle, (fa_cu_ptr *p, struct fa_cu_ipc_handle handle, unsigned flags))       \
 	X(IpcCloseMemHandle, (fa_cu_ptr p))                                                       \
 	X(StreamCreate, (fa_cu_stream *stream, unsigned flags))                                   \
+	X(StreamCreateWithPriority, (fa_cu_stream *stream, unsigned flags, int priority))         \
+	X(CtxGetStreamPriorityRange, (int *least, int *greatest))                                 \
 	X(StreamDestroy, (fa_cu_stream stream))                                                   \
 	X(StreamSynchronize, (fa_cu_stream stream))                                               \
 	X(StreamGetCtx, (fa_cu_stream stream, fa_cu_ctx *ctx))                                    \
 	X(StreamWaitEvent, (fa_cu_stream stream, fa_cu_event event, unsigned flags))              \
 	X(StreamWaitValue32, (fa_cu_stream stream, fa_cu_ptr addr, uint32_t value,                \
 	                      unsigned flags))                                                    \
+	X(StreamWriteValue32, (fa_cu_stream stream, fa_cu_ptr addr, uint32_t value,               \
+	                       unsigned flags))                                                   \
+	X(StreamQuery, (fa_cu_stream stream))                                                     \
 	X(EventCreate, (fa_cu_event *event, unsigned flags))                                      \
 	X(EventDestroy, (fa_cu_event event))                                                      \
 	X(EventRecord, (fa_cu_event event, fa_cu_stream stream))                                  \

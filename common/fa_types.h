@@ -53,7 +53,8 @@ extern "C" {
 	XX(FA_ESHAPE, 14, "inconsistent or unsupported tensor shapes")                            \
 	XX(FA_EALIGN, 15, "an offset or stride breaks the alignment the kernels need")            \
 	XX(FA_EOVERLAP, 16, "the output overlaps an input")                                       \
-	XX(FA_ETOOBIG, 17, "message larger than the protocol's limit")                            \
+	/* a message over FA_PROTO_MAX_MSG, or a request over --max-request-gflop */                \
+	XX(FA_ETOOBIG, 17, "message or request too big (the protocol's size limit, the daemon's work limit)") \
 	XX(FA_ENOFIT, 18, "no tile configuration fits the device's shared memory")                \
 	/* foreign shared memory, CUDA IPC events across users */                                  \
 	XX(FA_EPERM, 19, "permission denied")                                                     \
@@ -107,6 +108,16 @@ typedef enum fa_precision {
 	FA_PREC_TF32 = 3,    /* one tf32 product: ~1e-3 relative error, fast */
 	FA_PREC_BF16 = 4,    /* inputs staged as bf16: bf16-level error, fastest */
 } fa_precision;
+
+/* Priority classes of a request (fa_attn_fwd_args.priority, the wire's optional "pri" key; 0 when
+ * absent). The daemon starts queued work of a higher class first; within a class the sessions
+ * take turns (round-robin), so one client flooding its queue cannot starve another. Values
+ * travel on the wire: never renumber. */
+typedef enum fa_priority {
+	FA_PRIORITY_NORMAL = 0, /* the default */
+	FA_PRIORITY_HIGH = 1,   /* small latency-bound requests (decode steps): ahead of normal */
+	FA_PRIORITY_LOW = 2,    /* batch work: only when nothing of the other classes waits */
+} fa_priority;
 
 #ifdef __cplusplus
 }

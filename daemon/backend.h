@@ -84,12 +84,18 @@ struct backend_job {
 	/* test-only (FA_TEST_FAULT_AFTER): fail this job as a fatal device fault when it is done;
 	 * set by backend_submit, read on the loop thread */
 	bool fault_injected;
+	uint8_t priority;             /* enum fa_priority: its class in the run queue (runq.h) */
+	/* set by ops.stop (any thread): the rest of a started job is not wanted; the backend
+	 * starts no further piece or launch of it and hands it back with stop_status */
+	atomic_bool stop;
+	fa_status stop_status;
 	/* the backend's own bookkeeping */
 	struct backend_job *next;
-	int64_t bh_next, bh_total,
-	    bh_chunk; /* (batch, head) pairs (a backward job: (batch, kv-head) pairs): next to
-	               * start, all, per chunk */
-	unsigned chunks_running;
+	struct runq_owner *runq_node; /* its owner's queue while queued (runq.c) */
+	/* Pieces (backend_cpu.c's plan; the GPU's launches): next to start, all, running. */
+	int64_t piece_next, piece_total;
+	unsigned pieces_running;
+	int64_t piece_bh, piece_rows, piece_row_blocks; /* CPU forward: a piece's extent */
 	uint64_t t_start;
 	uint64_t bytes_in, bytes_out;  /* GPU: staging copies of host tensors */
 	uint64_t t_submit, t_pick, t_done; /* GPU: submitted, taken by the worker, handed back */
@@ -161,6 +167,11 @@ struct backend_ops {
 	 * status `st` (FA_ECLOSED; FA_EDEVICE on the fatal path) and `why` as detail, through
 	 * done() later. Started jobs run to the end. Returns how many were cancelled. */
 	unsigned (*cancel)(struct backend *b, const void *owner, fa_status st, const char *why);
+	/* Stop the started jobs of `owner` (all when NULL): no further piece (CPU) or launch (GPU)
+	 * of them starts; what is running finishes (one piece: bounded, see each backend), then
+	 * each is handed back with `st` and `why` through done(). Jobs not started are cancel's.
+	 * Any thread but a worker's. Returns how many jobs were told. NULL: jobs run whole. */
+	unsigned (*stop)(struct backend *b, const void *owner, fa_status st, const char *why);
 	/* Stop the threads (after every job was handed back), close the loop handles; `closed`
 	 * runs from the loop when the memory is gone. */
 	void (*close)(struct backend *b, void (*closed)(void *arg), void *arg);
@@ -192,6 +203,7 @@ struct backend {
 	bool device_memory;   /* serves FA_REGION_CUDA_IPC regions */
 	bool async_events;    /* serves the asynchronous mode (CUDA IPC events) */
 	atomic_uint running;  /* jobs started and not finished (set by the backend's threads) */
+	uint64_t default_max_gflop; /* --max-request-gflop 0 means this (worklimit.h) */
 	struct fault fault;   /* fault.c's: backends use fault_mark/fault_marked/fault_check */
 	uint64_t fault_inject_after;         /* test-only: the Nth job submitted faults; 0 never */
 	uint64_t fwd_submitted;              /* loop: jobs taken by submit */
@@ -223,6 +235,17 @@ static inline fa_status backend_submit(struct backend *b, struct backend_job *jo
 static inline unsigned backend_cancel(struct backend *b, const void *owner, const char *why)
 {
 	return b->ops->cancel(b, owner, FA_ECLOSED, why);
+}
+
+/* Drop everything of `owner` (NULL: everyone): its queued jobs are answered FA_ECLOSED with
+ * `why` at once, its started ones after the piece they are running (ops.stop). For a client
+ * that is gone, and for the drain deadline. Returns how many jobs were cancelled or told. */
+static inline unsigned backend_drop(struct backend *b, const void *owner, const char *why)
+{
+	unsigned n = b->ops->cancel(b, owner, FA_ECLOSED, why);
+	if (b->ops->stop != NULL)
+		n += b->ops->stop(b, owner, FA_ECLOSED, why);
+	return n;
 }
 
 /* The fatal path: finish every queued job with FA_EDEVICE and `why`. */

@@ -100,6 +100,26 @@ static const struct config_option config_options[] = {
 	 .env = "FA_MAX_REGION_BYTES", .metavar = "BYTES",
 	 .help = "largest buffer a client may register (suffix K, M, G or T)",
 	 FIELD(max_region_bytes)},
+	/* Bounded work (daemon/README.md, "Bounded work"): worklimit.h says why these defaults. */
+	{.name = "max-request-gflop", .type = CONFIG_INT, .def = "0", .min = 0,
+	 .max = INT64_C(1) << 40, .env = "FA_MAX_REQUEST_GFLOP", .metavar = "GFLOP",
+	 .help = "most work one attention request may ask for, in GFLOP (4*B*Hq*D per visible "
+	         "query-key pair); more get FA_ETOOBIG before anything runs; 0 = the backend's "
+	         "default: 1000000 on the gpu backend (about 3 s of an H200), 1000 on the cpu "
+	         "backend",
+	 FIELD(max_request_gflop)},
+	{.name = "session-workers", .type = CONFIG_INT, .def = "0", .min = 0, .max = 1024,
+	 .env = "FA_SESSION_WORKERS", .metavar = "N",
+	 .help = "cpu backend: most worker threads one session's requests may occupy at once, so "
+	         "one client cannot hold every worker while others wait; 0 = threads - 1 (at "
+	         "least 1)",
+	 FIELD(session_workers)},
+	{.name = "drain-timeout-ms", .type = CONFIG_INT, .def = "30000", .min = 0,
+	 .max = 3600000, .env = "FA_DRAIN_TIMEOUT_MS", .metavar = "MS",
+	 .help = "on SIGTERM, running requests may finish for this long; then what is left is "
+	         "stopped (answered FA_ECLOSED) and the daemon exits; keep it below systemd's "
+	         "TimeoutStopSec",
+	 FIELD(drain_timeout_ms)},
 	{.name = "backend", .type = CONFIG_ENUM, .def = "auto", .env = "FA_BACKEND",
 	 .metavar = "NAME", .help = "compute backend: auto (gpu when a GPU opens, else cpu), gpu or cpu",
 	 FIELD(backend), .choices = backend_choices},
@@ -582,6 +602,8 @@ void config_finish(struct config *c)
 			n = (int)sysconf(_SC_NPROCESSORS_ONLN);
 		c->threads = n > 0 ? (n > 1024 ? 1024 : n) : 1;
 	}
+	if (c->session_workers == 0)
+		c->session_workers = c->threads > 1 ? c->threads - 1 : 1;
 }
 
 /* The checks between options; see config.h. */

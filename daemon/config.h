@@ -31,6 +31,9 @@ struct config {
 	int frame_timeout_ms;             /* a message begun must be whole within this */
 	int idle_timeout_ms;              /* a connection without a session: closed when silent */
 	uint64_t max_region_bytes;        /* largest region a client may register */
+	uint64_t max_request_gflop;       /* one request's work; 0 = the backend's default */
+	int session_workers;              /* CPU workers one session may hold; 0 = threads - 1 */
+	int drain_timeout_ms;             /* SIGTERM: running work is stopped after this */
 	char backend[16];                 /* "auto" or a backend's name ("cpu") */
 	char cache_dir[CONFIG_PATH_MAX];  /* compiled kernels and tuning results (gpu backend) */
 	char config_file[CONFIG_PATH_MAX]; /* the file read, "" for none */
@@ -77,7 +80,8 @@ fa_status config_parse_args(struct config *c, int argc, char **argv, enum config
 fa_status config_load(struct config *c, int argc, char **argv, enum config_action *action,
                       char *err, size_t errlen);
 
-/* Resolve derived values: threads 0 -> the number of CPUs this process may run on. */
+/* Resolve derived values: threads 0 -> the number of CPUs this process may run on;
+ * session-workers 0 -> threads - 1 (at least 1). */
 void config_finish(struct config *c);
 
 /* The checks between options (each option's own range is checked as it is set):

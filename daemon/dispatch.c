@@ -22,6 +22,7 @@
 #include "session.h"
 #include "util.h"
 #include "validate.h"
+#include "worklimit.h"
 
 /* One ATTN_FWD between validation and its reply. The job comes first: the backend hands back
  * the job pointer. */
@@ -258,6 +259,9 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 	in.conns_closed_frame = n.closed_frame;
 	in.conns_closed_idle = n.closed_idle;
 	in.file_limit = srv->nofile;
+	in.recv_partial_bytes = n.partial_bytes;
+	in.send_unsent_bytes = n.unsent_bytes;
+	in.memory_trims = n.memory_trims;
 
 	static char latency[4096];
 	metrics_stats_text(&srv->metrics, latency, sizeof latency);
@@ -397,6 +401,11 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	st = validate_attn_fwd(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
 		return st;
+	/* Stride 0 lets a few bytes ask for any amount of work: bounded before anything runs. */
+	uint64_t max_gflop = srv->cfg->max_request_gflop != 0 ? srv->cfg->max_request_gflop
+	                                                      : srv->backend->default_max_gflop;
+	if (max_gflop != 0 && (st = worklimit_check(&vr.desc, max_gflop, err, errlen)) != FA_OK)
+		return st;
 	/* One GPU per request: its device buffers must agree (host buffers go anywhere). */
 	int dev = -1;
 	for (int i = 0; i < VALIDATE_NTENSORS; i++) {
@@ -428,6 +437,7 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	r->job.owner = s;
 	r->job.dev = dev;
 	r->job.async = async;
+	r->job.priority = c->req->u.fwd.priority;
 	r->job.slot = c->req->u.fwd.slot;
 	r->job.has_wait_event = c->req->u.fwd.has_event;
 	memcpy(r->job.wait_event, c->req->u.fwd.event, sizeof r->job.wait_event);
@@ -493,6 +503,11 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 		              backend_name(srv->backend));
 	st = validate_attn_bwd(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
+		return st;
+	uint64_t max_gflop = srv->cfg->max_request_gflop != 0 ? srv->cfg->max_request_gflop
+	                                                      : srv->backend->default_max_gflop;
+	if (max_gflop != 0 &&
+	    (st = worklimit_check_bwd(&vr.desc.fwd, max_gflop, err, errlen)) != FA_OK)
 		return st;
 	int dev = -1;
 	for (int i = 0; i < FA_BWD_NTENSORS; i++) {

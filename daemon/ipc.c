@@ -27,11 +27,13 @@
 
 #include <errno.h>
 #include <libgen.h>
+#include <malloc.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -57,6 +59,16 @@
 #define IPC_PARTIAL_MAX ((size_t)256 << 20)  /* all half-received bodies together */
 #define IPC_UNSENT_MAX ((size_t)256 << 20)   /* all unread replies together */
 #define IPC_READ_BUF (64 * 1024)
+/* Memory given back after bursts (issue 14: after 300 connections each held a 1 MiB - 1 partial
+ * body, the daemon stayed at 265 MB resident long after they closed). A body of this size or
+ * more gets its own pages (mmap), unmapped when it is delivered or its connection closes: glibc
+ * would serve it from the heap once its dynamic mmap threshold rose past it (the first freed
+ * 1 MiB message does that) and keep the heap. Smaller ones and the replies are malloc's; when
+ * the bytes held for peers fall below IPC_TRIM_LOW after having passed IPC_TRIM_HIGH,
+ * malloc_trim gives the heap's free pages back. */
+#define IPC_BODY_MMAP_MIN ((size_t)128 << 10)
+#define IPC_TRIM_HIGH ((size_t)8 << 20)
+#define IPC_TRIM_LOW ((size_t)1 << 20)
 #define IPC_WARN_EVERY_MS 10000
 
 /* Connection ids for the whole process, so that a header kept across ipc_close and ipc_open
@@ -137,6 +149,8 @@ struct ipc {
 	unsigned announced;
 	size_t unsent;        /* bytes of the struct ipc_write in flight */
 	size_t partial;       /* bytes of body buffers being assembled */
+	bool trim_due;        /* partial + unsent passed IPC_TRIM_HIGH since the last trim */
+	uint64_t trims;       /* malloc_trim calls, for STATS */
 	uint64_t refused, warn_ms; /* connections refused; when that was last logged */
 	uint64_t warn_uid_ms;      /* when a per-uid refusal was last logged */
 	uint32_t self_uid;         /* ours: with uid 0, may use the reserved connections */
@@ -144,6 +158,41 @@ struct ipc {
 	struct ipc_counters n;     /* the counters kept as they happen (ipc_counters fills the rest) */
 	uint8_t rbuf[IPC_READ_BUF]; /* every read that is not into a body buffer (loop thread) */
 };
+
+/* ---- body buffers and memory given back ------------------------------------------------------ */
+
+/* A body buffer of len bytes (> 0): its own pages from IPC_BODY_MMAP_MIN, else malloc's. */
+static uint8_t *ipc_body_alloc(size_t len)
+{
+	if (len < IPC_BODY_MMAP_MIN)
+		return malloc(len);
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void ipc_body_free(uint8_t *p, size_t len)
+{
+	if (p == NULL)
+		return;
+	if (len < IPC_BODY_MMAP_MIN)
+		free(p);
+	else
+		munmap(p, len);
+}
+
+/* The bytes held for peers changed: note a high water, give the heap back after it. */
+static void ipc_memory_check(struct ipc *ipc)
+{
+	size_t held = ipc->partial + ipc->unsent;
+
+	if (held >= IPC_TRIM_HIGH) {
+		ipc->trim_due = true;
+	} else if (ipc->trim_due && held < IPC_TRIM_LOW) {
+		ipc->trim_due = false;
+		ipc->trims++;
+		malloc_trim(0);
+	}
+}
 
 /* ---- closing ------------------------------------------------------------------------------------ */
 
@@ -177,7 +226,9 @@ static void conn_handle_closed(uv_handle_t *h)
 		ipc->p.on_pipe_closed(ipc->p.arg, &c->peer);
 	if (c->msg != NULL) {
 		ipc->partial -= c->msg_len;
-		free(c->msg);
+		ipc_body_free(c->msg, c->msg_len);
+		c->msg = NULL;
+		ipc_memory_check(ipc);
 	}
 	if (c->who != NULL && --c->who->conns == 0) {
 		idmap_del(&ipc->uids, (uint64_t)c->who->uid + 1);
@@ -250,7 +301,8 @@ static void conn_body_done(struct ipc_conn *c)
 	c->head_got = 0;
 	conn_deliver(c, m, len);
 	c->ipc->partial -= len;
-	free(m);
+	ipc_body_free(m, len);
+	ipc_memory_check(c->ipc);
 }
 
 /* The peer's 8 bytes are in: only a REQ peer speaking this wire version gets further. */
@@ -376,11 +428,12 @@ static void conn_feed(struct ipc_conn *c, const uint8_t *p, size_t n)
 			conn_close(c, FA_LOG_WARNING, "too many large messages arriving at once");
 			return;
 		}
-		if ((c->msg = malloc((size_t)len)) == NULL) {
+		if ((c->msg = ipc_body_alloc((size_t)len)) == NULL) {
 			conn_close(c, FA_LOG_ERR, "out of memory for a message");
 			return;
 		}
 		ipc->partial += len;
+		ipc_memory_check(ipc);
 		c->msg_len = (size_t)len;
 		c->msg_got = 0;
 		c->state = IPC_BODY;
@@ -639,6 +692,7 @@ static void ipc_write_cb(uv_write_t *req, int status)
 	c->unsent -= w->len;
 	ipc->unsent -= w->len;
 	free(w);
+	ipc_memory_check(ipc);
 	if (status < 0 && status != UV_ECANCELED)
 		conn_close(c, FA_LOG_DEBUG, uv_strerror(status));
 }
@@ -706,6 +760,7 @@ fa_status ipc_reply(struct ipc *ipc, const struct ipc_hdr *hdr, const void *buf,
 	}
 	c->unsent += rest;
 	ipc->unsent += rest;
+	ipc_memory_check(ipc);
 	return FA_OK;
 }
 
@@ -738,6 +793,9 @@ void ipc_counters(const struct ipc *ipc, struct ipc_counters *out)
 	out->refused_limit = ipc->refused - ipc->n.refused_uid;
 	out->uid_top = 0;
 	out->uid_top_conns = 0;
+	out->partial_bytes = ipc->partial;
+	out->unsent_bytes = ipc->unsent;
+	out->memory_trims = ipc->trims;
 	while (idmap_next(&ipc->uids, &pos, NULL, &val)) {
 		const struct ipc_uid *u = val;
 		if (u->conns > out->uid_top_conns) {

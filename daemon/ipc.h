@@ -94,6 +94,9 @@ struct ipc_counters {
 	uint64_t closed_handshake; /* closed: no handshake within handshake_ms */
 	uint64_t closed_frame;  /* closed: a frame not whole within frame_ms */
 	uint64_t closed_idle;   /* closed: no session and no message within idle_ms */
+	uint64_t partial_bytes; /* half-received bodies held now (at most 256 MiB) */
+	uint64_t unsent_bytes;  /* unread replies held now */
+	uint64_t memory_trims;  /* malloc_trim calls after a burst (ipc.c, "Memory given back") */
 };
 
 /* Bind and start accepting. Refuses a path of >= 108 bytes, a path that exists and is not a

@@ -100,8 +100,10 @@ static void server_on_session_close(struct session *s, void *arg)
 {
 	struct server *srv = arg;
 
+	/* The client is gone (or said BYE): nothing it asked for is wanted any more. Started
+	 * requests stop after the piece they are running (backend.h, ops.stop). */
 	if (srv->backend != NULL && s->inflight > 0)
-		backend_cancel(srv->backend, s, "the session closed before this request started");
+		backend_drop(srv->backend, s, "the session closed before this request finished");
 }
 
 /* A session's last reference went: the backend's state for it (async streams, events) goes. */
@@ -277,7 +279,7 @@ static void server_part_closed(void *arg)
 		srv->closed(srv->closed_arg);
 }
 
-/* The linger timer is closed. */
+/* The linger timer or the drain timer is closed. */
 static void server_timer_closed(uv_handle_t *h)
 {
 	server_part_closed(h->data);
@@ -296,6 +298,11 @@ static void server_teardown(struct server *srv)
 		srv->closing++;
 		srv->timer_open = false;
 		uv_close((uv_handle_t *)&srv->timer, server_timer_closed);
+	}
+	if (srv->drain_timer_open) {
+		srv->closing++;
+		srv->drain_timer_open = false;
+		uv_close((uv_handle_t *)&srv->drain_timer, server_timer_closed);
 	}
 	if (srv->ipc != NULL) {
 		srv->closing++;
@@ -336,7 +343,10 @@ static void server_check_drained(struct server *srv)
 		return;
 	srv->state = SERVER_LINGER;
 	srv->linger_start_ns = fa_now_ns();
-	log_info("server: every request answered; closing the socket");
+	if (srv->drain_timer_open)
+		uv_timer_stop(&srv->drain_timer);
+	log_notice("server: every request answered %.1f ms after the stop began; closing the socket",
+	           (double)(srv->linger_start_ns - srv->drain_start_ns) / 1e6);
 	if (uv_timer_init(srv->loop, &srv->timer) != 0) {
 		server_teardown(srv);
 		return;
@@ -361,21 +371,61 @@ void server_shutdown(struct server *srv, void (*closed)(void *arg), void *arg)
 	server_stop(srv, "STOPPING=1\nSTATUS=stopping");
 }
 
+/* The drain deadline passed with requests still running: stop them. Each is answered
+ * FA_ECLOSED after the piece it is computing (the CPU backend's pieces are ~50 ms; the GPU
+ * backend's launches), then the drain ends as usual. Past this only systemd's TimeoutStopSec
+ * (a kernel that never returns) is left. */
+static void server_drain_deadline_cb(uv_timer_t *t)
+{
+	struct server *srv = t->data;
+	char why[FA_PROTO_DETAIL_MAX];
+
+	if (srv->state != SERVER_DRAINING || srv->inflight == 0 || srv->backend == NULL)
+		return;
+	snprintf(why, sizeof why,
+	         "the daemon is stopping and its drain deadline (--drain-timeout-ms %d) passed "
+	         "before this request finished; retry on the restarted daemon",
+	         srv->cfg->drain_timeout_ms);
+	unsigned n = backend_drop(srv->backend, NULL, why);
+	log_notice("server: drain deadline of %d ms passed with %u requests in flight: stopped %u "
+	           "of them (answered FA_ECLOSED)",
+	           srv->cfg->drain_timeout_ms, srv->inflight, n);
+}
+
+/* Arm the drain deadline (the stop began with requests in flight). */
+static void server_drain_start(struct server *srv)
+{
+	if (srv->inflight == 0 || srv->drain_timer_open)
+		return;
+	if (uv_timer_init(srv->loop, &srv->drain_timer) != 0) {
+		log_warn("server: cannot arm the drain deadline: running requests finish whole");
+		return;
+	}
+	srv->drain_timer.data = srv;
+	srv->drain_timer_open = true;
+	uv_timer_start(&srv->drain_timer, server_drain_deadline_cb,
+	               (uint64_t)srv->cfg->drain_timeout_ms, 0);
+}
+
 /* The stop itself (server_shutdown and server_fault): STOPPING=1 with `notify_text` (the whole
- * datagram, "STOPPING=1\nSTATUS=..."), cancel the queued, wait for the running. Idempotent. */
+ * datagram, "STOPPING=1\nSTATUS=..."), cancel the queued, give the running until the drain
+ * deadline. Idempotent. */
 static void server_stop(struct server *srv, const char *notify_text)
 {
 	if (srv->state != SERVER_RUNNING)
 		return;
 	srv->state = SERVER_DRAINING;
-	log_notice("server: shutting down: %u requests in flight, %u sessions", srv->inflight,
-	           session_count(&srv->sessions));
+	srv->drain_start_ns = fa_now_ns();
+	log_notice("server: shutting down: %u requests in flight, %u sessions; running requests "
+	           "may finish for %d ms", srv->inflight, session_count(&srv->sessions),
+	           srv->cfg->drain_timeout_ms);
 	notify_send(notify_text);
 	if (srv->backend != NULL) {
 		unsigned n = backend_cancel(srv->backend, NULL, "the daemon is shutting down");
 		if (n > 0)
 			log_info("server: %u queued requests will be answered FA_ECLOSED", n);
 	}
+	server_drain_start(srv);
 	server_check_drained(srv);
 }
 

@@ -47,6 +47,9 @@ struct server {
 	unsigned inflight;        /* ATTN_FWD requests accepted and not answered, all sessions */
 	enum server_state state;
 	uv_timer_t timer;         /* the linger poll */
+	uv_timer_t drain_timer;   /* the drain deadline (--drain-timeout-ms) */
+	bool drain_timer_open;
+	uint64_t drain_start_ns;  /* the stop began */
 	struct watchdog watchdog; /* systemd's WatchdogSec, fed while the backend is healthy */
 	struct metrics metrics;   /* latency histograms (dispatch.c records, STATS and the file read) */
 	struct metrics_file metrics_file; /* --metrics-file: the Prometheus textfile, when set */
@@ -84,8 +87,10 @@ struct server {
 fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *cfg, char *err,
                       size_t errlen);
 
-/* Begin the graceful stop (idempotent). `closed` is called from the loop once every handle of
- * the server is closed and its memory released (NULL: keep the one set before). */
+/* Begin the graceful stop (idempotent). Queued requests are answered FA_ECLOSED at once;
+ * running ones may finish for --drain-timeout-ms, then they are stopped (backend ops.stop: within
+ * one piece of work) and answered FA_ECLOSED. `closed` is called from the loop once every handle
+ * of the server is closed and its memory released (NULL: keep the one set before). */
 void server_shutdown(struct server *srv, void (*closed)(void *arg), void *arg);
 
 /* The `closed` callback for a stop the server starts by itself (a device fault): the owner of

@@ -63,6 +63,9 @@ size_t stats_format(const struct stats *s, const struct stats_info *in, char *bu
 	stats_put(&b, "connections_closed_frame:%" PRIu64 "\n", in->conns_closed_frame);
 	stats_put(&b, "connections_closed_idle:%" PRIu64 "\n", in->conns_closed_idle);
 	stats_put(&b, "file_limit:%" PRIu64 "\n", in->file_limit);
+	stats_put(&b, "recv_partial_bytes:%" PRIu64 "\n", in->recv_partial_bytes);
+	stats_put(&b, "send_unsent_bytes:%" PRIu64 "\n", in->send_unsent_bytes);
+	stats_put(&b, "memory_trims:%" PRIu64 "\n", in->memory_trims);
 	stats_put(&b, "regions:%u\n", in->regions);
 	stats_put(&b, "region_bytes:%" PRIu64 "\n", in->region_bytes);
 	stats_put(&b, "# requests\n");

@@ -43,6 +43,7 @@ struct stats_info {
 	uint64_t conns_refused_limit, conns_refused_uid;
 	uint64_t conns_closed_handshake, conns_closed_frame, conns_closed_idle;
 	uint64_t file_limit;   /* the soft RLIMIT_NOFILE the caps were fitted to */
+	uint64_t recv_partial_bytes, send_unsent_bytes, memory_trims; /* ipc.c's buffers */
 	unsigned regions;
 	uint64_t region_bytes;
 	unsigned inflight;

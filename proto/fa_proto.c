@@ -63,6 +63,7 @@ enum key {
 	K_FL,    /* uint: FA_PROTO_BWD_* flags (ATTN_BWD) */
 	K_AFTER, /* uint64: list sessions with a larger id (CLIENTS, optional) */
 	K_CL,    /* array <= FA_PROTO_CLIENTS_MAX of client maps (CLIENTS reply) */
+	K_PRI,   /* uint: enum fa_priority (ATTN_FWD, optional; absent: normal) */
 	K_COUNT
 };
 
@@ -77,7 +78,7 @@ static const char *const key_names[K_COUNT] = {
 	[K_TXT] = "txt",   [K_SLOT] = "slot", [K_EV] = "ev",
 	[K_TDO] = "tdo",   [K_TDQ] = "tdq",   [K_TDK] = "tdk",    [K_TDV] = "tdv",
 	[K_FL] = "fl",
-	[K_AFTER] = "after", [K_CL] = "cl",
+	[K_AFTER] = "after", [K_CL] = "cl",   [K_PRI] = "pri",
 };
 
 /* Keys of a client map (CLIENTS reply), all required. */
@@ -134,7 +135,7 @@ static const struct op_info {
 	{FA_OP_ATTN_FWD, "ATTN_FWD",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_SCALE) | KB(K_MASK) |
 		 KB(K_PREC),
-	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV), KB(K_NS), KB(K_EV)},
+	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV) | KB(K_PRI), KB(K_NS), KB(K_EV)},
 	{FA_OP_ATTN_BWD, "ATTN_BWD",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_LSE) | KB(K_TDO) |
 		 KB(K_TDQ) | KB(K_TDK) | KB(K_TDV) | KB(K_SCALE) | KB(K_MASK) | KB(K_PREC) |
@@ -454,6 +455,13 @@ static fa_status decode_fwd(const msgpack_object *const *val, struct fa_proto_re
 	    (st = decode_settings(val, &out->u.fwd.scale, &out->u.fwd.mask, &out->u.fwd.precision,
 	                          err, errlen)) != FA_OK)
 		return st;
+	if (val[K_PRI]) {
+		uint64_t u;
+		if (!get_uint(val[K_PRI], FA_PRIORITY_LOW, &u))
+			return fa_err(err, errlen, FA_EPROTO,
+			              "key 'pri': must be a priority 0..2 (normal, high, low)");
+		out->u.fwd.priority = (uint8_t)u;
+	}
 	return decode_async(val, &out->u.fwd.async, &out->u.fwd.slot, &out->u.fwd.has_event,
 	                    out->u.fwd.event, err, errlen);
 }
@@ -904,9 +912,11 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 		    !isfinite(req->u.fwd.scale) || req->u.fwd.mask > FA_MASK_CAUSAL_TOP_LEFT ||
 		    req->u.fwd.precision > FA_PREC_BF16 ||
 		    (req->u.fwd.async && req->u.fwd.slot >= FA_PROTO_MAX_SLOTS) ||
-		    (req->u.fwd.has_event && !req->u.fwd.async))
+		    (req->u.fwd.has_event && !req->u.fwd.async) ||
+		    req->u.fwd.priority > FA_PRIORITY_LOW)
 			return FA_EINVAL;
-		*n += 7 + (req->u.fwd.lse.region != 0) + req->u.fwd.async + req->u.fwd.has_event;
+		*n += 7 + (req->u.fwd.lse.region != 0) + req->u.fwd.async + req->u.fwd.has_event +
+		      (req->u.fwd.priority != FA_PRIORITY_NORMAL);
 		return FA_OK;
 	case FA_OP_ATTN_BWD: {
 		const struct fa_proto_tensor *t[] = {&req->u.bwd.q,  &req->u.bwd.k,    &req->u.bwd.v,
@@ -983,6 +993,8 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 			rc |= pk_u64(&pk, K_SLOT, req->u.fwd.slot);
 		if (req->u.fwd.has_event)
 			rc |= pk_bin(&pk, K_EV, req->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);
+		if (req->u.fwd.priority != FA_PRIORITY_NORMAL)
+			rc |= pk_u64(&pk, K_PRI, req->u.fwd.priority); /* absent: normal, as before */
 		break;
 	case FA_OP_ATTN_BWD:
 		rc |= pk_tensor(&pk, K_TQ, &req->u.bwd.q);

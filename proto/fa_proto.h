@@ -122,6 +122,7 @@ struct fa_proto_req {
 			uint32_t slot;              /* < FA_PROTO_MAX_SLOTS */
 			bool has_event;             /* the daemon's stream waits on event first */
 			uint8_t event[FA_PROTO_IPC_HANDLE_LEN]; /* the client's cudaIpcEventHandle_t */
+			uint8_t priority;           /* enum fa_priority; key "pri", absent = normal */
 		} fwd;
 		/* ATTN_BWD: the forward's tensors and settings (o and lse are inputs here, lse is
 		 * required), the upstream gradient dout, the gradients dq, dk, dv written; async

@@ -51,6 +51,7 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	const struct fa_cu_api *cu = fa_cu;
 	const struct fa_attn_fwd_desc *ds = &job->desc;
 	uint64_t prof[3] = {0};
+	fa_cu_ptr gate_word = 0;
 	fa_cu_res r;
 	fa_status st;
 
@@ -81,9 +82,21 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 			memcpy(sl->wait_handle, job->wait_event, 64);
 		}
 		uint64_t tw = fa_now_ns();
-		if ((r = cu->StreamWaitEvent(od->stream, sl->wait, 0)) != 0)
+		if (od->gate != 0) {
+			/* through the gate (gpu_int.h): wrapping after 2^32 requests of one slot
+			 * would let one wait pass early; not a concern at any real rate */
+			uint32_t seq = ++od->gate_seq[job->slot];
+			gate_word = od->gate + 4u * job->slot;
+			if ((r = cu->StreamWaitEvent(od->wait_stream, sl->wait, 0)) != 0 ||
+			    (r = cu->StreamWriteValue32(od->wait_stream, gate_word, seq, 0)) != 0 ||
+			    (r = cu->StreamWaitValue32(od->stream, gate_word, seq,
+			                               FA_CU_STREAM_WAIT_VALUE_GEQ)) != 0)
+				return job->status = gpu_job_cuerr(
+				           d, job, r, "waiting for the client's event", sticky);
+		} else if ((r = cu->StreamWaitEvent(od->stream, sl->wait, 0)) != 0) {
 			return job->status = gpu_job_cuerr(d, job, r, "waiting for the client's event",
 			                                   sticky);
+		}
 		prof[0] = fa_now_ns() - tw;
 	}
 	if (sl->done == NULL) {
@@ -106,6 +119,8 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	}
 	t->b = b;
 	t->job = job;
+	t->d = d;
+	t->gate_word = gate_word;
 	t->t0 = fa_now_ns();
 	uint64_t tl = t->t0;
 	if (job->is_bwd)
@@ -235,6 +250,21 @@ struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
 		free(od);
 		return NULL;
 	}
+	/* The gate: optional; without it a dead client's wait holds its request until exit. */
+	if (fa_cu->StreamCreate(&od->wait_stream, FA_CU_STREAM_NON_BLOCKING) != 0) {
+		od->wait_stream = NULL;
+	} else if (fa_cu->MemAlloc(&od->gate, 4u * FA_PROTO_MAX_SLOTS) != 0 ||
+	           fa_cu->MemsetD8(od->gate, 0, 4u * FA_PROTO_MAX_SLOTS) != 0) {
+		if (od->gate != 0)
+			fa_cu->MemFree(od->gate);
+		od->gate = 0;
+		fa_cu->StreamDestroy(od->wait_stream);
+		od->wait_stream = NULL;
+	}
+	if (od->gate == 0)
+		log_warn("gpu: GPU %d: no gate for a session's asynchronous calls: a client that dies "
+		         "before its event fires holds its request until the daemon exits",
+		         d->ordinal);
 	pthread_cond_init(&od->cv, NULL);
 	sigset_t all, old;
 	sigfillset(&all);
@@ -246,6 +276,10 @@ struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
 		snprintf(job->detail, sizeof job->detail, "starting the session's GPU thread: %s",
 		         strerror(rv));
 		pthread_cond_destroy(&od->cv);
+		if (od->gate != 0)
+			fa_cu->MemFree(od->gate);
+		if (od->wait_stream != NULL)
+			fa_cu->StreamDestroy(od->wait_stream);
 		fa_cu->StreamDestroy(od->stream);
 		free(od);
 		return NULL;
@@ -280,6 +314,20 @@ void gpu_owner_free(struct backend *base, void *state)
 				fa_cu->EventDestroy(od->slot[k].wait);
 		}
 		fa_cu->StreamDestroy(od->stream);
+		if (od->wait_stream != NULL && fa_cu->StreamQuery(od->wait_stream) != 0) {
+			/* still waiting on a client event that never fired: its pending write would
+			 * land in freed memory (an illegal address loses the context), so the gate and
+			 * its stream stay until the process exits */
+			b->gates_kept++;
+			log_warn("gpu: a closed session's client event never fired on GPU %u; keeping "
+			         "its gate (%u bytes) and wait stream until exit", i,
+			         4u * FA_PROTO_MAX_SLOTS);
+		} else {
+			if (od->gate != 0)
+				fa_cu->MemFree(od->gate);
+			if (od->wait_stream != NULL)
+				fa_cu->StreamDestroy(od->wait_stream);
+		}
 		free(od);
 	}
 	free(o);

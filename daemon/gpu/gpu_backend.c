@@ -15,6 +15,8 @@
  * errors fail their job only. */
 #include "gpu_int.h"
 
+#include "worklimit.h"
+
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -202,6 +204,7 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 	}
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	b->base.threads = b->ndevs;
+	b->base.default_max_gflop = WORKLIMIT_GPU_DEFAULT_GFLOP;
 	for (unsigned i = 0; i < b->ndevs; i++)
 		log_notice("backend: gpu on GPU %d (%s, sm_%d, %zu bytes of opt-in shared memory)",
 		           b->devs[i].ordinal, fa_gpu_name(b->devs[i].g), fa_gpu_sm(b->devs[i].g),
@@ -216,6 +219,7 @@ const struct backend_ops backend_gpu_ops = {
 	.open = gpu_open,
 	.submit = gpu_submit,
 	.cancel = gpu_cancel,
+	.stop = gpu_stop,
 	.close = gpu_close,
 	.healthy = gpu_healthy,
 	.region_open = gpu_region_open,

@@ -77,7 +77,12 @@ void *gpu_compiler(void *arg)
 			} else if (st == FA_OK || st == FA_EDEVICE) {
 				/* FA_EDEVICE: the worker retries and classifies the driver's error
 				 * (a lost context is the fatal path) exactly as before the pool */
-				gpu_queue_locked(d, job);
+				if (gpu_queue_locked(d, job) != FA_OK) {
+					b->fwd_failed++;
+					gpu_finish_locked(b, job, FA_ENOMEM,
+					                  "out of memory queueing the request");
+					woke = true;
+				}
 			} else {
 				b->fwd_failed++;
 				gpu_finish_locked(b, job, st, err);

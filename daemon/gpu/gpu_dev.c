@@ -22,6 +22,9 @@ void gpu_dev_fini(struct gpu_dev *d)
 		for (int i = 0; i < GPU_PIPE; i++)
 			if (d->pipe_ev[i] != NULL)
 				fa_cu->EventDestroy(d->pipe_ev[i]);
+		for (int i = 0; i < 2; i++)
+			if (d->piece_ev[i] != NULL)
+				fa_cu->EventDestroy(d->piece_ev[i]);
 		if (d->inline_ev != NULL)
 			fa_cu->EventDestroy(d->inline_ev);
 		if (d->inline_stream != NULL)
@@ -30,6 +33,7 @@ void gpu_dev_fini(struct gpu_dev *d)
 			fa_cu->StreamDestroy(d->stream);
 		fa_cu->DevicePrimaryCtxRelease(d->cudev);
 	}
+	runq_fini(&d->queue); /* empty: every job was handed back */
 	fa_gpu_close(d->g);
 	free(d->canary_ref);
 	free(d->canary_out);
@@ -76,7 +80,17 @@ fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordinal,
 		return fa_err(err, errlen, FA_ENOGPU, "GPU %d: cuStreamCreate: CUDA error %d (%s)",
 		              ordinal, r, fa_cu_errstr(r));
 	}
-	if ((r = fa_cu->StreamCreate(&d->inline_stream, FA_CU_STREAM_NON_BLOCKING)) != 0 ||
+	/* The inline stream gets the device's greatest priority (high-priority small jobs run on
+	 * it beside a busy worker, gpu_loop.c); a driver that refuses leaves a plain stream. */
+	int least = 0, greatest = 0;
+	if (fa_cu->CtxGetStreamPriorityRange(&least, &greatest) == 0 && greatest < least &&
+	    fa_cu->StreamCreateWithPriority(&d->inline_stream, FA_CU_STREAM_NON_BLOCKING,
+	                                    greatest) == 0)
+		d->inline_high = true;
+	else
+		d->inline_stream = NULL;
+	if ((d->inline_stream == NULL &&
+	     (r = fa_cu->StreamCreate(&d->inline_stream, FA_CU_STREAM_NON_BLOCKING)) != 0) ||
 	    (r = fa_cu->EventCreate(&d->inline_ev, FA_CU_EVENT_DISABLE_TIMING)) != 0) {
 		/* only a latency optimisation: carry on without it */
 		log_warn("gpu: GPU %d: no stream for small jobs on the loop: CUDA error %d (%s)",
@@ -85,6 +99,7 @@ fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordinal,
 			fa_cu->StreamDestroy(d->inline_stream);
 		d->inline_stream = NULL;
 		d->inline_ev = NULL;
+		d->inline_high = false;
 	}
 	for (int i = 0; i < GPU_PIPE; i++)
 		if ((r = fa_cu->EventCreate(&d->pipe_ev[i], FA_CU_EVENT_DISABLE_TIMING)) != 0) {

@@ -8,6 +8,7 @@
  * 50 GB/s pinned) on top of the kernel. */
 #include "gpu_int.h"
 
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -44,6 +45,52 @@ fa_cu_res gpu_scratch_reserve(struct gpu_dev *d, size_t need)
 	}
 	d->scratch_size = size;
 	return 0;
+}
+
+/* The kernel(s) of a job: one launch, or the launches gpu_split.c planned, at most two in
+ * flight, with a look at job->stop before each one after the first (the stream is the
+ * worker's: waiting for a launch here delays nobody else's batch). FA_OK, or the job's status
+ * (the stop's status when it was stopped; its detail says how far it got). */
+static fa_status gpu_launch(struct gpu_dev *d, struct backend_job *job, const fa_cu_ptr dp[5],
+                            bool has_lse, fa_cu_stream stream, bool *sticky)
+{
+	const struct fa_cu_api *cu = fa_cu;
+	struct fa_attn_fwd_desc sub;
+	uint64_t off[5];
+	fa_cu_res r;
+
+	if (job->piece_total <= 1)
+		return fa_gpu_attn_fwd(d->g, &job->desc, dp[0], dp[1], dp[2], dp[3],
+		                       has_lse ? dp[4] : 0, (CUstream)stream, job->detail,
+		                       sizeof job->detail);
+	for (int i = 0; i < 2; i++)
+		if (d->piece_ev[i] == NULL &&
+		    (r = cu->EventCreate(&d->piece_ev[i], FA_CU_EVENT_DISABLE_TIMING)) != 0) {
+			d->piece_ev[i] = NULL;
+			return gpu_job_cuerr(d, job, r, "creating an event for a split request",
+			                     sticky);
+		}
+	for (int64_t k = 0; k < job->piece_total; k++) {
+		if (k >= 2 && (r = cu->EventSynchronize(d->piece_ev[k % 2])) != 0)
+			return gpu_job_cuerr(d, job, r, "running attention", sticky);
+		if (k >= 1 && atomic_load(&job->stop)) {
+			snprintf(job->detail, sizeof job->detail,
+			         "stopped after %" PRId64 " of its %" PRId64 " launches: its session "
+			         "closed, or the daemon's drain deadline passed",
+			         k, job->piece_total);
+			return job->stop_status;
+		}
+		gpu_split_piece(job, k, &sub, off);
+		fa_status st = fa_gpu_attn_fwd(d->g, &sub, dp[0] + off[0], dp[1] + off[1],
+		                               dp[2] + off[2], dp[3] + off[3],
+		                               has_lse ? dp[4] + off[4] : 0, (CUstream)stream,
+		                               job->detail, sizeof job->detail);
+		if (st != FA_OK)
+			return st;
+		if ((r = cu->EventRecord(d->piece_ev[k % 2], stream)) != 0)
+			return gpu_job_cuerr(d, job, r, "recording a split request's event", sticky);
+	}
+	return FA_OK;
 }
 
 /* Enqueue one synchronous job on `stream` (host tensors: copies in, the kernel, copies out) and
@@ -115,8 +162,7 @@ void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream
 		}
 		bytes_in += ext[i];
 	}
-	st = fa_gpu_attn_fwd(d->g, ds, dp[0], dp[1], dp[2], dp[3], n == 5 ? dp[4] : 0,
-	                     (CUstream)stream, job->detail, sizeof job->detail);
+	st = gpu_launch(d, job, dp, n == 5, stream, sticky);
 	if (st != FA_OK) {
 		job->status = st;
 		goto sync;

@@ -78,6 +78,7 @@
 #include "fa_cu.h"
 #include "fa_gpu.h"
 #include "fa_tune.h"
+#include "runq.h"
 
 struct region;
 
@@ -102,6 +103,11 @@ struct region;
  * share of such a request's time; longer kernels hide it, and need no spinning core. */
 #define GPU_LOOP_SPIN_MAX_FLOP 6.4e10
 #define GPU_MAX_COMPILE_THREADS 16 /* --compile-threads' bound */
+/* A synchronous request above this many FLOPs runs as several launches (gpu_split.c), and a
+ * batch of small ones stops growing past it: about 6 ms of an H200 at 350 TFLOP/s, the longest
+ * a stopped job (a dead client, the drain deadline) runs on, and about the longest a queued
+ * job waits for the batch in progress. */
+#define GPU_PIECE_FLOP 2.0e12
 #define GPU_TUNE_SLICE_US 2000     /* background tuning: one step of the tuner between jobs */
 
 /* ---- the state ------------------------------------------------------------------------------ */
@@ -121,6 +127,15 @@ struct gpu_owner_dev {
 	struct backend_job *head, *tail;         /* mu: jobs for the thread */
 	bool stop;                               /* mu */
 	fa_cu_stream stream;                       /* owner */
+	/* The gate (why: a client that dies before its event fires would hold the kernel, the
+	 * request and its regions for good). wait_stream waits on the client's event and then
+	 * writes the job's number into gate[slot]; stream waits for gate[slot] >= that number
+	 * before the kernel. When the session closes, gpu_stop writes UINT32_MAX into the gates of
+	 * its tickets from the loop, so their kernels run on memory still mapped and the tickets
+	 * finish. 0 / NULL: no gate (allocation failed): the stream waits on the event itself. */
+	fa_cu_stream wait_stream;                  /* owner */
+	fa_cu_ptr gate;                            /* owner: FA_PROTO_MAX_SLOTS words */
+	uint32_t gate_seq[FA_PROTO_MAX_SLOTS];   /* owner */
 	struct {
 		fa_cu_event done;
 		uint8_t done_handle[FA_PROTO_IPC_HANDLE_LEN];
@@ -143,6 +158,8 @@ struct gpu_ticket {
 	struct gpu_backend *b;
 	struct backend_job *job;
 	uint64_t t0;
+	struct gpu_dev *d;              /* the device it runs on */
+	fa_cu_ptr gate_word;            /* its gate (gpu_owner_dev), 0: none */
 	bool abandoned;                 /* mu */
 	struct gpu_ticket *prev, *next; /* b->tickets, mu */
 };
@@ -158,7 +175,11 @@ struct gpu_dev {
 	uint8_t uuid[16];                        /* open */
 	pthread_t thread;                        /* open */
 	bool thread_started;                     /* open */
-	struct backend_job *run_head, *run_tail; /* mu: the worker's queue */
+	struct runq queue;                       /* mu: the worker's queue (classes, sessions in
+	                                          * turn: runq.h) */
+	struct backend_job *cur[GPU_PIPE];       /* mu: the batch the worker runs now */
+	unsigned ncur;                           /* mu */
+	fa_cu_event piece_ev[2];                 /* worker: a split job's launches in flight */
 	fa_cu_ptr scratch;                         /* worker (inline runs never stage) */
 	size_t scratch_size;                     /* worker */
 	fa_cu_event pipe_ev[GPU_PIPE];             /* worker: one per job in flight */
@@ -166,6 +187,9 @@ struct gpu_dev {
 	                                          * spins on it */
 	bool busy;                               /* mu: the worker runs a batch */
 	fa_cu_stream inline_stream;                /* loop: gpu_loop.c's inline runs */
+	bool inline_high;                        /* open: inline_stream has the device's greatest
+	                                          * priority, so a high-priority job may run
+	                                          * inline beside a busy worker */
 	fa_cu_event inline_ev;                     /* loop */
 	uint64_t inline_jobs;                    /* mu */
 	/* The canary (gpu_canary.c) */
@@ -212,6 +236,9 @@ struct gpu_backend {
 	                                  * the event record, cuLaunchHostFunc (where async time goes) */
 	struct gpu_ticket *tickets;      /* mu: asynchronous kernels not finished */
 	unsigned ntickets;               /* mu */
+	uint64_t gates_released;         /* loop: gates opened for a closed session's tickets */
+	uint64_t gates_kept;             /* loop: gates of a freed session whose client event never
+	                                  * fired, kept (256 bytes and a stream) until exit */
 
 	/* Compile pool: jobs whose kernel is not loaded wait in `waiting` while a compile thread
 	 * prepares it (fa_gpu_prepare, without mu); then they go to the worker. */
@@ -269,13 +296,16 @@ static inline double gpu_job_flop(const struct backend_job *job)
 
 /* ---- gpu_queue.c: queues and their bookkeeping (mu held; no CUDA) --------------------------- */
 
-/* Queue a job on d's worker (the caller wakes it: b->cv). */
-void gpu_queue_locked(struct gpu_dev *d, struct backend_job *job);
+/* Queue a job on d's worker (the caller wakes it: b->cv). FA_OK or FA_ENOMEM (job untouched). */
+fa_status gpu_queue_locked(struct gpu_dev *d, struct backend_job *job);
 
-/* Take up to GPU_PIPE synchronous jobs off the head of d's queue into out, in queue order:
- * device-memory jobs, and at most one that stages host memory (the scratch is one), which ends
- * the batch. An asynchronous job at the head is taken alone (returns 1, the job in out[0]); one
- * behind synchronous jobs ends the batch before it. Returns how many (0: the queue is empty). */
+/* Take up to GPU_PIPE synchronous jobs off d's queue into out, in the queue's order (runq.h:
+ * high class first, sessions in turn): device-memory jobs, and at most one that stages host
+ * memory (the scratch is one), which ends the batch; the batch also ends once its jobs sum to
+ * GPU_PIECE_FLOP. An asynchronous job or a split one (piece_total > 1) is taken alone (returns
+ * 1, the job in out[0]); one behind synchronous jobs ends the batch before it. Counts each
+ * job's queue time (runq_started) and records the batch in d->cur. Returns how many (0: the
+ * queue is empty). */
 unsigned gpu_take_batch_locked(struct gpu_dev *d, struct backend_job **out);
 
 /* Finish a job that will not run: status st, detail copied, onto the done list (the caller
@@ -310,6 +340,28 @@ void gpu_fatal_locked(struct gpu_backend *b, const char *why);
  * compile-waiting jobs of owner (all when NULL) that no worker took yet; wakes the loop when
  * there were any. Returns how many. */
 unsigned gpu_cancel(struct backend *base, const void *owner, fa_status st, const char *why);
+
+/* ops.stop (loop thread, takes mu): tell the jobs of owner (all: NULL) on a worker now to stop;
+ * a split job launches nothing more (gpu_exec.c checks between launches) and comes back with
+ * st; a single launch runs to its end. Asynchronous kernels already enqueued cannot be
+ * stopped, but for a closed session (owner not NULL) their gates are opened (gpu_owner_dev):
+ * a kernel still waiting for its dead client's event runs at once on memory still mapped, so
+ * its ticket finishes and its regions go. Not for owner NULL (the drain deadline): a live
+ * client's kernel must not run before its inputs are ready. Returns how many were told. */
+unsigned gpu_stop(struct backend *base, const void *owner, fa_status st, const char *why);
+
+/* ---- gpu_split.c: large requests as several launches (no CUDA) ------------------------------ */
+
+/* Plan a synchronous job's launches (at submit): piece_total 1 up to GPU_PIECE_FLOP (and for
+ * asynchronous jobs), else ranges of batches (piece_rows 0, piece_bh batches each), else ranges
+ * of whole GQA groups of one batch (piece_rows 1, piece_bh heads each, piece_row_blocks pieces
+ * per batch). */
+void gpu_split_plan(struct backend_job *job);
+
+/* Launch k of a planned job: its descriptor, and the byte offsets of q, k, v, o and lse from
+ * the job's pointers (all 0 for a job of one launch). */
+void gpu_split_piece(const struct backend_job *job, int64_t k, struct fa_attn_fwd_desc *sub,
+                     uint64_t off[5]);
 
 /* ---- gpu_exec.c: one synchronous job (the worker, or the loop for inline runs) -------------- */
 

@@ -63,7 +63,10 @@ static bool gpu_try_inline(struct gpu_backend *b, struct gpu_dev *d, struct back
 	    job->fault_injected || fault_marked(&b->base) || gpu_job_stages_host(job))
 		return false;
 	pthread_mutex_lock(&b->mu);
-	bool idle = !b->stopping && !d->busy && d->run_head == NULL;
+	/* A high-priority job runs beside a busy worker when the inline stream has the device's
+	 * greatest priority: its blocks are scheduled ahead of the long kernel's waiting ones. */
+	bool idle = !b->stopping && ((!d->busy && runq_len(&d->queue) == 0) ||
+	                             (job->priority == FA_PRIORITY_HIGH && d->inline_high));
 	if (idle)
 		atomic_fetch_add(&b->base.running, 1);
 	pthread_mutex_unlock(&b->mu);
@@ -106,6 +109,8 @@ fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	job->t_submit = fa_now_ns();
 	job->t_pick = job->t_done = 0;
 	job->loop_spin = false;
+	atomic_store(&job->stop, false);
+	gpu_split_plan(job);
 	/* A kernel not loaded yet is compiled by a compile thread while the worker serves other
 	 * jobs. The query is cheap and CPU-only; when it fails (the planner refuses the shape)
 	 * the worker's launch reports the same error. */
@@ -130,7 +135,11 @@ fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	}
 	bool is_new = false;
 	if (ready || compile_table_add(&b->waiting, key, job, &is_new) != FA_OK) {
-		gpu_queue_locked(d, job); /* ENOMEM too: it compiles there */
+		/* ENOMEM of the compile table too: it compiles there */
+		if (gpu_queue_locked(d, job) != FA_OK) {
+			pthread_mutex_unlock(&b->mu);
+			return FA_ENOMEM;
+		}
 		pthread_cond_broadcast(&b->cv);
 	} else {
 		b->compile_jobs++;

@@ -7,35 +7,43 @@
 #include <stdio.h>
 
 #include "fault.h"
+#include "log.h"
 #include "util.h"
 
 /* Queue a job on d's worker (mutex held; the caller wakes it). */
-void gpu_queue_locked(struct gpu_dev *d, struct backend_job *job)
+fa_status gpu_queue_locked(struct gpu_dev *d, struct backend_job *job)
 {
-	backend_job_append(&d->run_head, &d->run_tail, job);
+	if (runq_push(&d->queue, job) != FA_OK)
+		return FA_ENOMEM;
 	atomic_fetch_add(&d->pushes, 1);
+	return FA_OK;
 }
 
-/* Take up to GPU_PIPE synchronous jobs off d's queue (mutex held): device-memory jobs, and at
- * most one that stages host memory (the scratch is one), which ends the batch. An asynchronous
- * job at the head is taken alone (n = 1, returned in out[0]). */
+/* Take a batch off d's queue (mutex held); see gpu_int.h for the rules. */
 unsigned gpu_take_batch_locked(struct gpu_dev *d, struct backend_job **out)
 {
 	unsigned n = 0;
+	double flop = 0.0;
+	uint64_t now = fa_now_ns();
 
-	while (d->run_head != NULL && n < GPU_PIPE) {
-		struct backend_job *job = d->run_head;
-		bool host = gpu_job_stages_host(job);
-		if (job->async && n > 0)
+	while (n < GPU_PIPE) {
+		struct backend_job *job = runq_peek(&d->queue, NULL, NULL);
+		if (job == NULL)
 			break;
-		d->run_head = job->next;
-		if (d->run_head == NULL)
-			d->run_tail = NULL;
-		job->next = NULL;
+		bool host = gpu_job_stages_host(job), alone = job->async || job->piece_total > 1;
+		double f = gpu_job_flop(job);
+		if (n > 0 && (alone || flop + f > GPU_PIECE_FLOP))
+			break;
+		runq_take(&d->queue, job);
+		runq_started(&d->queue, job, now);
 		out[n++] = job;
-		if (job->async || host)
+		flop += f;
+		if (alone || host)
 			break;
 	}
+	for (unsigned i = 0; i < n; i++)
+		d->cur[i] = out[i];
+	d->ncur = n;
 	return n;
 }
 
@@ -113,14 +121,13 @@ void gpu_fatal_locked(struct gpu_backend *b, const char *why)
 {
 	fault_mark(&b->base, why);
 	for (unsigned i = 0; i < b->ndevs; i++) {
-		struct gpu_dev *d = &b->devs[i];
-		while (d->run_head != NULL) {
-			struct backend_job *job = d->run_head;
-			d->run_head = job->next;
+		struct backend_job *job = runq_remove(&b->devs[i].queue, NULL, NULL, NULL);
+		while (job != NULL) {
+			struct backend_job *next = job->next;
 			gpu_finish_locked(b, job, FA_EDEVICE, "the GPU faulted while serving an "
 			                  "earlier request; the daemon restarts with a clean context");
+			job = next;
 		}
-		d->run_tail = NULL;
 	}
 	gpu_fail_waiting_locked(b, NULL, FA_EDEVICE, "the GPU faulted while serving an earlier "
 	                        "request; the daemon restarts with a clean context");
@@ -138,25 +145,67 @@ unsigned gpu_cancel(struct backend *base, const void *owner, fa_status st,
 
 	pthread_mutex_lock(&b->mu);
 	for (unsigned i = 0; i < b->ndevs; i++) {
-		struct gpu_dev *d = &b->devs[i];
-		struct backend_job **pp = &d->run_head, *prev = NULL;
-		while (*pp != NULL) {
-			struct backend_job *job = *pp;
-			if (owner == NULL || job->owner == owner) {
-				*pp = job->next;
-				if (d->run_tail == job)
-					d->run_tail = prev;
-				gpu_finish_locked(b, job, st, why);
-				n++;
-				continue;
-			}
-			prev = job;
-			pp = &job->next;
+		struct backend_job *job = runq_remove(&b->devs[i].queue, owner, NULL, NULL);
+		while (job != NULL) {
+			struct backend_job *next = job->next;
+			gpu_finish_locked(b, job, st, why);
+			n++;
+			job = next;
 		}
 	}
 	n += gpu_fail_waiting_locked(b, owner, st, why);
 	if (n > 0)
 		uv_async_send(&b->async);
 	pthread_mutex_unlock(&b->mu);
+	return n;
+}
+
+/* Tell the owner's jobs on a worker to stop (takes mu); see gpu_int.h. */
+unsigned gpu_stop(struct backend *base, const void *owner, fa_status st, const char *why)
+{
+	struct gpu_backend *b = (struct gpu_backend *)base;
+	unsigned n = 0;
+
+	(void)why; /* the worker writes the detail: the job's fields are its own while it runs */
+	struct {
+		struct gpu_dev *d;
+		fa_cu_ptr word;
+	} gates[64];
+	unsigned ngates = 0;
+	pthread_mutex_lock(&b->mu);
+	/* A closed session's asynchronous kernels waiting for its event: their gates, opened
+	 * below without mu (a CUDA call). The gate memory lives until the session is freed, which
+	 * happens on this (the loop) thread, after this. */
+	for (struct gpu_ticket *t = b->tickets; owner != NULL && t != NULL && ngates < 64;
+	     t = t->next)
+		if (t->job != NULL && t->job->owner == owner && t->gate_word != 0) {
+			gates[ngates].d = t->d;
+			gates[ngates++].word = t->gate_word;
+			t->gate_word = 0;
+			n++;
+		}
+	for (unsigned i = 0; i < b->ndevs; i++) {
+		struct gpu_dev *d = &b->devs[i];
+		for (unsigned k = 0; k < d->ncur; k++) {
+			struct backend_job *job = d->cur[k];
+			if ((owner != NULL && job->owner != owner) || atomic_load(&job->stop))
+				continue;
+			job->stop_status = st;
+			atomic_store(&job->stop, true);
+			n++;
+		}
+	}
+	pthread_mutex_unlock(&b->mu);
+	for (unsigned i = 0; i < ngates; i++) {
+		struct gpu_dev *d = gates[i].d;
+		fa_cu->CtxSetCurrent(d->ctx);
+		fa_cu_stream s = d->inline_stream != NULL ? d->inline_stream : d->stream;
+		fa_cu_res r = fa_cu->StreamWriteValue32(s, gates[i].word, UINT32_MAX, 0);
+		if (r != 0)
+			log_warn("gpu: opening a closed session's gate on GPU %d: CUDA error %d (%s)",
+			         d->ordinal, r, fa_cu_errstr(r));
+		else
+			b->gates_released++;
+	}
 	return n;
 }

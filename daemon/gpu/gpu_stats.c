@@ -40,6 +40,17 @@ void gpu_stats(struct backend *base, char *buf, size_t cap)
 	memcpy(ans, b->async_ns, sizeof ans);
 	memcpy(lat, b->lat_ns, sizeof lat);
 	unsigned async_running = b->ntickets;
+	struct runq rq; /* every device's queue counts, summed (no node of it is used) */
+	runq_init(&rq);
+	for (unsigned i = 0; i < b->ndevs; i++)
+		for (int c = 0; c < RUNQ_NCLASSES; c++) {
+			const struct runq *q = &b->devs[i].queue;
+			rq.queued[c] += q->queued[c];
+			rq.started[c] += q->started[c];
+			rq.wait_ns[c] += q->wait_ns[c];
+			if (q->wait_max_ns[c] > rq.wait_max_ns[c])
+				rq.wait_max_ns[c] = q->wait_max_ns[c];
+		}
 	double canary_err = 0;
 	for (unsigned i = 0; i < b->ndevs; i++) {
 		canary_runs += b->devs[i].canary_runs;
@@ -114,7 +125,7 @@ void gpu_stats(struct backend *base, char *buf, size_t cap)
 	if (m < 0 || (size_t)m >= cap - (size_t)n)
 		return;
 	n += m;
-	snprintf(buf + n, cap - (size_t)n,
+	m = snprintf(buf + n, cap - (size_t)n,
 	         "# kernels\nkernels_loaded:%" PRIu64 "\nkernels_mem_hits:%" PRIu64
 	         "\nkernels_disk_loads:%" PRIu64 "\nkernels_compiled:%" PRIu64
 	         "\nkernels_disk_stores:%" PRIu64 "\nkernels_disk_errors:%" PRIu64
@@ -123,4 +134,14 @@ void gpu_stats(struct backend *base, char *buf, size_t cap)
 	         cs.kernels, cs.mem_hits, cs.disk_loads, cs.compiled, cs.disk_stores, cs.disk_errors,
 	         cs.compile_ms_total, cs.compile_ms_last, cs.compile_last,
 	         cs.disk_enabled ? cs.disk_dir : "off");
+	if (m < 0 || (size_t)m >= cap - (size_t)n)
+		return;
+	n += m;
+	/* queue time per priority class, submit to the worker's pick (inline runs never queue) */
+	m = snprintf(buf + n, cap - (size_t)n,
+	             "gpu_async_gates_released:%" PRIu64 "\ngpu_async_gates_kept:%" PRIu64
+	             "\n# scheduler\n", b->gates_released, b->gates_kept);
+	if (m < 0 || (size_t)m >= cap - (size_t)n)
+		return;
+	runq_stats(&rq, buf, cap);
 }

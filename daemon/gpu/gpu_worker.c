@@ -25,7 +25,7 @@ void *gpu_worker(void *arg)
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
 		gpu_canary_turn_locked(d);
-		while (d->run_head == NULL && !b->stopping) {
+		while (runq_len(&d->queue) == 0 && !b->stopping) {
 			if (gpu_canary_turn_locked(d) || gpu_tune_turn_locked(d))
 				continue;
 			if (spin) {
@@ -44,7 +44,7 @@ void *gpu_worker(void *arg)
 			ts.tv_sec += 1;
 			pthread_cond_timedwait(&b->cv, &b->mu, &ts);
 		}
-		if (d->run_head == NULL)
+		if (runq_len(&d->queue) == 0)
 			break; /* stopping, and nothing left */
 		unsigned n = gpu_take_batch_locked(d, batch);
 		spin = true;
@@ -53,6 +53,7 @@ void *gpu_worker(void *arg)
 			for (unsigned i = 0; i < n; i++)
 				gpu_finish_locked(b, batch[i], FA_EDEVICE, fault_why(&b->base));
 			d->busy = false;
+			d->ncur = 0;
 			uv_async_send(&b->async);
 			continue;
 		}
@@ -66,6 +67,7 @@ void *gpu_worker(void *arg)
 			struct gpu_owner_dev *od = gpu_owner_dev(d, job);
 			pthread_mutex_lock(&b->mu);
 			d->busy = false;
+			d->ncur = 0;
 			atomic_fetch_sub(&b->base.running, 1);
 			if (od == NULL) {
 				gpu_job_done_locked(b, job, false);
@@ -91,6 +93,7 @@ void *gpu_worker(void *arg)
 			if (i + 1 == n) {
 				pthread_mutex_lock(&b->mu);
 				d->busy = false;
+				d->ncur = 0; /* gpu_stop tells nobody of this batch any more */
 				pthread_mutex_unlock(&b->mu);
 			}
 			batch[i]->compute_ns = fa_now_ns() - t0[i];

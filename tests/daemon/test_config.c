@@ -307,7 +307,8 @@ static void test_config_help_and_describe_list_every_option(void **state)
 	                                    "config",       "verbose",
 	                                    "max-connections", "max-connections-per-uid",
 	                                    "reserved-connections", "frame-timeout-ms",
-	                                    "idle-timeout-ms"};
+	                                    "idle-timeout-ms", "max-request-gflop",
+	                                    "session-workers", "drain-timeout-ms"};
 	struct config c;
 	char desc[8192], *help = NULL, key[64];
 	size_t helplen = 0;
@@ -392,10 +393,42 @@ static void test_config_connection_limits_parse_and_are_checked_together(void **
 	unsetenv("FA_IDLE_TIMEOUT_MS");
 }
 
+/* The bounded-work options: defaults (0: the backend's limit; the share resolved from the
+ * threads), flags and environment, ranges. */
+static void test_config_bounded_work_options_parse_and_resolve(void **state)
+{
+	struct config c;
+	enum config_action a;
+	char err[256];
+	(void)state;
+
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--threads", "6", NULL), FA_OK);
+	assert_int_equal(c.max_request_gflop, 0);
+	assert_int_equal(c.session_workers, 5); /* threads - 1 */
+	assert_int_equal(c.drain_timeout_ms, 30000);
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--threads", "1", NULL), FA_OK);
+	assert_int_equal(c.session_workers, 1);
+	setenv("FA_MAX_REQUEST_GFLOP", "2000000", 1);
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--session-workers", "3",
+	                       "--drain-timeout-ms=0", NULL),
+	                 FA_OK);
+	unsetenv("FA_MAX_REQUEST_GFLOP");
+	assert_int_equal(c.max_request_gflop, 2000000);
+	assert_int_equal(c.session_workers, 3);
+	assert_int_equal(c.drain_timeout_ms, 0);
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--max-request-gflop", "-1", NULL),
+	                 FA_EINVAL);
+	assert_non_null(strstr(err, "--max-request-gflop: -1 is out of range"));
+	assert_int_equal(parse(&c, &a, err, sizeof err, "--drain-timeout-ms", "soon", NULL),
+	                 FA_EINVAL);
+	assert_non_null(strstr(err, "--drain-timeout-ms: 'soon' is not an integer"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_config_defaults_are_the_documented_values, clean_env),
+		cmocka_unit_test_setup(test_config_bounded_work_options_parse_and_resolve, clean_env),
 		cmocka_unit_test_setup(test_config_default_socket_follows_xdg_runtime_dir, clean_env),
 		cmocka_unit_test_setup(test_config_flags_take_both_spellings, clean_env),
 		cmocka_unit_test_setup(test_config_environment_is_read, clean_env),

@@ -59,6 +59,8 @@ static int teardown(void **state)
 	uv_run(&f->loop, UV_RUN_DEFAULT);
 	assert_int_equal(uv_loop_close(&f->loop), 0);
 	compile_table_fini(&f->b->waiting);
+	for (unsigned i = 0; i < f->b->ndevs; i++)
+		runq_fini(&f->b->devs[i].queue); /* jobs a test left queued: their queue nodes */
 	pthread_mutex_destroy(&f->b->mu);
 	free(f->b);
 	free(f);
@@ -131,8 +133,8 @@ static void test_gpu_queue_takes_at_most_eight_device_jobs_in_queue_order(void *
 	assert_ptr_equal(batch[0], &j[8]);
 	assert_ptr_equal(batch[1], &j[9]);
 	assert_int_equal(take(f->b, 0, batch), 0);
-	assert_null(f->b->devs[0].run_head);
-	assert_null(f->b->devs[0].run_tail);
+	assert_int_equal(runq_len(&f->b->devs[0].queue), 0);
+	assert_int_equal(runq_len(&f->b->devs[0].queue), 0);
 }
 
 static void test_gpu_queue_ends_a_batch_with_its_one_host_staging_job(void **state)
@@ -190,10 +192,11 @@ static void test_gpu_queue_takes_an_asynchronous_job_alone_and_stops_before_one(
 	assert_ptr_equal(batch[0], &j[0]);
 	assert_int_equal(take(f->b, 0, batch), 1);
 	assert_ptr_equal(batch[0], &j[1]);
-	assert_int_equal(take(f->b, 0, batch), 1);
-	assert_ptr_equal(batch[0], &j[2]);
+	/* the owners take turns (runq.h): a's j[3] before b's second asynchronous job */
 	assert_int_equal(take(f->b, 0, batch), 1);
 	assert_ptr_equal(batch[0], &j[3]);
+	assert_int_equal(take(f->b, 0, batch), 1);
+	assert_ptr_equal(batch[0], &j[2]);
 }
 
 static void test_gpu_queue_counts_a_host_lse_as_staging_and_no_lse_as_none(void **state)
@@ -245,10 +248,10 @@ static void test_gpu_cancel_takes_only_the_owners_queued_jobs_on_every_device(vo
 	assert_int_equal(j[1].status, FA_OK);
 	assert_string_equal(j[1].detail, "");
 	/* the other owner's jobs stay queued, and the tails are right: a new job goes behind */
-	assert_ptr_equal(f->b->devs[0].run_head, &j[1]);
-	assert_ptr_equal(f->b->devs[0].run_tail, &j[1]);
-	assert_ptr_equal(f->b->devs[1].run_head, &j[3]);
-	assert_ptr_equal(f->b->devs[1].run_tail, &j[3]);
+	assert_int_equal(runq_len(&f->b->devs[0].queue), 1);
+	assert_ptr_equal(runq_peek(&f->b->devs[0].queue, NULL, NULL), &j[1]);
+	assert_int_equal(runq_len(&f->b->devs[1].queue), 1);
+	assert_ptr_equal(runq_peek(&f->b->devs[1].queue, NULL, NULL), &j[3]);
 	job_device(&j[5], &owner_b);
 	queue(f->b, 0, &j[5]);
 	assert_int_equal(take(f->b, 0, batch), 2);
@@ -331,8 +334,8 @@ static void test_gpu_cancel_of_nobody_takes_queued_then_compile_waiting_jobs(voi
 	assert_ptr_equal(done[3], &j[3]);
 	for (int i = 0; i < 4; i++)
 		assert_int_equal(done[i]->status, FA_EDEVICE);
-	assert_null(f->b->devs[0].run_head);
-	assert_null(f->b->devs[1].run_tail);
+	assert_int_equal(runq_len(&f->b->devs[0].queue), 0);
+	assert_int_equal(runq_len(&f->b->devs[1].queue), 0);
 	assert_int_equal(f->b->waiting.jobs, 0);
 }
 
@@ -421,9 +424,9 @@ static void test_gpu_fatal_fails_every_queue_with_edevice_and_marks_the_fault(vo
 	assert_null(t[1].job);
 	assert_null(f->b->tickets);
 	assert_int_equal(f->b->ntickets, 0);
-	assert_null(f->b->devs[0].run_head);
-	assert_null(f->b->devs[0].run_tail);
-	assert_null(f->b->devs[1].run_head);
+	assert_int_equal(runq_len(&f->b->devs[0].queue), 0);
+	assert_int_equal(runq_len(&f->b->devs[0].queue), 0);
+	assert_int_equal(runq_len(&f->b->devs[1].queue), 0);
 	assert_int_equal(f->b->waiting.jobs, 0);
 
 	/* a second fault keeps the first why */
@@ -469,6 +472,136 @@ static void test_backend_done_drain_hands_jobs_back_in_order_with_next_cleared(v
 	assert_int_equal(r.n, 3);
 }
 
+/* A descriptor of a dense BSHD problem. */
+static void desc_dense(struct fa_attn_fwd_desc *d, int64_t B, int64_t S, int64_t Hq, int64_t Hkv,
+                       int64_t D)
+{
+	memset(d, 0, sizeof *d);
+	d->dtype = FA_DTYPE_BF16;
+	d->scale = 0.125;
+	d->B = B;
+	d->Sq = d->Sk = S;
+	d->Hq = Hq;
+	d->Hkv = Hkv;
+	d->D = D;
+	int64_t qs[3] = {S * Hq * D, Hq * D, D}, ks[3] = {S * Hkv * D, Hkv * D, D};
+	memcpy(d->q_stride, qs, sizeof qs);
+	memcpy(d->o_stride, qs, sizeof qs);
+	memcpy(d->k_stride, ks, sizeof ks);
+	memcpy(d->v_stride, ks, sizeof ks);
+	int64_t ls[3] = {Hq * S, S, 1};
+	memcpy(d->lse_stride, ls, sizeof ls);
+}
+
+/* Every (batch, query head) pair of a split job is in exactly one launch, a launch's K/V heads
+ * are its query heads' groups, and each launch is at most GPU_PIECE_FLOP where a group fits. */
+static void test_gpu_split_covers_every_pair_once_in_whole_groups(void **state)
+{
+	static const int64_t shapes[][5] = {
+		{1, 128, 16, 16, 128},    /* small: one launch */
+		{16, 8192, 32, 8, 128},   /* batches per launch */
+		{1, 65536, 32, 8, 128},   /* groups of one batch per launch */
+		{2, 131072, 8, 1, 128},   /* MQA: one group above a piece runs whole */
+	};
+	(void)state;
+	for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+		struct backend_job j;
+		struct fa_attn_fwd_desc sub;
+		uint64_t off[5];
+		const int64_t *sh = shapes[c];
+		memset(&j, 0, sizeof j);
+		desc_dense(&j.desc, sh[0], sh[1], sh[2], sh[3], sh[4]);
+		gpu_split_plan(&j);
+		assert_true(j.piece_total >= 1);
+		if (c == 0)
+			assert_int_equal(j.piece_total, 1);
+		else
+			assert_true(j.piece_total > 1);
+		int64_t B = j.desc.B, Hq = j.desc.Hq, g = Hq / j.desc.Hkv;
+		unsigned char *seen = calloc((size_t)(B * Hq), 1);
+		for (int64_t k = 0; k < j.piece_total; k++) {
+			gpu_split_piece(&j, k, &sub, off);
+			assert_int_equal(sub.Hq % sub.Hkv, 0);
+			assert_int_equal(sub.Hq / sub.Hkv, g);
+			int64_t es = 2;
+			int64_t b0 = (int64_t)off[0] / es / j.desc.q_stride[0];
+			int64_t h0 = ((int64_t)off[0] / es % j.desc.q_stride[0]) / j.desc.q_stride[2];
+			assert_int_equal(off[1], (uint64_t)((b0 * j.desc.k_stride[0] +
+			                                     h0 / g * j.desc.k_stride[2]) * es));
+			assert_int_equal(off[4], (uint64_t)((b0 * j.desc.lse_stride[0] +
+			                                     h0 * j.desc.lse_stride[1]) * 4));
+			for (int64_t b = b0; b < b0 + sub.B; b++)
+				for (int64_t h = h0; h < h0 + sub.Hq; h++) {
+					assert_int_equal(seen[b * Hq + h], 0);
+					seen[b * Hq + h] = 1;
+				}
+			double f = 4.0 * (double)sub.B * (double)sub.Hq * (double)sub.Sq *
+			           (double)sub.Sk * (double)sub.D;
+			if (sub.Hq > g || sub.B > 1)
+				assert_true(f <= GPU_PIECE_FLOP);
+		}
+		for (int64_t i = 0; i < B * Hq; i++)
+			assert_int_equal(seen[i], 1);
+		free(seen);
+	}
+}
+
+/* A split job is taken alone; a batch of small jobs stops at GPU_PIECE_FLOP; gpu_stop tells
+ * only the owner's jobs of the batch on the worker, once. */
+static void test_gpu_queue_takes_a_split_job_alone_and_stop_tells_the_running_batch(void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[4], *batch[GPU_PIPE];
+
+	for (int i = 0; i < 4; i++)
+		job_device(&j[i], i == 1 ? &owner_b : &owner_a);
+	desc_dense(&j[0].desc, 1, 16384, 32, 8, 128); /* 4.4 TFLOP: over a piece alone */
+	desc_dense(&j[1].desc, 1, 16384, 8, 8, 128);  /* 1.1 TFLOP each */
+	desc_dense(&j[2].desc, 1, 16384, 8, 8, 128);
+	desc_dense(&j[3].desc, 1, 16384, 8, 8, 128);
+	for (int i = 0; i < 4; i++) {
+		gpu_split_plan(&j[i]);
+		queue(f->b, 0, &j[i]);
+	}
+	assert_true(j[0].piece_total > 1);
+	assert_int_equal(j[1].piece_total, 1);
+	assert_int_equal(take(f->b, 0, batch), 1);
+	assert_ptr_equal(batch[0], &j[0]);
+	assert_int_equal(gpu_stop(&f->b->base, &owner_b, FA_ECLOSED, "gone"), 0);
+	assert_int_equal(gpu_stop(&f->b->base, &owner_a, FA_ECLOSED, "gone"), 1);
+	assert_true(atomic_load(&j[0].stop));
+	assert_int_equal(j[0].stop_status, FA_ECLOSED);
+	assert_int_equal(gpu_stop(&f->b->base, NULL, FA_ECLOSED, "gone"), 0); /* told already */
+	/* two of 1.1 TFLOP exceed a piece: one per batch */
+	assert_int_equal(take(f->b, 0, batch), 1);
+	assert_ptr_equal(batch[0], &j[1]);
+	assert_int_equal(take(f->b, 0, batch), 1);
+	assert_ptr_equal(batch[0], &j[2]);
+	assert_int_equal(take(f->b, 0, batch), 1);
+	assert_ptr_equal(batch[0], &j[3]);
+	f->b->devs[0].ncur = 0;
+}
+
+/* High-priority jobs are taken before normal ones queued earlier, low ones last. */
+static void test_gpu_queue_takes_high_priority_jobs_first(void **state)
+{
+	struct fixture *f = *state;
+	struct backend_job j[4], *batch[GPU_PIPE];
+
+	for (int i = 0; i < 4; i++)
+		job_host(&j[i], &owner_a); /* one per batch */
+	j[0].priority = FA_PRIORITY_LOW;
+	j[3].priority = FA_PRIORITY_HIGH;
+	for (int i = 0; i < 4; i++)
+		queue(f->b, 0, &j[i]);
+	static const int order[4] = {3, 1, 2, 0};
+	for (int i = 0; i < 4; i++) {
+		assert_int_equal(take(f->b, 0, batch), 1);
+		assert_ptr_equal(batch[0], &j[order[i]]);
+	}
+	f->b->devs[0].ncur = 0;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -485,6 +618,9 @@ int main(void)
 		T(test_gpu_job_done_counts_ok_and_failed_jobs_and_marks_no_fault),
 		T(test_gpu_fatal_fails_every_queue_with_edevice_and_marks_the_fault),
 		T(test_backend_done_drain_hands_jobs_back_in_order_with_next_cleared),
+		T(test_gpu_split_covers_every_pair_once_in_whole_groups),
+		T(test_gpu_queue_takes_a_split_job_alone_and_stop_tells_the_running_batch),
+		T(test_gpu_queue_takes_high_priority_jobs_first),
 #undef T
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -49,7 +49,8 @@ static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa
 		if (a->u.fwd.lse.region != 0 && !proto_tensor_equal(&a->u.fwd.lse, &b->u.fwd.lse))
 			return false;
 		return memcmp(&a->u.fwd.scale, &b->u.fwd.scale, sizeof(double)) == 0 &&
-		       a->u.fwd.mask == b->u.fwd.mask && a->u.fwd.precision == b->u.fwd.precision;
+		       a->u.fwd.mask == b->u.fwd.mask && a->u.fwd.precision == b->u.fwd.precision &&
+		       a->u.fwd.priority == b->u.fwd.priority;
 	case FA_OP_ATTN_BWD: {
 		const struct fa_proto_tensor *ta[] = {&a->u.bwd.q,    &a->u.bwd.k,  &a->u.bwd.v,
 		                                      &a->u.bwd.o,    &a->u.bwd.lse, &a->u.bwd.dout,

@@ -168,6 +168,12 @@ typedef struct fa_attn_fwd_args {
 	double scale;         /* 0 means 1/sqrt(D) */
 	fa_mask mask;         /* FA_MASK_NONE or a causal alignment */
 	fa_precision precision; /* fp32 inputs only */
+	/* Appended last (initialise the whole struct: = {0} or designated initialisers): the
+	 * request's priority class, FA_PRIORITY_NORMAL (0) by default. The daemon starts queued
+	 * work of a higher class first and, within a class, serves sessions in turn; high suits
+	 * small latency-bound requests (on the GPU backend they also go to a high-priority CUDA
+	 * stream), low batch work. A value outside fa_priority: FA_EINVAL. */
+	fa_priority priority;
 } fa_attn_fwd_args;
 
 /* Compute forward attention in the daemon and return when O (and lse) are written.
