@@ -4,7 +4,7 @@
  * Decode is memory bound: the time is K and V read once per kv head. So the tile is the one with
  * the most K/V bytes in flight per SM (capped where more stopped helping: Little's law at ~4 TB/s
  * and ~1 us needs ~32 KB per SM; 128 KB leaves room), and the split makes whole waves of blocks,
- * at the fewest splits that keep the SMs ~90% busy: every split adds partials to write and read
+ * at the fewest splits that keep the SMs within 5% of the best wave fill: every split adds partials to write and read
  * back in the merge pass.
  */
 #include "fa_planner.h"
@@ -222,6 +222,8 @@ fa_status fa_plan_decode(const struct fa_device_model *dev, const struct fa_attn
 	int64_t n = 1;
 	if (ks->decode_splits > 0) {
 		n = ks->decode_splits < tiles ? ks->decode_splits : tiles;
+		if (n > DEC_MAX_SPLITS)
+			n = DEC_MAX_SPLITS;
 	} else {
 		double best = 0;
 		for (int64_t k = 1; k <= maxn; k++) {
@@ -232,7 +234,7 @@ fa_status fa_plan_decode(const struct fa_device_model *dev, const struct fa_attn
 		}
 		for (n = 1; n < maxn; n++) {
 			int64_t blocks = pairs * n, waves = (blocks + resident - 1) / resident;
-			if ((double)blocks / (double)(waves * resident) >= 0.9 * best)
+			if ((double)blocks / (double)(waves * resident) >= 0.95 * best)
 				break;
 		}
 	}

@@ -31,7 +31,7 @@ grep -E "splits of|bad|PASSED|FAILED|<--" "$L/nvrtc-decode.log" | head -12
 timeout ${FA_TEST_TIMEOUT:-75} "$B/tests/gpu/test_attn_decode_gpu" > "$L/gpu-decode.log" 2>&1 || rc=1
 grep -E "^FAIL|prepare:" "$L/gpu-decode.log" | head -30
 grep -E "GPU:|compiled|cases,|worst|PASSED|FAILED|SKIPPED" "$L/gpu-decode.log" | head -16
-FA_BENCH_TSV="$L/bench-decode.tsv" timeout 40 "$B/tests/bench/bench_attn_decode" > "$L/bench-decode.log" 2>&1 || rc=1
+FA_BENCH_TSV="$L/bench-decode.tsv" timeout 90 "$B/tests/bench/bench_attn_decode" > "$L/bench-decode.log" 2>&1 || rc=1
 cat "$L/bench-decode.log"
 OUT="$L" timeout 50 python3 tools/sdpa_decode_anchors.py > "$L/anchors-decode.log" 2>&1 || echo "anchors: exit $?"
 grep -E "device|ceiling" "$L/anchors-decode.log"
@@ -43,7 +43,7 @@ for line in open(sys.argv[1]):
         print("%-16s %-9s %s" % (r["shape"], r["bk"], ("%8.1f us %5.2f TB/s %s" % (r["us"], r["tbs"], r["how"])) if "us" in r else r.get("err")))
 PY
 if [ "${FA_FWD_TEST:-1}" = 1 ]; then
-	timeout ${FA_FWD_TIMEOUT:-60} "$B/tests/gpu/test_attn_fwd_gpu" > "$L/gpu-fwd.log" 2>&1 || rc=1
+	timeout ${FA_FWD_TIMEOUT:-90} "$B/tests/gpu/test_attn_fwd_gpu" > "$L/gpu-fwd.log" 2>&1 || rc=1
 	grep -E "^FAIL" "$L/gpu-fwd.log" | head -10
 	grep -E "cases,|worst|PASSED|FAILED" "$L/gpu-fwd.log" | head -10
 fi

@@ -8,7 +8,8 @@
  * median of 5 such batches; the launches rotate over enough K/V copies that the 50 MB L2 never
  * holds the next one's inputs.
  * Prints "no GPU: skipped" and exits 0 without a GPU. FA_BENCH_TSV=path appends one
- * tab-separated line per measurement.
+ * tab-separated line per measurement; FA_BENCH_SWEEP=1 also times forced splits and ring depths
+ * (sweep).
  */
 #include <math.h>
 #include <stdint.h>
@@ -130,7 +131,7 @@ static double time_it(const struct fa_attn_fwd_desc *d, const struct fa_tile *t,
 	return us[BATCHES / 2];
 }
 
-static void bench(const struct shape *s)
+static void bench(const struct shape *s, bool with_prefill)
 {
 	struct fa_attn_fwd_desc d;
 	make_desc(s, &d);
@@ -164,7 +165,7 @@ static void bench(const struct shape *s)
 	int n = 0;
 	double pre = -1;
 	char ptb[48] = "-";
-	if (fa_gpu_plan(g, &d, &pt, 1, &n, err, sizeof err) == FA_OK) {
+	if (with_prefill && fa_gpu_plan(g, &d, &pt, 1, &n, err, sizeof err) == FA_OK) {
 		fa_tile_format(&pt, ptb, sizeof ptb);
 		pre = time_it(&d, &pt, nsets, q, k, v, o, lse, err, sizeof err);
 	}
@@ -192,6 +193,39 @@ out:
 	fa_gpu_free(g, lse);
 }
 
+/* FA_BENCH_SWEEP=1: the issue's shapes and MQA under forced splits and ring depths (a device
+ * handle per setting, kernels through a disk cache in $TMPDIR), to check the planner's pick. */
+static void sweep(const struct fa_kernel_settings *base)
+{
+	static const int shape_ix[] = {0, 1, 2, 7};
+	static const int splits[] = {0, 1, 2, 4, 8, 16, 33, 66};
+	const char *tmp = getenv("TMPDIR");
+	char dir[512], err[512];
+	snprintf(dir, sizeof dir, "%s/fa-bench-decode-cache", tmp && *tmp ? tmp : "/tmp");
+	struct fa_gpu *keep = g;
+	for (int st = 2; st <= 4; st++)
+		for (size_t si = 0; si < sizeof splits / sizeof splits[0]; si++) {
+			struct fa_kernel_settings ks = *base;
+			char v[16];
+			snprintf(v, sizeof v, "%d", st);
+			fa_kernel_settings_set(&ks, "FA_DECODE_STAGES", v, err, sizeof err);
+			snprintf(v, sizeof v, "%d", splits[si]);
+			fa_kernel_settings_set(&ks, "FA_DECODE_SPLITS", v, err, sizeof err);
+			struct fa_gpu *h;
+			if (fa_gpu_open(&h, 0, &ks, err, sizeof err) != FA_OK) {
+				printf("sweep: %s\n", err);
+				continue;
+			}
+			fa_gpu_set_cache_dir(h, dir, err, sizeof err);
+			g = h;
+			printf("sweep stages=%d splits=%d%s\n", st, splits[si], splits[si] ? "" : " (planner)");
+			for (size_t k = 0; k < sizeof shape_ix / sizeof shape_ix[0]; k++)
+				bench(&shapes[shape_ix[k]], false);
+			fa_gpu_close(h);
+			g = keep;
+		}
+}
+
 int main(void)
 {
 	char err[512];
@@ -206,7 +240,10 @@ int main(void)
 	if (tp)
 		tsv = fopen(tp, "a");
 	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-		bench(&shapes[i]);
+		bench(&shapes[i], true);
+	const char *sw = getenv("FA_BENCH_SWEEP");
+	if (sw && strcmp(sw, "1") == 0)
+		sweep(&ks);
 	if (tsv)
 		fclose(tsv);
 	fa_gpu_close(g);
