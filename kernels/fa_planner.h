@@ -157,7 +157,7 @@ bool fa_decode_wanted(const struct fa_device_model *dev, const struct fa_attn_fw
 /* Plan a decode launch for d (a descriptor fa_attn_fwd_check accepts) on dev: the tile (tile
  * NULL: the planner's, the most K/V bytes in flight per SM that fit, ks->decode_stages
  * respected; else that tile, a decode path, checked to fit) and the split: enough blocks
- * (batch x kv heads x row chunks x splits) for whole waves over dev->sm_count SMs (the fewest
+ * (batch x kv heads x row chunks x splits) for whole waves of one block per SM (the fewest
  * splits within 5% of the best wave fill; at most 256), at least 64 keys per warp and split, ks->decode_splits
  * when set. FA_OK; FA_EINVAL (not a decode tile, a bad head dim); FA_ENOFIT (nothing fits the
  * shared memory, err says the need and the limit); FA_ESHAPE (kv heads x row chunks over

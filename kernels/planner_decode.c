@@ -3,8 +3,8 @@
  *
  * Decode is memory bound: the time is K and V read once per kv head. So the tile is the one with
  * the most K/V bytes in flight per SM (capped where more stopped helping: Little's law at ~4 TB/s
- * and ~1 us needs ~32 KB per SM; 128 KB leaves room), and the split makes whole waves of blocks,
- * at the fewest splits that keep the SMs within 5% of the best wave fill: every split adds partials to write and read
+ * and ~1 us needs ~32 KB per SM; 128 KB leaves room), and the split makes whole waves of one
+ * block per SM, at the fewest splits that keep the SMs within 5% of the best wave fill: every split adds partials to write and read
  * back in the merge pass.
  */
 #include "fa_planner.h"
@@ -212,8 +212,11 @@ fa_status fa_plan_decode(const struct fa_device_model *dev, const struct fa_attn
 		keys = d->Sq;
 	const int64_t tiles = (keys + DEC_BC - 1) / DEC_BC;
 	const int64_t pairs = d->B * d->Hkv * out->row_chunks;
-	const int64_t resident = (int64_t)(dev->sm_count > 0 ? dev->sm_count : 132) *
-	                         out->tile.blocks_per_sm;
+	/* Waves of one block per SM: one block keeps enough K/V in flight for its SM's share of the
+	 * bandwidth, and fewer, longer splits waste less on the prologue and the merge (H200 sweep,
+	 * kernels/RESULTS.md: B=16 x 8k 139 us with 1 split against 147 us with the 2 that filling
+	 * both resident slots gave; B=1 x 32k 47.5 us with 16 splits against 50.2 with 32). */
+	const int64_t resident = dev->sm_count > 0 ? dev->sm_count : 132;
 	int64_t maxn = tiles / ((int64_t)out->tile.nw * DEC_MIN_TILES_PER_WARP);
 	if (maxn < 1)
 		maxn = 1;

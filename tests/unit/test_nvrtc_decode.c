@@ -198,7 +198,7 @@ static void test_decode_planner_on_the_issue_shapes(void **state)
 		assert_true(fa_decode_wanted(h200, &d, NULL));
 		assert_int_equal(fa_plan_decode(h200, &d, NULL, NULL, &p, err, sizeof err), FA_OK);
 		int64_t blocks = d.B * d.Hkv * p.row_chunks * p.nsplit;
-		int64_t resident = 132 * p.tile.blocks_per_sm;
+		int64_t resident = 132; /* the planner's waves: one block per SM */
 		int64_t waves = (blocks + resident - 1) / resident;
 		printf("B=%lld Sk=%lld: tile %d rows, %d warps, %d stages, %zu B smem, %d/SM; %d "
 		       "splits of %d keys; %lld blocks (%.0f%% of %lld waves)\n", (long long)d.B,
@@ -207,7 +207,7 @@ static void test_decode_planner_on_the_issue_shapes(void **state)
 		       100.0 * (double)blocks / (double)(waves * resident), (long long)waves);
 		assert_int_equal(p.rows, 4);
 		assert_int_equal(p.tile.br, 16);
-		assert_true((double)blocks / (double)(waves * resident) >= 0.85);
+		assert_true((double)blocks / (double)(waves * resident) >= 0.9);
 		assert_true((int64_t)p.nsplit * p.split_keys >= d.Sk);
 		assert_true((int64_t)(p.nsplit - 1) * p.split_keys < d.Sk);
 		assert_int_equal(p.split_keys % 16, 0);
@@ -216,7 +216,7 @@ static void test_decode_planner_on_the_issue_shapes(void **state)
 	/* a long cache over few heads is split, many short ones are not */
 	make_desc(&d, FA_DTYPE_BF16, 128, FA_MASK_NONE, 1, 1, 32768, 32, 8);
 	assert_int_equal(fa_plan_decode(h200, &d, NULL, NULL, &p, err, sizeof err), FA_OK);
-	assert_true(p.nsplit >= 16);
+	assert_int_equal(p.nsplit, 16); /* the H200 sweep's best (kernels/RESULTS.md) */
 	make_desc(&d, FA_DTYPE_BF16, 128, FA_MASK_NONE, 64, 1, 2048, 32, 8);
 	assert_int_equal(fa_plan_decode(h200, &d, NULL, NULL, &p, err, sizeof err), FA_OK);
 	assert_int_equal(p.nsplit, 1);
