@@ -131,6 +131,17 @@ int fa_gpu_driver_version(const struct fa_gpu *g);
 fa_status fa_gpu_make_current(struct fa_gpu *g, char *err, size_t errlen);
 
 /* Forward attention on the device, enqueued on stream s (0: the legacy default stream).
+ * Decode shapes (fa_decode_wanted: Sq <= FA_DECODE_MAX_SQ unless the settings' FA_DECODE says
+ * otherwise) run the split-KV decode kernels (attn_decode.cu, planned by fa_plan_decode): the
+ * query heads of a GQA group packed into one tile's rows, the keys split over blocks. With more
+ * than one split the partial O (fp32) and logsumexps live in a workspace of
+ * fa_decode_plan.scratch bytes taken from the device's default memory pool in stream order
+ * (cuMemAllocAsync on s before the kernels, cuMemFreeAsync after the merge pass): fa_gpu_open
+ * raises the pool's release threshold, so the pool grows to the largest decode's need once and
+ * reuses that memory for every later launch on any stream, with no host synchronisation, and
+ * concurrent launches on different streams never share bytes. The prefill path's fp32 staging
+ * and wgmma images use the same pool.
+ * Everything else below applies to both paths. 
  * q, k, v, o: device pointers to the tensors as the descriptor describes them; lse: device
  * pointer to fp32 [B, Hq, Sq] by d->lse_stride, or 0 for none. Requirements beyond
  * fa_attn_fwd_check(): every pointer 16-byte aligned and every batch/seq/head stride a multiple
@@ -142,7 +153,8 @@ fa_status fa_gpu_attn_fwd(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, CU
                           CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
                           char *err, size_t errlen);
 
-/* The same with an explicit tile (one of fa_plan's candidates): for the tuner and benchmarks. */
+/* The same with an explicit tile (one of fa_plan's candidates, or a decode tile of
+ * fa_plan_decode: its split is planned for the shape): for the tuner and benchmarks. */
 fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
                                const struct fa_tile *tile, CUdeviceptr q, CUdeviceptr k,
                                CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,

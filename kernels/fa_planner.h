@@ -43,12 +43,22 @@ enum fa_kpath {
 	FA_KPATH_WG32 = 3,   /* tf32: K and V^T per stage */
 	FA_KPATH_WG32X3 = 4, /* 3xtf32: K, K_lo, V^T, V^T_lo per stage */
 	FA_KPATH_WG16 = 5,   /* fp16, bf16, fp32 staged as bf16: K and V^T per stage, 16-bit */
+	/* the decode kernels (attn_decode.cu, planner_decode.c): split-KV, the GQA group packed
+	 * into the rows; br = packed rows per block, rt = 1, bc = 16 keys per warp step */
+	FA_KPATH_DEC16 = 6, /* fp16, bf16: mma.sync m16n8k16 */
+	FA_KPATH_DEC32 = 7, /* fp32, every precision: FFMA */
 };
 
 /* Whether a path is one of the wgmma paths. */
 static inline bool fa_kpath_is_wg(int path)
 {
 	return path == FA_KPATH_WG32 || path == FA_KPATH_WG32X3 || path == FA_KPATH_WG16;
+}
+
+/* Whether a path is one of the decode paths. */
+static inline bool fa_kpath_is_decode(int path)
+{
+	return path == FA_KPATH_DEC16 || path == FA_KPATH_DEC32;
 }
 
 /* One tile configuration and what it costs. */
@@ -120,5 +130,44 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 
 /* A short text for a configuration: "128x64 w4r2 s2" (rows x keys, warps, row tiles, stages). */
 void fa_tile_format(const struct fa_tile *t, char *buf, size_t len);
+
+/* ---- the decode path (planner_decode.c, attn_decode.cu) ---------------------------------- */
+
+/* Decode when the query rows are at most this many (speculative decoding sends 2-8); above, the
+ * prefill kernel's 64-128-row tiles are full and it is faster. */
+#define FA_DECODE_MAX_SQ 16
+
+/* What one decode launch runs. */
+struct fa_decode_plan {
+	struct fa_tile tile; /* path FA_KPATH_DEC16 / DEC32, nw warps, br packed rows per block, bc
+	                      * 16, stages, smem, regs (estimate), blocks_per_sm */
+	int rows;            /* packed rows of a kv head: Sq * (Hq / Hkv) */
+	int row_chunks;      /* blocks per kv head over those rows: ceil(rows / br) */
+	int nsplit;          /* key splits (1: the kernel writes O itself, no merge pass) */
+	int split_keys;      /* keys per split, a multiple of 16 */
+	size_t scratch;      /* device bytes of the partials (nsplit > 1), else 0 */
+	size_t scratch_lse;  /* offset of the partial logsumexps in that scratch */
+};
+
+/* Whether fa_gpu_attn_fwd takes the decode path for d on dev: ks->decode FA_DECODE_ALL, or
+ * FA_DECODE_AUTO and d->Sq <= FA_DECODE_MAX_SQ. ks NULL: the defaults. */
+bool fa_decode_wanted(const struct fa_device_model *dev, const struct fa_attn_fwd_desc *d,
+                      const struct fa_kernel_settings *ks);
+
+/* Plan a decode launch for d (a descriptor fa_attn_fwd_check accepts) on dev: the tile (tile
+ * NULL: the planner's, the most K/V bytes in flight per SM that fit, ks->decode_stages
+ * respected; else that tile, a decode path, checked to fit) and the split: enough blocks
+ * (batch x kv heads x row chunks x splits) for whole waves of one block per SM (the fewest
+ * splits within 5% of the best wave fill; at most 256), at least 64 keys per warp and split, ks->decode_splits
+ * when set. FA_OK; FA_EINVAL (not a decode tile, a bad head dim); FA_ENOFIT (nothing fits the
+ * shared memory, err says the need and the limit); FA_ESHAPE (kv heads x row chunks over
+ * 65535). Pure, thread-safe. */
+fa_status fa_plan_decode(const struct fa_device_model *dev, const struct fa_attn_fwd_desc *d,
+                         const struct fa_kernel_settings *ks, const struct fa_tile *tile,
+                         struct fa_decode_plan *out, char *err, size_t errlen);
+
+/* Bytes of dynamic shared memory of a decode tile (path, nw, br, stages set) at head dim D:
+ * mirrors SMEM_Q, the rings, fp32's P buffer and the merge area of attn_decode.cu. */
+size_t fa_decode_smem(const struct fa_tile *t, int D);
 
 #endif /* FA_PLANNER_H */

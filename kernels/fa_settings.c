@@ -13,6 +13,7 @@ static const struct fa_kernel_settings defaults = FA_KERNEL_SETTINGS_INIT;
 static const char *const names[] = {
 	"FA_WGMMA",   "FA_WGMMA16",          "FA_WG_BC",              "FA_WG_STAGES",
 	"FA_WG_NWG",  "FA_NVRTC_EXTRA",      "FA_KERNEL_CACHE_MAX_MB", "CUDA_HOME",
+	"FA_DECODE",  "FA_DECODE_SPLITS",    "FA_DECODE_STAGES",
 	NULL,
 };
 
@@ -95,6 +96,23 @@ fa_status fa_kernel_settings_set(struct fa_kernel_settings *s, const char *name,
 		s->kernel_cache_max_mb = x;
 	} else if (strcmp(name, "CUDA_HOME") == 0) {
 		return set_str(s->cuda_home, sizeof s->cuda_home, name, value, err, errlen);
+	} else if (strcmp(name, "FA_DECODE") == 0) {
+		if (strcmp(value, "auto") == 0)
+			s->decode = FA_DECODE_AUTO;
+		else if (strcmp(value, "0") == 0)
+			s->decode = FA_DECODE_OFF;
+		else if (strcmp(value, "1") == 0)
+			s->decode = FA_DECODE_ALL;
+		else
+			return bad(err, errlen, name, value, "auto, 0 or 1");
+	} else if (strcmp(name, "FA_DECODE_SPLITS") == 0) {
+		if (!parse_count(value, 1024, &x))
+			return bad(err, errlen, name, value, "0 (the planner's) or a count up to 1024");
+		s->decode_splits = (int)x;
+	} else if (strcmp(name, "FA_DECODE_STAGES") == 0) {
+		if (!parse_count(value, 8, &x) || x == 1)
+			return bad(err, errlen, name, value, "0 (the planner's) or 2..8");
+		s->decode_stages = (int)x;
 	} else {
 		return fa_err(err, errlen, FA_EINVAL, "unknown kernel setting %.64s", name);
 	}
@@ -123,6 +141,13 @@ bool fa_kernel_settings_get(const struct fa_kernel_settings *s, const char *name
 		snprintf(buf, cap, "%llu", s->kernel_cache_max_mb);
 	else if (strcmp(name, "CUDA_HOME") == 0)
 		snprintf(buf, cap, "%s", s->cuda_home);
+	else if (strcmp(name, "FA_DECODE") == 0)
+		snprintf(buf, cap, "%s", s->decode == FA_DECODE_OFF ? "0"
+		                         : s->decode == FA_DECODE_ALL ? "1" : "auto");
+	else if (strcmp(name, "FA_DECODE_SPLITS") == 0)
+		snprintf(buf, cap, "%d", s->decode_splits);
+	else if (strcmp(name, "FA_DECODE_STAGES") == 0)
+		snprintf(buf, cap, "%d", s->decode_stages);
 	else
 		return false;
 	return true;

@@ -24,6 +24,13 @@ enum fa_wgmma16_mode {
 	FA_WGMMA16_ALL = 2,      /* wherever a wgmma tile fits (experiments, compile checks) */
 };
 
+/* fa_kernel_settings.decode */
+enum fa_decode_mode {
+	FA_DECODE_AUTO = 0, /* decode shapes (Sq <= FA_DECODE_MAX_SQ, planner_decode.c) */
+	FA_DECODE_OFF = 1,  /* never: the prefill kernel serves every shape (the "before") */
+	FA_DECODE_ALL = 2,  /* every shape (tests, experiments) */
+};
+
 #define FA_KERNEL_SETTINGS_EXTRA_MAX 192
 #define FA_KERNEL_SETTINGS_PATH_MAX 512
 
@@ -45,12 +52,22 @@ struct fa_kernel_settings {
 	/* CUDA_HOME: a toolkit whose lib64/libnvrtc.so.13 is tried after the one the build named
 	 * (FA_CUDA_HOME) and before the loader's path. Default "" (none). */
 	char cuda_home[FA_KERNEL_SETTINGS_PATH_MAX];
+	/* FA_DECODE: where fa_gpu_attn_fwd takes the split-KV decode kernels (attn_decode.cu):
+	 * "auto" (default), "0" never, "1" every shape. */
+	enum fa_decode_mode decode;
+	/* FA_DECODE_SPLITS: key splits of the decode path (0, default: the planner's choice from
+	 * the shape and the SM count; else this many, at most one per 16 keys). */
+	int decode_splits;
+	/* FA_DECODE_STAGES: K/V tiles in each decode warp's ring (0, default: the planner's; else
+	 * 2..8). */
+	int decode_stages;
 };
 
 /* The defaults, as an initialiser: struct fa_kernel_settings s = FA_KERNEL_SETTINGS_INIT; */
 #define FA_KERNEL_SETTINGS_INIT                                                                 \
 	{ .wgmma = true, .wgmma16 = FA_WGMMA16_MEASURED, .wg_bc = 0, .wg_stages = 0, .wg_nwg = 0,  \
-	  .nvrtc_extra = "", .kernel_cache_max_mb = 0, .cuda_home = "" }
+	  .nvrtc_extra = "", .kernel_cache_max_mb = 0, .cuda_home = "", .decode = FA_DECODE_AUTO,  \
+	  .decode_splits = 0, .decode_stages = 0 }
 
 /* The defaults, for a struct that exists already. */
 void fa_kernel_settings_init(struct fa_kernel_settings *s);
@@ -61,8 +78,9 @@ const struct fa_kernel_settings *fa_kernel_settings_default(void);
 /* The settings' names, NULL-terminated ("FA_WGMMA", ..., "CUDA_HOME"). Static storage. */
 const char *const *fa_kernel_settings_names(void);
 
-/* Set one setting by name from text: FA_WGMMA "0"/"1"; FA_WGMMA16 "auto"/"0"/"1"; FA_WG_* a
- * count in [0, 1024]; FA_KERNEL_CACHE_MAX_MB in [0, 2^40); the strings as they are. value NULL
+/* Set one setting by name from text: FA_WGMMA "0"/"1"; FA_WGMMA16 and FA_DECODE "auto"/"0"/"1";
+ * FA_WG_* and FA_DECODE_SPLITS a count in [0, 1024]; FA_DECODE_STAGES 0 or 2..8;
+ * FA_KERNEL_CACHE_MAX_MB in [0, 2^40); the strings as they are. value NULL
  * leaves the setting as it is. FA_OK, FA_EINVAL (unknown name, bad value, too long: err says
  * which). */
 fa_status fa_kernel_settings_set(struct fa_kernel_settings *s, const char *name,

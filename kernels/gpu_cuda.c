@@ -77,12 +77,26 @@ struct fa_wgprep {
 	int B, Sk, Hkv, skp;
 };
 
+/* attn_decode.cu's fa_dparams (same order, same types). */
+struct fa_dparams {
+	uint64_t q, k, v, o, lse;
+	uint64_t po, pl; /* the partials: fp32 O [split][B][Hq][Sq][D] and their lse */
+	long long qs[3], ks[3], vs[3], os[3], ls[3];
+	struct fa_kdims dims;
+	struct fa_kscale sc;
+	int nsplit, split_keys, rows, nrc;
+};
+_Static_assert(offsetof(struct fa_dparams, dims) == 176 && offsetof(struct fa_dparams, sc) == 200 &&
+               offsetof(struct fa_dparams, nsplit) == 208 && sizeof(struct fa_dparams) == 224,
+               "decode kernel parameter block layout");
+
 /* One compiled specialisation. */
 struct kcache_entry {
 	struct fa_kernel_spec spec;
 	cumod mod;
 	cufunc fwd, cvt, cvt_flat;
 	cufunc prep; /* wgmma paths: fa_wg_prep (K, V -> tile images); cvt and cvt_flat are 0 */
+	cufunc merge; /* decode paths: fa_decode_merge (fwd is fa_attn_decode); else 0 */
 };
 
 struct fa_gpu {
@@ -326,9 +340,17 @@ static fa_status get_kernel_try(struct fa_gpu *g, const struct fa_kernel_spec *s
 	}
 	if (r)
 		return cu_fail(g, r, "cuModuleLoadData", err, errlen);
-	e.cvt = e.cvt_flat = e.prep = 0;
-	bool wg = fa_kpath_is_wg(s->tile.path);
-	if ((r = g->cu.ModuleGetFunction(&e.fwd, e.mod, "fa_attn_fwd")) ||
+	e.cvt = e.cvt_flat = e.prep = e.merge = 0;
+	bool wg = fa_kpath_is_wg(s->tile.path), dec = fa_kpath_is_decode(s->tile.path);
+	if (dec) {
+		if ((r = g->cu.ModuleGetFunction(&e.fwd, e.mod, "fa_attn_decode")) ||
+		    (r = g->cu.ModuleGetFunction(&e.merge, e.mod, "fa_decode_merge")) ||
+		    (r = g->cu.FuncSetAttribute(e.fwd, FUNC_ATTR_MAX_DYN_SMEM, (int)s->tile.smem))) {
+			st = cu_fail(g, r, "loading fa_attn_decode", err, errlen);
+			g->cu.ModuleUnload(e.mod);
+			return st;
+		}
+	} else if ((r = g->cu.ModuleGetFunction(&e.fwd, e.mod, "fa_attn_fwd")) ||
 	    (wg && (r = g->cu.ModuleGetFunction(&e.prep, e.mod, "fa_wg_prep"))) ||
 	    (!wg && (r = g->cu.ModuleGetFunction(&e.cvt, e.mod, "fa_cvt_f32_bf16"))) ||
 	    (!wg && (r = g->cu.ModuleGetFunction(&e.cvt_flat, e.mod, "fa_cvt_f32_bf16_flat"))) ||
@@ -567,6 +589,70 @@ static fa_status launch_cvt_flat(struct fa_gpu *g, cufunc f, CUdeviceptr k, CUde
 	return r ? cu_fail(g, r, "launching fa_cvt_f32_bf16_flat", err, errlen) : FA_OK;
 }
 
+/* The decode path (attn_decode.cu, planner_decode.c): one launch of fa_attn_decode over (split,
+ * kv head x row chunk, batch), and with more than one split the partials in stream-ordered
+ * scratch from the device's memory pool (kept by the pool: fa_gpu_open raised its release
+ * threshold, so repeated decodes reuse the same memory) merged by fa_decode_merge, one warp per
+ * output row; the scratch is freed in stream order after the merge. */
+static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                               const struct fa_decode_plan *dp, CUdeviceptr q, CUdeviceptr k,
+                               CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
+                               char *err, size_t errlen)
+{
+	struct fa_kernel_spec spec;
+	fa_status st;
+	fa_kernel_spec_make(&spec, g->model.sm, d->dtype, d->precision, (int)d->D, d->mask,
+	                    &dp->tile);
+	if ((st = fa_gpu_make_current(g, err, errlen)))
+		return st;
+	struct kcache_entry *ke = NULL;
+	if ((st = get_kernel(g, &spec, &ke, err, errlen)))
+		return st;
+	struct fa_dparams p;
+	memset(&p, 0, sizeof p);
+	p.q = q;
+	p.k = k;
+	p.v = v;
+	p.o = o;
+	p.lse = lse;
+	for (int i = 0; i < 3; i++) {
+		p.qs[i] = d->q_stride[i];
+		p.ks[i] = d->k_stride[i];
+		p.vs[i] = d->v_stride[i];
+		p.os[i] = d->o_stride[i];
+		p.ls[i] = d->lse_stride[i];
+	}
+	p.dims = kdims_of(d);
+	p.sc = kscale_of(d);
+	p.nsplit = dp->nsplit;
+	p.split_keys = dp->split_keys;
+	p.rows = dp->rows;
+	p.nrc = dp->row_chunks;
+	CUdeviceptr scratch = 0;
+	curesult r;
+	if (dp->nsplit > 1) {
+		r = g->cu.MemAllocAsync(&scratch, dp->scratch, (custream)s);
+		if (r)
+			return cu_fail(g, r, "cuMemAllocAsync (decode partials)", err, errlen);
+		p.po = scratch;
+		p.pl = scratch + dp->scratch_lse;
+	}
+	void *args[] = {&p};
+	r = g->cu.LaunchKernel(ke->fwd, (unsigned)dp->nsplit, (unsigned)(d->Hkv * dp->row_chunks),
+	                       (unsigned)d->B, (unsigned)(32 * dp->tile.nw), 1, 1,
+	                       (unsigned)spec.tile.smem, (custream)s, args, NULL);
+	if (r == 0 && dp->nsplit > 1) {
+		int64_t nrows = d->B * d->Hq * d->Sq;
+		r = g->cu.LaunchKernel(ke->merge, (unsigned)((nrows + 3) / 4), 1, 1, 128, 1, 1, 0,
+		                       (custream)s, args, NULL);
+	}
+	if (scratch)
+		g->cu.MemFreeAsync(scratch, (custream)s);
+	if (r)
+		return cu_fail(g, r, "launching fa_attn_decode / fa_decode_merge", err, errlen);
+	return FA_OK;
+}
+
 fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
                                const struct fa_tile *tile, CUdeviceptr q, CUdeviceptr k,
                                CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
@@ -590,6 +676,12 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 		return st;
 	if (lse % 4) {
 		return fa_err(err, errlen, FA_EALIGN, "lse: device pointer is not 4-byte aligned");
+	}
+	if (tile ? fa_kpath_is_decode(tile->path) : fa_decode_wanted(&g->model, d, &g->ks)) {
+		struct fa_decode_plan dp;
+		if ((st = fa_plan_decode(&g->model, d, &g->ks, tile, &dp, err, errlen)))
+			return st;
+		return launch_decode(g, d, &dp, q, k, v, o, lse, s, err, errlen);
 	}
 	struct fa_tile t;
 	if (tile) {
@@ -690,6 +782,11 @@ fa_status fa_gpu_prepare(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
 	fa_status st;
 	if (tile) {
 		t = *tile;
+	} else if (fa_decode_wanted(&g->model, d, &g->ks)) {
+		struct fa_decode_plan dp;
+		if ((st = fa_plan_decode(&g->model, d, &g->ks, NULL, &dp, err, errlen)))
+			return st;
+		t = dp.tile;
 	} else {
 		if ((st = choose_tile(g, d, &t, err, errlen)))
 			return st;
@@ -709,6 +806,13 @@ static fa_status peek_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, s
 {
 	struct fa_tile c[FA_PLAN_MAX_CANDIDATES];
 	int n = 0;
+	if (fa_decode_wanted(&g->model, d, &g->ks)) { /* not tuned: the planner's tile */
+		struct fa_decode_plan dp;
+		fa_status st = fa_plan_decode(&g->model, d, &g->ks, NULL, &dp, err, errlen);
+		if (st == FA_OK)
+			*t = dp.tile;
+		return st;
+	}
 	pthread_mutex_lock(&g->lock);
 	struct fa_tune_table *tt = g->tune;
 	pthread_mutex_unlock(&g->lock);

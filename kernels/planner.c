@@ -490,6 +490,8 @@ void fa_tile_format(const struct fa_tile *t, char *buf, size_t len)
 {
 	if (fa_kpath_is_wg(t->path)) /* "128x64 wg2 s2": warpgroups */
 		snprintf(buf, len, "%dx%d wg%d s%d", t->br, t->bc, t->nw / 4, t->stages);
+	else if (fa_kpath_is_decode(t->path)) /* "dec 16x16 w4 s3": packed rows x keys per warp */
+		snprintf(buf, len, "dec %dx%d w%d s%d", t->br, t->bc, t->nw, t->stages);
 	else
 		snprintf(buf, len, "%dx%d w%dr%d s%d", t->br, t->bc, t->nw, t->rt, t->stages);
 }

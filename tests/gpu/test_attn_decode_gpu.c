@@ -1,0 +1,619 @@
+/* test_attn_decode_gpu.c - the decode kernels (kernels/attn_decode.cu: split-KV, GQA packed
+ * rows, the merge pass) on the GPU against the CPU float64 reference.
+ *
+ * The kernel settings force the decode path for every case (FA_DECODE=1 on top of the
+ * environment's), and each case checks that the kernel that ran is a decode one. Grid: Sq 1, 2, 5,
+ * 8 (and 16) x Sk 1, 17, 127, 129, 1000, 4097, 32768 x every dtype and fp32 precision, with head
+ * dims (8, 40, 64, 72, 128, 160, 256), GQA ratios 1, 4, 8 and 32:1 (MQA), masks and layouts (BSHD,
+ * BHSD) rotating; then every mask at speculative lengths, negative scales, padded strides, and the
+ * splits forced (FA_DECODE_SPLITS) on a second device handle. O and lse are poisoned (all bits
+ * set: NaN) before each launch; tolerances as ARCHITECTURE.md (relative Frobenius error: fp32
+ * ieee/3xtf32 1e-5, tf32 2e-3, bf16 1e-2, fp16 2e-3; NaN never passes) and the logsumexp. Small
+ * cases use fa_attn_fwd_ref64 over every row; large ones a float64 oracle on every row of sampled
+ * (batch, head) pairs, after checking that no output element kept its poison.
+ * Without a GPU it prints why and skips.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fa_gpu.h"
+#include "fa_test.h"
+#include "fa_ksettings.h"
+
+struct gcase {
+	fa_dtype dt;
+	fa_precision prec;
+	int D;
+	int Sq, Sk;
+	fa_mask mask;
+	int B, Hq, Hkv;
+	int bhsd; /* layout: 0 BSHD, 1 BHSD */
+	int neg;  /* negative scale (-1/sqrt(D)): the kernel negates the scores */
+	int pad;  /* extra elements between rows (strided views of a larger buffer) */
+	int split; /* on gpu_split (FA_DECODE_SPLITS=37) */
+};
+
+static struct fa_gpu *gpu, *gpu_split; /* gpu_split: FA_DECODE_SPLITS forced */
+static char gpu_err[512];
+static uint64_t seed0 = 0x9e3779b97f4a7c15ull;
+static _Thread_local uint64_t rng;
+static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static double tol_of(fa_dtype dt, fa_precision p)
+{
+	if (dt == FA_DTYPE_FP16)
+		return 2e-3;
+	if (dt == FA_DTYPE_BF16)
+		return 1e-2;
+	switch (fa_prec_resolve(dt, p)) {
+	case FA_PREC_TF32: return 2e-3;
+	case FA_PREC_BF16: return 1e-2;
+	default: return 1e-5;
+	}
+}
+
+static double lse_tol_of(fa_dtype dt, fa_precision p)
+{
+	if (dt != FA_DTYPE_FP32)
+		return 2e-4;
+	switch (fa_prec_resolve(dt, p)) {
+	case FA_PREC_TF32: return 1e-2;
+	case FA_PREC_BF16: return 8e-2;
+	default: return 2e-4;
+	}
+}
+
+static void make_desc(const struct gcase *c, struct fa_attn_fwd_desc *d)
+{
+	memset(d, 0, sizeof *d);
+	d->dtype = c->dt;
+	d->precision = c->prec;
+	d->mask = c->mask;
+	d->scale = (c->neg ? -1.0 : 1.0) / sqrt((double)c->D);
+	d->B = c->B;
+	d->Sq = c->Sq;
+	d->Sk = c->Sk;
+	d->Hq = c->Hq;
+	d->Hkv = c->Hkv;
+	d->D = c->D;
+	int64_t D = c->D + c->pad;
+	if (!c->bhsd) {
+		int64_t q[3] = {c->Sq * c->Hq * D, c->Hq * D, D}, k[3] = {c->Sk * c->Hkv * D, c->Hkv * D, D};
+		memcpy(d->q_stride, q, sizeof q);
+		memcpy(d->o_stride, q, sizeof q);
+		memcpy(d->k_stride, k, sizeof k);
+		memcpy(d->v_stride, k, sizeof k);
+	} else {
+		int64_t q[3] = {c->Hq * c->Sq * D, D, c->Sq * D}, k[3] = {c->Hkv * c->Sk * D, D, c->Sk * D};
+		memcpy(d->q_stride, q, sizeof q);
+		memcpy(d->o_stride, q, sizeof q);
+		memcpy(d->k_stride, k, sizeof k);
+		memcpy(d->v_stride, k, sizeof k);
+	}
+	d->lse_stride[0] = (int64_t)c->Hq * c->Sq;
+	d->lse_stride[1] = c->Sq;
+	d->lse_stride[2] = 1;
+}
+
+static void fill_random(void *buf, fa_dtype dt, size_t n, double amp)
+{
+	for (size_t i = 0; i < n; i++)
+		fa_store_elem(buf, dt, (int64_t)i, amp * (2.0 * fa_rand_uniform(&rng) - 1.0));
+}
+
+/* float64 oracle for one query row: o[D] and its logsumexp. */
+static void oracle_row(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
+                       const void *v, int64_t b, int64_t h, int64_t i, double *o, double *lse,
+                       double *sc)
+{
+	int64_t hk = h / (d->Hq / d->Hkv);
+	double mx = -INFINITY;
+	for (int64_t j = 0; j < d->Sk; j++) {
+		if (!fa_mask_allows(d->mask, d->Sq, d->Sk, i, j)) {
+			sc[j] = -INFINITY;
+			continue;
+		}
+		double s = 0;
+		for (int64_t e = 0; e < d->D; e++)
+			s += fa_load_elem(q, d->dtype, b * d->q_stride[0] + i * d->q_stride[1] + h * d->q_stride[2] + e) *
+			     fa_load_elem(k, d->dtype, b * d->k_stride[0] + j * d->k_stride[1] + hk * d->k_stride[2] + e);
+		sc[j] = s * d->scale;
+		if (sc[j] > mx)
+			mx = sc[j];
+	}
+	for (int64_t e = 0; e < d->D; e++)
+		o[e] = 0;
+	if (mx == -INFINITY) {
+		*lse = -INFINITY;
+		return;
+	}
+	double l = 0;
+	for (int64_t j = 0; j < d->Sk; j++) {
+		if (sc[j] == -INFINITY)
+			continue;
+		double p = exp(sc[j] - mx);
+		l += p;
+		for (int64_t e = 0; e < d->D; e++)
+			o[e] += p * fa_load_elem(v, d->dtype, b * d->v_stride[0] + j * d->v_stride[1] + hk * d->v_stride[2] + e);
+	}
+	for (int64_t e = 0; e < d->D; e++)
+		o[e] /= l;
+	*lse = mx + log(l);
+}
+
+struct sample_job {
+	const struct fa_attn_fwd_desc *d;
+	const void *q, *k, *v, *o;
+	const float *lse;
+	const int64_t *rows; /* triples b, h, i */
+	int nrows, first, step;
+	double num, den, lse_err;
+	bool bad;
+};
+
+static void *sample_worker(void *arg)
+{
+	struct sample_job *j = arg;
+	const struct fa_attn_fwd_desc *d = j->d;
+	double *o = malloc(sizeof(double) * (size_t)d->D), *sc = malloc(sizeof(double) * (size_t)d->Sk);
+	for (int r = j->first; r < j->nrows; r += j->step) {
+		int64_t b = j->rows[3 * r], h = j->rows[3 * r + 1], i = j->rows[3 * r + 2];
+		double lse;
+		oracle_row(d, j->q, j->k, j->v, b, h, i, o, &lse, sc);
+		for (int64_t e = 0; e < d->D; e++) {
+			double x = fa_load_elem(j->o, d->dtype, b * d->o_stride[0] + i * d->o_stride[1] + h * d->o_stride[2] + e);
+			if (!isfinite(x))
+				j->bad = true;
+			j->num += (x - o[e]) * (x - o[e]);
+			j->den += o[e] * o[e];
+		}
+		float gl = j->lse[b * d->lse_stride[0] + h * d->lse_stride[1] + i * d->lse_stride[2]];
+		if (isinf(lse) && lse < 0) {
+			if (!(isinf(gl) && gl < 0))
+				j->bad = true;
+		} else if (!isfinite(gl)) {
+			j->bad = true;
+		} else if (fabs(gl - lse) > j->lse_err) {
+			j->lse_err = fabs(gl - lse);
+		}
+	}
+	free(o);
+	free(sc);
+	return NULL;
+}
+
+struct result {
+	double err, lse_err;
+	bool finite;
+	char tile[48];
+};
+
+static int ncases, nfail;
+static double worst[8]; /* by dtype/precision slot */
+
+static int slot_of(fa_dtype dt, fa_precision p)
+{
+	if (dt == FA_DTYPE_FP16)
+		return 0;
+	if (dt == FA_DTYPE_BF16)
+		return 1;
+	return 1 + (int)fa_prec_resolve(dt, p); /* ieee 2, 3xtf32 3, tf32 4, bf16 5 */
+}
+static const char *slot_name[] = {"fp16", "bf16", "fp32 ieee", "fp32 3xtf32", "fp32 tf32", "fp32 bf16"};
+
+static bool run_case(const struct gcase *c, int verbose)
+{
+	struct fa_attn_fwd_desc d;
+	make_desc(c, &d);
+	size_t es = fa_dtype_size(c->dt);
+	size_t nq = (size_t)c->B * c->Sq * c->Hq * (c->D + c->pad);
+	size_t nk = (size_t)c->B * c->Sk * c->Hkv * (c->D + c->pad);
+	size_t nl = (size_t)c->B * c->Hq * c->Sq;
+	void *q = malloc(nq * es), *k = malloc(nk * es), *v = malloc(nk * es), *o = malloc(nq * es);
+	float *lse = malloc(nl * sizeof(float));
+	assert_non_null(q);
+	assert_non_null(o);
+	fill_random(q, c->dt, nq, 1.5);
+	fill_random(k, c->dt, nk, 1.5);
+	fill_random(v, c->dt, nk, 1.0);
+	CUdeviceptr dq = 0, dk = 0, dv = 0, dov = 0, dl = 0;
+	char err[2048];
+	fa_status st;
+	if ((st = fa_gpu_alloc(gpu, nq * es, &dq, err, sizeof err)) ||
+	    (st = fa_gpu_alloc(gpu, nk * es, &dk, err, sizeof err)) ||
+	    (st = fa_gpu_alloc(gpu, nk * es, &dv, err, sizeof err)) ||
+	    (st = fa_gpu_alloc(gpu, nq * es, &dov, err, sizeof err)) ||
+	    (st = fa_gpu_alloc(gpu, nl * 4, &dl, err, sizeof err)) ||
+	    (st = fa_gpu_upload(gpu, dq, q, nq * es, err, sizeof err)) ||
+	    (st = fa_gpu_upload(gpu, dk, k, nk * es, err, sizeof err)) ||
+	    (st = fa_gpu_upload(gpu, dv, v, nk * es, err, sizeof err)) ||
+	    (st = fa_gpu_memset8(gpu, dov, 0xff, nq * es, err, sizeof err)) ||
+	    (st = fa_gpu_memset8(gpu, dl, 0xff, nl * 4, err, sizeof err)))
+		fail_msg("setup: %s", err);
+	struct fa_gpu *gg = c->split ? gpu_split : gpu;
+	char kname[96] = "";
+	bool ready = false;
+	st = fa_gpu_kernel_lookup(gg, &d, &ready, kname, sizeof kname, err, sizeof err);
+	if (st == FA_OK && !strstr(kname, " dec ")) {
+		snprintf(err, sizeof err, "not the decode kernel: %s", kname);
+		st = FA_EINTERNAL;
+	}
+	if (st == FA_OK)
+		st = fa_gpu_attn_fwd(gg, &d, dq, dk, dv, dov, dl, NULL, err, sizeof err);
+	if (st == FA_OK)
+		st = fa_gpu_sync(gg, err, sizeof err);
+	if (st != FA_OK) {
+		pthread_mutex_lock(&out_lock);
+		printf("FAIL launch D=%d Sq=%d Sk=%d: %s: %s\n", c->D, c->Sq, c->Sk, fa_status_name(st), err);
+		ncases++;
+		nfail++;
+		pthread_mutex_unlock(&out_lock);
+		fa_gpu_free(gpu, dq);
+		fa_gpu_free(gpu, dk);
+		fa_gpu_free(gpu, dv);
+		fa_gpu_free(gpu, dov);
+		fa_gpu_free(gpu, dl);
+		free(q);
+		free(k);
+		free(v);
+		free(o);
+		free(lse);
+		return false;
+	}
+	if ((st = fa_gpu_download(gpu, o, dov, nq * es, err, sizeof err)) ||
+	    (st = fa_gpu_download(gpu, lse, dl, nl * 4, err, sizeof err)))
+		fail_msg("download: %s", err);
+	fa_gpu_free(gpu, dq);
+	fa_gpu_free(gpu, dk);
+	fa_gpu_free(gpu, dv);
+	fa_gpu_free(gpu, dov);
+	fa_gpu_free(gpu, dl);
+
+	/* Poison check over everything first: every element written, nothing NaN. */
+	bool finite = true;
+	for (int64_t b = 0; b < c->B && finite; b++)
+		for (int64_t i = 0; i < c->Sq && finite; i++)
+			for (int64_t h = 0; h < c->Hq && finite; h++)
+				for (int64_t e = 0; e < c->D && finite; e++)
+					finite = isfinite(fa_load_elem(o, c->dt, b * d.o_stride[0] +
+					                               i * d.o_stride[1] + h * d.o_stride[2] + e));
+	for (size_t i = 0; i < nl && finite; i++)
+		finite = !isnan(lse[i]) && !(isinf(lse[i]) && lse[i] > 0);
+
+	double rel, lse_err = 0;
+	double work = (double)c->B * c->Hq * c->Sq * (double)c->Sk * c->D;
+	if (work <= 1e7) {
+		double *o64 = malloc(sizeof(double) * nq), *l64 = malloc(sizeof(double) * nl);
+		st = fa_attn_fwd_ref64(&d, q, k, v, o64, l64);
+		if (st != FA_OK)
+			fail_msg("reference: %s", fa_status_name(st));
+		rel = fa_attn_fwd_rel_error(&d, o, o64);
+		for (int64_t b = 0; b < c->B; b++)
+			for (int64_t h = 0; h < c->Hq; h++)
+				for (int64_t i = 0; i < c->Sq; i++) {
+					size_t x = (size_t)((b * c->Hq + h) * c->Sq + i);
+					double r = l64[x];
+					float gl = lse[b * d.lse_stride[0] + h * d.lse_stride[1] + i];
+					if (isinf(r)) {
+						if (!(isinf(gl) && gl < 0))
+							finite = false;
+					} else if (fabs(gl - r) > lse_err || !isfinite(gl)) {
+						lse_err = isfinite(gl) ? fabs(gl - r) : INFINITY;
+					}
+				}
+		free(o64);
+		free(l64);
+	} else {
+		int per = c->Sq <= 64 ? c->Sq : 48;
+		int nrows = 0;
+		int64_t *rows = malloc(sizeof(int64_t) * 3 * (size_t)(c->B * c->Hq * per));
+		for (int b = 0; b < c->B; b++)
+			for (int h = 0; h < c->Hq; h++)
+				for (int r = 0; r < per; r++) {
+					int64_t i = per == c->Sq ? r : r < 8 ? r : r < 16 ? c->Sq - 1 - (r - 8)
+					          : fa_rand_range(&rng, 0, c->Sq - 1);
+					rows[3 * nrows] = b;
+					rows[3 * nrows + 1] = h;
+					rows[3 * nrows + 2] = i;
+					nrows++;
+				}
+		enum { NT = 4 };
+		struct sample_job jobs[NT];
+		pthread_t th[NT];
+		for (int t = 0; t < NT; t++) {
+			jobs[t] = (struct sample_job){.d = &d, .q = q, .k = k, .v = v, .o = o, .lse = lse,
+			                              .rows = rows, .nrows = nrows, .first = t, .step = NT};
+			pthread_create(&th[t], NULL, sample_worker, &jobs[t]);
+		}
+		double num = 0, den = 0;
+		for (int t = 0; t < NT; t++) {
+			pthread_join(th[t], NULL);
+			num += jobs[t].num;
+			den += jobs[t].den;
+			if (jobs[t].bad)
+				finite = false;
+			if (jobs[t].lse_err > lse_err)
+				lse_err = jobs[t].lse_err;
+		}
+		rel = den > 0 ? sqrt(num / den) : (num > 0 ? INFINITY : 0);
+		free(rows);
+	}
+	if (!finite)
+		rel = INFINITY;
+	double tol = tol_of(c->dt, c->prec), ltol = lse_tol_of(c->dt, c->prec);
+	bool ok = rel <= tol && lse_err <= ltol; /* NaN compares false: never passes */
+	int s = slot_of(c->dt, c->prec);
+	pthread_mutex_lock(&out_lock);
+	if (rel > worst[s] || isnan(rel))
+		worst[s] = rel;
+	const char *tb = strstr(kname, " dec ") ? strstr(kname, " dec ") + 1 : kname;
+	ncases++;
+	if (!ok)
+		nfail++;
+	if (!ok || verbose)
+		printf("%s %-11s D=%3d Sq=%2d Sk=%5d B=%d Hq=%d Hkv=%d %s%s%s%s %-19s %-16s err %.3g "
+		       "(tol %.0e) lse %.3g%s\n", ok ? "ok  " : "FAIL", slot_name[s], c->D, c->Sq,
+		       c->Sk, c->B, c->Hq, c->Hkv, c->bhsd ? "BHSD" : "BSHD", c->pad ? " pad" : "",
+		       c->neg ? " neg" : "", c->split ? " split" : "", fa_mask_name(c->mask), tb,
+		       rel, tol, lse_err, finite ? "" : " (non-finite output or poison left)");
+	fflush(stdout);
+	pthread_mutex_unlock(&out_lock);
+	free(q);
+	free(k);
+	free(v);
+	free(o);
+	free(lse);
+	return ok;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	struct fa_kernel_settings ks;
+	char e[256];
+	fa_test_kernel_settings(&ks);
+	fa_kernel_settings_set(&ks, "FA_DECODE", "1", e, sizeof e);
+	if (fa_gpu_open(&gpu, 0, &ks, gpu_err, sizeof gpu_err) != FA_OK)
+		gpu = NULL;
+	/* many splits of few keys: the merge pass where the planner would not split */
+	fa_kernel_settings_set(&ks, "FA_DECODE_SPLITS", "37", e, sizeof e);
+	if (gpu && fa_gpu_open(&gpu_split, 0, &ks, gpu_err, sizeof gpu_err) != FA_OK) {
+		fa_gpu_close(gpu);
+		gpu = gpu_split = NULL;
+	}
+	const char *seed = getenv("FA_TEST_SEED");
+	seed0 ^= seed ? strtoull(seed, NULL, 0) : (uint64_t)fa_test_now_us();
+	printf("seed 0x%llx (FA_TEST_SEED to repeat)\n", (unsigned long long)seed0);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	fa_gpu_close(gpu);
+	fa_gpu_close(gpu_split);
+	return 0;
+}
+
+/* Compile every case's kernel on many threads before running them in order. */
+struct prep {
+	struct gcase *cases;
+	int n, next;
+	pthread_mutex_t lock;
+	int errors;
+};
+static void *prep_worker(void *arg)
+{
+	struct prep *p = arg;
+	for (;;) {
+		pthread_mutex_lock(&p->lock);
+		int i = p->next++;
+		pthread_mutex_unlock(&p->lock);
+		if (i >= p->n)
+			return NULL;
+		struct fa_attn_fwd_desc d;
+		char err[2048];
+		make_desc(&p->cases[i], &d);
+		if (fa_gpu_prepare(p->cases[i].split ? gpu_split : gpu, &d, NULL, err, sizeof err) !=
+		    FA_OK) {
+			printf("prepare: %s\n", err);
+			pthread_mutex_lock(&p->lock);
+			p->errors++;
+			pthread_mutex_unlock(&p->lock);
+		}
+	}
+}
+
+static void *case_worker(void *arg)
+{
+	struct prep *p = arg;
+	for (;;) {
+		pthread_mutex_lock(&p->lock);
+		int i = p->next++;
+		pthread_mutex_unlock(&p->lock);
+		if (i >= p->n)
+			return NULL;
+		rng = seed0 ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
+		run_case(&p->cases[i], i < 2);
+	}
+}
+
+static const fa_dtype G_DT[] = {FA_DTYPE_FP16, FA_DTYPE_BF16, FA_DTYPE_FP32, FA_DTYPE_FP32,
+                                FA_DTYPE_FP32, FA_DTYPE_FP32};
+static const fa_precision G_PR[] = {FA_PREC_DEFAULT, FA_PREC_DEFAULT, FA_PREC_IEEE,
+                                    FA_PREC_3XTF32, FA_PREC_TF32, FA_PREC_BF16};
+static const int G_D[] = {64, 128, 256, 8, 40, 72, 160};
+static const int G_SQ[] = {1, 2, 5, 8};
+static const int G_SK[] = {1, 17, 127, 129, 1000, 4097, 32768};
+static const int G_HEADS[][2] = {{4, 4}, {8, 2}, {16, 2}, {32, 1}}; /* 1:1, 4:1, 8:1, MQA 32:1 */
+static const fa_mask G_MASK[] = {FA_MASK_NONE, FA_MASK_CAUSAL_BOTTOM_RIGHT, FA_MASK_CAUSAL_TOP_LEFT};
+
+/* Batch and heads for a length, so that the CPU oracle stays within seconds. */
+static void set_heads(struct gcase *c, int k)
+{
+	c->Hq = G_HEADS[k % 4][0];
+	c->Hkv = G_HEADS[k % 4][1];
+	c->B = c->Sk >= 4000 ? 1 : 2;
+	if (c->Sk >= 30000) { /* one kv head, its whole group */
+		c->Hq /= c->Hkv;
+		c->Hkv = 1;
+	}
+}
+
+static void test_attn_decode_gpu_matches_the_float64_reference(void **state)
+{
+	(void)state;
+	if (!gpu) {
+		printf("skipped: no GPU: %s\n", gpu_err);
+		skip();
+	}
+	uint8_t u[16];
+	fa_gpu_uuid(gpu, u);
+	printf("GPU: %s, sm_%d, opt-in shared memory %zu bytes, uuid %02x%02x%02x%02x...\n",
+	       fa_gpu_name(gpu), fa_gpu_sm(gpu), fa_gpu_smem_optin(gpu), u[0], u[1], u[2], u[3]);
+	const char *grid = getenv("FA_GPU_GRID");
+	bool full = grid && strcmp(grid, "full") == 0;
+	struct gcase *cases = calloc(20000, sizeof *cases);
+	int n = 0, k = 0;
+	/* the shape, scaled down to a CPU oracle: bf16 D=128 4:1, one query, 8k keys */
+	cases[n++] = (struct gcase){FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 1, 8192, FA_MASK_NONE,
+	                            2, 32, 8, 0, 0, 0, 0};
+	/* Sq x Sk x every dtype (full: x every head dim and mask too) */
+	for (int qi = 0; qi < 4; qi++)
+		for (int si = 0; si < 7; si++)
+			for (int a = 0; a < 6; a++) {
+				int nd = full ? 7 : 1;
+				for (int di = 0; di < nd; di++, k++) {
+					struct gcase c = {0};
+					c.dt = G_DT[a];
+					c.prec = G_PR[a];
+					c.D = G_D[full ? di : (k * 3 + si) % 7];
+					c.mask = G_MASK[(k + qi) % 3];
+					c.Sq = G_SQ[qi];
+					c.Sk = G_SK[si];
+					set_heads(&c, k / 3 + a);
+					c.bhsd = k % 2;
+					cases[n++] = c;
+				}
+			}
+	/* every mask x GQA ratio at speculative lengths, bf16 and fp32, head dims 64 and 128 */
+	for (int m = 0; m < 3; m++)
+		for (int hi = 0; hi < 4; hi++)
+			for (int a = 1; a < 3; a++, k++) {
+				struct gcase c = {G_DT[a], G_PR[a], hi % 2 ? 128 : 64, 1 + (k % 8), 300 + k,
+				                  G_MASK[m], 2, G_HEADS[hi][0], G_HEADS[hi][1], k % 2, 0, 0, 0};
+				cases[n++] = c;
+			}
+	/* Sq = 16 (the largest decode shape of FA_DECODE_MAX_SQ), MQA: 512 rows in chunks */
+	for (int a = 0; a < 3; a++) {
+		struct gcase c = {G_DT[a], G_PR[a], 128, 16, 1000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 32,
+		                  1, a % 2, 0, 0, 0};
+		cases[n++] = c;
+	}
+	/* negative scales, padded strides (16 elements between rows), forced splits; every dtype */
+	for (int a = 0; a < 6; a++)
+		for (int i = 0; i < 3; i++) {
+			struct gcase c = {G_DT[a], G_PR[a], i == 1 ? 72 : 128, 1 + 3 * i, i == 2 ? 4097 : 1000,
+			                  G_MASK[(a + i) % 3], 2, 8, 2, i % 2, i == 0, i == 1 ? 16 : 0,
+			                  i == 2};
+			cases[n++] = c;
+		}
+	/* FA_GPU_GRID_D="160 256": only these head dims (kernel work on some dims, one device call) */
+	const char *only = getenv("FA_GPU_GRID_D");
+	if (only && *only) {
+		int m = 0;
+		for (int i = 0; i < n; i++) {
+			char want[16];
+			snprintf(want, sizeof want, " %d ", cases[i].D);
+			char have[128];
+			snprintf(have, sizeof have, " %.120s ", only);
+			if (strstr(have, want))
+				cases[m++] = cases[i];
+		}
+		printf("FA_GPU_GRID_D=%s: %d of %d cases\n", only, m, n);
+		n = m;
+	}
+	/* FA_GPU_GRID_DT="fp32-bf16": only these kinds (work on one path, one device call) */
+	const char *kinds = getenv("FA_GPU_GRID_DT");
+	if (kinds && *kinds) {
+		int m = 0;
+		char have[128];
+		snprintf(have, sizeof have, " %.120s ", kinds);
+		for (int i = 0; i < n; i++) {
+			char want[24];
+			int sl = slot_of(cases[i].dt, cases[i].prec);
+			snprintf(want, sizeof want, " %s ", slot_name[sl]);
+			for (char *c = want + 1; c[1]; c++) /* "fp32 bf16" -> "fp32-bf16" */
+				if (*c == ' ')
+					*c = '-';
+			if (strstr(have, want))
+				cases[m++] = cases[i];
+		}
+		printf("FA_GPU_GRID_DT=%s: %d of %d cases\n", kinds, m, n);
+		n = m;
+	}
+	uint64_t t0 = fa_test_now_ms();
+	struct prep p = {.cases = cases, .n = n};
+	pthread_mutex_init(&p.lock, NULL);
+	pthread_t th[16];
+	for (int i = 0; i < 16; i++)
+		pthread_create(&th[i], NULL, prep_worker, &p);
+	for (int i = 0; i < 16; i++)
+		pthread_join(th[i], NULL);
+	printf("compiled the kernels of %d cases in %.1f s\n", n, (fa_test_now_ms() - t0) / 1e3);
+	assert_int_equal(p.errors, 0);
+	t0 = fa_test_now_ms();
+	/* Cases run on 8 threads (host data and the oracle dominate); launches share the device. */
+	struct prep r = {.cases = cases, .n = n};
+	pthread_mutex_init(&r.lock, NULL);
+	for (int i = 0; i < 8; i++)
+		pthread_create(&th[i], NULL, case_worker, &r);
+	for (int i = 0; i < 8; i++)
+		pthread_join(th[i], NULL);
+	printf("%d cases, %d failed, %.1f s\n", ncases, nfail, (fa_test_now_ms() - t0) / 1e3);
+	for (int s = 0; s < 6; s++)
+		printf("  worst relative error %-12s %.3g\n", slot_name[s], worst[s]);
+	free(cases);
+	assert_int_equal(nfail, 0);
+}
+
+/* Misaligned strides and pointers are refused before anything runs. */
+static void test_attn_decode_gpu_rejects_misaligned_strides(void **state)
+{
+	(void)state;
+	if (!gpu) {
+		printf("skipped: no GPU: %s\n", gpu_err);
+		skip();
+	}
+	struct gcase c = {FA_DTYPE_BF16, FA_PREC_DEFAULT, 64, 16, 16, FA_MASK_NONE, 1, 1, 1, 0};
+	struct fa_attn_fwd_desc d;
+	make_desc(&c, &d);
+	d.q_stride[1] = 68; /* 136 bytes */
+	char err[512];
+	CUdeviceptr p = 0;
+	assert_int_equal(fa_gpu_alloc(gpu, 1 << 20, &p, err, sizeof err), FA_OK);
+	assert_int_equal(fa_gpu_attn_fwd(gpu, &d, p, p, p, p + 65536, 0, NULL, err, sizeof err),
+	                 FA_EALIGN);
+	make_desc(&c, &d);
+	assert_int_equal(fa_gpu_attn_fwd(gpu, &d, p + 8, p, p, p + 65536, 0, NULL, err, sizeof err),
+	                 FA_EALIGN);
+	fa_gpu_free(gpu, p);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_attn_decode_gpu_matches_the_float64_reference),
+		cmocka_unit_test(test_attn_decode_gpu_rejects_misaligned_strides),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
