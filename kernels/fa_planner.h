@@ -43,7 +43,17 @@ enum fa_kpath {
 	FA_KPATH_WG32 = 3,   /* tf32: K and V^T per stage */
 	FA_KPATH_WG32X3 = 4, /* 3xtf32: K, K_lo, V^T, V^T_lo per stage */
 	FA_KPATH_WG16 = 5,   /* fp16, bf16, fp32 staged as bf16: K and V^T per stage, 16-bit */
+	/* the backward (attn_bwd.cu, planner_bwd.c): nw warps, bc keys a block owns, br query
+	 * rows per step; rt = 1, stages = 1 */
+	FA_KPATH_BWD16 = 6, /* 16-bit shared memory, m16n8k16 (fp16, bf16, fp32 staged as bf16) */
+	FA_KPATH_BWD32 = 7, /* fp32 shared memory, m16n8k8 tf32 / 3xtf32, FFMA for ieee */
 };
+
+/* Whether a path is one of the backward's. */
+static inline bool fa_kpath_is_bwd(int path)
+{
+	return path == FA_KPATH_BWD16 || path == FA_KPATH_BWD32;
+}
 
 /* Whether a path is one of the wgmma paths. */
 static inline bool fa_kpath_is_wg(int path)
@@ -120,5 +130,28 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 
 /* A short text for a configuration: "128x64 w4r2 s2" (rows x keys, warps, row tiles, stages). */
 void fa_tile_format(const struct fa_tile *t, char *buf, size_t len);
+
+/* ---- the backward (planner_bwd.c) ------------------------------------------------------------
+ * A backward tile: path FA_KPATH_BWD16 or FA_KPATH_BWD32, nw warps, bc keys owned by a block
+ * (K, V, dK, dV resident), br query rows per step (Q, dO, P^T, dS^T staged), rt = 1, stages = 1.
+ * fa_plan_req describes the problem as for the forward (H = query heads; Sq, Sk may be 0). */
+
+/* The backward's data path for (dtype, precision): fp32 staged as bf16 runs the 16-bit one. */
+int fa_plan_bwd_path(fa_dtype dt, fa_precision p);
+
+/* Bytes of dynamic shared memory of a backward tile (attn_bwd.cu's layout: K, V, Q, dO rows
+ * padded, P^T and dS^T, lse2 and delta). */
+size_t fa_bwd_tile_smem(const struct fa_tile *t, int D);
+
+/* Estimated registers per thread of a backward tile (fitted to ptxas, capped at 255). */
+int fa_bwd_tile_regs(const struct fa_tile *t, int D, fa_precision p);
+
+/* Whether attn_bwd.cu's warp layout divides the tile (its static_asserts). */
+bool fa_bwd_tile_layout_ok(const struct fa_tile *t, int D);
+
+/* Plan the backward: like fa_plan (same statuses and texts, "no backward tile fits: ..." with
+ * the smallest configuration's bytes and the device's limit), against dev->smem_optin. */
+fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_req *req,
+                      struct fa_tile *out, int max, int *n, char *err, size_t errlen);
 
 #endif /* FA_PLANNER_H */

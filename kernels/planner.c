@@ -144,7 +144,7 @@ int fa_plan_path(fa_dtype dt, fa_precision p)
 /* 16-bit path: head dim padded to 16 (the k step of m16n8k16); fp32: none needed (k8). */
 int fa_tile_padded_d(int path, int D)
 {
-	return path == FA_KPATH_16 ? (D + 15) / 16 * 16 : D;
+	return path == FA_KPATH_16 || path == FA_KPATH_BWD16 ? (D + 15) / 16 * 16 : D;
 }
 
 /* Whether attn_fwd.cu pairs the warps of a tile (its PAIR): at head dim 256 exactly with 64 keys
@@ -159,6 +159,8 @@ static bool pair_on(const struct fa_tile *t, int D)
  * stages, padded D > 128 and a multiple of 32). */
 size_t fa_tile_smem(const struct fa_tile *t, int D)
 {
+	if (fa_kpath_is_bwd(t->path)) /* attn_bwd.cu */
+		return fa_bwd_tile_smem(t, D);
 	size_t br = (size_t)16 * t->nw * t->rt;
 	if (t->path == FA_KPATH_WG16) { /* attn_fwd_sm90.cu: Q, K, V^T; head dim padded to 16 */
 		size_t dp = (size_t)(D + 15) / 16 * 16;
@@ -488,6 +490,9 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 /* "128x64 w4r2 s2". */
 void fa_tile_format(const struct fa_tile *t, char *buf, size_t len)
 {
+	if (fa_kpath_is_bwd(t->path)) /* "bwd kv64 q64 w8": keys per block, rows per step */
+		snprintf(buf, len, "bwd kv%d q%d w%d", t->bc, t->br, t->nw);
+	else
 	if (fa_kpath_is_wg(t->path)) /* "128x64 wg2 s2": warpgroups */
 		snprintf(buf, len, "%dx%d wg%d s%d", t->br, t->bc, t->nw / 4, t->stages);
 	else

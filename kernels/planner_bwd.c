@@ -1,0 +1,195 @@
+/* planner_bwd.c - tiles for the backward kernel (attn_bwd.cu): shared memory, registers, fit,
+ * rank.
+ *
+ * The backward keeps more on chip than the forward: K, V (resident for the block's keys), Q, dO
+ * (per step), P^T and dS^T (per step) in shared memory, dK and dV accumulators in registers. Its
+ * own formula decides its tile, so the forward's tile is never limited by it (the training
+ * library this project replaced sized both passes by the backward's need, and fp32 head dim 256
+ * could not run). Plans against the device's opt-in limit.
+ */
+#include "fa_planner.h"
+#include "fa_err.h"
+#include "fa_attn.h" /* FA_ATTN_MAX_HEAD_DIM */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int fa_plan_bwd_path(fa_dtype dt, fa_precision p)
+{
+	if (dt != FA_DTYPE_FP32)
+		return FA_KPATH_BWD16;
+	return fa_prec_resolve(dt, p) == FA_PREC_BF16 ? FA_KPATH_BWD16 : FA_KPATH_BWD32;
+}
+
+/* attn_bwd.cu: LDS = padded D + 8 (16-bit) or D + 4 (fp32), LDP = BQ + 8 or BQ + 4. */
+size_t fa_bwd_tile_smem(const struct fa_tile *t, int D)
+{
+	const bool w16 = t->path == FA_KPATH_BWD16;
+	const size_t es = w16 ? 2 : 4;
+	const size_t dp = (size_t)fa_tile_padded_d(t->path, D);
+	const size_t lds = dp + (w16 ? 8 : 4), ldp = (size_t)t->br + (w16 ? 8 : 4);
+	return es * ((2 * (size_t)t->bc + 2 * (size_t)t->br) * lds + 2 * (size_t)t->bc * ldp) +
+	       2 * 4 * (size_t)t->br;
+}
+
+/* The warp layouts of attn_bwd.cu (WM_S, WN_S, WM_Q, WN_Q and their static_asserts). */
+bool fa_bwd_tile_layout_ok(const struct fa_tile *t, int D)
+{
+	const bool w16 = t->path == FA_KPATH_BWD16;
+	const int dp = fa_tile_padded_d(t->path, D);
+	const int nw = t->nw, bkv = t->bc, bq = t->br;
+	if (nw <= 0 || bkv < 16 || bq < 16 || bkv % 16 || bq % 16)
+		return false;
+	const int wm_s = nw < bkv / 16 ? nw : bkv / 16, wn_s = nw / wm_s;
+	const int wm_q = nw < bq / 16 ? nw : bq / 16, wn_q = nw / wm_q;
+	if (wm_s * wn_s != nw || wm_q * wn_q != nw)
+		return false;
+	const int nmul = w16 ? 16 : 8; /* 16-bit: n8 tiles in pairs (ldmatrix x4) */
+	return bq % (nmul * wn_s) == 0 && dp % (nmul * wn_s) == 0 && dp % (nmul * wn_q) == 0 &&
+	       bkv % (16 * wm_s) == 0 && bq % (16 * wm_q) == 0;
+}
+
+/* Live fp32 values per thread: dK and dV (all steps), S^T and dP^T or the step's dQ, the
+ * fragments; 3xtf32 adds a step's partial dK/dV and operands in two parts; ieee its shuffled
+ * operands. Constants fitted to ptxas (tests/unit/test_nvrtc_bwd.c prints estimate against
+ * actual). */
+static int bwd_regs_raw(const struct fa_tile *t, int D, fa_precision p)
+{
+	const int nt = 32 * t->nw;
+	const int dp = fa_tile_padded_d(t->path, D);
+	const int kv = 2 * t->bc * dp / nt;
+	const int s = 2 * t->bc * t->br / nt;
+	const int dq = t->br * dp / nt;
+	const int step = s > dq ? s : dq;
+	if (t->path == FA_KPATH_BWD16)
+		return 40 + kv + step;
+	if (p == FA_PREC_3XTF32)
+		return 56 + kv + kv / 2 + step;
+	return 48 + kv + step;
+}
+
+int fa_bwd_tile_regs(const struct fa_tile *t, int D, fa_precision p)
+{
+	int r = bwd_regs_raw(t, D, p);
+	return r > 255 ? 255 : r;
+}
+
+/* Registers above which a tile spills (ptxas' 255 under __launch_bounds__(NT, 1), less a
+ * margin for the estimate's error). */
+#define FA_BWD_MAX_REGS 240
+
+/* The heuristic: work per byte moved (keys per block: Q and dO are reloaded once per key block,
+ * dQ added once per key block; rows per step: fewer barriers and turns), latency hiding (8
+ * warps), and when the shape is known how well the key blocks fill the waves. */
+static double bwd_score(const struct fa_device_model *dev, const struct fa_plan_req *r,
+                        const struct fa_tile *t, int bps)
+{
+	double f_kv = (double)t->bc / (t->bc + 32.0);
+	double f_q = (double)t->br / (t->br + 24.0);
+	double f_w = t->nw == 8 ? 1.0 : 0.85;
+	double f_fill = 1.0;
+	if (r->Sk > 0 && r->B > 0 && r->H > 0 && dev->sm_count > 0) {
+		/* kv heads are unknown here: the query heads bound the grid from above */
+		double nblk = ceil((double)r->Sk / t->bc) * (double)r->B * (double)r->H;
+		double slots = (double)dev->sm_count * bps;
+		double waves = ceil(nblk / slots);
+		f_fill = 0.5 + 0.5 * nblk / (waves * slots);
+		f_fill *= 0.2 + 0.8 * (double)r->Sk / (ceil((double)r->Sk / t->bc) * t->bc);
+	}
+	return f_kv * f_q * f_w * f_fill;
+}
+
+static int cmp_tile(const void *a, const void *b)
+{
+	const struct fa_tile *x = a, *y = b;
+	if (x->score != y->score)
+		return x->score < y->score ? 1 : -1;
+	if (x->smem != y->smem)
+		return x->smem < y->smem ? -1 : 1;
+	return 0;
+}
+
+static const char *dt_name(fa_dtype dt)
+{
+	return dt == FA_DTYPE_FP16 ? "fp16" : dt == FA_DTYPE_BF16 ? "bf16" : "fp32";
+}
+
+fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_req *req,
+                      struct fa_tile *out, int max, int *n, char *err, size_t errlen)
+{
+	static const int nws[] = {4, 8}, bkvs[] = {16, 32, 64, 128}, bqs[] = {16, 32, 64, 128};
+	struct fa_tile all[FA_PLAN_MAX_CANDIDATES];
+	int nall = 0;
+	size_t min_smem = (size_t)-1;
+	struct fa_tile smallest = {0};
+
+	if (n)
+		*n = 0;
+	if (!dev || !req || (!out && max > 0) || !n)
+		return fa_err(err, errlen, FA_EINVAL, "planner: NULL argument");
+	if (req->dtype != FA_DTYPE_FP16 && req->dtype != FA_DTYPE_BF16 &&
+	    req->dtype != FA_DTYPE_FP32)
+		return fa_err(err, errlen, FA_EDTYPE, "planner: unknown dtype %d", (int)req->dtype);
+	if (req->D < 8 || req->D % 8 != 0)
+		return fa_err(err, errlen, FA_ESHAPE,
+		              "head dim %d: must be a multiple of 8 from 8 to 256", req->D);
+	const fa_precision prec = fa_prec_resolve(req->dtype, req->precision);
+	const int path = fa_plan_bwd_path(req->dtype, prec);
+	for (size_t a = 0; a < sizeof nws / sizeof nws[0]; a++)
+		for (size_t c = 0; c < sizeof bkvs / sizeof bkvs[0]; c++)
+			for (size_t d = 0; d < sizeof bqs / sizeof bqs[0]; d++) {
+				struct fa_tile t = {0};
+				t.path = path;
+				t.nw = nws[a];
+				t.rt = 1;
+				t.bc = bkvs[c];
+				t.br = bqs[d];
+				t.stages = 1;
+				if (!fa_bwd_tile_layout_ok(&t, req->D))
+					continue;
+				t.smem = fa_bwd_tile_smem(&t, req->D);
+				t.regs = fa_bwd_tile_regs(&t, req->D, prec);
+				if (t.smem < min_smem) {
+					min_smem = t.smem;
+					smallest = t;
+				}
+				if (bwd_regs_raw(&t, req->D, prec) > FA_BWD_MAX_REGS ||
+				    t.smem > dev->smem_optin || req->D > FA_ATTN_MAX_HEAD_DIM)
+					continue;
+				int nt = 32 * t.nw;
+				int by_smem = (int)(dev->smem_per_sm / (t.smem + 1024));
+				int by_regs = dev->regs_per_sm / (((t.regs + 7) / 8 * 8) * nt);
+				int bps = by_smem < by_regs ? by_smem : by_regs;
+				t.blocks_per_sm = bps < 1 ? 1 : bps;
+				t.score = bwd_score(dev, req, &t, t.blocks_per_sm);
+				if (nall < FA_PLAN_MAX_CANDIDATES)
+					all[nall++] = t;
+			}
+	if (nall == 0) {
+		char tb[48];
+		fa_tile_format(&smallest, tb, sizeof tb);
+		if (req->D > FA_ATTN_MAX_HEAD_DIM)
+			snprintf(err, errlen,
+			         "no backward tile fits: %s head dim %d (precision %s) is above the "
+			         "kernels' maximum of %d; the smallest configuration (%s) would need %zu "
+			         "bytes of shared memory, the device (%s) allows %zu",
+			         dt_name(req->dtype), req->D, fa_prec_name(prec), FA_ATTN_MAX_HEAD_DIM,
+			         tb, min_smem, dev->name, dev->smem_optin);
+		else
+			snprintf(err, errlen,
+			         "no backward tile fits: %s head dim %d (precision %s): the smallest "
+			         "configuration (%s) needs %zu bytes of shared memory, the device (%s) "
+			         "allows %zu per block",
+			         dt_name(req->dtype), req->D, fa_prec_name(prec), tb, min_smem, dev->name,
+			         dev->smem_optin);
+		return FA_ENOFIT;
+	}
+	qsort(all, (size_t)nall, sizeof all[0], cmp_tile);
+	int k = nall < max ? nall : max;
+	if (k > 0)
+		memcpy(out, all, (size_t)k * sizeof all[0]);
+	*n = k;
+	return FA_OK;
+}
