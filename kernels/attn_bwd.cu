@@ -36,7 +36,9 @@
  *
  * Operands are read from shared memory by one warp-GEMM (wgemm): 16-bit by ldmatrix (.trans for
  * the transposed operands), rows padded by 16 bytes; fp32 by scalar loads in the m16n8k8
- * layout, rows padded by 4 words. 3xtf32 accumulates dK and dV per step from zero and adds with
+ * layout, rows padded by 4 words. Above 128 the head dim is padded with zero columns to a
+ * multiple of 32 (below, to 16 in both paths), so that two warps can split dK, dV and dQ's columns
+ * (with one, their accumulators take more registers than there are). 3xtf32 accumulates dK and dV per step from zero and adds with
  * IEEE adds (the tensor cores' truncating accumulation, chained over thousands of rows, biases
  * the sum: attn_fwd.cu's P V does the same).
  */
@@ -76,14 +78,14 @@
 #if FA_IN == 3
 typedef float in_t;
 #define ES 4
-#define DP FA_D
+#define DP (FA_D <= 128 ? (FA_D + 15) / 16 * 16 : (FA_D + 31) / 32 * 32) /* fa_bwd_padded_d */
 #define LDS (FA_D + 4)
 #define LDP (FA_BQ + 4)
 #define KK 8
 #else
 typedef u16 in_t;
 #define ES 2
-#define DP ((FA_D + 15) / 16 * 16)
+#define DP (FA_D <= 128 ? (FA_D + 15) / 16 * 16 : (FA_D + 31) / 32 * 32)
 #define LDS (DP + 8)
 #define LDP (FA_BQ + 8)
 #define KK 16
@@ -259,7 +261,8 @@ __device__ __forceinline__ void wgemm(float (&acc)[MT][NTN][4], const in_t *A, c
                                       int m0, int n0)
 {
 	const int lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll 4
+	/* ieee: each product is 32 shuffles and 32 FFMA already; unrolled its compile took 90 s */
+#pragma unroll(FA_PREC == 1 ? 1 : 4)
 	for (int kk = 0; kk < KS; kk++) {
 		const int k0 = kk * 8 + t, k1 = k0 + 4;
 		fa_op32 a[MT][4];
@@ -291,20 +294,26 @@ __device__ __forceinline__ void wgemm_acc(float (&acc)[MT][NTN][4], const in_t *
                                           const in_t *B, int m0, int n0)
 {
 #if FA_IN == 3 && FA_PREC == 2
-	float part[MT][NTN][4];
+	/* in chunks of up to 4 n8 tiles: the partial sums take 16 registers per row tile, not a
+	 * second copy of the accumulator (A's fragments are loaded once per chunk) */
+	constexpr int NCH = NTN % 4 == 0 ? 4 : NTN % 2 == 0 ? 2 : 1;
 #pragma unroll
-	for (int mt = 0; mt < MT; mt++)
+	for (int c = 0; c < NTN / NCH; c++) {
+		float part[MT][NCH][4];
 #pragma unroll
-		for (int nt = 0; nt < NTN; nt++)
-			part[mt][nt][0] = part[mt][nt][1] = part[mt][nt][2] = part[mt][nt][3] = 0.f;
-	wgemm<MT, NTN, KS, AT, BT, LDA, LDB>(part, A, B, m0, n0);
+		for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-	for (int mt = 0; mt < MT; mt++)
+			for (int nt = 0; nt < NCH; nt++)
+				part[mt][nt][0] = part[mt][nt][1] = part[mt][nt][2] = part[mt][nt][3] = 0.f;
+		wgemm<MT, NCH, KS, AT, BT, LDA, LDB>(part, A, B, m0, n0 + c * NCH * 8);
 #pragma unroll
-		for (int nt = 0; nt < NTN; nt++)
+		for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-			for (int e = 0; e < 4; e++)
-				acc[mt][nt][e] += part[mt][nt][e];
+			for (int nt = 0; nt < NCH; nt++)
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					acc[mt][c * NCH + nt][e] += part[mt][nt][e];
+	}
 #else
 	wgemm<MT, NTN, KS, AT, BT, LDA, LDB>(acc, A, B, m0, n0);
 #endif

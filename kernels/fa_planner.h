@@ -139,6 +139,10 @@ void fa_tile_format(const struct fa_tile *t, char *buf, size_t len);
 /* The backward's data path for (dtype, precision): fp32 staged as bf16 runs the 16-bit one. */
 int fa_plan_bwd_path(fa_dtype dt, fa_precision p);
 
+/* Head dim as the backward pads it (attn_bwd.cu's DP): to 16, above 128 to 32 (so that two or
+ * four warps can split the columns of dK, dV and dQ). */
+int fa_bwd_padded_d(int path, int D);
+
 /* Bytes of dynamic shared memory of a backward tile (attn_bwd.cu's layout: K, V, Q, dO rows
  * padded, P^T and dS^T, lse2 and delta). */
 size_t fa_bwd_tile_smem(const struct fa_tile *t, int D);

@@ -130,7 +130,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		return st;
 
 	const int bq = spec.tile.br, bkv = spec.tile.bc;
-	const int64_t dp = fa_tile_padded_d(spec.tile.path, (int)f->D);
+	const int64_t dp = fa_bwd_padded_d(spec.tile.path, (int)f->D);
 	const int64_t nq = (f->Sq + bq - 1) / bq, sqp = nq * bq;
 	const int64_t rows = f->B * f->Hq * sqp;
 	const size_t b_row = (size_t)rows * 4, b_acc = (size_t)(rows * dp) * 4;

@@ -144,7 +144,7 @@ int fa_plan_path(fa_dtype dt, fa_precision p)
 /* 16-bit path: head dim padded to 16 (the k step of m16n8k16); fp32: none needed (k8). */
 int fa_tile_padded_d(int path, int D)
 {
-	return path == FA_KPATH_16 || path == FA_KPATH_BWD16 ? (D + 15) / 16 * 16 : D;
+	return path == FA_KPATH_16 ? (D + 15) / 16 * 16 : D;
 }
 
 /* Whether attn_fwd.cu pairs the warps of a tile (its PAIR): at head dim 256 exactly with 64 keys

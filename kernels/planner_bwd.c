@@ -23,12 +23,18 @@ int fa_plan_bwd_path(fa_dtype dt, fa_precision p)
 	return fa_prec_resolve(dt, p) == FA_PREC_BF16 ? FA_KPATH_BWD16 : FA_KPATH_BWD32;
 }
 
+int fa_bwd_padded_d(int path, int D)
+{
+	(void)path; /* both paths: the same warp splits */
+	return D <= 128 ? (D + 15) / 16 * 16 : (D + 31) / 32 * 32;
+}
+
 /* attn_bwd.cu: LDS = padded D + 8 (16-bit) or D + 4 (fp32), LDP = BQ + 8 or BQ + 4. */
 size_t fa_bwd_tile_smem(const struct fa_tile *t, int D)
 {
 	const bool w16 = t->path == FA_KPATH_BWD16;
 	const size_t es = w16 ? 2 : 4;
-	const size_t dp = (size_t)fa_tile_padded_d(t->path, D);
+	const size_t dp = (size_t)fa_bwd_padded_d(t->path, D);
 	const size_t lds = dp + (w16 ? 8 : 4), ldp = (size_t)t->br + (w16 ? 8 : 4);
 	return es * ((2 * (size_t)t->bc + 2 * (size_t)t->br) * lds + 2 * (size_t)t->bc * ldp) +
 	       2 * 4 * (size_t)t->br;
@@ -38,7 +44,7 @@ size_t fa_bwd_tile_smem(const struct fa_tile *t, int D)
 bool fa_bwd_tile_layout_ok(const struct fa_tile *t, int D)
 {
 	const bool w16 = t->path == FA_KPATH_BWD16;
-	const int dp = fa_tile_padded_d(t->path, D);
+	const int dp = fa_bwd_padded_d(t->path, D);
 	const int nw = t->nw, bkv = t->bc, bq = t->br;
 	if (nw <= 0 || bkv < 16 || bq < 16 || bkv % 16 || bq % 16)
 		return false;
@@ -52,21 +58,20 @@ bool fa_bwd_tile_layout_ok(const struct fa_tile *t, int D)
 }
 
 /* Live fp32 values per thread: dK and dV (all steps), S^T and dP^T or the step's dQ, the
- * fragments; 3xtf32 adds a step's partial dK/dV and operands in two parts; ieee its shuffled
- * operands. Constants fitted to ptxas (tests/unit/test_nvrtc_bwd.c prints estimate against
+ * fragments; 3xtf32 adds a chunk of a step's partial dK/dV and operands in two parts. Constants fitted to ptxas (tests/unit/test_nvrtc_bwd.c prints estimate against
  * actual). */
 static int bwd_regs_raw(const struct fa_tile *t, int D, fa_precision p)
 {
 	const int nt = 32 * t->nw;
-	const int dp = fa_tile_padded_d(t->path, D);
+	const int dp = fa_bwd_padded_d(t->path, D);
 	const int kv = 2 * t->bc * dp / nt;
 	const int s = 2 * t->bc * t->br / nt;
 	const int dq = t->br * dp / nt;
 	const int step = s > dq ? s : dq;
 	if (t->path == FA_KPATH_BWD16)
-		return 40 + kv + step;
-	if (p == FA_PREC_3XTF32)
-		return 56 + kv + kv / 2 + step;
+		return 56 + kv + step;
+	if (p == FA_PREC_3XTF32) /* + a chunk of partial sums (4 n8 tiles per row tile) */
+		return 56 + kv + 16 * (t->bc / 16 / (t->nw < t->bc / 16 ? t->nw : t->bc / 16)) + step;
 	return 48 + kv + step;
 }
 
@@ -76,9 +81,11 @@ int fa_bwd_tile_regs(const struct fa_tile *t, int D, fa_precision p)
 	return r > 255 ? 255 : r;
 }
 
-/* Registers above which a tile spills (ptxas' 255 under __launch_bounds__(NT, 1), less a
- * margin for the estimate's error). */
-#define FA_BWD_MAX_REGS 240
+/* Estimates above which a tile spilled (ptxas' 255 under __launch_bounds__(NT, 1); CUDA 13.0,
+ * sm_86 and sm_90): 16-bit bf16 d256 kv64 q64 w8 (estimate 248) spilled 8 bytes, kv64 q32 w8
+ * (216) did not; fp32 3xtf32 d256 kv16 q16 w2 (estimate 264) compiled to 255 without spills. */
+#define FA_BWD_MAX_REGS16 240
+#define FA_BWD_MAX_REGS32 264
 
 /* The heuristic: work per byte moved (keys per block: Q and dO are reloaded once per key block,
  * dQ added once per key block; rows per step: fewer barriers and turns), latency hiding (8
@@ -88,7 +95,9 @@ static double bwd_score(const struct fa_device_model *dev, const struct fa_plan_
 {
 	double f_kv = (double)t->bc / (t->bc + 32.0);
 	double f_q = (double)t->br / (t->br + 24.0);
-	double f_w = t->nw == 8 ? 1.0 : 0.85;
+	/* two warps only where nothing larger fits (16-bit head dims of an odd number of 16s on
+	 * 99 KiB cards, fp32 head dim 256 on small ones) */
+	double f_w = t->nw == 8 ? 1.0 : t->nw == 4 ? 0.85 : 0.5;
 	double f_fill = 1.0;
 	if (r->Sk > 0 && r->B > 0 && r->H > 0 && dev->sm_count > 0) {
 		/* kv heads are unknown here: the query heads bound the grid from above */
@@ -119,9 +128,9 @@ static const char *dt_name(fa_dtype dt)
 fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_req *req,
                       struct fa_tile *out, int max, int *n, char *err, size_t errlen)
 {
-	static const int nws[] = {4, 8}, bkvs[] = {16, 32, 64, 128}, bqs[] = {16, 32, 64, 128};
-	struct fa_tile all[FA_PLAN_MAX_CANDIDATES];
-	int nall = 0;
+	static const int nws[] = {2, 4, 8}, bkvs[] = {16, 32, 64, 128}, bqs[] = {16, 32, 64, 128};
+	struct fa_tile all[FA_PLAN_MAX_CANDIDATES], heavies[FA_PLAN_MAX_CANDIDATES];
+	int nall = 0, nheavy = 0;
 	size_t min_smem = (size_t)-1;
 	struct fa_tile smallest = {0};
 
@@ -155,18 +164,27 @@ fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_re
 					min_smem = t.smem;
 					smallest = t;
 				}
-				if (bwd_regs_raw(&t, req->D, prec) > FA_BWD_MAX_REGS ||
-				    t.smem > dev->smem_optin || req->D > FA_ATTN_MAX_HEAD_DIM)
+				if (t.smem > dev->smem_optin || req->D > FA_ATTN_MAX_HEAD_DIM)
 					continue;
+				/* over the register estimate's cap: kept apart, offered only where nothing
+				 * else fits (they run, with some spills) */
+				const bool heavy = bwd_regs_raw(&t, req->D, prec) >
+				    (path == FA_KPATH_BWD16 ? FA_BWD_MAX_REGS16 : FA_BWD_MAX_REGS32);
 				int nt = 32 * t.nw;
 				int by_smem = (int)(dev->smem_per_sm / (t.smem + 1024));
 				int by_regs = dev->regs_per_sm / (((t.regs + 7) / 8 * 8) * nt);
 				int bps = by_smem < by_regs ? by_smem : by_regs;
 				t.blocks_per_sm = bps < 1 ? 1 : bps;
 				t.score = bwd_score(dev, req, &t, t.blocks_per_sm);
-				if (nall < FA_PLAN_MAX_CANDIDATES)
+				if (heavy && nheavy < FA_PLAN_MAX_CANDIDATES)
+					heavies[nheavy++] = t;
+				else if (!heavy && nall < FA_PLAN_MAX_CANDIDATES)
 					all[nall++] = t;
 			}
+	if (nall == 0 && nheavy > 0) {
+		memcpy(all, heavies, (size_t)nheavy * sizeof all[0]);
+		nall = nheavy;
+	}
 	if (nall == 0) {
 		char tb[48];
 		fa_tile_format(&smallest, tb, sizeof tb);
