@@ -14,6 +14,8 @@
  *   FA_BQ      query rows per step (multiple of 16)
  *   FA_MASK    0 none, 1 causal bottom-right (key j visible to query i iff j <= i + Sk - Sq),
  *              2 causal top-left (j <= i)
+ *   FA_STAGES  1: Q, dO of the next step loaded after this one; 2: into a second buffer while
+ *              this one computes
  *
  * Three kernels, one module:
  *   fa_bwd_pre   per query row (warp per row): delta = rowsum(dO * O) in fp32, lse2 = lse *
@@ -79,7 +81,7 @@
 typedef float in_t;
 #define ES 4
 #define DP (FA_D <= 128 ? (FA_D + 15) / 16 * 16 : (FA_D + 31) / 32 * 32) /* fa_bwd_padded_d */
-#define LDS (FA_D + 4)
+#define LDS (DP + 4)
 #define LDP (FA_BQ + 4)
 #define KK 8
 #else
@@ -115,8 +117,8 @@ static_assert(FA_BQ % (8 * WN_S) == 0 && DP % (8 * WN_S) == 0 && DP % (8 * WN_Q)
 static_assert(NT_S % 2 == 0 && NT_KV % 2 == 0 && NT_Q % 2 == 0, "16-bit: n8 tiles in pairs");
 #endif
 
-/* Shared memory (elements of in_t, then fp32): K, V, Q, dO, P^T, dS^T, lse2, delta. Mirrored by
- * fa_bwd_tile_smem in planner_bwd.c. */
+/* Shared memory (elements of in_t, then fp32): K, V, STAGES x (Q, dO), P^T, dS^T, STAGES x
+ * (lse2, delta). Mirrored by fa_bwd_tile_smem in planner_bwd.c. */
 #define SM_KV (FA_BKV * LDS)
 #define SM_Q (FA_BQ * LDS)
 #define SM_P (FA_BKV * LDP)
@@ -374,6 +376,34 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_pre(const fa_bwd_pre_pa
 		acc[x] = 0.f;
 }
 
+#ifndef FA_STAGES
+#define FA_STAGES 1
+#endif
+#if FA_STAGES != 1 && FA_STAGES != 2
+#error "FA_STAGES: 1 or 2"
+#endif
+
+/* Step it's Q and dO rows (one commit group), lse2 and delta (plain loads and stores, published
+ * by the barrier after the wait). */
+__device__ __forceinline__ void load_step(const fa_bwd_params &p, in_t *sQ, in_t *sdO, float *sL,
+                                          float *sDl, int b, int hk, int iq0, int it, int nsteps)
+{
+	const int hh = it / nsteps, iq = iq0 + (it - hh * nsteps);
+	const int h = hk * p.group + hh, q0 = iq * FA_BQ;
+	const long long bh = (long long)b * p.Hq + h;
+	const gin_t *Qg = (const gin_t *)p.q + b * p.qs[0] + h * p.qs[2] + (long long)q0 * p.qs[1];
+	const gin_t *dOg =
+	    (const gin_t *)p.dout + b * p.dos[0] + h * p.dos[2] + (long long)q0 * p.dos[1];
+	load_rows<FA_BQ>(sQ, Qg, p.qs[1], p.Sq - q0);
+	load_rows<FA_BQ>(sdO, dOg, p.dos[1], p.Sq - q0);
+	cp_async_commit();
+	const int tid = (int)threadIdx.x;
+	if (tid < FA_BQ) {
+		sL[tid] = p.lse2[bh * p.sqp + q0 + tid];
+		sDl[tid] = p.delta[bh * p.sqp + q0 + tid];
+	}
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The main pass. */
 extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_params p)
@@ -381,16 +411,32 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	extern __shared__ __align__(16) unsigned char smem_raw[];
 	in_t *sK = (in_t *)smem_raw;
 	in_t *sV = sK + SM_KV;
-	in_t *sQ = sV + SM_KV;
-	in_t *sdO = sQ + SM_Q;
-	in_t *sP = sdO + SM_Q;
+	in_t *sQ0 = sV + SM_KV;                  /* FA_STAGES buffers */
+	in_t *sdO0 = sQ0 + FA_STAGES * SM_Q;     /* FA_STAGES buffers */
+	in_t *sP = sdO0 + FA_STAGES * SM_Q;
 	in_t *sdS = sP + SM_P;
-	float *sL = (float *)(sdS + SM_P);
-	float *sDl = sL + FA_BQ;
+	float *sL0 = (float *)(sdS + SM_P);      /* FA_STAGES x BQ */
+	float *sDl0 = sL0 + FA_STAGES * FA_BQ;   /* FA_STAGES x BQ */
 
 	const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int g = lane >> 2, t = lane & 3;
-	const int n = (int)blockIdx.x, hk = (int)blockIdx.y, b = (int)blockIdx.z;
+	/* The deterministic mode launches a flat grid with the key block slowest: the blocks that
+	 * run at once are of different (batch, kv head), so a block's turn at a query block comes
+	 * after the block before it (dispatched a wave earlier) has long passed it; with the key
+	 * block fastest, the blocks of one head ran together and advanced in a wavefront, one step
+	 * behind each other. */
+	int n, hk, b;
+	if (p.det) {
+		const int per = p.Hkv * p.B;
+		n = (int)(blockIdx.x / per);
+		const int rem = (int)(blockIdx.x - (unsigned)n * per);
+		hk = rem % p.Hkv;
+		b = rem / p.Hkv;
+	} else {
+		n = (int)blockIdx.x;
+		hk = (int)blockIdx.y;
+		b = (int)blockIdx.z;
+	}
 	const int kv0 = n * FA_BKV;
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
 
@@ -417,23 +463,32 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	zero_acc(dk);
 	zero_acc(dv);
 
-	for (int hh = 0; hh < p.group; hh++) {
+	/* The steps: every (query head of the group, query block from iq0), flattened, so that the
+	 * next step's Q and dO can be loaded while this one computes (FA_STAGES 2). */
+	const int nsteps = p.nq - iq0, total = nsteps * p.group;
+	if (total > 0)
+		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, iq0, 0, nsteps);
+	for (int it = 0; it < total; it++) {
+		const int hh = it / nsteps, iq = iq0 + (it - hh * nsteps);
 		const int h = hk * p.group + hh;
 		const long long bh = (long long)b * p.Hq + h;
-		const gin_t *Qg = (const gin_t *)p.q + b * p.qs[0] + h * p.qs[2];
-		const gin_t *dOg = (const gin_t *)p.dout + b * p.dos[0] + h * p.dos[2];
-		for (int iq = iq0; iq < p.nq; iq++) {
-			const int q0 = iq * FA_BQ;
-			load_rows<FA_BQ>(sQ, Qg + (long long)q0 * p.qs[1], p.qs[1], p.Sq - q0);
-			load_rows<FA_BQ>(sdO, dOg + (long long)q0 * p.dos[1], p.dos[1], p.Sq - q0);
+		const int q0 = iq * FA_BQ;
+		const int buf = FA_STAGES == 2 ? (it & 1) : 0;
+		in_t *sQ = sQ0 + buf * SM_Q, *sdO = sdO0 + buf * SM_Q;
+		const float *sL = sL0 + buf * FA_BQ, *sDl = sDl0 + buf * FA_BQ;
+#if FA_STAGES == 2
+		/* the next step into the other buffers (freed by the previous step's last barrier) */
+		if (it + 1 < total)
+			load_step(p, sQ0 + (buf ^ 1) * SM_Q, sdO0 + (buf ^ 1) * SM_Q, sL0 + (buf ^ 1) * FA_BQ,
+			          sDl0 + (buf ^ 1) * FA_BQ, b, hk, iq0, it + 1, nsteps);
+		else
 			cp_async_commit();
-			if (tid < FA_BQ) {
-				sL[tid] = p.lse2[bh * p.sqp + q0 + tid];
-				sDl[tid] = p.delta[bh * p.sqp + q0 + tid];
-			}
-			cp_async_wait<0>();
-			__syncthreads();
-
+		cp_async_wait<1>();
+#else
+		cp_async_wait<0>();
+#endif
+		__syncthreads();
+		{
 			/* S^T = K Q^T, dP^T = V dO^T */
 			float s[MT_S][NT_S][4], dpv[MT_S][NT_S][4];
 			zero_acc(s);
@@ -526,6 +581,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 					fa_st_release(turn, n + 1);
 			}
 			__syncthreads(); /* Q, dO, P, dS, lse2, delta are free for the next step */
+#if FA_STAGES == 1
+			if (it + 1 < total)
+				load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, iq0, it + 1, nsteps);
+#endif
 		}
 	}
 	cp_async_wait<0>(); /* K and V landed even when no step ran */

@@ -84,10 +84,11 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		              "required; lse is the forward's)");
 	if (flags & ~(unsigned)FA_GPU_BWD_DETERMINISTIC)
 		return fa_err(err, errlen, FA_EINVAL, "backward: unknown flags 0x%x", flags);
-	if (f->B > 65535 || f->Hkv > 65535 || f->Sq > INT32_MAX / 2 || f->Sk > INT32_MAX / 2)
+	if (f->B > 65535 || f->Hkv > 65535 || f->Sq > INT32_MAX / 2 || f->Sk > INT32_MAX / 2 ||
+	    f->B * f->Hkv * f->Sk > INT32_MAX)
 		return fa_err(err, errlen, FA_ESHAPE,
 		              "shape too large for the kernel's grid: B=%lld (max 65535), Hkv=%lld "
-		              "(max 65535), Sq=%lld, Sk=%lld (max 2^30)", (long long)f->B,
+		              "(max 65535), Sq=%lld, Sk=%lld (max 2^30; B*Hkv*Sk below 2^31)", (long long)f->B,
 		              (long long)f->Hkv, (long long)f->Sq, (long long)f->Sk);
 	const size_t es = fa_dtype_size(f->dtype);
 	const int64_t qsh[3] = {f->B, f->Sq, f->Hq}, ksh[3] = {f->B, f->Sk, f->Hkv};
@@ -204,8 +205,11 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		mp.scale = (float)f->scale;
 		mp.det = (flags & FA_GPU_BWD_DETERMINISTIC) ? 1 : 0;
 		void *a2[] = {&mp};
-		r = fa_cu->LaunchKernel(fn.main, (unsigned)((f->Sk + bkv - 1) / bkv), (unsigned)f->Hkv,
-		                        (unsigned)f->B, (unsigned)(32 * spec.tile.nw), 1, 1,
+		/* deterministic: one flat dimension, the key block slowest (attn_bwd.cu says why) */
+		const int64_t nkv = (f->Sk + bkv - 1) / bkv;
+		const unsigned gx = mp.det ? (unsigned)(nkv * f->Hkv * f->B) : (unsigned)nkv;
+		r = fa_cu->LaunchKernel(fn.main, gx, mp.det ? 1 : (unsigned)f->Hkv,
+		                        mp.det ? 1 : (unsigned)f->B, (unsigned)(32 * spec.tile.nw), 1, 1,
 		                        (unsigned)spec.tile.smem, (fa_cu_stream)s, a2, NULL);
 		what = "launching fa_bwd_main";
 	}

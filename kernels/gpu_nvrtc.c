@@ -147,7 +147,7 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 		s->qin = dt;
 		s->tile.path = s->in == FA_DTYPE_FP32 ? FA_KPATH_BWD32 : FA_KPATH_BWD16;
 		s->tile.rt = 1;
-		s->tile.stages = 1;
+		s->tile.stages = tile->stages == 2 ? 2 : 1;
 		s->tile.smem = fa_tile_smem(&s->tile, D);
 		return;
 	}
@@ -259,6 +259,7 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BKV=%d", s->tile.bc);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
 		goto extra;
 	}
 	snprintf(o->v[k++], sizeof o->v[0], wg ? "-arch=sm_%da" : "-arch=sm_%d", s->sm);

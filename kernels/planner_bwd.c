@@ -36,8 +36,9 @@ size_t fa_bwd_tile_smem(const struct fa_tile *t, int D)
 	const size_t es = w16 ? 2 : 4;
 	const size_t dp = (size_t)fa_bwd_padded_d(t->path, D);
 	const size_t lds = dp + (w16 ? 8 : 4), ldp = (size_t)t->br + (w16 ? 8 : 4);
-	return es * ((2 * (size_t)t->bc + 2 * (size_t)t->br) * lds + 2 * (size_t)t->bc * ldp) +
-	       2 * 4 * (size_t)t->br;
+	const size_t st = t->stages == 2 ? 2 : 1; /* Q, dO, lse2, delta per stage */
+	return es * ((2 * (size_t)t->bc + 2 * st * (size_t)t->br) * lds + 2 * (size_t)t->bc * ldp) +
+	       2 * 4 * st * (size_t)t->br;
 }
 
 /* The warp layouts of attn_bwd.cu (WM_S, WN_S, WM_Q, WN_Q and their static_asserts). */
@@ -93,8 +94,13 @@ int fa_bwd_tile_regs(const struct fa_tile *t, int D, fa_precision p)
 static double bwd_score(const struct fa_device_model *dev, const struct fa_plan_req *r,
                         const struct fa_tile *t, int bps)
 {
-	double f_kv = (double)t->bc / (t->bc + 32.0);
-	double f_q = (double)t->br / (t->br + 24.0);
+	/* measured on the H200 (kernels/RESULTS.md, backward tile sweep): keys per block weigh
+	 * more than rows per step (bf16 d128: kv128 q32 189, kv64 q128 178, kv64 q64 158, kv32
+	 * q128 113 TFLOP/s) */
+	double f_kv = (double)t->bc / (t->bc + 64.0);
+	double f_q = (double)t->br / (t->br + 8.0);
+	/* the second Q/dO buffer hides their loads behind the step before */
+	double f_st = t->stages == 2 ? 1.1 : 1.0;
 	/* two warps only where nothing larger fits (16-bit head dims of an odd number of 16s on
 	 * 99 KiB cards, fp32 head dim 256 on small ones) */
 	double f_w = t->nw == 8 ? 1.0 : t->nw == 4 ? 0.85 : 0.5;
@@ -107,7 +113,7 @@ static double bwd_score(const struct fa_device_model *dev, const struct fa_plan_
 		f_fill = 0.5 + 0.5 * nblk / (waves * slots);
 		f_fill *= 0.2 + 0.8 * (double)r->Sk / (ceil((double)r->Sk / t->bc) * t->bc);
 	}
-	return f_kv * f_q * f_w * f_fill;
+	return f_kv * f_q * f_w * f_st * f_fill;
 }
 
 static int cmp_tile(const void *a, const void *b)
@@ -128,7 +134,8 @@ static const char *dt_name(fa_dtype dt)
 fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_req *req,
                       struct fa_tile *out, int max, int *n, char *err, size_t errlen)
 {
-	static const int nws[] = {2, 4, 8}, bkvs[] = {16, 32, 64, 128}, bqs[] = {16, 32, 64, 128};
+	static const int nws[] = {2, 4, 8}, bkvs[] = {16, 32, 64, 128}, bqs[] = {16, 32, 64, 128},
+	                 stgs[] = {1, 2};
 	struct fa_tile all[FA_PLAN_MAX_CANDIDATES], heavies[FA_PLAN_MAX_CANDIDATES];
 	int nall = 0, nheavy = 0;
 	size_t min_smem = (size_t)-1;
@@ -148,14 +155,14 @@ fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_re
 	const int path = fa_plan_bwd_path(req->dtype, prec);
 	for (size_t a = 0; a < sizeof nws / sizeof nws[0]; a++)
 		for (size_t c = 0; c < sizeof bkvs / sizeof bkvs[0]; c++)
-			for (size_t d = 0; d < sizeof bqs / sizeof bqs[0]; d++) {
+			for (size_t d = 0; d < sizeof bqs / sizeof bqs[0] * 2; d++) {
 				struct fa_tile t = {0};
 				t.path = path;
 				t.nw = nws[a];
 				t.rt = 1;
 				t.bc = bkvs[c];
-				t.br = bqs[d];
-				t.stages = 1;
+				t.br = bqs[d / 2];
+				t.stages = stgs[d % 2];
 				if (!fa_bwd_tile_layout_ok(&t, req->D))
 					continue;
 				t.smem = fa_bwd_tile_smem(&t, req->D);

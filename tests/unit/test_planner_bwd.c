@@ -56,6 +56,12 @@ static void test_planner_bwd_smem_is_the_kernels_layout(void **state)
 	char b[48];
 	fa_tile_format(&t, b, sizeof b);
 	assert_string_equal(b, "bwd kv64 q32 w8");
+	/* two stages: a second Q, dO (and lse2, delta) */
+	t.stages = 2;
+	assert_int_equal(fa_bwd_tile_smem(&t, 256),
+	                 4 * ((2 * 64 + 4 * 32) * 260 + 2 * 64 * 36) + 16 * 32);
+	fa_tile_format(&t, b, sizeof b);
+	assert_string_equal(b, "bwd kv64 q32 w8 s2");
 }
 
 static void test_planner_bwd_layout_rules(void **state)
@@ -157,7 +163,7 @@ static void test_planner_bwd_explains_when_nothing_fits(void **state)
 	printf("%s\n", err);
 	/* the smallest configuration the kernel's layout takes */
 	size_t least = (size_t)-1;
-	static const int nws[] = {2, 4, 8}, sizes[] = {16, 32, 64, 128};
+	static const int nws[] = {2, 4, 8}, sizes[] = {16, 32, 64, 128}; /* one stage: the least */
 	for (int a = 0; a < 3; a++)
 		for (int b = 0; b < 4; b++)
 			for (int c = 0; c < 4; c++) {
