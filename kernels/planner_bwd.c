@@ -94,13 +94,16 @@ int fa_bwd_tile_regs(const struct fa_tile *t, int D, fa_precision p)
 static double bwd_score(const struct fa_device_model *dev, const struct fa_plan_req *r,
                         const struct fa_tile *t, int bps)
 {
-	/* measured on the H200 (kernels/RESULTS.md, backward tile sweep): keys per block weigh
-	 * more than rows per step (bf16 d128: kv128 q32 189, kv64 q128 178, kv64 q64 158, kv32
-	 * q128 113 TFLOP/s) */
+	/* measured on the H200 (kernels/RESULTS.md, backward tile sweeps): keys per block weigh
+	 * more than rows per step, and 16 rows per step is too few (bf16 d128: kv128 q32 186,
+	 * kv64 q128 178, kv64 q64 158, kv128 q16 140, kv32 q128 113; fp32 3xtf32 d128: kv64 q64
+	 * 48.8, kv128 q32 48.6, kv64 q32 42.9, kv128 q16 40.1 TFLOP/s) */
 	double f_kv = (double)t->bc / (t->bc + 64.0);
-	double f_q = (double)t->br / (t->br + 8.0);
-	/* the second Q/dO buffer hides their loads behind the step before */
-	double f_st = t->stages == 2 ? 1.1 : 1.0;
+	double f_q = (double)t->br / (t->br + 16.0);
+	/* the second Q/dO buffer measured no faster (bf16 d128 184 vs 186, causal 174 vs 179, d64
+	 * 172 vs 173, d256 142 vs 141 TFLOP/s: the loads were already hidden by the other blocks'
+	 * warps and L2), and costs shared memory: offered, ranked just below */
+	double f_st = t->stages == 2 ? 0.98 : 1.0;
 	/* two warps only where nothing larger fits (16-bit head dims of an odd number of 16s on
 	 * 99 KiB cards, fp32 head dim 256 on small ones) */
 	double f_w = t->nw == 8 ? 1.0 : t->nw == 4 ? 0.85 : 0.5;
