@@ -404,6 +404,112 @@ __device__ __forceinline__ void load_step(const fa_bwd_params &p, in_t *sQ, in_t
 	}
 }
 
+/* One step: S^T, dP^T, P^T and dS^T to shared memory, dV and dK accumulated, the step's dQ
+ * added (reduction, or in key-block order in the deterministic mode). sQ, sdO, sL, sDl: this
+ * step's buffers. */
+__device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK, const in_t *sV,
+                                         const in_t *sQ, const in_t *sdO, in_t *sP, in_t *sdS,
+                                         const float *sL, const float *sDl,
+                                         float (&dk)[MT_S][NT_KV][4], float (&dv)[MT_S][NT_KV][4],
+                                         int kv0, int off, int n, int iq, long long bh, int ms0,
+                                         int ns0, int nkv0, int mq0, int nq0)
+{
+	const int tid = (int)threadIdx.x, lane = tid & 31;
+	const int g = lane >> 2, t = lane & 3;
+	const int q0 = iq * FA_BQ;
+	/* S^T = K Q^T, dP^T = V dO^T */
+	float s[MT_S][NT_S][4], dpv[MT_S][NT_S][4];
+	zero_acc(s);
+	zero_acc(dpv);
+	wgemm<MT_S, NT_S, DP / KK, false, false, LDS, LDS>(s, sK, sQ, ms0, ns0);
+	wgemm<MT_S, NT_S, DP / KK, false, false, LDS, LDS>(dpv, sV, sdO, ms0, ns0);
+
+	/* P^T and dS^T; the key tail and the causal edge masked where the tile has them */
+	const bool need_mask =
+	    kv0 + FA_BKV > p.Sk || (FA_MASK && kv0 + FA_BKV - 1 > q0 + off);
+#pragma unroll
+	for (int mt = 0; mt < MT_S; mt++)
+#pragma unroll
+		for (int nt = 0; nt < NT_S; nt++) {
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const int jl = ms0 + mt * 16 + g + (e >> 1) * 8;
+				const int il = ns0 + nt * 8 + 2 * t + (e & 1);
+				float pv = fast_exp2(fmaf(s[mt][nt][e], p.sl, -sL[il]));
+				if (need_mask) {
+					const int j = kv0 + jl;
+					if (!(j < p.Sk && (!FA_MASK || j <= q0 + il + off)))
+						pv = 0.f;
+				}
+				s[mt][nt][e] = pv;
+				dpv[mt][nt][e] = pv * (dpv[mt][nt][e] - sDl[il]);
+			}
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++) {
+				const int jl = ms0 + mt * 16 + g + hf * 8;
+				const int il = ns0 + nt * 8 + 2 * t;
+#if FA_IN == 3
+				*(float2 *)(sP + jl * LDP + il) =
+				    make_float2(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]);
+				*(float2 *)(sdS + jl * LDP + il) =
+				    make_float2(dpv[mt][nt][2 * hf], dpv[mt][nt][2 * hf + 1]);
+#else
+				*(u32 *)(sP + jl * LDP + il) =
+				    fa_pack16<FA_IN>(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]);
+				*(u32 *)(sdS + jl * LDP + il) =
+				    fa_pack16<FA_IN>(dpv[mt][nt][2 * hf], dpv[mt][nt][2 * hf + 1]);
+#endif
+			}
+		}
+	__syncthreads();
+
+	/* dV += P^T dO, dK += dS^T Q */
+	wgemm_acc<MT_S, NT_KV, FA_BQ / KK, false, true, LDP, LDS>(dv, sP, sdO, ms0, nkv0);
+	wgemm_acc<MT_S, NT_KV, FA_BQ / KK, false, true, LDP, LDS>(dk, sdS, sQ, ms0, nkv0);
+
+	/* dQ of this step = dS K, into the fp32 accumulator */
+	float dq[MT_Q][NT_Q][4];
+	zero_acc(dq);
+	wgemm<MT_Q, NT_Q, FA_BKV / KK, true, true, LDP, LDS>(dq, sdS, sK, mq0, nq0);
+	float *acc = p.dqacc + (bh * p.sqp + q0) * DP;
+	if (!p.det) {
+#pragma unroll
+		for (int mt = 0; mt < MT_Q; mt++)
+#pragma unroll
+			for (int nt = 0; nt < NT_Q; nt++)
+#pragma unroll
+				for (int hf = 0; hf < 2; hf++) {
+					const int il = mq0 + mt * 16 + g + hf * 8;
+					if (q0 + il < p.Sq)
+						red_add2(acc + il * DP + nq0 + nt * 8 + 2 * t,
+						         dq[mt][nt][2 * hf], dq[mt][nt][2 * hf + 1]);
+				}
+	} else {
+		int *turn = p.turn + bh * p.nq + iq;
+		if (tid == 0)
+			while (fa_ld_acquire(turn) != n)
+				__nanosleep(64);
+		__syncthreads();
+#pragma unroll
+		for (int mt = 0; mt < MT_Q; mt++)
+#pragma unroll
+			for (int nt = 0; nt < NT_Q; nt++)
+#pragma unroll
+				for (int hf = 0; hf < 2; hf++) {
+					const int il = mq0 + mt * 16 + g + hf * 8;
+					float2 *a2 = (float2 *)(acc + il * DP + nq0 + nt * 8 + 2 * t);
+					float2 x = __ldcg(a2);
+					x.x += dq[mt][nt][2 * hf];
+					x.y += dq[mt][nt][2 * hf + 1];
+					__stcg(a2, x);
+				}
+		__threadfence();
+		__syncthreads();
+		if (tid == 0)
+			fa_st_release(turn, n + 1);
+	}
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The main pass. */
 extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_params p)
@@ -420,23 +526,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 
 	const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int g = lane >> 2, t = lane & 3;
-	/* The deterministic mode launches a flat grid with the key block slowest: the blocks that
-	 * run at once are of different (batch, kv head), so a block's turn at a query block comes
-	 * after the block before it (dispatched a wave earlier) has long passed it; with the key
-	 * block fastest, the blocks of one head ran together and advanced in a wavefront, one step
-	 * behind each other. */
-	int n, hk, b;
-	if (p.det) {
-		const int per = p.Hkv * p.B;
-		n = (int)(blockIdx.x / per);
-		const int rem = (int)(blockIdx.x - (unsigned)n * per);
-		hk = rem % p.Hkv;
-		b = rem / p.Hkv;
-	} else {
-		n = (int)blockIdx.x;
-		hk = (int)blockIdx.y;
-		b = (int)blockIdx.z;
-	}
+	/* The deterministic mode launches the grid as (kv head, batch, key block): the key block
+	 * slowest, so the blocks that run at once are of different (batch, kv head) and a block's
+	 * turn at a query block comes after the block before it (dispatched a wave earlier) has
+	 * passed it; with the key block fastest, the blocks of one head ran together and advanced in
+	 * a wavefront, one step behind each other. (Selects of the block index, not values kept
+	 * live: the compiler re-reads them where it needs them.) */
+	const int n = p.det ? (int)blockIdx.z : (int)blockIdx.x;
+	const int hk = p.det ? (int)blockIdx.x : (int)blockIdx.y;
+	const int b = p.det ? (int)blockIdx.y : (int)blockIdx.z;
 	const int kv0 = n * FA_BKV;
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
 
@@ -463,20 +561,31 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	zero_acc(dk);
 	zero_acc(dv);
 
+#if FA_STAGES == 1
+	/* the loop the first H200 run measured fastest (PERF-NOTES.md, backward): Q and dO of a
+	 * step loaded at its top */
+	for (int hh = 0; hh < p.group; hh++) {
+		const int h = hk * p.group + hh;
+		const long long bh = (long long)b * p.Hq + h;
+		for (int iq = iq0; iq < p.nq; iq++) {
+			load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, iq, hh, 1);
+			cp_async_wait<0>();
+			__syncthreads();
+			bwd_step(p, sK, sV, sQ0, sdO0, sP, sdS, sL0, sDl0, dk, dv, kv0, off, n, iq, bh, ms0,
+			         ns0, nkv0, mq0, nq0);
+			__syncthreads(); /* Q, dO, P, dS, lse2, delta are free for the next step */
+		}
+	}
+#else
 	/* The steps: every (query head of the group, query block from iq0), flattened, so that the
-	 * next step's Q and dO can be loaded while this one computes (FA_STAGES 2). */
+	 * next step's Q and dO are loaded into the other buffers while this one computes. */
 	const int nsteps = p.nq - iq0, total = nsteps * p.group;
 	if (total > 0)
 		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, iq0, 0, nsteps);
 	for (int it = 0; it < total; it++) {
 		const int hh = it / nsteps, iq = iq0 + (it - hh * nsteps);
-		const int h = hk * p.group + hh;
-		const long long bh = (long long)b * p.Hq + h;
-		const int q0 = iq * FA_BQ;
-		const int buf = FA_STAGES == 2 ? (it & 1) : 0;
-		in_t *sQ = sQ0 + buf * SM_Q, *sdO = sdO0 + buf * SM_Q;
-		const float *sL = sL0 + buf * FA_BQ, *sDl = sDl0 + buf * FA_BQ;
-#if FA_STAGES == 2
+		const long long bh = (long long)b * p.Hq + hk * p.group + hh;
+		const int buf = it & 1;
 		/* the next step into the other buffers (freed by the previous step's last barrier) */
 		if (it + 1 < total)
 			load_step(p, sQ0 + (buf ^ 1) * SM_Q, sdO0 + (buf ^ 1) * SM_Q, sL0 + (buf ^ 1) * FA_BQ,
@@ -484,109 +593,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		else
 			cp_async_commit();
 		cp_async_wait<1>();
-#else
-		cp_async_wait<0>();
-#endif
 		__syncthreads();
-		{
-			/* S^T = K Q^T, dP^T = V dO^T */
-			float s[MT_S][NT_S][4], dpv[MT_S][NT_S][4];
-			zero_acc(s);
-			zero_acc(dpv);
-			wgemm<MT_S, NT_S, DP / KK, false, false, LDS, LDS>(s, sK, sQ, ms0, ns0);
-			wgemm<MT_S, NT_S, DP / KK, false, false, LDS, LDS>(dpv, sV, sdO, ms0, ns0);
-
-			/* P^T and dS^T; the key tail and the causal edge masked where the tile has them */
-			const bool need_mask =
-			    kv0 + FA_BKV > p.Sk || (FA_MASK && kv0 + FA_BKV - 1 > q0 + off);
-#pragma unroll
-			for (int mt = 0; mt < MT_S; mt++)
-#pragma unroll
-				for (int nt = 0; nt < NT_S; nt++) {
-#pragma unroll
-					for (int e = 0; e < 4; e++) {
-						const int jl = ms0 + mt * 16 + g + (e >> 1) * 8;
-						const int il = ns0 + nt * 8 + 2 * t + (e & 1);
-						float pv = fast_exp2(fmaf(s[mt][nt][e], p.sl, -sL[il]));
-						if (need_mask) {
-							const int j = kv0 + jl;
-							if (!(j < p.Sk && (!FA_MASK || j <= q0 + il + off)))
-								pv = 0.f;
-						}
-						s[mt][nt][e] = pv;
-						dpv[mt][nt][e] = pv * (dpv[mt][nt][e] - sDl[il]);
-					}
-#pragma unroll
-					for (int hf = 0; hf < 2; hf++) {
-						const int jl = ms0 + mt * 16 + g + hf * 8;
-						const int il = ns0 + nt * 8 + 2 * t;
-#if FA_IN == 3
-						*(float2 *)(sP + jl * LDP + il) =
-						    make_float2(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]);
-						*(float2 *)(sdS + jl * LDP + il) =
-						    make_float2(dpv[mt][nt][2 * hf], dpv[mt][nt][2 * hf + 1]);
-#else
-						*(u32 *)(sP + jl * LDP + il) =
-						    fa_pack16<FA_IN>(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]);
-						*(u32 *)(sdS + jl * LDP + il) =
-						    fa_pack16<FA_IN>(dpv[mt][nt][2 * hf], dpv[mt][nt][2 * hf + 1]);
-#endif
-					}
-				}
-			__syncthreads();
-
-			/* dV += P^T dO, dK += dS^T Q */
-			wgemm_acc<MT_S, NT_KV, FA_BQ / KK, false, true, LDP, LDS>(dv, sP, sdO, ms0, nkv0);
-			wgemm_acc<MT_S, NT_KV, FA_BQ / KK, false, true, LDP, LDS>(dk, sdS, sQ, ms0, nkv0);
-
-			/* dQ of this step = dS K, into the fp32 accumulator */
-			float dq[MT_Q][NT_Q][4];
-			zero_acc(dq);
-			wgemm<MT_Q, NT_Q, FA_BKV / KK, true, true, LDP, LDS>(dq, sdS, sK, mq0, nq0);
-			float *acc = p.dqacc + (bh * p.sqp + q0) * DP;
-			if (!p.det) {
-#pragma unroll
-				for (int mt = 0; mt < MT_Q; mt++)
-#pragma unroll
-					for (int nt = 0; nt < NT_Q; nt++)
-#pragma unroll
-						for (int hf = 0; hf < 2; hf++) {
-							const int il = mq0 + mt * 16 + g + hf * 8;
-							if (q0 + il < p.Sq)
-								red_add2(acc + il * DP + nq0 + nt * 8 + 2 * t,
-								         dq[mt][nt][2 * hf], dq[mt][nt][2 * hf + 1]);
-						}
-			} else {
-				int *turn = p.turn + bh * p.nq + iq;
-				if (tid == 0)
-					while (fa_ld_acquire(turn) != n)
-						__nanosleep(64);
-				__syncthreads();
-#pragma unroll
-				for (int mt = 0; mt < MT_Q; mt++)
-#pragma unroll
-					for (int nt = 0; nt < NT_Q; nt++)
-#pragma unroll
-						for (int hf = 0; hf < 2; hf++) {
-							const int il = mq0 + mt * 16 + g + hf * 8;
-							float2 *a2 = (float2 *)(acc + il * DP + nq0 + nt * 8 + 2 * t);
-							float2 x = __ldcg(a2);
-							x.x += dq[mt][nt][2 * hf];
-							x.y += dq[mt][nt][2 * hf + 1];
-							__stcg(a2, x);
-						}
-				__threadfence();
-				__syncthreads();
-				if (tid == 0)
-					fa_st_release(turn, n + 1);
-			}
-			__syncthreads(); /* Q, dO, P, dS, lse2, delta are free for the next step */
-#if FA_STAGES == 1
-			if (it + 1 < total)
-				load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, iq0, it + 1, nsteps);
-#endif
-		}
+		bwd_step(p, sK, sV, sQ0 + buf * SM_Q, sdO0 + buf * SM_Q, sP, sdS, sL0 + buf * FA_BQ,
+		         sDl0 + buf * FA_BQ, dk, dv, kv0, off, n, iq, bh, ms0, ns0, nkv0, mq0, nq0);
+		__syncthreads(); /* Q, dO, P, dS, lse2, delta are free for the step after next */
 	}
+#endif
 	cp_async_wait<0>(); /* K and V landed even when no step ran */
 
 	/* dK = scale dS^T Q, dV, in their dtype; keys past Sk are not written */

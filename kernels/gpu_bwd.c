@@ -84,11 +84,10 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		              "required; lse is the forward's)");
 	if (flags & ~(unsigned)FA_GPU_BWD_DETERMINISTIC)
 		return fa_err(err, errlen, FA_EINVAL, "backward: unknown flags 0x%x", flags);
-	if (f->B > 65535 || f->Hkv > 65535 || f->Sq > INT32_MAX / 2 || f->Sk > INT32_MAX / 2 ||
-	    f->B * f->Hkv * f->Sk > INT32_MAX)
+	if (f->B > 65535 || f->Hkv > 65535 || f->Sq > INT32_MAX / 2 || f->Sk > INT32_MAX / 2)
 		return fa_err(err, errlen, FA_ESHAPE,
 		              "shape too large for the kernel's grid: B=%lld (max 65535), Hkv=%lld "
-		              "(max 65535), Sq=%lld, Sk=%lld (max 2^30; B*Hkv*Sk below 2^31)", (long long)f->B,
+		              "(max 65535), Sq=%lld, Sk=%lld (max 2^30)", (long long)f->B,
 		              (long long)f->Hkv, (long long)f->Sq, (long long)f->Sk);
 	const size_t es = fa_dtype_size(f->dtype);
 	const int64_t qsh[3] = {f->B, f->Sq, f->Hq}, ksh[3] = {f->B, f->Sk, f->Hkv};
@@ -131,6 +130,11 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		return st;
 
 	const int bq = spec.tile.br, bkv = spec.tile.bc;
+	if ((flags & FA_GPU_BWD_DETERMINISTIC) && (f->Sk + bkv - 1) / bkv > 65535)
+		return fa_err(err, errlen, FA_ESHAPE,
+		              "deterministic backward: Sk=%lld makes %lld key blocks of %d, the grid's "
+		              "third dimension takes 65535", (long long)f->Sk,
+		              (long long)((f->Sk + bkv - 1) / bkv), bkv);
 	const int64_t dp = fa_bwd_padded_d(spec.tile.path, (int)f->D);
 	const int64_t nq = (f->Sq + bq - 1) / bq, sqp = nq * bq;
 	const int64_t rows = f->B * f->Hq * sqp;
@@ -205,12 +209,12 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		mp.scale = (float)f->scale;
 		mp.det = (flags & FA_GPU_BWD_DETERMINISTIC) ? 1 : 0;
 		void *a2[] = {&mp};
-		/* deterministic: one flat dimension, the key block slowest (attn_bwd.cu says why) */
-		const int64_t nkv = (f->Sk + bkv - 1) / bkv;
-		const unsigned gx = mp.det ? (unsigned)(nkv * f->Hkv * f->B) : (unsigned)nkv;
-		r = fa_cu->LaunchKernel(fn.main, gx, mp.det ? 1 : (unsigned)f->Hkv,
-		                        mp.det ? 1 : (unsigned)f->B, (unsigned)(32 * spec.tile.nw), 1, 1,
-		                        (unsigned)spec.tile.smem, (fa_cu_stream)s, a2, NULL);
+		/* deterministic: (kv head, batch, key block), the key block slowest (attn_bwd.cu) */
+		const unsigned nkv = (unsigned)((f->Sk + bkv - 1) / bkv);
+		const unsigned hkv = (unsigned)f->Hkv, nb = (unsigned)f->B;
+		r = fa_cu->LaunchKernel(fn.main, mp.det ? hkv : nkv, mp.det ? nb : hkv, mp.det ? nkv : nb,
+		                        (unsigned)(32 * spec.tile.nw), 1, 1, (unsigned)spec.tile.smem,
+		                        (fa_cu_stream)s, a2, NULL);
 		what = "launching fa_bwd_main";
 	}
 	if (r == 0) {
