@@ -114,7 +114,8 @@ bool fa_plan_wgmma16_enabled(const struct fa_device_model *dev, const struct fa_
 /* Head dim as the kernel pads it (16-bit path: next multiple of 16). */
 int fa_tile_padded_d(int path, int D);
 
-/* Bytes of dynamic shared memory of a configuration (path, nw, rt, bc, stages must be set). */
+/* Bytes of dynamic shared memory of a forward configuration (path, nw, rt, bc, stages must be
+ * set; the backward's: fa_bwd_tile_smem). */
 size_t fa_tile_smem(const struct fa_tile *t, int D);
 
 /* Estimated registers per thread of a configuration. */

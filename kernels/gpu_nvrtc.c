@@ -148,7 +148,7 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 		s->tile.path = s->in == FA_DTYPE_FP32 ? FA_KPATH_BWD32 : FA_KPATH_BWD16;
 		s->tile.rt = 1;
 		s->tile.stages = tile->stages == 2 ? 2 : 1;
-		s->tile.smem = fa_tile_smem(&s->tile, D);
+		s->tile.smem = fa_bwd_tile_smem(&s->tile, D);
 		return;
 	}
 	if (fa_kpath_is_wg(tile->path) && s->in == FA_DTYPE_FP32 &&

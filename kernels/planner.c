@@ -159,8 +159,6 @@ static bool pair_on(const struct fa_tile *t, int D)
  * stages, padded D > 128 and a multiple of 32). */
 size_t fa_tile_smem(const struct fa_tile *t, int D)
 {
-	if (fa_kpath_is_bwd(t->path)) /* attn_bwd.cu */
-		return fa_bwd_tile_smem(t, D);
 	size_t br = (size_t)16 * t->nw * t->rt;
 	if (t->path == FA_KPATH_WG16) { /* attn_fwd_sm90.cu: Q, K, V^T; head dim padded to 16 */
 		size_t dp = (size_t)(D + 15) / 16 * 16;
