@@ -263,8 +263,10 @@ __device__ __forceinline__ void wgemm(float (&acc)[MT][NTN][4], const in_t *A, c
                                       int m0, int n0)
 {
 	const int lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-	/* ieee: each product is 32 shuffles and 32 FFMA already; unrolled its compile took 90 s */
-#pragma unroll(FA_PREC == 1 ? 1 : 4)
+	/* ieee: each product is 32 shuffles and 32 FFMA already; unrolled its compile took 90 s
+	 * (a constant: nvcc does not macro-expand pragma arguments, NVRTC does) */
+	constexpr int KUNROLL = FA_PREC == 1 ? 1 : 4;
+#pragma unroll KUNROLL
 	for (int kk = 0; kk < KS; kk++) {
 		const int k0 = kk * 8 + t, k1 = k0 + 4;
 		fa_op32 a[MT][4];
