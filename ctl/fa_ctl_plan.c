@@ -25,10 +25,12 @@ static void usage(FILE *f)
 	        "usage: fa-ctl plan [--arch sm_80|sm_86|sm_89|sm_90|sm_100|sm_120|h200...|--device N]\n"
 	        "                   --dtype fp16|bf16|fp32 --head-dim D [--precision P]\n"
 	        "                   [--causal|--causal-top-left] [--batch B --heads H --seq-q S\n"
-	        "                   --seq-k S] [--all] [--json]\n"
+	        "                   --seq-k S] [--backward] [--all] [--json]\n"
 	        "  precision (fp32): 3xtf32 (default), ieee, tf32, bf16\n"
 	        "  --causal is bottom-right aligned (FlashAttention >= 2.1); --causal-top-left is\n"
 	        "  PyTorch's is_causal. Shape arguments, when given, let the ranking account for waves.\n"
+	        "  --backward plans the backward pass (dQ, dK, dV): keys per block, query rows per\n"
+	        "  step, warps, stages; its shared memory against the same opt-in limit.\n"
 	        "  --all prints every fitting candidate (default: the best 10).\n"
 	        "  --json prints the plan as one JSON object on stdout (when nothing fits: the\n"
 	        "  status and its detail, exit status 1 as without --json).\n"
@@ -56,6 +58,8 @@ static const char *dtype_name(fa_dtype dt)
 static const char *path_name(int path)
 {
 	return path == FA_KPATH_16       ? "16-bit mma.sync"
+	       : path == FA_KPATH_BWD16  ? "backward 16-bit mma.sync"
+	       : path == FA_KPATH_BWD32  ? "backward fp32 mma.sync"
 	       : path == FA_KPATH_32     ? "fp32 mma.sync"
 	       : path == FA_KPATH_WG32X3 ? "sm_90a wgmma 3xtf32"
 	       : path == FA_KPATH_WG16   ? "sm_90a wgmma 16-bit"
@@ -85,9 +89,14 @@ static int plan_print_text(const struct fa_device_model *model, bool real,
 		       "below are what the tiles would need\n");
 	char tb[48];
 	fa_tile_format(&t[0], tb, sizeof tb);
-	printf("chosen:    %s  (%d rows x %d keys per step, %d warps, %d row tiles per warp, %d "
-	       "stages, %s path)\n", tb, t[0].br, t[0].bc, t[0].nw, t[0].rt, t[0].stages,
-	       path_name(t[0].path));
+	if (fa_kpath_is_bwd(t[0].path))
+		printf("chosen:    %s  (backward: %d keys per block with K, V, dK, dV on chip, %d query "
+		       "rows per step, %d warps, %d stage%s of Q and dO, %s path)\n", tb, t[0].bc,
+		       t[0].br, t[0].nw, t[0].stages, t[0].stages == 1 ? "" : "s", path_name(t[0].path));
+	else
+		printf("chosen:    %s  (%d rows x %d keys per step, %d warps, %d row tiles per warp, %d "
+		       "stages, %s path)\n", tb, t[0].br, t[0].bc, t[0].nw, t[0].rt, t[0].stages,
+		       path_name(t[0].path));
 	printf("shared:    %zu of %zu bytes (%.0f%%), ~%d registers/thread, %d block(s)/SM\n",
 	       t[0].smem, model->smem_optin, 100.0 * (double)t[0].smem / (double)model->smem_optin,
 	       t[0].regs, t[0].blocks_per_sm);
@@ -102,7 +111,8 @@ static int plan_print_text(const struct fa_device_model *model, bool real,
 	return FA_CTL_EXIT_OK;
 }
 
-/* One tile as a JSON object. */
+/* One tile as a JSON object (the backward's: "rows" are query rows per step, "keys" the keys a
+ * block owns). */
 static void tile_json(const struct fa_tile *t)
 {
 	char tb[48];
@@ -120,7 +130,7 @@ static void tile_json(const struct fa_tile *t)
  * status text on stderr too, as without --json). Returns the exit status. */
 static int plan_print_json(const struct fa_device_model *model, bool real,
                            const struct fa_plan_req *r, fa_status st, const char *err,
-                           const struct fa_tile *t, int n, int all)
+                           const struct fa_tile *t, int n, int all, bool backward)
 {
 	fa_precision prec = fa_prec_resolve(r->dtype, r->precision);
 	printf("{\n  \"device\": {\"name\": ");
@@ -128,7 +138,8 @@ static int plan_print_json(const struct fa_device_model *model, bool real,
 	printf(", \"sm\": %d, \"smem_optin_bytes\": %zu, \"smem_per_sm_bytes\": %zu, "
 	       "\"real\": %s},\n", model->sm, model->smem_optin, model->smem_per_sm,
 	       real ? "true" : "false");
-	printf("  \"problem\": {\"dtype\": \"%s\", \"precision\": ", dtype_name(r->dtype));
+	printf("  \"problem\": {\"pass\": \"%s\", \"dtype\": \"%s\", \"precision\": ",
+	       backward ? "backward" : "forward", dtype_name(r->dtype));
 	if (r->dtype == FA_DTYPE_FP32)
 		fa_ctl_json_string(stdout, fa_prec_name(prec));
 	else
@@ -174,11 +185,12 @@ int fa_ctl_plan_main(int argc, char **argv)
 		{"seq-k", required_argument, NULL, 'k'},
 		{"all", no_argument, NULL, 'A'},
 		{"json", no_argument, NULL, 'j'},
+		{"backward", no_argument, NULL, 'b'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *arch = NULL;
-	int device = -1, bad = 0, all = 0, json = 0;
+	int device = -1, bad = 0, all = 0, json = 0, backward = 0;
 	struct fa_kernel_settings ks;
 	if (fa_ctl_kernel_settings(&ks, "plan") != 0)
 		return 2;
@@ -190,7 +202,7 @@ int fa_ctl_plan_main(int argc, char **argv)
 	optind = 1;
 	opterr = 0; /* our own messages, with fa-ctl's prefix */
 	int c;
-	while ((c = getopt_long(argc, argv, ":a:g:t:d:p:cCB:H:q:k:Ajh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":a:g:t:d:p:cCB:H:q:k:Ajbh", opts, NULL)) != -1) {
 		switch (c) {
 		case 'a': arch = optarg; break;
 		case 'g': device = (int)parse_long(optarg, "device", &bad); break;
@@ -223,6 +235,7 @@ int fa_ctl_plan_main(int argc, char **argv)
 		case 'k': r.Sk = parse_long(optarg, "seq-k", &bad); break;
 		case 'A': all = 1; break;
 		case 'j': json = 1; break;
+		case 'b': backward = 1; break;
 		case 'h': usage(stdout); return FA_CTL_EXIT_OK;
 		case ':':
 			fa_ctl_usage_error("plan", "option '%s' needs a value", argv[optind - 1]);
@@ -275,8 +288,9 @@ int fa_ctl_plan_main(int argc, char **argv)
 	 * planning), so a head dim no kernel takes gets the status and text a request would get */
 	fa_status st = fa_check_head_dim(r.D, err, sizeof err);
 	if (st == FA_OK)
-		st = fa_plan(&model, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err);
-	int rc = json ? plan_print_json(&model, g != NULL, &r, st, err, t, n, all)
+		st = backward ? fa_plan_bwd(&model, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err)
+		              : fa_plan(&model, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err);
+	int rc = json ? plan_print_json(&model, g != NULL, &r, st, err, t, n, all, backward)
 	              : plan_print_text(&model, g != NULL, &r, st, err, t, n, all);
 	fa_gpu_close(g);
 	return rc;

@@ -1,4 +1,4 @@
-/* fa_device.cuh - device helpers both forward kernels use (attn_fwd.cu, attn_fwd_sm90.cu).
+/* fa_device.cuh - device helpers the kernels share (attn_fwd.cu, attn_fwd_sm90.cu, attn_bwd.cu).
  *
  * NVRTC has no file system here: the host hands this text to nvrtcCreateProgram as the header
  * "fa_device.cuh" (gpu_nvrtc.c; embedded like the .cu files by tools/embed.sh), and the disk
@@ -63,6 +63,135 @@ __device__ __forceinline__ u32 pack_f16(float lo, float hi)
 	u32 r;
 	asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
 	return r;
+}
+
+
+/* ---- tensor-core fragments and small helpers of the backward kernel (attn_bwd.cu) ----------
+ * The forward kernels keep their own copies of the first ones (their SASS was measured with
+ * them); new kernels use these. Names carry fa_ so that both can include this header. */
+
+/* Four 8x8 16-bit matrices from shared memory (.trans: each transposed); lanes 8q..8q+7 give
+ * the row addresses of matrix q. */
+__device__ __forceinline__ void fa_ldsm_x4(u32 (&r)[4], u32 addr)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+	             : "r"(addr));
+}
+__device__ __forceinline__ void fa_ldsm_x4_t(u32 (&r)[4], u32 addr)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+	             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+	             : "r"(addr));
+}
+
+/* c += a b, m16n8k16 with fp32 accumulation; IN 1 fp16, 2 bf16. */
+template <int IN> __device__ __forceinline__ void fa_mma16(float *c, const u32 *a, u32 b0, u32 b1)
+{
+	if (IN == 1)
+		asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+		             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+		             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+	else
+		asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+		             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+		             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <int IN> __device__ __forceinline__ u32 fa_pack16(float lo, float hi)
+{
+	return IN == 1 ? pack_f16(lo, hi) : pack_bf16(lo, hi);
+}
+
+/* fp32 on tensor cores, m16n8k8 (A: a0 (g, t), a1 (g+8, t), a2 (g, t+4), a3 (g+8, t+4); B: b0
+ * (k t, n g), b1 (k t+4, n g); lane = 4g + t). PREC 1 ieee (FFMA through shuffles), 2 3xtf32
+ * (big*big + big*small + small*big), 3 tf32. The operand keeps the parts its precision uses;
+ * the compiler drops the others. */
+struct fa_op32 {
+	u32 big, small;
+	float f;
+};
+template <int PREC> __device__ __forceinline__ fa_op32 fa_make_op(float x)
+{
+	fa_op32 o;
+	o.f = x;
+	o.big = 0;
+	o.small = 0;
+	if (PREC == 3) {
+		/* half a tf32 ulp added: the tensor cores drop the low 13 bits (round to nearest) */
+		o.big = __float_as_uint(x) + 0x1000u;
+	} else if (PREC == 2) {
+		o.big = __float_as_uint(x) & 0xffffe000u;
+		o.small = __float_as_uint(x - __uint_as_float(o.big)) + 0x1000u;
+	}
+	return o;
+}
+__device__ __forceinline__ void fa_mma_tf32(float *c, const u32 *a, u32 b0, u32 b1)
+{
+	asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+	             "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+	             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <int PREC>
+__device__ __forceinline__ void fa_mma32(float *c, const fa_op32 *a, fa_op32 b0, fa_op32 b1)
+{
+	if (PREC == 1) {
+		const int lane = threadIdx.x & 31, t = lane & 3, qb = lane & ~3;
+#pragma unroll
+		for (int u = 0; u < 4; u++) {
+			float ag = __shfl_sync(0xffffffffu, a[0].f, qb | u);
+			float ag4 = __shfl_sync(0xffffffffu, a[2].f, qb | u);
+			float ah = __shfl_sync(0xffffffffu, a[1].f, qb | u);
+			float ah4 = __shfl_sync(0xffffffffu, a[3].f, qb | u);
+			float b0n0 = __shfl_sync(0xffffffffu, b0.f, 8 * t + u);
+			float b1n0 = __shfl_sync(0xffffffffu, b1.f, 8 * t + u);
+			float b0n1 = __shfl_sync(0xffffffffu, b0.f, 8 * t + 4 + u);
+			float b1n1 = __shfl_sync(0xffffffffu, b1.f, 8 * t + 4 + u);
+			c[0] = fmaf(ag, b0n0, c[0]);
+			c[0] = fmaf(ag4, b1n0, c[0]);
+			c[1] = fmaf(ag, b0n1, c[1]);
+			c[1] = fmaf(ag4, b1n1, c[1]);
+			c[2] = fmaf(ah, b0n0, c[2]);
+			c[2] = fmaf(ah4, b1n0, c[2]);
+			c[3] = fmaf(ah, b0n1, c[3]);
+			c[3] = fmaf(ah4, b1n1, c[3]);
+		}
+		return;
+	}
+	u32 ab[4] = {a[0].big, a[1].big, a[2].big, a[3].big};
+	if (PREC == 2) {
+		u32 as[4] = {a[0].small, a[1].small, a[2].small, a[3].small};
+		fa_mma_tf32(c, as, b0.big, b1.big);
+		fa_mma_tf32(c, ab, b0.small, b1.small);
+	}
+	fa_mma_tf32(c, ab, b0.big, b1.big);
+}
+
+/* 16-bit bit patterns to float (exact). */
+__device__ __forceinline__ float fa_bf16_to_f32(u16 x)
+{
+	return __uint_as_float((u32)x << 16);
+}
+__device__ __forceinline__ float fa_f16_to_f32(u16 x)
+{
+	float y;
+	asm("{ .reg .f16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(y) : "h"(x));
+	return y;
+}
+
+/* A flag in global memory read with acquire / written with release at GPU scope (the
+ * deterministic dQ's turn counter). */
+__device__ __forceinline__ int fa_ld_acquire(const int *p)
+{
+	int v;
+	asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+	return v;
+}
+__device__ __forceinline__ void fa_st_release(int *p, int v)
+{
+	asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 #endif /* FA_DEVICE_CUH */

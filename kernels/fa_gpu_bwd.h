@@ -35,13 +35,26 @@ enum {
  * pointer and of every batch/seq/head stride in bytes: FA_EALIGN; dimensions below 2^31:
  * FA_ESHAPE) and a backward tile that fits the device (FA_ENOFIT with the backward planner's text:
  * the shape, the smallest configuration's bytes and the device's limit). The fp32 scratch it needs
- * (delta, the dQ accumulator) is the device's, reused across calls and grown on demand
- * (FA_ENOMEM with the bytes when it cannot grow); calls on one fa_gpu are serialised around it.
+ * (lse2, delta, the dQ accumulator) comes from the device's stream-ordered memory pool, which
+ * keeps and reuses it across calls (FA_ENOMEM with the bytes when it cannot be had); calls on
+ * different streams never share it.
  * Compiles its specialisations on first use (cached in memory and on disk like the forward's).
  * Returns after enqueueing: synchronise s before reading dQ, dK, dV. FA_EDEVICE with the driver's
  * text on a launch failure. */
 fa_status fa_gpu_attn_bwd(struct fa_gpu *g, const struct fa_attn_bwd_desc *d,
                           const struct fa_gpu_bwd_ptrs *p, unsigned flags, CUstream s, char *err,
                           size_t errlen);
+
+/* The same with an explicit backward tile (one of fa_gpu_plan_bwd's candidates; FA_EINVAL for a
+ * tile that is not a backward one or whose warp layout does not divide the head dim): for
+ * benchmarks and tests. tile NULL: fa_gpu_attn_bwd. */
+fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *d,
+                               const struct fa_tile *tile, const struct fa_gpu_bwd_ptrs *p,
+                               unsigned flags, CUstream s, char *err, size_t errlen);
+
+/* The backward planner's ranked candidates for d on this device (fa_plan_bwd with the device's
+ * model and settings); the first is fa_gpu_attn_bwd's choice. */
+fa_status fa_gpu_plan_bwd(struct fa_gpu *g, const struct fa_attn_bwd_desc *d, struct fa_tile *out,
+                          int max, int *n, char *err, size_t errlen);
 
 #endif /* FA_GPU_BWD_H */

@@ -14,6 +14,9 @@ extern const unsigned long fa_src_attn_fwd_sm90_len;
 /* kernels/attn_decode.cu: the split-KV decode kernel and its merge pass */
 extern const char fa_src_attn_decode[];
 extern const unsigned long fa_src_attn_decode_len;
+/* kernels/attn_bwd.cu: the backward's three kernels (pre, main, dq) */
+extern const char fa_src_attn_bwd[];
+extern const unsigned long fa_src_attn_bwd_len;
 /* kernels/fa_device.cuh: the device helpers both include, handed to NVRTC as a header */
 extern const char fa_src_fa_device[];
 extern const unsigned long fa_src_fa_device_len;

@@ -47,7 +47,17 @@ enum fa_kpath {
 	 * into the rows; br = packed rows per block, rt = 1, bc = 16 keys per warp step */
 	FA_KPATH_DEC16 = 6, /* fp16, bf16: mma.sync m16n8k16 */
 	FA_KPATH_DEC32 = 7, /* fp32, every precision: FFMA */
+	/* the backward (attn_bwd.cu, planner_bwd.c): nw warps, bc keys a block owns, br query
+	 * rows per step; rt = 1, stages = 1 */
+	FA_KPATH_BWD16 = 8, /* 16-bit shared memory, m16n8k16 (fp16, bf16, fp32 staged as bf16) */
+	FA_KPATH_BWD32 = 9, /* fp32 shared memory, m16n8k8 tf32 / 3xtf32, FFMA for ieee */
 };
+
+/* Whether a path is one of the backward's. */
+static inline bool fa_kpath_is_bwd(int path)
+{
+	return path == FA_KPATH_BWD16 || path == FA_KPATH_BWD32;
+}
 
 /* Whether a path is one of the wgmma paths. */
 static inline bool fa_kpath_is_wg(int path)
@@ -114,7 +124,8 @@ bool fa_plan_wgmma16_enabled(const struct fa_device_model *dev, const struct fa_
 /* Head dim as the kernel pads it (16-bit path: next multiple of 16). */
 int fa_tile_padded_d(int path, int D);
 
-/* Bytes of dynamic shared memory of a configuration (path, nw, rt, bc, stages must be set). */
+/* Bytes of dynamic shared memory of a forward configuration (path, nw, rt, bc, stages must be
+ * set; the backward's: fa_bwd_tile_smem). */
 size_t fa_tile_smem(const struct fa_tile *t, int D);
 
 /* Estimated registers per thread of a configuration. */
@@ -169,5 +180,31 @@ fa_status fa_plan_decode(const struct fa_device_model *dev, const struct fa_attn
 /* Bytes of dynamic shared memory of a decode tile (path, nw, br, stages set) at head dim D:
  * mirrors SMEM_Q, the rings, fp32's P buffer and the merge area of attn_decode.cu. */
 size_t fa_decode_smem(const struct fa_tile *t, int D);
+/* ---- the backward (planner_bwd.c) ------------------------------------------------------------
+ * A backward tile: path FA_KPATH_BWD16 or FA_KPATH_BWD32, nw warps, bc keys owned by a block
+ * (K, V, dK, dV resident), br query rows per step (Q, dO, P^T, dS^T staged), rt = 1, stages = 1.
+ * fa_plan_req describes the problem as for the forward (H = query heads; Sq, Sk may be 0). */
+
+/* The backward's data path for (dtype, precision): fp32 staged as bf16 runs the 16-bit one. */
+int fa_plan_bwd_path(fa_dtype dt, fa_precision p);
+
+/* Head dim as the backward pads it (attn_bwd.cu's DP): to 16, above 128 to 32 (so that two or
+ * four warps can split the columns of dK, dV and dQ). */
+int fa_bwd_padded_d(int path, int D);
+
+/* Bytes of dynamic shared memory of a backward tile (attn_bwd.cu's layout: K, V, Q, dO rows
+ * padded, P^T and dS^T, lse2 and delta). */
+size_t fa_bwd_tile_smem(const struct fa_tile *t, int D);
+
+/* Estimated registers per thread of a backward tile (fitted to ptxas, capped at 255). */
+int fa_bwd_tile_regs(const struct fa_tile *t, int D, fa_precision p);
+
+/* Whether attn_bwd.cu's warp layout divides the tile (its static_asserts). */
+bool fa_bwd_tile_layout_ok(const struct fa_tile *t, int D);
+
+/* Plan the backward: like fa_plan (same statuses and texts, "no backward tile fits: ..." with
+ * the smallest configuration's bytes and the device's limit), against dev->smem_optin. */
+fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_req *req,
+                      struct fa_tile *out, int max, int *n, char *err, size_t errlen);
 
 #endif /* FA_PLANNER_H */

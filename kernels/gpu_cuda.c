@@ -9,6 +9,7 @@
 #include "fa_err.h"
 #include "fa_diskcache.h"
 #include "fa_tune.h"
+#include "gpu_int.h"
 
 #include <stddef.h>
 #include <math.h>
@@ -97,6 +98,7 @@ struct kcache_entry {
 	cufunc fwd, cvt, cvt_flat;
 	cufunc prep; /* wgmma paths: fa_wg_prep (K, V -> tile images); cvt and cvt_flat are 0 */
 	cufunc merge; /* decode paths: fa_decode_merge (fwd is fa_attn_decode); else 0 */
+	cufunc bwd_pre, bwd_dq; /* backward paths: fwd is fa_bwd_main (gpu_bwd.c) */
 };
 
 struct fa_gpu {
@@ -340,9 +342,18 @@ static fa_status get_kernel_try(struct fa_gpu *g, const struct fa_kernel_spec *s
 	}
 	if (r)
 		return cu_fail(g, r, "cuModuleLoadData", err, errlen);
-	e.cvt = e.cvt_flat = e.prep = e.merge = 0;
+	e.cvt = e.cvt_flat = e.prep = e.merge = e.bwd_pre = e.bwd_dq = 0;
 	bool wg = fa_kpath_is_wg(s->tile.path), dec = fa_kpath_is_decode(s->tile.path);
-	if (dec) {
+	if (fa_kpath_is_bwd(s->tile.path)) {
+		if ((r = g->cu.ModuleGetFunction(&e.fwd, e.mod, "fa_bwd_main")) ||
+		    (r = g->cu.ModuleGetFunction(&e.bwd_pre, e.mod, "fa_bwd_pre")) ||
+		    (r = g->cu.ModuleGetFunction(&e.bwd_dq, e.mod, "fa_bwd_dq")) ||
+		    (r = g->cu.FuncSetAttribute(e.fwd, FUNC_ATTR_MAX_DYN_SMEM, (int)s->tile.smem))) {
+			st = cu_fail(g, r, "loading fa_bwd_main", err, errlen);
+			g->cu.ModuleUnload(e.mod);
+			return st;
+		}
+	} else if (dec) {
 		if ((r = g->cu.ModuleGetFunction(&e.fwd, e.mod, "fa_attn_decode")) ||
 		    (r = g->cu.ModuleGetFunction(&e.merge, e.mod, "fa_decode_merge")) ||
 		    (r = g->cu.FuncSetAttribute(e.fwd, FUNC_ATTR_MAX_DYN_SMEM, (int)s->tile.smem))) {
@@ -389,6 +400,22 @@ static fa_status get_kernel(struct fa_gpu *g, const struct fa_kernel_spec *s,
                             struct kcache_entry **out, char *err, size_t errlen)
 {
 	return get_kernel_try(g, s, out, true, err, errlen);
+}
+
+/* gpu_int.h: the backward launcher's kernels through the same caches. */
+fa_status fa_gpu_bwd_kernels(struct fa_gpu *g, const struct fa_kernel_spec *s,
+                             struct fa_gpu_bwd_funcs *f, char *err, size_t errlen)
+{
+	struct kcache_entry *ke = NULL;
+	if (!fa_kpath_is_bwd(s->tile.path))
+		return fa_err(err, errlen, FA_EINTERNAL, "fa_gpu_bwd_kernels: not a backward tile");
+	fa_status st = get_kernel(g, s, &ke, err, errlen);
+	if (st != FA_OK)
+		return st;
+	f->pre = ke->bwd_pre;
+	f->main = ke->fwd;
+	f->dq = ke->bwd_dq;
+	return FA_OK;
 }
 
 fa_status fa_gpu_set_cache_dir(struct fa_gpu *g, const char *dir, char *err, size_t errlen)

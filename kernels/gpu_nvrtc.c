@@ -152,6 +152,15 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 		s->qin = dt;
 		s->precision = dt == FA_DTYPE_FP32 ? prec : FA_PREC_DEFAULT;
 	}
+	if (fa_kpath_is_bwd(tile->path)) {
+		/* attn_bwd.cu: in = the tensor cores' type, qin = the global type of every tensor */
+		s->qin = dt;
+		s->tile.path = s->in == FA_DTYPE_FP32 ? FA_KPATH_BWD32 : FA_KPATH_BWD16;
+		s->tile.rt = 1;
+		s->tile.stages = tile->stages == 2 ? 2 : 1;
+		s->tile.smem = fa_bwd_tile_smem(&s->tile, D);
+		return;
+	}
 	if (fa_kpath_is_wg(tile->path) && s->in == FA_DTYPE_FP32 &&
 	    (s->precision == FA_PREC_TF32 || s->precision == FA_PREC_3XTF32))
 		s->tile.path = s->precision == FA_PREC_3XTF32 ? FA_KPATH_WG32X3 : FA_KPATH_WG32;
@@ -177,6 +186,14 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 	fa_tile_format(&s->tile, tb, sizeof tb);
 	/* Q read as fp32 by a 16-bit kernel: "bf16+q32" */
 	bool q32 = s->qin == FA_DTYPE_FP32 && s->in != FA_DTYPE_FP32;
+	if (fa_kpath_is_bwd(s->tile.path)) { /* "sm90 bwd fp32 3xtf32 d128 causal-br kv64 q32 w8" */
+		snprintf(buf, len, "sm%d bwd %s%s%s%s d%d %s %s", s->sm, short_dt(s->qin),
+		         s->in != s->qin ? " staged-bf16" : "", s->in == FA_DTYPE_FP32 ? " " : "",
+		         s->in == FA_DTYPE_FP32 ? fa_prec_name(s->precision) : "", s->D,
+		         s->mask == FA_MASK_NONE ? "nomask" : s->mask == FA_MASK_CAUSAL_TOP_LEFT ? "causal-tl" : "causal-br",
+		         tb + 4);
+		return;
+	}
 	const bool p32 = s->in == FA_DTYPE_FP32 && !fa_kpath_is_decode(s->tile.path);
 	snprintf(buf, len, "sm%d %s%s>%s%s%s d%d %s %s", s->sm, short_dt(s->in), q32 ? "+q32" : "",
 	         short_dt(s->out), p32 ? " " : "", p32 ? fa_prec_name(s->precision) : "", s->D,
@@ -189,6 +206,11 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 void fa_kernel_source(const struct fa_kernel_spec *s, const char **src, size_t *len)
 {
 	bool wg = fa_kpath_is_wg(s->tile.path);
+	if (fa_kpath_is_bwd(s->tile.path)) {
+		*src = fa_src_attn_bwd;
+		*len = fa_src_attn_bwd_len;
+		return;
+	}
 	if (fa_kpath_is_decode(s->tile.path)) {
 		*src = fa_src_attn_decode;
 		*len = fa_src_attn_decode_len;
@@ -240,6 +262,21 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 	bool wg = fa_kpath_is_wg(s->tile.path), w16 = s->tile.path == FA_KPATH_WG16;
 
 	memset(o, 0, sizeof *o);
+	if (fa_kpath_is_bwd(s->tile.path)) { /* attn_bwd.cu's parameters */
+		snprintf(o->v[k++], sizeof o->v[0], "-arch=sm_%d", s->sm);
+		snprintf(o->v[k++], sizeof o->v[0], "-std=c++17");
+		snprintf(o->v[k++], sizeof o->v[0], "--ptxas-options=-v");
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_IN=%d", in);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_GIN=%d", qin);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_PREC=%d", prec);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_D=%d", s->D);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NW=%d", s->tile.nw);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BKV=%d", s->tile.bc);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
+		goto extra;
+	}
 	if (fa_kpath_is_decode(s->tile.path)) { /* attn_decode.cu's macros */
 		snprintf(o->v[k++], sizeof o->v[0], "-arch=sm_%d", s->sm);
 		snprintf(o->v[k++], sizeof o->v[0], "-std=c++17");
@@ -332,8 +369,10 @@ fa_status fa_nvrtc_compile_opts(struct fa_nvrtc *n, const struct fa_kernel_spec 
 	/* the shared device helpers: #include "fa_device.cuh" resolves to the embedded text */
 	const char *const hdr[1] = {fa_src_fa_device}, *const hdr_name[1] = {FA_DEVICE_HEADER_NAME};
 	const bool dec = fa_kpath_is_decode(s->tile.path);
+	const bool bwd = fa_kpath_is_bwd(s->tile.path);
 	nvrtcResult_t r = n->CreateProgram(&prog, src,
-	                                   dec ? "attn_decode.cu"
+	                                   bwd ? "attn_bwd.cu"
+	                                   : dec ? "attn_decode.cu"
 	                                   : fa_kpath_is_wg(s->tile.path) ? "attn_fwd_sm90.cu"
 	                                                                  : "attn_fwd.cu",
 	                                   1, hdr, hdr_name);
@@ -364,7 +403,7 @@ fa_status fa_nvrtc_compile_opts(struct fa_nvrtc *n, const struct fa_kernel_spec 
 		return FA_EINTERNAL;
 	}
 	if (usage) {
-		parse_usage(log, dec ? "fa_attn_decode" : "fa_attn_fwd", usage);
+		parse_usage(log, bwd ? "fa_bwd_main" : dec ? "fa_attn_decode" : "fa_attn_fwd", usage);
 		usage->compile_s = dt;
 	}
 	free(log);

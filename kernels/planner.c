@@ -488,7 +488,9 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 /* "128x64 w4r2 s2". */
 void fa_tile_format(const struct fa_tile *t, char *buf, size_t len)
 {
-	if (fa_kpath_is_wg(t->path)) /* "128x64 wg2 s2": warpgroups */
+	if (fa_kpath_is_bwd(t->path)) /* "bwd kv64 q64 w8": keys per block, rows per step */
+		snprintf(buf, len, "bwd kv%d q%d w%d%s", t->bc, t->br, t->nw, t->stages == 2 ? " s2" : "");
+	else if (fa_kpath_is_wg(t->path)) /* "128x64 wg2 s2": warpgroups */
 		snprintf(buf, len, "%dx%d wg%d s%d", t->br, t->bc, t->nw / 4, t->stages);
 	else if (fa_kpath_is_decode(t->path)) /* "dec 16x16 w4 s3": packed rows x keys per warp */
 		snprintf(buf, len, "dec %dx%d w%d s%d", t->br, t->bc, t->nw, t->stages);

@@ -1,8 +1,8 @@
 /* test_ctl.c - fa-ctl's conventions as a script sees them: exit status 2 for a usage error in
  * every subcommand, 1 when the daemon is unreachable, 0 on success; -V and --version as the
- * version command; `stats --json`, `clients --json` and `plan --json` are valid JSON; and
- * `plan --head-dim 512` offline gives the status and text the daemon gives a request with head
- * dim 512.
+ * version command; `stats --json`, `clients --json` and `plan --json` are valid JSON; `plan
+ * --backward`; and `plan --head-dim 512` offline gives the status and text the daemon gives a
+ * request with head dim 512.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -234,6 +234,28 @@ static void test_ctl_plan_json(void **state)
 	free(out);
 }
 
+/* plan --backward: the backward's own planner; fp32 head dim 128 causal fits a 99 KiB card, and
+ * a device too small for any backward tile gets FA_ENOFIT with the bytes (exit 1). */
+static void test_ctl_plan_backward(void **state)
+{
+	(void)state;
+	char *out, *err;
+	assert_int_equal(ctl("plan --arch sm_89 --dtype fp32 --head-dim 128 --causal --backward --json",
+	                     &out, NULL), 0);
+	assert_json(out);
+	assert_non_null(strstr(out, "\"pass\": \"backward\""));
+	assert_non_null(strstr(out, "\"path\": \"backward fp32 mma.sync\""));
+	assert_non_null(strstr(out, "\"smem_optin_bytes\": 101376"));
+	free(out);
+	assert_int_equal(ctl("plan --arch sm_90 --dtype fp32 --head-dim 256 --backward", &out, NULL), 0);
+	assert_non_null(strstr(out, "chosen:    bwd kv"));
+	free(out);
+	assert_int_equal(ctl("plan --arch sm_75 --dtype fp32 --head-dim 256 --backward", NULL, &err), 1);
+	assert_non_null(strstr(err, "FA_ENOFIT: no backward tile fits"));
+	assert_non_null(strstr(err, "bytes of shared memory, the device (sm_75) allows 65536"));
+	free(err);
+}
+
 /* The daemon's answer to a request with head dim D (a raw request: the client library would
  * refuse it before sending). */
 static fa_status daemon_head_dim(int64_t D, char *detail, size_t cap)
@@ -290,6 +312,7 @@ int main(void)
 		cmocka_unit_test(test_ctl_version_flags_match_the_command),
 		cmocka_unit_test(test_ctl_stats_and_ping_against_the_daemon),
 		cmocka_unit_test(test_ctl_plan_json),
+		cmocka_unit_test(test_ctl_plan_backward),
 		cmocka_unit_test(test_ctl_plan_head_dim_512_as_the_daemon),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -127,8 +127,6 @@ static int child_async_chain(void *arg)
 	return 0;
 }
 
-/* The child's exit code when the GPU backend has no backward kernels (kernels/gpu_bwd_stub.c). */
-#define BWD_NOT_BUILT 77
 #define BWD_CHAIN 8
 
 /* BWD_CHAIN training steps on one stream with no synchronisation: each uploads its inputs and
@@ -171,11 +169,6 @@ static int child_async_bwd_chain(void *arg)
 		CHECK(st == FA_OK, "fa_attn_fwd_async #%d: %s: %s", i, fa_status_name(st),
 		      fa_last_error_detail());
 		st = fa_attn_bwd_async(c, &ba, stream);
-		if (st == FA_ENOTSUP && strstr(fa_last_error_detail(), "not built")) {
-			fprintf(stderr, "  backward: %s\n", fa_last_error_detail());
-			cu.StreamSynchronize(stream);
-			return BWD_NOT_BUILT;
-		}
 		CHECK(st == FA_OK, "fa_attn_bwd_async #%d: %s: %s", i, fa_status_name(st),
 		      fa_last_error_detail());
 		CHECK(cu.MemcpyDtoHAsync(out, dmem, l.total, stream) == 0, "download");
@@ -683,11 +676,6 @@ static void test_gpu_async_backward_chain_is_ordered_both_ways(void **state)
 	(void)state;
 	SKIP_WITHOUT_GPU();
 	int r = in_child(child_async_bwd_chain, NULL, 180000);
-	if (r == BWD_NOT_BUILT) {
-		fprintf(stderr, "skipped: the daemon's GPU backend has no backward kernels "
-		        "(\"backward GPU kernels not built\")\n");
-		skip();
-	}
 	assert_int_equal(r, 0);
 }
 

@@ -212,9 +212,6 @@ static int child_host_cases(void *arg)
 
 /* ---- the backward pass ------------------------------------------------------------------------ */
 
-/* The child's exit code when the daemon's GPU backend has no backward kernels (the temporary
- * kernels/gpu_bwd_stub.c): the test skips, saying so. */
-#define BWD_NOT_BUILT 77
 
 /* The backward's shapes: the seed's case (fp32 D=128 causal), fp32 D=256, GQA and MQA, Sq != Sk,
  * odd lengths, both layouts, padding, each dtype. */
@@ -277,10 +274,6 @@ static int bwd_run(fa_client *c, const struct fa_case *cs, fa_buffer *b, cu_ptr 
 				      "upload");
 		}
 		st = fa_attn_bwd(c, &ba);
-		if (st == FA_ENOTSUP && strstr(fa_last_error_detail(), "not built")) {
-			fprintf(stderr, "  backward: %s\n", fa_last_error_detail());
-			return BWD_NOT_BUILT;
-		}
 		CHECK(st == FA_OK, "%s: fa_attn_bwd: %s (%s)", desc, fa_status_name(st),
 		      fa_last_error_detail());
 		if (mem)
@@ -1201,11 +1194,6 @@ static void test_gpu_backward_matches_reference_and_is_deterministic(void **stat
 	(void)state;
 	SKIP_WITHOUT_GPU();
 	int r = in_child(child_bwd_cases, NULL, 300000);
-	if (r == BWD_NOT_BUILT) {
-		fprintf(stderr, "skipped: the daemon's GPU backend has no backward kernels "
-		        "(\"backward GPU kernels not built\")\n");
-		skip();
-	}
 	assert_int_equal(r, 0);
 }
 

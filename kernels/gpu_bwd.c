@@ -1,0 +1,252 @@
+/* gpu_bwd.c - the backward launch API (fa_gpu_bwd.h): checks, the backward tile (planner_bwd.c),
+ * the fp32 scratch, and the three kernels of attn_bwd.cu enqueued on the caller's stream.
+ *
+ * Scratch (one stream-ordered allocation per call, freed in stream order: the device's memory
+ * pool keeps it, gpu_cuda.c sets its release threshold to the maximum, so repeated calls reuse
+ * the same memory without a synchronisation and calls on different streams never share it):
+ * lse2 and delta (fp32 [B*Hq][sqp]), the fp32 dQ accumulator ([B*Hq][sqp][padded D]) and the
+ * deterministic mode's turn counters ([B*Hq][sqp / BQ] ints), sqp = Sq rounded up to the
+ * tile's query rows.
+ */
+#include "fa_gpu_bwd.h"
+#include "fa_check.h"
+#include "fa_cu.h"
+#include "fa_err.h"
+#include "gpu_int.h"
+
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+/* attn_bwd.cu's fa_bwd_params, fa_bwd_pre_params, fa_bwd_dq_params (same order, same types). */
+struct bwd_params {
+	uint64_t q, k, v, dout, dk, dv, dqacc, lse2, delta, turn;
+	long long qs[3], ks[3], vs[3], dos[3], dks[3], dvs[3];
+	int B, Sq, Sk, Hq, Hkv, group;
+	int sqp, nq;
+	float sl, scale;
+	int det, pad_;
+};
+_Static_assert(offsetof(struct bwd_params, B) == 224 && sizeof(struct bwd_params) == 272,
+               "backward parameter block layout");
+struct bwd_pre_params {
+	uint64_t o, dout, lse, lse2, delta, dqacc, turn;
+	long long os[3], dos[3], ls[3];
+	int B, Sq, Hq, sqp, nq, pad_;
+};
+_Static_assert(sizeof(struct bwd_pre_params) == 152, "backward pre parameter block layout");
+struct bwd_dq_params {
+	uint64_t dqacc, dq;
+	long long dqs[3];
+	int B, Sq, Hq, sqp;
+	float scale;
+	int pad_;
+};
+_Static_assert(sizeof(struct bwd_dq_params) == 64, "backward dq parameter block layout");
+
+static fa_status cu_fail(fa_cu_res r, const char *what, char *err, size_t errlen)
+{
+	snprintf(err, errlen, "%s: CUDA error %d (%s)", what, r, fa_cu_errstr(r));
+	return r == FA_CU_ERROR_OUT_OF_MEMORY ? FA_ENOMEM : FA_EDEVICE;
+}
+
+static fa_status check_align(const char *name, CUdeviceptr p, const int64_t *stride,
+                             const int64_t *shape, size_t es, char *err, size_t errlen)
+{
+	if (p % FA_KERNEL_ALIGN)
+		return fa_err(err, errlen, FA_EALIGN, "%s: device pointer 0x%llx is not %d-byte aligned",
+		              name, (unsigned long long)p, FA_KERNEL_ALIGN);
+	return fa_check_stride_align(name, shape, stride, es, FA_KERNEL_ALIGN, err, errlen);
+}
+
+fa_status fa_gpu_plan_bwd(struct fa_gpu *g, const struct fa_attn_bwd_desc *d, struct fa_tile *out,
+                          int max, int *n, char *err, size_t errlen)
+{
+	struct fa_plan_req r;
+	fa_plan_req_from_desc(&d->fwd, &r);
+	r.ks = fa_gpu_settings(g);
+	return fa_plan_bwd(fa_gpu_model(g), &r, out, max, n, err, errlen);
+}
+
+fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *d,
+                               const struct fa_tile *tile, const struct fa_gpu_bwd_ptrs *p,
+                               unsigned flags, CUstream s, char *err, size_t errlen)
+{
+	const struct fa_attn_fwd_desc *f = &d->fwd;
+	fa_status st = fa_attn_bwd_check(d, err, errlen);
+	if (st != FA_OK)
+		return st;
+	if (!p || !p->q || !p->k || !p->v || !p->o || !p->dout || !p->lse || !p->dq || !p->dk ||
+	    !p->dv)
+		return fa_err(err, errlen, FA_EINVAL,
+		              "backward: a NULL device pointer (q, k, v, o, dO, lse, dQ, dK, dV are all "
+		              "required; lse is the forward's)");
+	if (flags & ~(unsigned)FA_GPU_BWD_DETERMINISTIC)
+		return fa_err(err, errlen, FA_EINVAL, "backward: unknown flags 0x%x", flags);
+	if (f->B > 65535 || f->Hkv > 65535 || f->Sq > INT32_MAX / 2 || f->Sk > INT32_MAX / 2)
+		return fa_err(err, errlen, FA_ESHAPE,
+		              "shape too large for the kernel's grid: B=%lld (max 65535), Hkv=%lld "
+		              "(max 65535), Sq=%lld, Sk=%lld (max 2^30)", (long long)f->B,
+		              (long long)f->Hkv, (long long)f->Sq, (long long)f->Sk);
+	const size_t es = fa_dtype_size(f->dtype);
+	const int64_t qsh[3] = {f->B, f->Sq, f->Hq}, ksh[3] = {f->B, f->Sk, f->Hkv};
+	if ((st = check_align("q", p->q, f->q_stride, qsh, es, err, errlen)) ||
+	    (st = check_align("k", p->k, f->k_stride, ksh, es, err, errlen)) ||
+	    (st = check_align("v", p->v, f->v_stride, ksh, es, err, errlen)) ||
+	    (st = check_align("o", p->o, f->o_stride, qsh, es, err, errlen)) ||
+	    (st = check_align("dO", p->dout, d->do_stride, qsh, es, err, errlen)) ||
+	    (st = check_align("dQ", p->dq, d->dq_stride, qsh, es, err, errlen)) ||
+	    (st = check_align("dK", p->dk, d->dk_stride, ksh, es, err, errlen)) ||
+	    (st = check_align("dV", p->dv, d->dv_stride, ksh, es, err, errlen)))
+		return st;
+	if (p->lse % 4)
+		return fa_err(err, errlen, FA_EALIGN, "lse: device pointer is not 4-byte aligned");
+
+	struct fa_tile t;
+	if (tile) {
+		t = *tile;
+		if (!fa_kpath_is_bwd(t.path) || !fa_bwd_tile_layout_ok(&t, (int)f->D))
+			return fa_err(err, errlen, FA_EINVAL, "backward: not a backward tile for head dim %d",
+			              (int)f->D);
+	} else {
+		int n = 0;
+		if ((st = fa_gpu_plan_bwd(g, d, &t, 1, &n, err, errlen)))
+			return st;
+	}
+	struct fa_kernel_spec spec;
+	fa_kernel_spec_make(&spec, fa_gpu_sm(g), f->dtype, f->precision, (int)f->D, f->mask, &t);
+	if (spec.tile.smem > fa_gpu_smem_optin(g)) {
+		char tb[48];
+		fa_tile_format(&spec.tile, tb, sizeof tb);
+		return fa_err(err, errlen, FA_ENOFIT,
+		              "backward tile %s needs %zu bytes of shared memory, %s allows %zu", tb,
+		              spec.tile.smem, fa_gpu_name(g), fa_gpu_smem_optin(g));
+	}
+	if ((st = fa_gpu_make_current(g, err, errlen)))
+		return st;
+	struct fa_gpu_bwd_funcs fn;
+	if ((st = fa_gpu_bwd_kernels(g, &spec, &fn, err, errlen)))
+		return st;
+
+	const int bq = spec.tile.br, bkv = spec.tile.bc;
+	if ((flags & FA_GPU_BWD_DETERMINISTIC) && (f->Sk + bkv - 1) / bkv > 65535)
+		return fa_err(err, errlen, FA_ESHAPE,
+		              "deterministic backward: Sk=%lld makes %lld key blocks of %d, the grid's "
+		              "third dimension takes 65535", (long long)f->Sk,
+		              (long long)((f->Sk + bkv - 1) / bkv), bkv);
+	const int64_t dp = fa_bwd_padded_d(spec.tile.path, (int)f->D);
+	const int64_t nq = (f->Sq + bq - 1) / bq, sqp = nq * bq;
+	const int64_t rows = f->B * f->Hq * sqp;
+	const size_t b_row = (size_t)rows * 4, b_acc = (size_t)(rows * dp) * 4;
+	const size_t b_turn = (size_t)(f->B * f->Hq * nq) * 4;
+	const size_t a_row = (b_row + 255) / 256 * 256, a_acc = (b_acc + 255) / 256 * 256;
+	const size_t total = 2 * a_row + a_acc + (b_turn + 255) / 256 * 256;
+	CUdeviceptr scratch = 0;
+	fa_cu_res r = fa_cu->MemAllocAsync(&scratch, total, (fa_cu_stream)s);
+	if (r) {
+		snprintf(err, errlen, "backward scratch: %zu bytes of device memory (lse2, delta, the "
+		         "fp32 dQ accumulator) could not be allocated: CUDA error %d (%s)", total, r,
+		         fa_cu_errstr(r));
+		return r == FA_CU_ERROR_OUT_OF_MEMORY ? FA_ENOMEM : FA_EDEVICE;
+	}
+	const CUdeviceptr lse2 = scratch, delta = scratch + a_row, acc = scratch + 2 * a_row;
+	const CUdeviceptr turn = acc + a_acc;
+
+	struct bwd_pre_params pp;
+	memset(&pp, 0, sizeof pp);
+	pp.o = p->o;
+	pp.dout = p->dout;
+	pp.lse = p->lse;
+	pp.lse2 = lse2;
+	pp.delta = delta;
+	pp.dqacc = acc;
+	pp.turn = turn;
+	for (int i = 0; i < 3; i++) {
+		pp.os[i] = f->o_stride[i];
+		pp.dos[i] = d->do_stride[i];
+		pp.ls[i] = f->lse_stride[i];
+	}
+	pp.B = (int)f->B;
+	pp.Sq = (int)f->Sq;
+	pp.Hq = (int)f->Hq;
+	pp.sqp = (int)sqp;
+	pp.nq = (int)nq;
+	void *a1[] = {&pp};
+	r = fa_cu->LaunchKernel(fn.pre, (unsigned)((rows + 7) / 8), 1, 1, 256, 1, 1, 0,
+	                        (fa_cu_stream)s, a1, NULL);
+	const char *what = "launching fa_bwd_pre";
+	if (r == 0) {
+		struct bwd_params mp;
+		memset(&mp, 0, sizeof mp);
+		mp.q = p->q;
+		mp.k = p->k;
+		mp.v = p->v;
+		mp.dout = p->dout;
+		mp.dk = p->dk;
+		mp.dv = p->dv;
+		mp.dqacc = acc;
+		mp.lse2 = lse2;
+		mp.delta = delta;
+		mp.turn = turn;
+		for (int i = 0; i < 3; i++) {
+			mp.qs[i] = f->q_stride[i];
+			mp.ks[i] = f->k_stride[i];
+			mp.vs[i] = f->v_stride[i];
+			mp.dos[i] = d->do_stride[i];
+			mp.dks[i] = d->dk_stride[i];
+			mp.dvs[i] = d->dv_stride[i];
+		}
+		mp.B = (int)f->B;
+		mp.Sq = (int)f->Sq;
+		mp.Sk = (int)f->Sk;
+		mp.Hq = (int)f->Hq;
+		mp.Hkv = (int)f->Hkv;
+		mp.group = (int)(f->Hq / f->Hkv);
+		mp.sqp = (int)sqp;
+		mp.nq = (int)nq;
+		mp.sl = (float)(f->scale * 1.4426950408889634);
+		mp.scale = (float)f->scale;
+		mp.det = (flags & FA_GPU_BWD_DETERMINISTIC) ? 1 : 0;
+		void *a2[] = {&mp};
+		/* deterministic: (kv head, batch, key block), the key block slowest (attn_bwd.cu) */
+		const unsigned nkv = (unsigned)((f->Sk + bkv - 1) / bkv);
+		const unsigned hkv = (unsigned)f->Hkv, nb = (unsigned)f->B;
+		r = fa_cu->LaunchKernel(fn.main, mp.det ? hkv : nkv, mp.det ? nb : hkv, mp.det ? nkv : nb,
+		                        (unsigned)(32 * spec.tile.nw), 1, 1, (unsigned)spec.tile.smem,
+		                        (fa_cu_stream)s, a2, NULL);
+		what = "launching fa_bwd_main";
+	}
+	if (r == 0) {
+		struct bwd_dq_params qp;
+		memset(&qp, 0, sizeof qp);
+		qp.dqacc = acc;
+		qp.dq = p->dq;
+		for (int i = 0; i < 3; i++)
+			qp.dqs[i] = d->dq_stride[i];
+		qp.B = (int)f->B;
+		qp.Sq = (int)f->Sq;
+		qp.Hq = (int)f->Hq;
+		qp.sqp = (int)sqp;
+		qp.scale = (float)f->scale;
+		int64_t pairs = f->B * f->Hq * f->Sq * (f->D / 2);
+		int64_t blocks = (pairs + 255) / 256;
+		if (blocks > 132 * 32)
+			blocks = 132 * 32;
+		void *a3[] = {&qp};
+		r = fa_cu->LaunchKernel(fn.dq, (unsigned)blocks, 1, 1, 256, 1, 1, 0, (fa_cu_stream)s,
+		                        a3, NULL);
+		what = "launching fa_bwd_dq";
+	}
+	fa_cu->MemFreeAsync(scratch, (fa_cu_stream)s);
+	if (r)
+		return cu_fail(r, what, err, errlen);
+	return FA_OK;
+}
+
+fa_status fa_gpu_attn_bwd(struct fa_gpu *g, const struct fa_attn_bwd_desc *d,
+                          const struct fa_gpu_bwd_ptrs *p, unsigned flags, CUstream s, char *err,
+                          size_t errlen)
+{
+	return fa_gpu_attn_bwd_tile(g, d, NULL, p, flags, s, err, errlen);
+}

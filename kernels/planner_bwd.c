@@ -1,0 +1,223 @@
+/* planner_bwd.c - tiles for the backward kernel (attn_bwd.cu): shared memory, registers, fit,
+ * rank.
+ *
+ * The backward keeps more on chip than the forward: K, V (resident for the block's keys), Q, dO
+ * (per step), P^T and dS^T (per step) in shared memory, dK and dV accumulators in registers. Its
+ * own formula decides its tile, so the forward's tile is never limited by it (the training
+ * library this project replaced sized both passes by the backward's need, and fp32 head dim 256
+ * could not run). Plans against the device's opt-in limit.
+ */
+#include "fa_planner.h"
+#include "fa_err.h"
+#include "fa_attn.h" /* FA_ATTN_MAX_HEAD_DIM */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int fa_plan_bwd_path(fa_dtype dt, fa_precision p)
+{
+	if (dt != FA_DTYPE_FP32)
+		return FA_KPATH_BWD16;
+	return fa_prec_resolve(dt, p) == FA_PREC_BF16 ? FA_KPATH_BWD16 : FA_KPATH_BWD32;
+}
+
+int fa_bwd_padded_d(int path, int D)
+{
+	(void)path; /* both paths: the same warp splits */
+	return D <= 128 ? (D + 15) / 16 * 16 : (D + 31) / 32 * 32;
+}
+
+/* attn_bwd.cu: LDS = padded D + 8 (16-bit) or D + 4 (fp32), LDP = BQ + 8 or BQ + 4. */
+size_t fa_bwd_tile_smem(const struct fa_tile *t, int D)
+{
+	const bool w16 = t->path == FA_KPATH_BWD16;
+	const size_t es = w16 ? 2 : 4;
+	const size_t dp = (size_t)fa_bwd_padded_d(t->path, D);
+	const size_t lds = dp + (w16 ? 8 : 4), ldp = (size_t)t->br + (w16 ? 8 : 4);
+	const size_t st = t->stages == 2 ? 2 : 1; /* Q, dO, lse2, delta per stage */
+	return es * ((2 * (size_t)t->bc + 2 * st * (size_t)t->br) * lds + 2 * (size_t)t->bc * ldp) +
+	       2 * 4 * st * (size_t)t->br;
+}
+
+/* The warp layouts of attn_bwd.cu (WM_S, WN_S, WM_Q, WN_Q and their static_asserts). */
+bool fa_bwd_tile_layout_ok(const struct fa_tile *t, int D)
+{
+	const bool w16 = t->path == FA_KPATH_BWD16;
+	const int dp = fa_bwd_padded_d(t->path, D);
+	const int nw = t->nw, bkv = t->bc, bq = t->br;
+	if (nw <= 0 || bkv < 16 || bq < 16 || bkv % 16 || bq % 16)
+		return false;
+	const int wm_s = nw < bkv / 16 ? nw : bkv / 16, wn_s = nw / wm_s;
+	const int wm_q = nw < bq / 16 ? nw : bq / 16, wn_q = nw / wm_q;
+	if (wm_s * wn_s != nw || wm_q * wn_q != nw)
+		return false;
+	const int nmul = w16 ? 16 : 8; /* 16-bit: n8 tiles in pairs (ldmatrix x4) */
+	return bq % (nmul * wn_s) == 0 && dp % (nmul * wn_s) == 0 && dp % (nmul * wn_q) == 0 &&
+	       bkv % (16 * wm_s) == 0 && bq % (16 * wm_q) == 0;
+}
+
+/* Live fp32 values per thread: dK and dV (all steps), S^T and dP^T or the step's dQ, the
+ * fragments; 3xtf32 adds a chunk of a step's partial dK/dV and operands in two parts. Constants fitted to ptxas (tests/unit/test_nvrtc_bwd.c prints estimate against
+ * actual). */
+static int bwd_regs_raw(const struct fa_tile *t, int D, fa_precision p)
+{
+	const int nt = 32 * t->nw;
+	const int dp = fa_bwd_padded_d(t->path, D);
+	const int kv = 2 * t->bc * dp / nt;
+	const int s = 2 * t->bc * t->br / nt;
+	const int dq = t->br * dp / nt;
+	const int step = s > dq ? s : dq;
+	if (t->path == FA_KPATH_BWD16)
+		return 56 + kv + step;
+	if (p == FA_PREC_3XTF32) /* + a chunk of partial sums (4 n8 tiles per row tile) */
+		return 56 + kv + 16 * (t->bc / 16 / (t->nw < t->bc / 16 ? t->nw : t->bc / 16)) + step;
+	return 48 + kv + step;
+}
+
+int fa_bwd_tile_regs(const struct fa_tile *t, int D, fa_precision p)
+{
+	int r = bwd_regs_raw(t, D, p);
+	return r > 255 ? 255 : r;
+}
+
+/* Estimates above which a tile spilled (ptxas' 255 under __launch_bounds__(NT, 1); CUDA 13.0,
+ * sm_86 and sm_90): 16-bit bf16 d256 kv64 q64 w8 (estimate 248) spilled 8 bytes, kv64 q32 w8
+ * (216) did not; fp32 3xtf32 d256 kv16 q16 w2 (estimate 264) compiled to 255 without spills. */
+#define FA_BWD_MAX_REGS16 240
+#define FA_BWD_MAX_REGS32 264
+
+/* The heuristic: work per byte moved (keys per block: Q and dO are reloaded once per key block,
+ * dQ added once per key block; rows per step: fewer barriers and turns), latency hiding (8
+ * warps), and when the shape is known how well the key blocks fill the waves. */
+static double bwd_score(const struct fa_device_model *dev, const struct fa_plan_req *r,
+                        const struct fa_tile *t, int bps)
+{
+	/* measured on the H200 (kernels/RESULTS.md, backward tile sweeps): keys per block weigh
+	 * more than rows per step, and 16 rows per step is too few (bf16 d128: kv128 q32 186,
+	 * kv64 q128 178, kv64 q64 158, kv128 q16 140, kv32 q128 113; fp32 3xtf32 d128: kv64 q64
+	 * 48.8, kv128 q32 48.6, kv64 q32 42.9, kv128 q16 40.1 TFLOP/s) */
+	double f_kv = (double)t->bc / (t->bc + 64.0);
+	double f_q = (double)t->br / (t->br + 16.0);
+	/* the second Q/dO buffer measured no faster (bf16 d128 184 vs 186, causal 174 vs 179, d64
+	 * 172 vs 173, d256 142 vs 141 TFLOP/s: the loads were already hidden by the other blocks'
+	 * warps and L2), and costs shared memory: offered, ranked just below */
+	double f_st = t->stages == 2 ? 0.98 : 1.0;
+	/* two warps only where nothing larger fits (16-bit head dims of an odd number of 16s on
+	 * 99 KiB cards, fp32 head dim 256 on small ones) */
+	double f_w = t->nw == 8 ? 1.0 : t->nw == 4 ? 0.85 : 0.5;
+	double f_fill = 1.0;
+	if (r->Sk > 0 && r->B > 0 && r->H > 0 && dev->sm_count > 0) {
+		/* kv heads are unknown here: the query heads bound the grid from above */
+		double nblk = ceil((double)r->Sk / t->bc) * (double)r->B * (double)r->H;
+		double slots = (double)dev->sm_count * bps;
+		double waves = ceil(nblk / slots);
+		f_fill = 0.5 + 0.5 * nblk / (waves * slots);
+		f_fill *= 0.2 + 0.8 * (double)r->Sk / (ceil((double)r->Sk / t->bc) * t->bc);
+	}
+	return f_kv * f_q * f_w * f_st * f_fill;
+}
+
+static int cmp_tile(const void *a, const void *b)
+{
+	const struct fa_tile *x = a, *y = b;
+	if (x->score != y->score)
+		return x->score < y->score ? 1 : -1;
+	if (x->smem != y->smem)
+		return x->smem < y->smem ? -1 : 1;
+	return 0;
+}
+
+static const char *dt_name(fa_dtype dt)
+{
+	return dt == FA_DTYPE_FP16 ? "fp16" : dt == FA_DTYPE_BF16 ? "bf16" : "fp32";
+}
+
+fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_req *req,
+                      struct fa_tile *out, int max, int *n, char *err, size_t errlen)
+{
+	static const int nws[] = {2, 4, 8}, bkvs[] = {16, 32, 64, 128}, bqs[] = {16, 32, 64, 128},
+	                 stgs[] = {1, 2};
+	struct fa_tile all[FA_PLAN_MAX_CANDIDATES], heavies[FA_PLAN_MAX_CANDIDATES];
+	int nall = 0, nheavy = 0;
+	size_t min_smem = (size_t)-1;
+	struct fa_tile smallest = {0};
+
+	if (n)
+		*n = 0;
+	if (!dev || !req || (!out && max > 0) || !n)
+		return fa_err(err, errlen, FA_EINVAL, "planner: NULL argument");
+	if (req->dtype != FA_DTYPE_FP16 && req->dtype != FA_DTYPE_BF16 &&
+	    req->dtype != FA_DTYPE_FP32)
+		return fa_err(err, errlen, FA_EDTYPE, "planner: unknown dtype %d", (int)req->dtype);
+	if (req->D < 8 || req->D % 8 != 0)
+		return fa_err(err, errlen, FA_ESHAPE,
+		              "head dim %d: must be a multiple of 8 from 8 to 256", req->D);
+	const fa_precision prec = fa_prec_resolve(req->dtype, req->precision);
+	const int path = fa_plan_bwd_path(req->dtype, prec);
+	for (size_t a = 0; a < sizeof nws / sizeof nws[0]; a++)
+		for (size_t c = 0; c < sizeof bkvs / sizeof bkvs[0]; c++)
+			for (size_t d = 0; d < sizeof bqs / sizeof bqs[0] * 2; d++) {
+				struct fa_tile t = {0};
+				t.path = path;
+				t.nw = nws[a];
+				t.rt = 1;
+				t.bc = bkvs[c];
+				t.br = bqs[d / 2];
+				t.stages = stgs[d % 2];
+				if (!fa_bwd_tile_layout_ok(&t, req->D))
+					continue;
+				t.smem = fa_bwd_tile_smem(&t, req->D);
+				t.regs = fa_bwd_tile_regs(&t, req->D, prec);
+				if (t.smem < min_smem) {
+					min_smem = t.smem;
+					smallest = t;
+				}
+				if (t.smem > dev->smem_optin || req->D > FA_ATTN_MAX_HEAD_DIM)
+					continue;
+				/* over the register estimate's cap: kept apart, offered only where nothing
+				 * else fits (they run, with some spills) */
+				const bool heavy = bwd_regs_raw(&t, req->D, prec) >
+				    (path == FA_KPATH_BWD16 ? FA_BWD_MAX_REGS16 : FA_BWD_MAX_REGS32);
+				int nt = 32 * t.nw;
+				int by_smem = (int)(dev->smem_per_sm / (t.smem + 1024));
+				int by_regs = dev->regs_per_sm / (((t.regs + 7) / 8 * 8) * nt);
+				int bps = by_smem < by_regs ? by_smem : by_regs;
+				t.blocks_per_sm = bps < 1 ? 1 : bps;
+				t.score = bwd_score(dev, req, &t, t.blocks_per_sm);
+				if (heavy && nheavy < FA_PLAN_MAX_CANDIDATES)
+					heavies[nheavy++] = t;
+				else if (!heavy && nall < FA_PLAN_MAX_CANDIDATES)
+					all[nall++] = t;
+			}
+	if (nall == 0 && nheavy > 0) {
+		memcpy(all, heavies, (size_t)nheavy * sizeof all[0]);
+		nall = nheavy;
+	}
+	if (nall == 0) {
+		char tb[48];
+		fa_tile_format(&smallest, tb, sizeof tb);
+		if (req->D > FA_ATTN_MAX_HEAD_DIM)
+			snprintf(err, errlen,
+			         "no backward tile fits: %s head dim %d (precision %s) is above the "
+			         "kernels' maximum of %d; the smallest configuration (%s) would need %zu "
+			         "bytes of shared memory, the device (%s) allows %zu",
+			         dt_name(req->dtype), req->D, fa_prec_name(prec), FA_ATTN_MAX_HEAD_DIM,
+			         tb, min_smem, dev->name, dev->smem_optin);
+		else
+			snprintf(err, errlen,
+			         "no backward tile fits: %s head dim %d (precision %s): the smallest "
+			         "configuration (%s) needs %zu bytes of shared memory, the device (%s) "
+			         "allows %zu per block",
+			         dt_name(req->dtype), req->D, fa_prec_name(prec), tb, min_smem, dev->name,
+			         dev->smem_optin);
+		return FA_ENOFIT;
+	}
+	qsort(all, (size_t)nall, sizeof all[0], cmp_tile);
+	int k = nall < max ? nall : max;
+	if (k > 0)
+		memcpy(out, all, (size_t)k * sizeof all[0]);
+	*n = k;
+	return FA_OK;
+}

@@ -1,0 +1,245 @@
+/* bench_attn_bwd.c - forward + backward TFLOP/s through the launch APIs (fa_gpu_attn_fwd,
+ * fa_gpu_attn_bwd), timed with CUDA events. Flops: the forward 4*B*H*S^2*D (halved when causal),
+ * the backward 2.5x the forward (FlashAttention's convention: five matrix products against two),
+ * so forward + backward = 3.5x the forward's flops over the sum of both times. The issue's shapes
+ * (kernels/RESULTS.md): B*S = 32k tokens, 16 heads, S = 4096, BHSD layout, random inputs; the
+ * PyTorch anchors of the same run come from tools/sdpa_bwd_anchors.py.
+ *
+ * Prints "no GPU: skipped" and exits 0 without a GPU. Environment:
+ *   FA_BENCH_SWEEP=1   also time the backward's first FA_BENCH_SWEEP_N (6) planner candidates of
+ *                      the headline shapes (tuning data for planner_bwd.c)
+ *   FA_BENCH_TSV=path  append one tab-separated line per measurement
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fa_gpu.h"
+#include "fa_gpu_bwd.h"
+#include "fa_ksettings.h"
+
+static struct fa_gpu *g;
+static FILE *tsv;
+
+struct shape {
+	fa_dtype dt;
+	fa_precision prec;
+	int D, S, causal;
+	int fwd_only;
+};
+
+static const char *label(const struct shape *s)
+{
+	static char b[32];
+	if (s->dt == FA_DTYPE_BF16)
+		return "bf16";
+	if (s->dt == FA_DTYPE_FP16)
+		return "fp16";
+	snprintf(b, sizeof b, "fp32-%s", fa_prec_name(fa_prec_resolve(s->dt, s->prec)));
+	return b;
+}
+
+static void make_desc(const struct shape *s, struct fa_attn_bwd_desc *bd)
+{
+	memset(bd, 0, sizeof *bd);
+	struct fa_attn_fwd_desc *d = &bd->fwd;
+	int64_t B = 32768 / s->S, H = 16, S = s->S, D = s->D;
+	if (B < 1)
+		B = 1;
+	d->dtype = s->dt;
+	d->precision = s->prec;
+	d->mask = s->causal ? FA_MASK_CAUSAL_TOP_LEFT : FA_MASK_NONE;
+	d->scale = 1.0 / sqrt((double)D);
+	d->B = B;
+	d->Sq = d->Sk = S;
+	d->Hq = d->Hkv = H;
+	d->D = D;
+	int64_t st[3] = {H * S * D, D, S * D};
+	memcpy(d->q_stride, st, sizeof st);
+	memcpy(d->k_stride, st, sizeof st);
+	memcpy(d->v_stride, st, sizeof st);
+	memcpy(d->o_stride, st, sizeof st);
+	memcpy(bd->do_stride, st, sizeof st);
+	memcpy(bd->dq_stride, st, sizeof st);
+	memcpy(bd->dk_stride, st, sizeof st);
+	memcpy(bd->dv_stride, st, sizeof st);
+	d->lse_stride[0] = H * S;
+	d->lse_stride[1] = S;
+	d->lse_stride[2] = 1;
+}
+
+static int cmpf(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* Median of 5 timed runs after one warm-up; kind 0 forward, 1 backward, 2 deterministic. */
+static float time_it(const struct fa_attn_bwd_desc *d, const struct fa_gpu_bwd_ptrs *p, int kind,
+                     const struct fa_tile *tile, char *err, size_t errlen)
+{
+	float t[5];
+	for (int r = -1; r < 5; r++) {
+		struct fa_gpu_timer *tm;
+		if (fa_gpu_timer_start(g, NULL, &tm, err, errlen))
+			return -1;
+		fa_status st = kind == 0
+		    ? fa_gpu_attn_fwd(g, &d->fwd, p->q, p->k, p->v, p->o, p->lse, NULL, err, errlen)
+		    : fa_gpu_attn_bwd_tile(g, d, tile, p, kind == 2 ? FA_GPU_BWD_DETERMINISTIC : 0,
+		                           NULL, err, errlen);
+		float ms = 0;
+		fa_status s2 = fa_gpu_timer_stop(g, tm, NULL, &ms, err, errlen);
+		if (st || s2)
+			return -1;
+		if (r >= 0)
+			t[r] = ms;
+	}
+	qsort(t, 5, sizeof t[0], cmpf);
+	return t[2];
+}
+
+static void fill(CUdeviceptr p, size_t bytes, fa_dtype dt)
+{
+	/* small random values: a host buffer of 1 MiB repeated */
+	static unsigned char *h;
+	static fa_dtype hdt = 0;
+	const size_t chunk = 1 << 20;
+	if (!h)
+		h = malloc(chunk);
+	if (hdt != dt) {
+		uint64_t x = 0x12345678;
+		for (size_t i = 0; i < chunk / 4; i++) {
+			x = x * 6364136223846793005ull + 1442695040888963407ull;
+			double v = ((double)(x >> 11) / 9007199254740992.0) * 2 - 1;
+			if (dt == FA_DTYPE_FP32) {
+				float f = (float)v;
+				memcpy(h + 4 * i, &f, 4);
+			} else {
+				fa_store_elem(h, dt, (int64_t)(2 * i), v);
+				fa_store_elem(h, dt, (int64_t)(2 * i + 1), -v * 0.5);
+			}
+		}
+		hdt = dt;
+	}
+	char err[256];
+	for (size_t o = 0; o < bytes; o += chunk)
+		fa_gpu_upload(g, p + o, h, bytes - o < chunk ? bytes - o : chunk, err, sizeof err);
+}
+
+static void run_shape(const struct shape *s, bool sweep)
+{
+	struct fa_attn_bwd_desc d;
+	make_desc(s, &d);
+	const size_t es = fa_dtype_size(s->dt);
+	const size_t n = (size_t)(d.fwd.B * d.fwd.Sq * d.fwd.Hq * d.fwd.D) * es;
+	const size_t nl = (size_t)(d.fwd.B * d.fwd.Hq * d.fwd.Sq) * 4;
+	char err[2048];
+	CUdeviceptr b[9] = {0};
+	for (int i = 0; i < 9; i++)
+		if (fa_gpu_alloc(g, i == 5 ? nl : n, &b[i], err, sizeof err)) {
+			printf("%s: %s\n", label(s), err);
+			goto out;
+		}
+	struct fa_gpu_bwd_ptrs p = {b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]};
+	fill(b[0], n, s->dt);
+	fill(b[1], n, s->dt);
+	fill(b[2], n, s->dt);
+	fill(b[4], n, s->dt);
+	const double fl = 4.0 * d.fwd.B * d.fwd.Hq * (double)d.fwd.Sq * d.fwd.Sk * d.fwd.D *
+	                  (s->causal ? 0.5 : 1.0);
+	float tf = time_it(&d, &p, 0, NULL, err, sizeof err);
+	if (tf < 0) {
+		printf("%-12s D=%3d S=%d%s forward: %s\n", label(s), s->D, s->S,
+		       s->causal ? " causal" : "", err);
+		goto out;
+	}
+	if (s->fwd_only) {
+		printf("%-12s D=%3d S=%d%-7s forward alone %8.3f ms %7.1f TFLOP/s\n", label(s), s->D,
+		       s->S, s->causal ? " causal" : "", tf, fl / tf / 1e9);
+		if (tsv)
+			fprintf(tsv, "fwd\t%s\t%d\t%d\t%d\t-\t%.4f\t%.2f\n", label(s), s->D, s->S, s->causal,
+			        tf, fl / tf / 1e9);
+		goto out;
+	}
+	struct fa_tile t;
+	int nt = 0;
+	if (fa_gpu_plan_bwd(g, &d, &t, 1, &nt, err, sizeof err)) {
+		printf("%s: %s\n", label(s), err);
+		goto out;
+	}
+	float tb = time_it(&d, &p, 1, NULL, err, sizeof err);
+	float td = time_it(&d, &p, 2, NULL, err, sizeof err);
+	char tn[48];
+	fa_tile_format(&t, tn, sizeof tn);
+	if (tb < 0 || td < 0) {
+		printf("%-12s D=%3d S=%d%s backward: %s\n", label(s), s->D, s->S,
+		       s->causal ? " causal" : "", err);
+		goto out;
+	}
+	printf("%-12s D=%3d S=%d%-7s %-16s fwd %7.3f ms bwd %7.3f ms (det %7.3f ms, %+.0f%%)  "
+	       "fwd+bwd %7.1f TFLOP/s  bwd %7.1f  fwd %7.1f\n", label(s), s->D, s->S,
+	       s->causal ? " causal" : "", tn, tf, tb, td, 100.0 * (td - tb) / tb,
+	       3.5 * fl / (tf + tb) / 1e9, 2.5 * fl / tb / 1e9, fl / tf / 1e9);
+	if (tsv)
+		fprintf(tsv, "fwdbwd\t%s\t%d\t%d\t%d\t%s\t%.4f\t%.4f\t%.4f\t%.2f\n", label(s), s->D, s->S,
+		        s->causal, tn, tf, tb, td, 3.5 * fl / (tf + tb) / 1e9);
+	fflush(stdout);
+	if (sweep) {
+		struct fa_tile c[FA_PLAN_MAX_CANDIDATES];
+		int nc = 0;
+		const char *sn = getenv("FA_BENCH_SWEEP_N");
+		int lim = sn ? atoi(sn) : 6;
+		if (fa_gpu_plan_bwd(g, &d, c, FA_PLAN_MAX_CANDIDATES, &nc, err, sizeof err) == FA_OK)
+			for (int i = 0; i < nc && i < lim; i++) {
+				float x = time_it(&d, &p, 1, &c[i], err, sizeof err);
+				fa_tile_format(&c[i], tn, sizeof tn);
+				printf("    sweep %-16s smem %6zu est regs %3d  bwd %7.3f ms %7.1f TFLOP/s\n",
+				       tn, c[i].smem, c[i].regs, x, x > 0 ? 2.5 * fl / x / 1e9 : 0.0);
+				if (tsv)
+					fprintf(tsv, "sweep\t%s\t%d\t%d\t%d\t%s\t%.4f\n", label(s), s->D, s->S,
+					        s->causal, tn, x);
+			}
+	}
+out:
+	for (int i = 0; i < 9; i++)
+		fa_gpu_free(g, b[i]);
+}
+
+int main(void)
+{
+	char err[512];
+	struct fa_kernel_settings ks;
+	fa_test_kernel_settings(&ks);
+	if (fa_gpu_open(&g, 0, &ks, err, sizeof err) != FA_OK) {
+		printf("no GPU: skipped (%s)\n", err);
+		return 0;
+	}
+	const char *tp = getenv("FA_BENCH_TSV");
+	if (tp)
+		tsv = fopen(tp, "a");
+	printf("GPU: %s, sm_%d; B*S = 32768, H = 16, BHSD; TFLOP/s with the backward as 2.5x the "
+	       "forward\n", fa_gpu_name(g), fa_gpu_sm(g));
+	const bool sweep = getenv("FA_BENCH_SWEEP") != NULL;
+	static const struct shape shapes[] = {
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 4096, 0, 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 4096, 1, 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 64, 4096, 0, 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, 4096, 0, 0},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 128, 4096, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 128, 4096, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 128, 4096, 1, 0},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 256, 4096, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 128, 4096, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_BF16, 128, 4096, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 256, 4096, 0, 1},
+	};
+	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+		run_shape(&shapes[i], sweep && !shapes[i].fwd_only &&
+		                          (i < 4 || shapes[i].dt == FA_DTYPE_FP32));
+	if (tsv)
+		fclose(tsv);
+	fa_gpu_close(g);
+	return 0;
+}

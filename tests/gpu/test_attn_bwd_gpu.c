@@ -1,0 +1,739 @@
+/* test_attn_bwd_gpu.c - the backward kernels on the GPU against a float64 reference.
+ *
+ * Grid: dtypes x fp32 precisions x head dims x (Sq, Sk) x masks x GQA ratios x layouts (BSHD,
+ * BHSD), as the forward's test. Each case draws fresh random Q, K, V, dO, runs the GPU forward
+ * for O and lse (the backward's inputs: the oracle gets exactly the same O, in its dtype, and the
+ * same fp32 lse, so only the backward is measured), poisons dQ, dK, dV (all bits set: NaN) and
+ * runs the backward. Small cases compare with fa_attn_bwd_ref64 over everything; large ones with
+ * a float64 oracle on sampled query rows (dQ) and keys (dK, dV: first, last and random ones of
+ * every head), after checking that no element kept its poison. Error: relative Frobenius error
+ * of each gradient; tolerances below (why: each one's comment). Deterministic mode: several cases
+ * run three times and must give the same bits, and agree with the atomic mode. Default: a
+ * representative sample; FA_GPU_GRID=full the whole grid; FA_GPU_GRID_D / FA_GPU_GRID_DT narrow
+ * it as in test_attn_fwd_gpu. Without a GPU it prints why and skips.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fa_gpu.h"
+#include "fa_gpu_bwd.h"
+#include "fa_attn_bwd.h"
+#include "fa_test.h"
+#include "fa_ksettings.h"
+
+struct gcase {
+	fa_dtype dt;
+	fa_precision prec;
+	int D;
+	int Sq, Sk;
+	fa_mask mask;
+	int B, Hq, Hkv;
+	int bhsd; /* layout: 0 BSHD, 1 BHSD */
+	int neg;  /* negative scale */
+	int det;  /* also the deterministic mode, three runs, bit for bit */
+};
+
+static struct fa_gpu *gpu;
+static char gpu_err[512];
+static uint64_t seed0 = 0x9e3779b97f4a7c15ull;
+static _Thread_local uint64_t rng;
+static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Relative Frobenius error of each gradient. The forward's tolerances (ARCHITECTURE.md) times the
+ * backward's extra roundings: 16-bit P and dS are rounded to the input type before the dK, dV and
+ * dQ products (FlashAttention-2 does the same), and dQ, dK sum dS, whose rows sum to zero, so
+ * their relative error is that of dS amplified by the cancellation. fp32 3xtf32 and ieee keep
+ * everything in fp32. */
+static double tol_of(fa_dtype dt, fa_precision p)
+{
+	if (dt == FA_DTYPE_FP16)
+		return 5e-3;
+	if (dt == FA_DTYPE_BF16)
+		return 4e-2;
+	switch (fa_prec_resolve(dt, p)) {
+	case FA_PREC_TF32: return 5e-3;
+	case FA_PREC_BF16: return 4e-2;
+	default: return 2e-5;
+	}
+}
+
+static void make_desc(const struct gcase *c, struct fa_attn_bwd_desc *bd)
+{
+	memset(bd, 0, sizeof *bd);
+	struct fa_attn_fwd_desc *d = &bd->fwd;
+	d->dtype = c->dt;
+	d->precision = c->prec;
+	d->mask = c->mask;
+	d->scale = (c->neg ? -1.0 : 1.0) / sqrt((double)c->D);
+	d->B = c->B;
+	d->Sq = c->Sq;
+	d->Sk = c->Sk;
+	d->Hq = c->Hq;
+	d->Hkv = c->Hkv;
+	d->D = c->D;
+	int64_t D = c->D;
+	int64_t q[3], k[3];
+	if (!c->bhsd) {
+		int64_t q_[3] = {c->Sq * c->Hq * D, c->Hq * D, D}, k_[3] = {c->Sk * c->Hkv * D, c->Hkv * D, D};
+		memcpy(q, q_, sizeof q);
+		memcpy(k, k_, sizeof k);
+	} else {
+		int64_t q_[3] = {c->Hq * c->Sq * D, D, c->Sq * D}, k_[3] = {c->Hkv * c->Sk * D, D, c->Sk * D};
+		memcpy(q, q_, sizeof q);
+		memcpy(k, k_, sizeof k);
+	}
+	memcpy(d->q_stride, q, sizeof q);
+	memcpy(d->o_stride, q, sizeof q);
+	memcpy(d->k_stride, k, sizeof k);
+	memcpy(d->v_stride, k, sizeof k);
+	memcpy(bd->do_stride, q, sizeof q);
+	memcpy(bd->dq_stride, q, sizeof q);
+	memcpy(bd->dk_stride, k, sizeof k);
+	memcpy(bd->dv_stride, k, sizeof k);
+	d->lse_stride[0] = (int64_t)c->Hq * c->Sq;
+	d->lse_stride[1] = c->Sq;
+	d->lse_stride[2] = 1;
+}
+
+static void fill_random(void *buf, fa_dtype dt, size_t n, double amp)
+{
+	for (size_t i = 0; i < n; i++)
+		fa_store_elem(buf, dt, (int64_t)i, amp * (2.0 * fa_rand_uniform(&rng) - 1.0));
+}
+
+/* The host copies of one case. */
+struct hostbufs {
+	const struct fa_attn_bwd_desc *d;
+	void *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+	float *lse;
+	double *delta; /* [B][Hq][Sq] */
+};
+
+static double elem(const struct hostbufs *h, const void *t, const int64_t *st, int64_t b,
+                   int64_t s, int64_t hh, int64_t e)
+{
+	return fa_load_elem(t, h->d->fwd.dtype, b * st[0] + s * st[1] + hh * st[2] + e);
+}
+
+static double pij(const struct hostbufs *h, int64_t b, int64_t hq, int64_t i, int64_t j)
+{
+	const struct fa_attn_fwd_desc *d = &h->d->fwd;
+	float l = h->lse[b * d->lse_stride[0] + hq * d->lse_stride[1] + i * d->lse_stride[2]];
+	if (isinf(l) && l < 0)
+		return 0;
+	if (!fa_mask_allows(d->mask, d->Sq, d->Sk, i, j))
+		return 0;
+	int64_t hk = hq / (d->Hq / d->Hkv);
+	double s = 0;
+	for (int64_t e = 0; e < d->D; e++)
+		s += elem(h, h->q, d->q_stride, b, i, hq, e) * elem(h, h->k, d->k_stride, b, j, hk, e);
+	return exp(s * d->scale - (double)l);
+}
+
+static double dpij(const struct hostbufs *h, int64_t b, int64_t hq, int64_t i, int64_t j)
+{
+	const struct fa_attn_fwd_desc *d = &h->d->fwd;
+	int64_t hk = hq / (d->Hq / d->Hkv);
+	double s = 0;
+	for (int64_t e = 0; e < d->D; e++)
+		s += elem(h, h->dout, h->d->do_stride, b, i, hq, e) *
+		     elem(h, h->v, d->v_stride, b, j, hk, e);
+	return s;
+}
+
+/* Per gradient: squared error, squared reference, and the squared magnitude of the sums the
+ * reference is made of (sum of |terms| per element). dQ and dK are sums of dS, whose rows sum
+ * to zero: where a row sees one key (Sk = 1, a causal edge) they are exactly 0 while the kernel
+ * rightly returns rounding noise of the size of its terms. The error is relative to the larger
+ * of the reference and a tenth of that magnitude (only strong cancellation reaches the floor). */
+struct acc3 {
+	double num[3], den[3], mag[3];
+	bool bad;
+};
+
+static void add_err(struct acc3 *a, int w, double got, double want, double mag)
+{
+	if (!isfinite(got))
+		a->bad = true;
+	a->num[w] += (got - want) * (got - want);
+	a->den[w] += want * want;
+	a->mag[w] += mag * mag;
+}
+
+static double rel_of(const struct acc3 *a, int w)
+{
+	double den = a->den[w] > 1e-2 * a->mag[w] ? a->den[w] : 1e-2 * a->mag[w];
+	return den > 0 ? sqrt(a->num[w] / den) : (a->num[w] > 0 ? INFINITY : 0);
+}
+
+/* Sampled oracle: dQ of query row (b, hq, i), or dK and dV of key (b, hk, j). */
+static void oracle_row(const struct hostbufs *h, int64_t b, int64_t hq, int64_t i, double *tmp,
+                       struct acc3 *a)
+{
+	const struct fa_attn_fwd_desc *d = &h->d->fwd;
+	int64_t hk = hq / (d->Hq / d->Hkv);
+	double delta = h->delta[(b * d->Hq + hq) * d->Sq + i];
+	double *mg = tmp + d->D;
+	for (int64_t e = 0; e < 2 * d->D; e++)
+		tmp[e] = 0;
+	for (int64_t j = 0; j < d->Sk; j++) {
+		double p = pij(h, b, hq, i, j);
+		if (p == 0)
+			continue;
+		double dp = dpij(h, b, hq, i, j);
+		double ds = p * (dp - delta), dsm = p * (fabs(dp) + fabs(delta));
+		for (int64_t e = 0; e < d->D; e++) {
+			double kv = elem(h, h->k, d->k_stride, b, j, hk, e);
+			tmp[e] += ds * kv;
+			mg[e] += dsm * fabs(kv);
+		}
+	}
+	for (int64_t e = 0; e < d->D; e++)
+		add_err(a, 0, elem(h, h->dq, h->d->dq_stride, b, i, hq, e), d->scale * tmp[e],
+		        fabs(d->scale) * mg[e]);
+}
+
+static void oracle_key(const struct hostbufs *h, int64_t b, int64_t hk, int64_t j, double *tmp,
+                       struct acc3 *a)
+{
+	const struct fa_attn_fwd_desc *d = &h->d->fwd;
+	const int64_t D = d->D, grp = d->Hq / d->Hkv;
+	double *tk = tmp, *tv = tmp + D, *mk = tmp + 2 * D, *mv = tmp + 3 * D;
+	for (int64_t e = 0; e < 4 * D; e++)
+		tmp[e] = 0;
+	for (int64_t hq = hk * grp; hq < (hk + 1) * grp; hq++)
+		for (int64_t i = 0; i < d->Sq; i++) {
+			double p = pij(h, b, hq, i, j);
+			if (p == 0)
+				continue;
+			double dp = dpij(h, b, hq, i, j), dl = h->delta[(b * d->Hq + hq) * d->Sq + i];
+			double ds = p * (dp - dl), dsm = p * (fabs(dp) + fabs(dl));
+			for (int64_t e = 0; e < D; e++) {
+				double o = elem(h, h->dout, h->d->do_stride, b, i, hq, e);
+				double q = elem(h, h->q, d->q_stride, b, i, hq, e);
+				tv[e] += p * o;
+				mv[e] += p * fabs(o);
+				tk[e] += ds * q;
+				mk[e] += dsm * fabs(q);
+			}
+		}
+	for (int64_t e = 0; e < D; e++) {
+		add_err(a, 1, elem(h, h->dk, h->d->dk_stride, b, j, hk, e), d->scale * tk[e],
+		        fabs(d->scale) * mk[e]);
+		add_err(a, 2, elem(h, h->dv, h->d->dv_stride, b, j, hk, e), tv[e], mv[e]);
+	}
+}
+
+struct sample_job {
+	const struct hostbufs *h;
+	const int64_t *items; /* (kind, b, head, index): kind 0 row, 1 key */
+	int n, first, step;
+	struct acc3 a;
+};
+
+static void *sample_worker(void *arg)
+{
+	struct sample_job *j = arg;
+	double *tmp = malloc(sizeof(double) * 4 * (size_t)j->h->d->fwd.D);
+	for (int r = j->first; r < j->n; r += j->step) {
+		const int64_t *it = j->items + 4 * r;
+		if (it[0] == 0)
+			oracle_row(j->h, it[1], it[2], it[3], tmp, &j->a);
+		else
+			oracle_key(j->h, it[1], it[2], it[3], tmp, &j->a);
+	}
+	free(tmp);
+	return NULL;
+}
+
+static int ncases, nfail;
+static double worst[8][3]; /* by dtype/precision slot; dQ, dK, dV */
+
+static int slot_of(fa_dtype dt, fa_precision p)
+{
+	if (dt == FA_DTYPE_FP16)
+		return 0;
+	if (dt == FA_DTYPE_BF16)
+		return 1;
+	return 1 + (int)fa_prec_resolve(dt, p); /* ieee 2, 3xtf32 3, tf32 4, bf16 5 */
+}
+static const char *slot_name[] = {"fp16", "bf16", "fp32 ieee", "fp32 3xtf32", "fp32 tf32", "fp32 bf16"};
+
+struct devbufs {
+	CUdeviceptr q, k, v, o, dout, lse, dq, dk, dv;
+};
+
+static void dev_free(struct devbufs *b)
+{
+	CUdeviceptr *p = &b->q;
+	for (int i = 0; i < 9; i++)
+		fa_gpu_free(gpu, p[i]);
+}
+
+static fa_status run_bwd(const struct fa_attn_bwd_desc *d, const struct devbufs *db, size_t nq,
+                         size_t nk, size_t es, unsigned flags, struct hostbufs *h, char *err,
+                         size_t errlen)
+{
+	fa_status st;
+	struct fa_gpu_bwd_ptrs p = {db->q, db->k, db->v, db->o, db->dout, db->lse, db->dq, db->dk,
+	                            db->dv};
+	if ((st = fa_gpu_memset8(gpu, db->dq, 0xff, nq * es, err, errlen)) ||
+	    (st = fa_gpu_memset8(gpu, db->dk, 0xff, nk * es, err, errlen)) ||
+	    (st = fa_gpu_memset8(gpu, db->dv, 0xff, nk * es, err, errlen)) ||
+	    (st = fa_gpu_attn_bwd(gpu, d, &p, flags, NULL, err, errlen)) ||
+	    (st = fa_gpu_sync(gpu, err, errlen)) ||
+	    (st = fa_gpu_download(gpu, h->dq, db->dq, nq * es, err, errlen)) ||
+	    (st = fa_gpu_download(gpu, h->dk, db->dk, nk * es, err, errlen)) ||
+	    (st = fa_gpu_download(gpu, h->dv, db->dv, nk * es, err, errlen)))
+		return st;
+	return FA_OK;
+}
+
+static bool run_case(const struct gcase *c, int verbose)
+{
+	struct fa_attn_bwd_desc bd;
+	make_desc(c, &bd);
+	const struct fa_attn_fwd_desc *d = &bd.fwd;
+	size_t es = fa_dtype_size(c->dt);
+	size_t nq = (size_t)c->B * c->Sq * c->Hq * c->D, nk = (size_t)c->B * c->Sk * c->Hkv * c->D;
+	size_t nl = (size_t)c->B * c->Hq * c->Sq;
+	struct hostbufs h = {.d = &bd};
+	h.q = malloc(nq * es);
+	h.k = malloc(nk * es);
+	h.v = malloc(nk * es);
+	h.o = malloc(nq * es);
+	h.dout = malloc(nq * es);
+	h.dq = malloc(nq * es);
+	h.dk = malloc(nk * es);
+	h.dv = malloc(nk * es);
+	h.lse = malloc(nl * sizeof(float));
+	h.delta = malloc(nl * sizeof(double));
+	assert_non_null(h.delta);
+	fill_random(h.q, c->dt, nq, 1.5);
+	fill_random(h.k, c->dt, nk, 1.5);
+	fill_random(h.v, c->dt, nk, 1.0);
+	fill_random(h.dout, c->dt, nq, 1.0);
+	struct devbufs db = {0};
+	char err[2048];
+	fa_status st;
+	if ((st = fa_gpu_alloc(gpu, nq * es, &db.q, err, sizeof err)) ||
+	    (st = fa_gpu_alloc(gpu, nk * es, &db.k, err, sizeof err)) ||
+	    (st = fa_gpu_alloc(gpu, nk * es, &db.v, err, sizeof err)) ||
+	    (st = fa_gpu_alloc(gpu, nq * es, &db.o, err, sizeof err)) ||
+	    (st = fa_gpu_alloc(gpu, nq * es, &db.dout, err, sizeof err)) ||
+	    (st = fa_gpu_alloc(gpu, nl * 4, &db.lse, err, sizeof err)) ||
+	    (st = fa_gpu_alloc(gpu, nq * es, &db.dq, err, sizeof err)) ||
+	    (st = fa_gpu_alloc(gpu, nk * es, &db.dk, err, sizeof err)) ||
+	    (st = fa_gpu_alloc(gpu, nk * es, &db.dv, err, sizeof err)) ||
+	    (st = fa_gpu_upload(gpu, db.q, h.q, nq * es, err, sizeof err)) ||
+	    (st = fa_gpu_upload(gpu, db.k, h.k, nk * es, err, sizeof err)) ||
+	    (st = fa_gpu_upload(gpu, db.v, h.v, nk * es, err, sizeof err)) ||
+	    (st = fa_gpu_upload(gpu, db.dout, h.dout, nq * es, err, sizeof err)))
+		fail_msg("setup: %s", err);
+	struct fa_tile tile = {0};
+	int ntile = 0;
+	bool det_ok = true;
+	st = fa_gpu_plan_bwd(gpu, &bd, &tile, 1, &ntile, err, sizeof err);
+	if (st == FA_OK)
+		st = fa_gpu_attn_fwd(gpu, d, db.q, db.k, db.v, db.o, db.lse, NULL, err, sizeof err);
+	if (st == FA_OK)
+		st = fa_gpu_sync(gpu, err, sizeof err);
+	if (st == FA_OK && (st = fa_gpu_download(gpu, h.o, db.o, nq * es, err, sizeof err)) == FA_OK)
+		st = fa_gpu_download(gpu, h.lse, db.lse, nl * 4, err, sizeof err);
+	if (st == FA_OK && c->det) {
+		/* three deterministic runs: the same bits each time */
+		void *ref[3] = {malloc(nq * es), malloc(nk * es), malloc(nk * es)};
+		for (int run = 0; run < 3 && st == FA_OK; run++) {
+			st = run_bwd(&bd, &db, nq, nk, es, FA_GPU_BWD_DETERMINISTIC, &h, err, sizeof err);
+			if (st != FA_OK)
+				break;
+			if (run == 0) {
+				memcpy(ref[0], h.dq, nq * es);
+				memcpy(ref[1], h.dk, nk * es);
+				memcpy(ref[2], h.dv, nk * es);
+			} else if (memcmp(ref[0], h.dq, nq * es) || memcmp(ref[1], h.dk, nk * es) ||
+			           memcmp(ref[2], h.dv, nk * es)) {
+				det_ok = false;
+			}
+		}
+		for (int i = 0; i < 3; i++)
+			free(ref[i]);
+	}
+	/* the atomic mode's result is the one compared below (the deterministic one was compared
+	 * with itself; both are compared with the oracle in the cases that run it twice) */
+	if (st == FA_OK)
+		st = run_bwd(&bd, &db, nq, nk, es, 0, &h, err, sizeof err);
+	dev_free(&db);
+	if (st != FA_OK) {
+		pthread_mutex_lock(&out_lock);
+		printf("FAIL launch %s D=%d Sq=%d Sk=%d: %s: %s\n", slot_name[slot_of(c->dt, c->prec)],
+		       c->D, c->Sq, c->Sk, fa_status_name(st), err);
+		ncases++;
+		nfail++;
+		pthread_mutex_unlock(&out_lock);
+		goto out;
+	}
+
+	/* delta from the O the GPU wrote */
+	for (int64_t b = 0; b < c->B; b++)
+		for (int64_t hq = 0; hq < c->Hq; hq++)
+			for (int64_t i = 0; i < c->Sq; i++) {
+				double s = 0;
+				for (int64_t e = 0; e < c->D; e++)
+					s += elem(&h, h.o, d->o_stride, b, i, hq, e) *
+					     elem(&h, h.dout, bd.do_stride, b, i, hq, e);
+				h.delta[(b * c->Hq + hq) * c->Sq + i] = s;
+			}
+	bool finite = true;
+	for (size_t i = 0; i < nq && finite; i++)
+		finite = isfinite(fa_load_elem(h.dq, c->dt, (int64_t)i));
+	for (size_t i = 0; i < nk && finite; i++)
+		finite = isfinite(fa_load_elem(h.dk, c->dt, (int64_t)i)) &&
+		         isfinite(fa_load_elem(h.dv, c->dt, (int64_t)i));
+
+	struct acc3 tot = {{0}, {0}, {0}, false};
+	double work = (double)c->B * c->Hq * c->Sq * (double)c->Sk * c->D;
+	const bool dense = work <= 4e6; /* every row and key; else sampled ones */
+	int per_q = dense || c->Sq <= 24 ? c->Sq : 12, per_k = dense || c->Sk <= 24 ? c->Sk : 12;
+	{
+		int64_t *items = malloc(sizeof(int64_t) * 4 * (size_t)(c->B * (c->Hq * per_q + c->Hkv * per_k)));
+		int n = 0;
+		for (int b = 0; b < c->B; b++) {
+			for (int hq = 0; hq < c->Hq; hq++)
+				for (int r = 0; r < per_q; r++) {
+					int64_t i = per_q == c->Sq ? r : r < 3 ? r : r < 6 ? c->Sq - 1 - (r - 3)
+					          : fa_rand_range(&rng, 0, c->Sq - 1);
+					int64_t it[4] = {0, b, hq, i};
+					memcpy(items + 4 * n++, it, sizeof it);
+				}
+			for (int hk = 0; hk < c->Hkv; hk++)
+				for (int r = 0; r < per_k; r++) {
+					int64_t j = per_k == c->Sk ? r : r < 3 ? r : r < 6 ? c->Sk - 1 - (r - 3)
+					          : fa_rand_range(&rng, 0, c->Sk - 1);
+					int64_t it[4] = {1, b, hk, j};
+					memcpy(items + 4 * n++, it, sizeof it);
+				}
+		}
+		enum { NT = 4 };
+		struct sample_job jobs[NT];
+		pthread_t th[NT];
+		for (int t = 0; t < NT; t++) {
+			jobs[t] = (struct sample_job){.h = &h, .items = items, .n = n, .first = t, .step = NT};
+			pthread_create(&th[t], NULL, sample_worker, &jobs[t]);
+		}
+		for (int t = 0; t < NT; t++) {
+			pthread_join(th[t], NULL);
+			for (int w = 0; w < 3; w++) {
+				tot.num[w] += jobs[t].a.num[w];
+				tot.den[w] += jobs[t].a.den[w];
+				tot.mag[w] += jobs[t].a.mag[w];
+			}
+			tot.bad |= jobs[t].a.bad;
+		}
+		free(items);
+	}
+	/* The project's oracle, fa_attn_bwd_ref64, on the small cases: the test's own float64
+	 * formulas above must agree with it (relative 1e-9), so that the sampled large cases are
+	 * measured against the same thing. */
+	if (work <= 2e5) {
+		double *o64 = malloc(sizeof(double) * nq), *l64 = malloc(sizeof(double) * nl);
+		double *g64[3] = {malloc(sizeof(double) * nq), malloc(sizeof(double) * nk),
+		                  malloc(sizeof(double) * nk)};
+		for (int64_t b = 0; b < c->B; b++)
+			for (int64_t i = 0; i < c->Sq; i++)
+				for (int64_t hq = 0; hq < c->Hq; hq++) {
+					for (int64_t e = 0; e < c->D; e++)
+						o64[((b * c->Sq + i) * c->Hq + hq) * c->D + e] =
+						    elem(&h, h.o, d->o_stride, b, i, hq, e);
+					l64[(b * c->Hq + hq) * c->Sq + i] =
+					    h.lse[b * d->lse_stride[0] + hq * d->lse_stride[1] + i];
+				}
+		st = fa_attn_bwd_ref64(&bd, h.q, h.k, h.v, o64, h.dout, l64, g64[0], g64[1], g64[2]);
+		if (st != FA_OK)
+			fail_msg("reference: %s", fa_status_name(st));
+		/* dQ of rows 0..3 of batch 0, head 0 by the test's formulas against ref64's */
+		double num = 0, den = 0;
+		for (int64_t i = 0; i < c->Sq && i < 4; i++) {
+			double dq_i[256];
+			for (int64_t e = 0; e < c->D; e++)
+				dq_i[e] = 0;
+			double dl = h.delta[i];
+			for (int64_t j = 0; j < c->Sk; j++) {
+				double p = pij(&h, 0, 0, i, j);
+				if (p == 0)
+					continue;
+				double ds = p * (dpij(&h, 0, 0, i, j) - dl);
+				for (int64_t e = 0; e < c->D; e++)
+					dq_i[e] += ds * elem(&h, h.k, d->k_stride, 0, j, 0, e);
+			}
+			for (int64_t e = 0; e < c->D; e++) {
+				double r = g64[0][(i * c->Hq) * c->D + e], m = d->scale * dq_i[e];
+				num += (r - m) * (r - m);
+				den += r * r + 1e-30;
+			}
+		}
+		if (sqrt(num / den) > 1e-9 && den > 1e-20)
+			fail_msg("the test's oracle and fa_attn_bwd_ref64 disagree: %.3g", sqrt(num / den));
+		free(o64);
+		free(l64);
+		for (int i = 0; i < 3; i++)
+			free(g64[i]);
+	}
+	double rel[3];
+	for (int w = 0; w < 3; w++)
+		rel[w] = rel_of(&tot, w);
+	if (!finite || tot.bad)
+		rel[0] = rel[1] = rel[2] = INFINITY;
+	double tol = tol_of(c->dt, c->prec);
+	bool ok = rel[0] <= tol && rel[1] <= tol && rel[2] <= tol && det_ok; /* NaN fails */
+	int s = slot_of(c->dt, c->prec);
+	pthread_mutex_lock(&out_lock);
+	for (int w = 0; w < 3; w++)
+		if (rel[w] > worst[s][w] || isnan(rel[w]))
+			worst[s][w] = rel[w];
+	char tb[48];
+	fa_tile_format(&tile, tb, sizeof tb);
+	ncases++;
+	if (!ok)
+		nfail++;
+	if (!ok || verbose)
+		printf("%s %-11s D=%3d Sq=%4d Sk=%4d B=%d Hq=%d Hkv=%d %s %-19s%s tile %-16s dQ %.3g dK "
+		       "%.3g dV %.3g (tol %.0e)%s%s%s\n", ok ? "ok  " : "FAIL", slot_name[s], c->D,
+		       c->Sq, c->Sk, c->B, c->Hq, c->Hkv, c->bhsd ? "BHSD" : "BSHD",
+		       fa_mask_name(c->mask), c->neg ? " neg" : "", tb, rel[0], rel[1], rel[2], tol,
+		       c->det ? (det_ok ? " deterministic: same bits x3" : " deterministic: BITS DIFFER") : "",
+		       finite ? "" : " (non-finite output or poison left)", tot.bad ? " (non-finite)" : "");
+	fflush(stdout);
+	pthread_mutex_unlock(&out_lock);
+out:
+	free(h.q);
+	free(h.k);
+	free(h.v);
+	free(h.o);
+	free(h.dout);
+	free(h.dq);
+	free(h.dk);
+	free(h.dv);
+	free(h.lse);
+	free(h.delta);
+	return ok;
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	struct fa_kernel_settings ks;
+	fa_test_kernel_settings(&ks);
+	if (fa_gpu_open(&gpu, 0, &ks, gpu_err, sizeof gpu_err) != FA_OK)
+		gpu = NULL;
+	const char *seed = getenv("FA_TEST_SEED");
+	seed0 ^= seed ? strtoull(seed, NULL, 0) : (uint64_t)fa_test_now_us();
+	printf("seed 0x%llx (FA_TEST_SEED to repeat)\n", (unsigned long long)seed0);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	fa_gpu_close(gpu);
+	return 0;
+}
+
+struct prep {
+	struct gcase *cases;
+	int n, next;
+	pthread_mutex_t lock;
+};
+
+static void *case_worker(void *arg)
+{
+	struct prep *p = arg;
+	for (;;) {
+		pthread_mutex_lock(&p->lock);
+		int i = p->next++;
+		pthread_mutex_unlock(&p->lock);
+		if (i >= p->n)
+			return NULL;
+		rng = seed0 ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
+		run_case(&p->cases[i], p->cases[i].det || i < 4);
+	}
+}
+
+static const fa_dtype G_DT[] = {FA_DTYPE_FP16, FA_DTYPE_BF16, FA_DTYPE_FP32, FA_DTYPE_FP32,
+                                FA_DTYPE_FP32, FA_DTYPE_FP32};
+static const fa_precision G_PR[] = {FA_PREC_DEFAULT, FA_PREC_DEFAULT, FA_PREC_IEEE,
+                                    FA_PREC_3XTF32, FA_PREC_TF32, FA_PREC_BF16};
+static const int G_D[] = {8, 40, 64, 80, 96, 128, 160, 192, 256};
+static const int G_LEN[][2] = {{1, 1}, {17, 17}, {127, 127}, {129, 129}, {1000, 1000},
+                               {4097, 4097}, {17, 1000}, {1000, 17}, {1, 4097}, {129, 4097},
+                               {4097, 129}, {127, 1000}};
+static const int G_NLEN = (int)(sizeof G_LEN / sizeof G_LEN[0]);
+static const int G_HEADS[][2] = {{2, 2}, {4, 2}, {4, 1}, {8, 2}}; /* Hq, Hkv: 1:1, GQA, MQA */
+static const fa_mask G_MASK[] = {FA_MASK_NONE, FA_MASK_CAUSAL_BOTTOM_RIGHT, FA_MASK_CAUSAL_TOP_LEFT};
+
+static void set_heads(struct gcase *c, int k)
+{
+	c->Hq = G_HEADS[k % 4][0];
+	c->Hkv = G_HEADS[k % 4][1];
+	c->B = (c->Sq >= 1000 || c->Sk >= 1000) ? 1 : 2;
+	if (c->Sq >= 4000 && c->Sk >= 4000) {
+		c->Hq = c->Hq / c->Hkv;
+		c->Hkv = 1;
+	}
+}
+
+static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
+{
+	(void)state;
+	if (!gpu) {
+		printf("skipped: no GPU: %s\n", gpu_err);
+		skip();
+	}
+	printf("GPU: %s, sm_%d, opt-in shared memory %zu bytes\n", fa_gpu_name(gpu), fa_gpu_sm(gpu),
+	       fa_gpu_smem_optin(gpu));
+	const char *grid = getenv("FA_GPU_GRID");
+	bool full = grid && strcmp(grid, "full") == 0;
+	struct gcase *cases = calloc(20000, sizeof *cases);
+	int n = 0, k = 0;
+	/* The seed's case: fp32 head dim 128 causal (deterministic too), and fp32 head dim 256. */
+	cases[n++] = (struct gcase){FA_DTYPE_FP32, FA_PREC_DEFAULT, 128, 4096, 4096,
+	                            FA_MASK_CAUSAL_TOP_LEFT, 1, 4, 4, 0, 0, 1};
+	cases[n++] = (struct gcase){FA_DTYPE_FP32, FA_PREC_DEFAULT, 256, 2048, 2048, FA_MASK_NONE,
+	                            1, 4, 2, 1, 0, 0};
+	cases[n++] = (struct gcase){FA_DTYPE_FP32, FA_PREC_DEFAULT, 256, 1000, 1000,
+	                            FA_MASK_CAUSAL_BOTTOM_RIGHT, 2, 2, 2, 0, 0, 1};
+	/* deterministic: 16-bit, GQA, both masks, ragged */
+	cases[n++] = (struct gcase){FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 1000, 1000,
+	                            FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 8, 2, 1, 0, 1};
+	cases[n++] = (struct gcase){FA_DTYPE_FP16, FA_PREC_DEFAULT, 64, 129, 4097, FA_MASK_NONE, 2,
+	                            4, 1, 0, 0, 1};
+	for (int a = 0; a < 6; a++)
+		for (int di = 0; di < 9; di++)
+			for (int m = 0; m < 3; m++) {
+				int nl = full ? G_NLEN : (G_D[di] == 64 || G_D[di] == 128 ? 2 : 1);
+				for (int li = 0; li < nl; li++, k++) {
+					struct gcase c = {0};
+					c.dt = G_DT[a];
+					c.prec = G_PR[a];
+					c.D = G_D[di];
+					c.mask = G_MASK[m];
+					int l = full ? li : (k * 5 + li * 7) % G_NLEN;
+					c.Sq = G_LEN[l][0];
+					c.Sk = G_LEN[l][1];
+					set_heads(&c, k);
+					c.bhsd = k % 2;
+					c.det = full ? (k % 7 == 0) : (k % 11 == 0);
+					cases[n++] = c;
+				}
+			}
+	for (int a = 0; a < 6; a++) { /* a negative scale, every kind */
+		struct gcase c = {G_DT[a], G_PR[a], 72, 129, 300, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 4, 2,
+		                  a % 2, 1, 0};
+		cases[n++] = c;
+	}
+	const char *only = getenv("FA_GPU_GRID_D");
+	if (only && *only) {
+		int m = 0;
+		char have[128];
+		snprintf(have, sizeof have, " %.120s ", only);
+		for (int i = 0; i < n; i++) {
+			char want[16];
+			snprintf(want, sizeof want, " %d ", cases[i].D);
+			if (strstr(have, want))
+				cases[m++] = cases[i];
+		}
+		printf("FA_GPU_GRID_D=%s: %d of %d cases\n", only, m, n);
+		n = m;
+	}
+	const char *kinds = getenv("FA_GPU_GRID_DT");
+	if (kinds && *kinds) {
+		int m = 0;
+		char have[128];
+		snprintf(have, sizeof have, " %.120s ", kinds);
+		for (int i = 0; i < n; i++) {
+			char want[24];
+			snprintf(want, sizeof want, " %s ", slot_name[slot_of(cases[i].dt, cases[i].prec)]);
+			for (char *c = want + 1; c[1]; c++)
+				if (*c == ' ')
+					*c = '-';
+			if (strstr(have, want))
+				cases[m++] = cases[i];
+		}
+		printf("FA_GPU_GRID_DT=%s: %d of %d cases\n", kinds, m, n);
+		n = m;
+	}
+	uint64_t t0 = fa_test_now_ms();
+	struct prep r = {.cases = cases, .n = n};
+	pthread_mutex_init(&r.lock, NULL);
+	pthread_t th[8];
+	for (int i = 0; i < 8; i++)
+		pthread_create(&th[i], NULL, case_worker, &r);
+	for (int i = 0; i < 8; i++)
+		pthread_join(th[i], NULL);
+	printf("%d cases, %d failed, %.1f s\n", ncases, nfail, (fa_test_now_ms() - t0) / 1e3);
+	for (int s = 0; s < 6; s++)
+		printf("  worst relative error %-12s dQ %.3g dK %.3g dV %.3g (tol %.0e)\n", slot_name[s],
+		       worst[s][0], worst[s][1], worst[s][2],
+		       tol_of(G_DT[s], G_PR[s]));
+	free(cases);
+	assert_int_equal(nfail, 0);
+}
+
+/* Bad input is refused before anything runs: misaligned pointers and strides, a missing lse,
+ * unknown flags, a tile that is not a backward one. */
+static void test_attn_bwd_gpu_rejects_bad_input(void **state)
+{
+	(void)state;
+	if (!gpu) {
+		printf("skipped: no GPU: %s\n", gpu_err);
+		skip();
+	}
+	struct gcase c = {FA_DTYPE_BF16, FA_PREC_DEFAULT, 64, 16, 16, FA_MASK_NONE, 1, 1, 1, 0, 0, 0};
+	struct fa_attn_bwd_desc d;
+	make_desc(&c, &d);
+	char err[512];
+	CUdeviceptr m = 0;
+	assert_int_equal(fa_gpu_alloc(gpu, 1 << 20, &m, err, sizeof err), FA_OK);
+	struct fa_gpu_bwd_ptrs p = {m, m + 65536, m + 2 * 65536, m + 3 * 65536, m + 4 * 65536,
+	                            m + 5 * 65536, m + 6 * 65536, m + 7 * 65536, m + 8 * 65536};
+	d.dk_stride[1] = 68; /* 136 bytes */
+	assert_int_equal(fa_gpu_attn_bwd(gpu, &d, &p, 0, NULL, err, sizeof err), FA_EALIGN);
+	printf("misaligned: %s\n", err);
+	make_desc(&c, &d);
+	struct fa_gpu_bwd_ptrs p2 = p;
+	p2.dq += 8;
+	assert_int_equal(fa_gpu_attn_bwd(gpu, &d, &p2, 0, NULL, err, sizeof err), FA_EALIGN);
+	p2 = p;
+	p2.lse = 0;
+	assert_int_equal(fa_gpu_attn_bwd(gpu, &d, &p2, 0, NULL, err, sizeof err), FA_EINVAL);
+	printf("no lse: %s\n", err);
+	assert_int_equal(fa_gpu_attn_bwd(gpu, &d, &p, 0x80, NULL, err, sizeof err), FA_EINVAL);
+	struct fa_tile t = {0};
+	t.path = FA_KPATH_16;
+	t.nw = 4;
+	t.rt = 1;
+	t.br = 64;
+	t.bc = 64;
+	t.stages = 2;
+	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, 0, NULL, err, sizeof err), FA_EINVAL);
+	assert_int_equal(fa_gpu_sync(gpu, err, sizeof err), FA_OK);
+	fa_gpu_free(gpu, m);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_attn_bwd_gpu_matches_the_float64_reference),
+		cmocka_unit_test(test_attn_bwd_gpu_rejects_bad_input),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}

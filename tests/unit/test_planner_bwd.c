@@ -1,0 +1,210 @@
+/* test_planner_bwd.c - the backward's tile planner (kernels/planner_bwd.c) on device models,
+ * without a GPU: its own shared-memory formula, the opt-in limit, the cases the issue names
+ * (fp32 head dim 256 on the H200, fp32 head dim 128 causal on a 99 KiB card), FA_ENOFIT with the
+ * bytes, bad requests. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fa_planner.h"
+
+static struct fa_plan_req req(fa_dtype dt, fa_precision p, int D, fa_mask m)
+{
+	struct fa_plan_req r;
+	memset(&r, 0, sizeof r);
+	r.dtype = dt;
+	r.precision = p;
+	r.D = D;
+	r.mask = m;
+	return r;
+}
+
+static struct fa_tile tile(int path, int nw, int bkv, int bq)
+{
+	struct fa_tile t;
+	memset(&t, 0, sizeof t);
+	t.path = path;
+	t.nw = nw;
+	t.rt = 1;
+	t.bc = bkv;
+	t.br = bq;
+	t.stages = 1;
+	return t;
+}
+
+/* attn_bwd.cu's layout by hand: K, V (bkv rows), Q, dO (bq rows) with padded rows, P^T and dS^T
+ * (bkv x bq, padded), lse2 and delta. */
+static void test_planner_bwd_smem_is_the_kernels_layout(void **state)
+{
+	(void)state;
+	struct fa_tile t = tile(FA_KPATH_BWD16, 8, 64, 64);
+	/* 16-bit, D=128: rows of 136 elements, P rows of 72 */
+	assert_int_equal(fa_bwd_tile_smem(&t, 128), 2 * ((2 * 64 + 2 * 64) * 136 + 2 * 64 * 72) + 8 * 64);
+	/* 16-bit, D=40 pads to 48 */
+	assert_int_equal(fa_bwd_tile_smem(&t, 40), 2 * ((2 * 64 + 2 * 64) * 56 + 2 * 64 * 72) + 8 * 64);
+	t = tile(FA_KPATH_BWD32, 8, 64, 32);
+	/* fp32, D=256: rows of 260 words, P rows of 36 */
+	assert_int_equal(fa_bwd_tile_smem(&t, 256), 4 * ((2 * 64 + 2 * 32) * 260 + 2 * 64 * 36) + 8 * 32);
+	char b[48];
+	fa_tile_format(&t, b, sizeof b);
+	assert_string_equal(b, "bwd kv64 q32 w8");
+	/* two stages: a second Q, dO (and lse2, delta) */
+	t.stages = 2;
+	assert_int_equal(fa_bwd_tile_smem(&t, 256),
+	                 4 * ((2 * 64 + 4 * 32) * 260 + 2 * 64 * 36) + 16 * 32);
+	fa_tile_format(&t, b, sizeof b);
+	assert_string_equal(b, "bwd kv64 q32 w8 s2");
+}
+
+static void test_planner_bwd_layout_rules(void **state)
+{
+	(void)state;
+	struct fa_tile t = tile(FA_KPATH_BWD16, 8, 64, 64);
+	assert_true(fa_bwd_tile_layout_ok(&t, 128));
+	assert_false(fa_bwd_tile_layout_ok(&t, 8)); /* pads to 16: 2 column warps of 8 are no n8 pair */
+	t = tile(FA_KPATH_BWD16, 8, 32, 32); /* 2 x 4 warps over 32 keys: 32 query columns / 4 = 8 */
+	assert_false(fa_bwd_tile_layout_ok(&t, 128));
+	t = tile(FA_KPATH_BWD32, 8, 32, 32); /* fp32 needs n8 tiles only */
+	assert_true(fa_bwd_tile_layout_ok(&t, 128));
+	t = tile(FA_KPATH_BWD16, 8, 16, 64); /* 1 x 8 warps: head dim 48 / 8 is not a pair of n8 */
+	assert_false(fa_bwd_tile_layout_ok(&t, 40));
+}
+
+/* The issue's cases: fp32 head dim 256 (every precision) on the H200, fp32 head dim 128 causal
+ * on a 99 KiB card (sm_86, sm_89, sm_120), every choice within the device's opt-in limit. */
+static void test_planner_bwd_fits_the_issues_cases(void **state)
+{
+	(void)state;
+	static const fa_precision precs[] = {FA_PREC_IEEE, FA_PREC_3XTF32, FA_PREC_TF32, FA_PREC_BF16};
+	const struct fa_device_model *h200 = fa_device_model_find("h200");
+	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+	int n = 0;
+	char err[512];
+	for (int i = 0; i < 4; i++) {
+		struct fa_plan_req r = req(FA_DTYPE_FP32, precs[i], 256, FA_MASK_NONE);
+		assert_int_equal(fa_plan_bwd(h200, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
+		                 FA_OK);
+		assert_true(n > 0);
+		assert_true(t[0].smem <= h200->smem_optin);
+		assert_true(fa_kpath_is_bwd(t[0].path));
+		char b[48];
+		fa_tile_format(&t[0], b, sizeof b);
+		printf("h200 fp32 %s d256: %s, %zu of %zu bytes, %d candidates\n", fa_prec_name(precs[i]),
+		       b, t[0].smem, h200->smem_optin, n);
+	}
+	static const char *small[] = {"sm_86", "sm_89", "sm_120", "l40s", "rtx4090"};
+	for (size_t m = 0; m < sizeof small / sizeof small[0]; m++) {
+		const struct fa_device_model *dev = fa_device_model_find(small[m]);
+		assert_non_null(dev);
+		for (int i = 0; i < 4; i++) {
+			struct fa_plan_req r = req(FA_DTYPE_FP32, precs[i], 128, FA_MASK_CAUSAL_TOP_LEFT);
+			assert_int_equal(fa_plan_bwd(dev, &r, t, 1, &n, err, sizeof err), FA_OK);
+			assert_int_equal(n, 1);
+			assert_true(t[0].smem <= dev->smem_optin);
+			assert_true(t[0].smem <= 99 * 1024);
+		}
+	}
+}
+
+/* Every dtype, precision, head dim and model: a choice within the limit, a layout the kernel
+ * takes, candidates best first. */
+static void test_planner_bwd_every_shape_plans_within_the_limit(void **state)
+{
+	(void)state;
+	static const fa_dtype dts[] = {FA_DTYPE_FP16, FA_DTYPE_BF16, FA_DTYPE_FP32, FA_DTYPE_FP32,
+	                               FA_DTYPE_FP32, FA_DTYPE_FP32};
+	static const fa_precision precs[] = {FA_PREC_DEFAULT, FA_PREC_DEFAULT, FA_PREC_IEEE,
+	                                     FA_PREC_3XTF32, FA_PREC_TF32, FA_PREC_BF16};
+	int nm = 0;
+	const struct fa_device_model *models = fa_device_models(&nm);
+	for (int m = 0; m < nm; m++)
+		for (int a = 0; a < 6 && models[m].sm >= 80; a++) /* the kernels need sm_80 */
+			for (int D = 8; D <= 256; D += 8) {
+				struct fa_plan_req r = req(dts[a], precs[a], D, FA_MASK_CAUSAL_BOTTOM_RIGHT);
+				struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+				int n = 0;
+				char err[512];
+				fa_status st = fa_plan_bwd(&models[m], &r, t, FA_PLAN_MAX_CANDIDATES, &n, err,
+				                           sizeof err);
+				if (st != FA_OK)
+					fail_msg("%s %d D=%d: %s", models[m].name, a, D, err);
+				for (int i = 0; i < n; i++) {
+					assert_true(t[i].smem <= models[m].smem_optin);
+					assert_true(fa_bwd_tile_layout_ok(&t[i], D));
+					assert_int_equal(t[i].smem, fa_bwd_tile_smem(&t[i], D));
+					if (i > 0)
+						assert_true(t[i - 1].score >= t[i].score);
+				}
+				assert_int_equal(t[0].path, fa_plan_bwd_path(dts[a], precs[a]));
+			}
+}
+
+/* Nothing fits: FA_ENOFIT with the shape, the smallest configuration's bytes and the limit. */
+static void test_planner_bwd_explains_when_nothing_fits(void **state)
+{
+	(void)state;
+	struct fa_device_model tiny = *fa_device_model_find("sm_86");
+	tiny.name = "tiny";
+	tiny.smem_optin = 16 * 1024;
+	struct fa_plan_req r = req(FA_DTYPE_FP32, FA_PREC_3XTF32, 256, FA_MASK_NONE);
+	struct fa_tile t[4];
+	int n = 7;
+	char err[512];
+	assert_int_equal(fa_plan_bwd(&tiny, &r, t, 4, &n, err, sizeof err), FA_ENOFIT);
+	assert_int_equal(n, 0);
+	printf("%s\n", err);
+	/* the smallest configuration the kernel's layout takes */
+	size_t least = (size_t)-1;
+	static const int nws[] = {2, 4, 8}, sizes[] = {16, 32, 64, 128}; /* one stage: the least */
+	for (int a = 0; a < 3; a++)
+		for (int b = 0; b < 4; b++)
+			for (int c = 0; c < 4; c++) {
+				struct fa_tile s = tile(FA_KPATH_BWD32, nws[a], sizes[b], sizes[c]);
+				if (fa_bwd_tile_layout_ok(&s, 256) && fa_bwd_tile_smem(&s, 256) < least)
+					least = fa_bwd_tile_smem(&s, 256);
+			}
+	char want[64];
+	snprintf(want, sizeof want, "needs %zu bytes", least);
+	assert_non_null(strstr(err, "no backward tile fits: fp32 head dim 256 (precision 3xtf32)"));
+	assert_non_null(strstr(err, want));
+	assert_non_null(strstr(err, "allows 16384"));
+	/* above the kernels' maximum head dim */
+	r = req(FA_DTYPE_BF16, FA_PREC_DEFAULT, 264, FA_MASK_NONE);
+	assert_int_equal(fa_plan_bwd(fa_device_model_find("h200"), &r, t, 4, &n, err, sizeof err),
+	                 FA_ENOFIT);
+	assert_non_null(strstr(err, "above the kernels' maximum of 256"));
+}
+
+static void test_planner_bwd_rejects_bad_requests(void **state)
+{
+	(void)state;
+	const struct fa_device_model *dev = fa_device_model_find("sm_90");
+	struct fa_tile t[4];
+	int n = 0;
+	char err[256];
+	struct fa_plan_req r = req(FA_DTYPE_BF16, FA_PREC_DEFAULT, 100, FA_MASK_NONE);
+	assert_int_equal(fa_plan_bwd(dev, &r, t, 4, &n, err, sizeof err), FA_ESHAPE);
+	assert_non_null(strstr(err, "multiple of 8"));
+	r = req((fa_dtype)9, FA_PREC_DEFAULT, 64, FA_MASK_NONE);
+	assert_int_equal(fa_plan_bwd(dev, &r, t, 4, &n, err, sizeof err), FA_EDTYPE);
+	assert_int_equal(fa_plan_bwd(dev, NULL, t, 4, &n, err, sizeof err), FA_EINVAL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_planner_bwd_smem_is_the_kernels_layout),
+		cmocka_unit_test(test_planner_bwd_layout_rules),
+		cmocka_unit_test(test_planner_bwd_fits_the_issues_cases),
+		cmocka_unit_test(test_planner_bwd_every_shape_plans_within_the_limit),
+		cmocka_unit_test(test_planner_bwd_explains_when_nothing_fits),
+		cmocka_unit_test(test_planner_bwd_rejects_bad_requests),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,82 @@
+# Backward anchors: PyTorch SDPA's flash, cuDNN and mem-efficient backends, forward + backward
+# TFLOP/s at the shapes (B*S = 32k tokens, 16 heads, S = 4096; flops 3.5x the forward's,
+# halved when causal), and each backend's own error against float64 on a small shape (relative
+# Frobenius error of dQ, dK, dV; the float64 gradients by autograd through the math backend), so
+# that tests/gpu/test_attn_bwd_gpu.c's errors can be put against them (kernels/RESULTS.md).
+# Run by tools/gpu-run-bwd.sh in the same device call as bench_attn_bwd.
+import json, os, sys
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import sdpa_kernel, SDPBackend
+import triton.testing as tt
+
+torch.backends.cuda.matmul.allow_tf32 = False
+dev = torch.device("cuda")
+p = torch.cuda.get_device_properties(0)
+print("device", p.name, "torch", torch.__version__, "cudnn", torch.backends.cudnn.version(), flush=True)
+BK = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+      "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def speed(dt, d, s, causal, bk, tokens=32768, heads=16):
+    b = max(1, tokens // s)
+    q = torch.randn(b, heads, s, d, device=dev, dtype=DT[dt], requires_grad=True)
+    k = torch.randn_like(q, requires_grad=True)
+    v = torch.randn_like(q, requires_grad=True)
+    fl = 3.5 * 4 * b * heads * s * s * d / (2 if causal else 1)
+    try:
+        with sdpa_kernel(BK[bk]):
+            g = torch.randn(b, heads, s, d, device=dev, dtype=DT[dt])
+            def fn():
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                o.backward(g)
+            ms = tt.do_bench(fn, warmup=20, rep=100, return_mode="median")
+        r = dict(kind="speed", dt=dt, d=d, s=s, causal=causal, bk=bk, ms=ms, tflops=fl / ms / 1e9)
+    except Exception as e:
+        r = dict(kind="speed", dt=dt, d=d, s=s, causal=causal, bk=bk, err=str(e).splitlines()[0][:120])
+    print(json.dumps(r), flush=True)
+    del q, k, v
+    torch.cuda.empty_cache()
+
+
+def error(dt, d, s, causal, bk, b=2, heads=4):
+    torch.manual_seed(1)
+    q64 = (torch.rand(b, heads, s, d, device=dev, dtype=torch.float64) * 3 - 1.5)
+    k64 = (torch.rand_like(q64) * 3 - 1.5)
+    v64 = (torch.rand_like(q64) * 2 - 1)
+    g64 = (torch.rand_like(q64) * 2 - 1)
+    # the inputs rounded to the dtype, the oracle fed the rounded values
+    q, k, v, g = (x.to(DT[dt]) for x in (q64, k64, v64, g64))
+    qr, kr, vr = (x.to(torch.float64).requires_grad_() for x in (q, k, v))
+    with sdpa_kernel(BK["math"]):
+        o = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
+        o.backward(g.to(torch.float64))
+    try:
+        q1, k1, v1 = (x.clone().requires_grad_() for x in (q, k, v))
+        with sdpa_kernel(BK[bk]):
+            o1 = F.scaled_dot_product_attention(q1, k1, v1, is_causal=causal)
+            o1.backward(g)
+        e = [((a.grad.double() - b_.grad).norm() / b_.grad.norm()).item()
+             for a, b_ in ((q1, qr), (k1, kr), (v1, vr))]
+        r = dict(kind="error", dt=dt, d=d, s=s, causal=causal, bk=bk, dq=e[0], dk=e[1], dv=e[2])
+    except Exception as ex:
+        r = dict(kind="error", dt=dt, d=d, s=s, causal=causal, bk=bk, err=str(ex).splitlines()[0][:120])
+    print(json.dumps(r), flush=True)
+
+
+for dt, d, causal in [("bf16", 128, False), ("bf16", 128, True), ("bf16", 64, False),
+                      ("bf16", 256, False), ("fp16", 128, False), ("fp32", 128, False),
+                      ("fp32", 256, False)]:
+    for bk in ["flash", "cudnn", "efficient"]:
+        if dt == "fp32" and bk != "efficient":
+            continue
+        speed(dt, d, 4096, causal, bk)
+# FA_ANCHORS_SPEED_ONLY=1: the timings only (the errors do not change between runs)
+for dt in ([] if os.environ.get("FA_ANCHORS_SPEED_ONLY") == "1" else ["fp16", "bf16", "fp32"]):
+    for d in [64, 128]:
+        for bk in ["flash", "cudnn", "efficient"]:
+            if dt == "fp32" and bk != "efficient":
+                continue
+            error(dt, d, 1000, True, bk)
+            error(dt, d, 1000, False, bk)
