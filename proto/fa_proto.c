@@ -44,6 +44,16 @@ enum key {
 	K_SCALE, /* float: softmax scale, 0 = 1/sqrt(D) */
 	K_MASK,  /* uint: enum fa_mask */
 	K_PREC,  /* uint: enum fa_precision */
+	K_WL,    /* int64: sliding window, keys left of the diagonal, < 0 unbounded (optional; with
+	          * K_WR: the window is on) */
+	K_WR,    /* int64: sliding window, keys right of the diagonal, < 0 unbounded */
+	K_CAP,   /* float >= 0: logit softcap, 0 off (optional) */
+	K_CUQ,   /* index tensor: cu_seqlens_q (ATTN_VARLEN; ATTN_KVCACHE optional) */
+	K_CUK,   /* index tensor: cu_seqlens_k (ATTN_VARLEN) */
+	K_MQ,    /* uint: max_seqlen_q, 0 = the daemon finds it (ATTN_VARLEN, ATTN_KVCACHE) */
+	K_MK,    /* uint: max_seqlen_k, 0 = the daemon finds it (ATTN_VARLEN) */
+	K_CSL,   /* index tensor: cache_seqlens (ATTN_KVCACHE) */
+	K_PT,    /* index tensor: page_table (ATTN_KVCACHE, optional: a paged cache) */
 	K_ST,    /* uint: fa_status (every reply) */
 	K_EP,    /* uint64: daemon epoch (every reply) */
 	K_DET,   /* str < 256: detail text (any reply, optional) */
@@ -65,6 +75,9 @@ static const char *const key_names[K_COUNT] = {
 	[K_SHM] = "shm",   [K_IPC] = "ipc",   [K_GPU] = "gpu",    [K_RID] = "rid",
 	[K_TQ] = "tq",     [K_TK] = "tk",     [K_TV] = "tv",      [K_TO] = "to",
 	[K_LSE] = "lse",   [K_SCALE] = "scale", [K_MASK] = "mask", [K_PREC] = "prec",
+	[K_WL] = "wl",     [K_WR] = "wr",     [K_CAP] = "cap",    [K_CUQ] = "cuq",
+	[K_CUK] = "cuk",   [K_MQ] = "mq",     [K_MK] = "mk",      [K_CSL] = "csl",
+	[K_PT] = "pt",
 	[K_ST] = "st",     [K_EP] = "ep",     [K_DET] = "det",    [K_MM] = "mm",
 	[K_MI] = "mi",     [K_MR] = "mr",     [K_BE] = "be",      [K_NS] = "ns",
 	[K_TXT] = "txt",   [K_SLOT] = "slot", [K_EV] = "ev",
@@ -80,21 +93,25 @@ static const char *const tkey_names[T_COUNT] = {
 	[T_ST] = "st", /* array of 4 int64 >= 0: strides in elements */
 };
 
-#define KB(k) (UINT32_C(1) << (k))
+/* Key sets are bit masks over enum key (K_COUNT <= 64). */
+#define KB(k) (UINT64_C(1) << (k))
+_Static_assert(K_COUNT <= 64, "key sets are 64-bit masks");
 
 /* Keys every request carries; every reply carries; and the optional reply detail. */
 #define REQ_COMMON (KB(K_V) | KB(K_OP) | KB(K_SEQ))
 #define REP_COMMON (KB(K_V) | KB(K_OP) | KB(K_SEQ) | KB(K_ST) | KB(K_EP))
+/* The sliding window and softcap: optional in every forward-type request. */
+#define INFER_OPT (KB(K_WL) | KB(K_WR) | KB(K_CAP))
 
 /* Per op: its name, the request keys it requires beyond REQ_COMMON, the optional ones, the
  * keys its FA_OK reply requires beyond REP_COMMON, and the reply's optional ones. */
 static const struct op_info {
 	uint32_t op;
 	const char *name;
-	uint32_t req_need;
-	uint32_t req_opt;
-	uint32_t rep_need;
-	uint32_t rep_opt;
+	uint64_t req_need;
+	uint64_t req_opt;
+	uint64_t rep_need;
+	uint64_t rep_opt;
 } op_table[] = {
 	{FA_OP_HELLO, "HELLO", KB(K_PID) | KB(K_NAME), 0,
 	 KB(K_SID) | KB(K_MM) | KB(K_MI) | KB(K_MR) | KB(K_BE)},
@@ -104,10 +121,18 @@ static const struct op_info {
 	{FA_OP_REGISTER, "REGISTER", KB(K_SID) | KB(K_KIND) | KB(K_SIZE),
 	 KB(K_SHM) | KB(K_IPC) | KB(K_GPU), KB(K_RID)},
 	{FA_OP_UNREGISTER, "UNREGISTER", KB(K_SID) | KB(K_RID), 0, 0},
+	{FA_OP_ATTN_VARLEN, "ATTN_VARLEN",
+	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_CUQ) | KB(K_CUK) | KB(K_MQ) |
+		 KB(K_MK) | KB(K_SCALE) | KB(K_MASK) | KB(K_PREC),
+	 KB(K_LSE) | INFER_OPT, KB(K_NS), 0},
+	{FA_OP_ATTN_KVCACHE, "ATTN_KVCACHE",
+	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_CSL) | KB(K_SCALE) |
+		 KB(K_MASK) | KB(K_PREC),
+	 KB(K_LSE) | KB(K_CUQ) | KB(K_MQ) | KB(K_PT) | INFER_OPT, KB(K_NS), 0},
 	{FA_OP_ATTN_FWD, "ATTN_FWD",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_SCALE) | KB(K_MASK) |
 		 KB(K_PREC),
-	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV), KB(K_NS), KB(K_EV)},
+	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV) | INFER_OPT, KB(K_NS), KB(K_EV)},
 };
 
 /* The table entry of an op, or NULL when the number is not an op of this version. */
@@ -141,7 +166,7 @@ static void key_printable(const msgpack_object_str *s, char out[24])
 
 /* ---- decoding helpers ------------------------------------------------------------------------ */
 
-/* Sort a map's values by key through `names` (count <= 32): val[k] gets the value of key k.
+/* Sort a map's values by key through `names` (count <= 64): val[k] gets the value of key k.
  * Returns false with a reason in bad on a non-string key, an unknown key or a duplicate; the
  * known keys seen before the problem are still filled in (the version is read from them). */
 static bool map_collect(const msgpack_object_map *m, const char *const *names, int count,
@@ -269,7 +294,7 @@ static fa_status get_tensor(const msgpack_object *o, const char *key, struct fa_
 }
 
 /* Check that exactly the keys in `need` and some of `opt` are present. */
-static fa_status check_keys(const msgpack_object *const *val, uint32_t need, uint32_t opt,
+static fa_status check_keys(const msgpack_object *const *val, uint64_t need, uint64_t opt,
                             const char *what, char *err, size_t errlen)
 {
 	for (int k = 0; k < K_COUNT; k++) {
@@ -322,7 +347,7 @@ static fa_status decode_register(const msgpack_object *const *val, struct fa_pro
 	/* The kind decides which keys the registration carries. */
 	bool shm = out->u.reg.kind == FA_REGION_HOST_SHM;
 	const char *what = shm ? "a HOST_SHM REGISTER request" : "a CUDA_IPC REGISTER request";
-	uint32_t need = REQ_COMMON | KB(K_SID) | KB(K_KIND) | KB(K_SIZE) |
+	uint64_t need = REQ_COMMON | KB(K_SID) | KB(K_KIND) | KB(K_SIZE) |
 	                (shm ? KB(K_SHM) : KB(K_IPC) | KB(K_GPU));
 	if ((st = check_keys(val, need, 0, what, err, errlen)) != FA_OK)
 		return st;
@@ -333,6 +358,155 @@ static fa_status decode_register(const msgpack_object *const *val, struct fa_pro
 	                  errlen)) != FA_OK)
 		return st;
 	return get_bin(val[K_GPU], "gpu", out->u.reg.gpu_uuid, FA_PROTO_UUID_LEN, err, errlen);
+}
+
+/* ---- the inference keys: window, softcap, index tensors --------------------------------------- */
+
+/* An integer in int64's range, either sign. */
+static bool get_int(const msgpack_object *o, int64_t *out)
+{
+	if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+		*out = o->via.i64;
+		return true;
+	}
+	if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > INT64_MAX)
+		return false;
+	*out = (int64_t)o->via.u64;
+	return true;
+}
+
+/* "wl" and "wr" (both or neither) and "cap", all optional. */
+static fa_status decode_window(const msgpack_object *const *val, struct fa_proto_window *w,
+                               char *err, size_t errlen)
+{
+	if ((val[K_WL] == NULL) != (val[K_WR] == NULL))
+		return fa_err(err, errlen, FA_EPROTO,
+		              "key '%s' without '%s' (a window has both sides; < 0 is unbounded)",
+		              val[K_WL] ? "wl" : "wr", val[K_WL] ? "wr" : "wl");
+	if (val[K_WL] != NULL) {
+		if (!get_int(val[K_WL], &w->window_left))
+			return fa_err(err, errlen, FA_EPROTO, "key 'wl': want an integer");
+		if (!get_int(val[K_WR], &w->window_right))
+			return fa_err(err, errlen, FA_EPROTO, "key 'wr': want an integer");
+		w->window = true;
+	}
+	if (val[K_CAP] != NULL) {
+		const msgpack_object *c = val[K_CAP];
+		if (c->type != MSGPACK_OBJECT_FLOAT64 && c->type != MSGPACK_OBJECT_FLOAT32)
+			return fa_err(err, errlen, FA_EPROTO, "key 'cap': want a float");
+		if (!isfinite(c->via.f64) || c->via.f64 < 0)
+			return fa_err(err, errlen, FA_EPROTO, "key 'cap': must be finite and >= 0");
+		w->softcap = c->via.f64;
+	}
+	return FA_OK;
+}
+
+/* An array of exactly 2 integers in [0, INT64_MAX]. */
+static fa_status get_dims2(const msgpack_object *o, const char *key, const char *what,
+                           int64_t dst[2], char *err, size_t errlen)
+{
+	if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2)
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': '%s' must be an array of 2 integers",
+		              key, what);
+	for (int i = 0; i < 2; i++) {
+		uint64_t u;
+		if (!get_uint(&o->via.array.ptr[i], INT64_MAX, &u))
+			return fa_err(err, errlen, FA_EPROTO,
+			              "key '%s': %s[%d] must be an integer in [0, 2^63)", key, what, i);
+		dst[i] = (int64_t)u;
+	}
+	return FA_OK;
+}
+
+/* An index tensor map {r, o, sh, st}: a tensor map without 't' (the type is int32). */
+static fa_status get_index(const msgpack_object *o, const char *key, struct fa_proto_index *t,
+                           char *err, size_t errlen)
+{
+	const msgpack_object *val[T_COUNT] = {0};
+	char bad[64];
+	uint64_t u;
+	fa_status st;
+
+	if (o->type != MSGPACK_OBJECT_MAP)
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': want an index tensor map", key);
+	if (!map_collect(&o->via.map, tkey_names, T_COUNT, val, bad, sizeof bad))
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': %s", key, bad);
+	if (val[T_T])
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': 't' not allowed (index tensors are int32)",
+		              key);
+	static const int need[] = {T_R, T_O, T_SH, T_ST};
+	for (size_t k = 0; k < sizeof need / sizeof need[0]; k++)
+		if (!val[need[k]])
+			return fa_err(err, errlen, FA_EPROTO, "key '%s': missing '%s'", key,
+			              tkey_names[need[k]]);
+	if (!get_uint(val[T_R], UINT64_MAX, &u) || u == 0)
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': 'r' must be a region id > 0", key);
+	t->region = u;
+	if (!get_uint(val[T_O], UINT64_MAX, &u))
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': 'o' must be an unsigned integer", key);
+	t->offset = u;
+	if ((st = get_dims2(val[T_SH], key, "sh", t->shape, err, errlen)) != FA_OK)
+		return st;
+	return get_dims2(val[T_ST], key, "st", t->stride, err, errlen);
+}
+
+/* The ATTN_VARLEN and ATTN_KVCACHE part (check_keys decided which keys are there). */
+static fa_status decode_infer(const msgpack_object *const *val, struct fa_proto_req *out,
+                              char *err, size_t errlen)
+{
+	static const struct {
+		enum key k;
+		size_t off;
+	} tensors[] = {
+		{K_TQ, offsetof(struct fa_proto_req, u.infer.q)},
+		{K_TK, offsetof(struct fa_proto_req, u.infer.k)},
+		{K_TV, offsetof(struct fa_proto_req, u.infer.v)},
+		{K_TO, offsetof(struct fa_proto_req, u.infer.o)},
+		{K_LSE, offsetof(struct fa_proto_req, u.infer.lse)},
+	}, indexes[] = {
+		{K_CUQ, offsetof(struct fa_proto_req, u.infer.cu_q)},
+		{K_CUK, offsetof(struct fa_proto_req, u.infer.cu_k)},
+		{K_CSL, offsetof(struct fa_proto_req, u.infer.cache_len)},
+		{K_PT, offsetof(struct fa_proto_req, u.infer.page_table)},
+	};
+	uint64_t u;
+	fa_status st;
+
+	for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) {
+		if (!val[tensors[i].k])
+			continue;
+		struct fa_proto_tensor *t = (struct fa_proto_tensor *)((char *)out + tensors[i].off);
+		if ((st = get_tensor(val[tensors[i].k], key_names[tensors[i].k], t, err, errlen)) !=
+		    FA_OK)
+			return st;
+	}
+	for (size_t i = 0; i < sizeof indexes / sizeof indexes[0]; i++) {
+		if (!val[indexes[i].k])
+			continue;
+		struct fa_proto_index *t = (struct fa_proto_index *)((char *)out + indexes[i].off);
+		if ((st = get_index(val[indexes[i].k], key_names[indexes[i].k], t, err, errlen)) !=
+		    FA_OK)
+			return st;
+	}
+	if (val[K_MQ] && !val[K_CUQ])
+		return fa_err(err, errlen, FA_EPROTO, "key 'mq' without 'cuq' (dense queries have one length)");
+	if (val[K_MQ] && !get_uint(val[K_MQ], INT32_MAX, &out->u.infer.max_q))
+		return fa_err(err, errlen, FA_EPROTO, "key 'mq': want an integer in [0, 2^31)");
+	if (val[K_MK] && !get_uint(val[K_MK], INT32_MAX, &out->u.infer.max_k))
+		return fa_err(err, errlen, FA_EPROTO, "key 'mk': want an integer in [0, 2^31)");
+	const msgpack_object *s = val[K_SCALE];
+	if (s->type != MSGPACK_OBJECT_FLOAT64 && s->type != MSGPACK_OBJECT_FLOAT32)
+		return fa_err(err, errlen, FA_EPROTO, "key 'scale': want a float");
+	if (!isfinite(s->via.f64))
+		return fa_err(err, errlen, FA_EPROTO, "key 'scale': not finite");
+	out->u.infer.scale = s->via.f64;
+	if (!get_uint(val[K_MASK], FA_MASK_CAUSAL_TOP_LEFT, &u))
+		return fa_err(err, errlen, FA_EPROTO, "key 'mask': must be a mask 0..2");
+	out->u.infer.mask = (uint8_t)u;
+	if (!get_uint(val[K_PREC], FA_PREC_BF16, &u))
+		return fa_err(err, errlen, FA_EPROTO, "key 'prec': must be a precision 0..4");
+	out->u.infer.precision = (uint8_t)u;
+	return decode_window(val, &out->u.infer.win, err, errlen);
 }
 
 /* The ATTN_FWD part. */
@@ -388,7 +562,7 @@ static fa_status decode_fwd(const msgpack_object *const *val, struct fa_proto_re
 			return st;
 		out->u.fwd.has_event = true;
 	}
-	return FA_OK;
+	return decode_window(val, &out->u.fwd.win, err, errlen);
 }
 
 /* Decode the request map into out (zeroed by the caller). */
@@ -452,6 +626,9 @@ static fa_status decode_req_map(const msgpack_object_map *m, struct fa_proto_req
 		return FA_OK;
 	case FA_OP_ATTN_FWD:
 		return decode_fwd(val, out, err, errlen);
+	case FA_OP_ATTN_VARLEN:
+	case FA_OP_ATTN_KVCACHE:
+		return decode_infer(val, out, err, errlen);
 	default:
 		return FA_OK; /* BYE, PING, STATS: nothing more */
 	}
@@ -529,8 +706,8 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 		snprintf(what, sizeof what, "an FA_OK %s reply", oi->name);
 	else
 		snprintf(what, sizeof what, "a failure reply");
-	uint32_t need = REP_COMMON | (out->status == FA_OK ? oi->rep_need : 0);
-	uint32_t opt = KB(K_DET) | (out->status == FA_OK ? oi->rep_opt : 0);
+	uint64_t need = REP_COMMON | (out->status == FA_OK ? oi->rep_need : 0);
+	uint64_t opt = KB(K_DET) | (out->status == FA_OK ? oi->rep_opt : 0);
 	if ((st = check_keys(val, need, opt, what, err, errlen)) != FA_OK)
 		return st;
 	if (!get_uint(val[K_SEQ], UINT64_MAX, &u))
@@ -568,6 +745,8 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 		out->u.reg.region = u;
 		return FA_OK;
 	case FA_OP_ATTN_FWD:
+	case FA_OP_ATTN_VARLEN:
+	case FA_OP_ATTN_KVCACHE:
 		if (!get_uint(val[K_NS], UINT64_MAX, &u))
 			return fa_err(err, errlen, FA_EPROTO, "key 'ns': want an unsigned integer");
 		out->u.fwd.compute_ns = u;
@@ -672,6 +851,51 @@ static int pk_tensor(msgpack_packer *pk, enum key k, const struct fa_proto_tenso
 	return rc;
 }
 
+/* An index tensor map: a tensor map without 't'. */
+static int pk_index(msgpack_packer *pk, enum key k, const struct fa_proto_index *t)
+{
+	int rc = pk_key(pk, k) | msgpack_pack_map(pk, 4);
+	rc |= msgpack_pack_str_with_body(pk, tkey_names[T_R], 1) | msgpack_pack_uint64(pk, t->region);
+	rc |= msgpack_pack_str_with_body(pk, tkey_names[T_O], 1) | msgpack_pack_uint64(pk, t->offset);
+	for (int d = 0; d < 2; d++) {
+		const int64_t *v = d == 0 ? t->shape : t->stride;
+		enum tkey tk = d == 0 ? T_SH : T_ST;
+		rc |= msgpack_pack_str_with_body(pk, tkey_names[tk], strlen(tkey_names[tk]));
+		rc |= msgpack_pack_array(pk, 2) | msgpack_pack_int64(pk, v[0]) |
+		      msgpack_pack_int64(pk, v[1]);
+	}
+	return rc;
+}
+
+/* The window and softcap keys, when on. */
+static int pk_window(msgpack_packer *pk, const struct fa_proto_window *w)
+{
+	int rc = 0;
+	if (w->window) {
+		rc |= pk_key(pk, K_WL) | msgpack_pack_int64(pk, w->window_left);
+		rc |= pk_key(pk, K_WR) | msgpack_pack_int64(pk, w->window_right);
+	}
+	if (w->softcap != 0)
+		rc |= pk_key(pk, K_CAP) | msgpack_pack_double(pk, w->softcap);
+	return rc;
+}
+
+/* Map entries the window keys take; false when the decoder would refuse them. */
+static bool window_ok(const struct fa_proto_window *w, uint32_t *n)
+{
+	if (!isfinite(w->softcap) || w->softcap < 0)
+		return false;
+	*n += 2 * w->window + (w->softcap != 0);
+	return true;
+}
+
+/* Whether an index tensor can be encoded (region > 0, dims >= 0). */
+static bool index_ok(const struct fa_proto_index *t)
+{
+	return t->region != 0 && t->shape[0] >= 0 && t->shape[1] >= 0 && t->stride[0] >= 0 &&
+	       t->stride[1] >= 0;
+}
+
 /* Whether a tensor can be encoded (the decoder's rules: region > 0, dtype 1..3, dims >= 0). */
 static bool tensor_ok(const struct fa_proto_tensor *t)
 {
@@ -723,7 +947,28 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 		    (req->u.fwd.has_event && !req->u.fwd.async))
 			return FA_EINVAL;
 		*n += 7 + (req->u.fwd.lse.region != 0) + req->u.fwd.async + req->u.fwd.has_event;
-		return FA_OK;
+		return window_ok(&req->u.fwd.win, n) ? FA_OK : FA_EINVAL;
+	case FA_OP_ATTN_VARLEN:
+	case FA_OP_ATTN_KVCACHE: {
+		const __typeof__(req->u.infer) *r = &req->u.infer;
+		bool varlen = oi->op == FA_OP_ATTN_VARLEN;
+		if (!tensor_ok(&r->q) || !tensor_ok(&r->k) || !tensor_ok(&r->v) || !tensor_ok(&r->o) ||
+		    (r->lse.region != 0 && !tensor_ok(&r->lse)) || !isfinite(r->scale) ||
+		    r->mask > FA_MASK_CAUSAL_TOP_LEFT || r->precision > FA_PREC_BF16 ||
+		    r->max_q > INT32_MAX || r->max_k > INT32_MAX)
+			return FA_EINVAL;
+		if (varlen ? !index_ok(&r->cu_q) || !index_ok(&r->cu_k) || r->cache_len.region ||
+		                 r->page_table.region
+		           : !index_ok(&r->cache_len) || r->cu_k.region || r->max_k ||
+		                 (r->cu_q.region && !index_ok(&r->cu_q)) ||
+		                 (r->page_table.region && !index_ok(&r->page_table)) ||
+		                 (!r->cu_q.region && r->max_q))
+			return FA_EINVAL;
+		/* v op seq sid + q k v o scale mask prec + the op's own */
+		*n += 7 + (r->lse.region != 0) +
+		      (varlen ? 4 : 1 + 2 * (r->cu_q.region != 0) + (r->page_table.region != 0));
+		return window_ok(&r->win, n) ? FA_OK : FA_EINVAL;
+	}
 	default:
 		return FA_OK;
 	}
@@ -784,7 +1029,35 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 			rc |= pk_u64(&pk, K_SLOT, req->u.fwd.slot);
 		if (req->u.fwd.has_event)
 			rc |= pk_bin(&pk, K_EV, req->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);
+		rc |= pk_window(&pk, &req->u.fwd.win);
 		break;
+	case FA_OP_ATTN_VARLEN:
+	case FA_OP_ATTN_KVCACHE: {
+		const __typeof__(req->u.infer) *r = &req->u.infer;
+		rc |= pk_tensor(&pk, K_TQ, &r->q);
+		rc |= pk_tensor(&pk, K_TK, &r->k);
+		rc |= pk_tensor(&pk, K_TV, &r->v);
+		rc |= pk_tensor(&pk, K_TO, &r->o);
+		if (r->lse.region != 0)
+			rc |= pk_tensor(&pk, K_LSE, &r->lse);
+		if (r->cu_q.region != 0) {
+			rc |= pk_index(&pk, K_CUQ, &r->cu_q);
+			rc |= pk_u64(&pk, K_MQ, r->max_q);
+		}
+		if (oi->op == FA_OP_ATTN_VARLEN) {
+			rc |= pk_index(&pk, K_CUK, &r->cu_k);
+			rc |= pk_u64(&pk, K_MK, r->max_k);
+		} else {
+			rc |= pk_index(&pk, K_CSL, &r->cache_len);
+			if (r->page_table.region != 0)
+				rc |= pk_index(&pk, K_PT, &r->page_table);
+		}
+		rc |= pk_key(&pk, K_SCALE) | msgpack_pack_double(&pk, r->scale);
+		rc |= pk_u64(&pk, K_MASK, r->mask);
+		rc |= pk_u64(&pk, K_PREC, r->precision);
+		rc |= pk_window(&pk, &r->win);
+		break;
+	}
 	default:
 		break;
 	}
@@ -824,6 +1097,8 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 			n += 1;
 			break;
 		case FA_OP_ATTN_FWD:
+		case FA_OP_ATTN_VARLEN:
+		case FA_OP_ATTN_KVCACHE:
 			n += 1 + rep->u.fwd.async;
 			break;
 		case FA_OP_STATS:
@@ -860,6 +1135,8 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 			rc |= pk_u64(&pk, K_RID, rep->u.reg.region);
 			break;
 		case FA_OP_ATTN_FWD:
+		case FA_OP_ATTN_VARLEN:
+		case FA_OP_ATTN_KVCACHE:
 			rc |= pk_u64(&pk, K_NS, rep->u.fwd.compute_ns);
 			if (rep->u.fwd.async)
 				rc |= pk_bin(&pk, K_EV, rep->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);
