@@ -23,6 +23,7 @@
 
 #include "fa_check.h"
 #include "fa_client_int.h"
+#include "fa_infer_int.h"
 
 /* The detail text of the last failed call on this thread; see fa_client.h. */
 FA_API const char *fa_last_error_detail(void)
@@ -471,9 +472,10 @@ FA_API size_t fa_buffer_size(const fa_buffer *b)
 
 /* ---- attention --------------------------------------------------------------------------------------- */
 
-/* Check a tensor's buffer (cheap checks, first) and write its region id, offset and layout. */
-static fa_status tensor_buffer(fa_client *c, const char *name, const fa_tensor *t, bool optional,
-                               struct fa_proto_tensor *w)
+/* Check a tensor's buffer (cheap checks, first) and write its region id, offset and layout; see
+ * fa_client_int.h (the backward's calls use it too). */
+fa_status fa__tensor_buffer(fa_client *c, const char *name, const fa_tensor *t, bool optional,
+                            struct fa_proto_tensor *w)
 {
 	memset(w, 0, sizeof *w);
 	if (t->buf == NULL)
@@ -511,7 +513,7 @@ static fa_status fwd_request(fa_client *c, const fa_attn_fwd_args *a, struct fa_
 	fa_status st;
 
 	for (int i = 0; i < FA_FWD_NTENSORS; i++)
-		if ((st = tensor_buffer(c, fa_fwd_names[i], t[i], i == FA_FWD_LSE, w[i])) != FA_OK)
+		if ((st = fa__tensor_buffer(c, fa_fwd_names[i], t[i], i == FA_FWD_LSE, w[i])) != FA_OK)
 			return st;
 	for (int i = 0; i < FA_FWD_NTENSORS; i++)
 		dts[i] = (int)t[i]->dtype;
@@ -537,7 +539,7 @@ static fa_status fwd_request(fa_client *c, const fa_attn_fwd_args *a, struct fa_
 	req->u.fwd.scale = a->scale;
 	req->u.fwd.mask = (uint8_t)a->mask;
 	req->u.fwd.precision = (uint8_t)a->precision;
-	return FA_OK;
+	return fa__window(a->window, a->window_left, a->window_right, a->softcap, &req->u.fwd.win);
 }
 
 /* Forward attention in the daemon; see fa_client.h. */

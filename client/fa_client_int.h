@@ -9,6 +9,8 @@
  *   fa_cuda.c       device buffers: the caller's cudaMalloc memory, exported as a CUDA IPC handle
  *                   (libcuda.so.1 loaded with dlopen on first use, never linked)
  *   fa_client.c     the public calls: sessions (HELLO/BYE/reconnect), argument checks, attention
+ *   fa_attn_bwd.c   the backward pass's calls (fa_attn_bwd, fa_attn_bwd_async), on fa_client.c's
+ *                   tensor check
  * Internal helpers are named fa__ (libuv's uv__), which no public name uses. Everything here is
  * hidden: the Makefile compiles client/ with -fvisibility=hidden and only the FA_API declarations
  * of fa/fa_client.h (and fa/fa_types.h) are exported.
@@ -182,5 +184,13 @@ fa_status fa__register_region(fa_client *c, fa_buffer *b, uint64_t *region);
 fa_status fa__buffer_register(fa_client *c, fa_buffer *b);
 /* The group id owning the daemon's socket file, or false if it cannot be read. */
 bool fa__socket_gid(const fa_client *c, gid_t *gid);
+
+/* ---- attention calls (fa_client.c; fa_attn_bwd.c is above it) ------------------------------- */
+
+/* Check t's buffer (absent: FA_OK when optional, else FA_EINVAL "NAME: no buffer"; another
+ * client's or an unregistered buffer: FA_EREGION) and write its region, offset (plus the device
+ * buffer's offset in its allocation), dtype, shape and strides into *w (zeroed first). */
+fa_status fa__tensor_buffer(fa_client *c, const char *name, const fa_tensor *t, bool optional,
+                            struct fa_proto_tensor *w);
 
 #endif /* FA_CLIENT_INT_H */

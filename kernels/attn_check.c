@@ -11,6 +11,7 @@
 
 #include "fa_attn.h"
 #include "fa_attn_bwd.h"
+#include "fa_check_infer.h"
 #include "fa_err.h"
 
 /* Strides of one tensor: each >= 0. */
@@ -54,9 +55,8 @@ fa_status fa_attn_fwd_check(const struct fa_attn_fwd_desc *d, char *err, size_t 
 		return st;
 	if (d->scale == 0)
 		return fa_err(err, errlen, FA_EINVAL, "scale is 0 (resolve the default first)");
-	if (!isfinite(d->softcap) || d->softcap < 0)
-		return fa_err(err, errlen, FA_EINVAL,
-		              "softcap is %g: it must be finite and >= 0 (0 is off)", d->softcap);
+	if ((st = fa_check_softcap(d->softcap, err, errlen)) != FA_OK)
+		return st;
 
 	const struct {
 		const char *name;
