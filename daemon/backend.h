@@ -23,7 +23,10 @@
 #include "fa_proto.h"
 #include "fault.h"
 
-#define BACKEND_MAX_RANGES 5
+/* Tensors of one job: a backward pass has nine (common/fa_check.h's FA_BWD_* order, whose first
+ * five are the forward's FA_FWD_*). */
+#define BACKEND_MAX_TENSORS 9
+#define BACKEND_MAX_RANGES BACKEND_MAX_TENSORS
 
 /* A mapping a job's pointers lie in. A client can shrink its shm object under the daemon: the
  * CPU backend then replaces the vanished pages (SIGBUS handler) and sets *broken, so the job
@@ -43,7 +46,7 @@ struct backend_job {
 	void *o;
 	float *lse;                   /* NULL: not wanted */
 	const void *owner;            /* whose job (the session), for backend_cancel */
-	struct backend_range ranges[BACKEND_MAX_RANGES]; /* the mappings of q, k, v, o, lse */
+	struct backend_range ranges[BACKEND_MAX_RANGES]; /* the mappings of the job's tensors */
 	unsigned nranges;
 	bool on_device[5];            /* q, k, v, o, lse: a device pointer (CUDA IPC region) */
 	int dev;                      /* the backend's GPU index of its device regions; -1: host
@@ -61,6 +64,9 @@ struct backend_job {
 	bool enqueued;                /* out: see above */
 	void **owner_state;           /* the session's slot for backend state (streams, events),
 	                               * freed by ops.owner_free when the session is freed */
+	/* ATTN_VARLEN / ATTN_KVCACHE (backend_infer.h): the index tensors and the per-sequence
+	 * descriptor; owned by the request; NULL for ATTN_FWD. desc above is its desc.fwd. */
+	struct backend_infer *infer;
 	/* outputs, valid in done() */
 	fa_status status;
 	uint64_t compute_ns;          /* first chunk started .. last chunk finished */
@@ -174,6 +180,7 @@ struct backend {
 	bool host_memory;     /* serves FA_REGION_HOST_SHM regions */
 	bool device_memory;   /* serves FA_REGION_CUDA_IPC regions */
 	bool async_events;    /* serves the asynchronous mode (CUDA IPC events) */
+	bool infer;           /* serves ATTN_VARLEN, ATTN_KVCACHE, and ATTN_FWD's window and softcap */
 	atomic_uint running;  /* jobs started and not finished (set by the backend's threads) */
 	struct fault fault;   /* fault.c's: backends use fault_mark/fault_marked/fault_check */
 	uint64_t fault_inject_after;         /* test-only: the Nth job submitted faults; 0 never */

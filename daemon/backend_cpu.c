@@ -17,6 +17,7 @@
  * from then on.
  */
 #include "backend.h"
+#include "backend_cpu_infer.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -110,7 +111,10 @@ static fa_status cpu_run_chunk(const struct backend_job *job, int64_t bh0, int64
 	fa_status st;
 
 	cpu_current_job = job;
-	st = fa_attn_fwd_ref(&job->desc, job->q, job->k, job->v, job->o, job->lse, bh0, bh1);
+	if (job->infer != NULL)
+		st = cpu_infer_run(job, bh0, bh1); /* (sequence, head) units */
+	else
+		st = fa_attn_fwd_ref(&job->desc, job->q, job->k, job->v, job->o, job->lse, bh0, bh1);
 	cpu_current_job = NULL;
 	if (st == FA_OK && cpu_job_broken(job))
 		st = FA_ERANGE;
@@ -120,6 +124,8 @@ static fa_status cpu_run_chunk(const struct backend_job *job, int64_t bh0, int64
 /* The detail text a failed job carries back to its client. */
 static void cpu_fail_detail(struct backend_job *job, fa_status st)
 {
+	if (st != FA_ERANGE && cpu_infer_detail(job))
+		return; /* a bad index entry, named */
 	switch (st) {
 	case FA_ERANGE:
 		snprintf(job->detail, sizeof job->detail,
@@ -327,6 +333,7 @@ static fa_status cpu_open(struct backend **out, uv_loop_t *loop, const struct co
 	b->base.align = 0;
 	b->base.host_memory = true;
 	b->base.device_memory = false;
+	b->base.infer = true;
 	b->loop = loop;
 	b->done = done;
 	b->done_arg = arg;

@@ -11,8 +11,8 @@
 
 /* Each output against every input and every output before it (each pair once, outputs in
  * order, so "lse overlaps o" and not "o overlaps lse"), where both map one memory. Any request's
- * tensors: is_output says which of the n are written. */
-static fa_status validate_overlaps(int n, const bool *is_output, struct region *const *region,
+ * tensors: is_output says which of the n are written (validate_bwd.c uses it too). */
+fa_status validate_overlaps(int n, const bool *is_output, struct region *const *region,
                                    const struct fa_check_span *span, char *err, size_t errlen)
 {
 	fa_status st;
@@ -103,6 +103,10 @@ fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *
 		memcpy(ds[i], t[i]->stride, 3 * sizeof(int64_t));
 	if (has_lse)
 		memcpy(d->lse_stride, t[VALIDATE_LSE]->stride, 3 * sizeof(int64_t));
+	d->window = req->u.fwd.win.window;
+	d->window_left = req->u.fwd.win.window_left;
+	d->window_right = req->u.fwd.win.window_right;
+	d->softcap = req->u.fwd.win.softcap;
 	if ((st = fa_attn_fwd_check(d, err, errlen)) != FA_OK)
 		return st;
 

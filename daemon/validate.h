@@ -14,6 +14,7 @@
 #include <stddef.h>
 
 #include "fa_attn.h"
+#include "fa_check.h"
 #include "fa_proto.h"
 #include "region.h"
 #include "session.h"
@@ -46,5 +47,11 @@ struct validate_result {
  * FA_ERANGE, FA_EALIGN or FA_EOVERLAP, with the detail in err. */
 fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *req, size_t align,
                             struct validate_result *out, char *err, size_t errlen);
+
+/* Each output among the n tensors (is_output[i]) against every input and every output before it,
+ * where region_same_mem says both map one memory: fa_check_overlap on their spans. FA_OK or
+ * FA_EOVERLAP with the detail in err. */
+fa_status validate_overlaps(int n, const bool *is_output, struct region *const *region,
+                            const struct fa_check_span *span, char *err, size_t errlen);
 
 #endif /* FA_DAEMON_VALIDATE_H */
