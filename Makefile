@@ -127,7 +127,7 @@ BENCH_BIN := $(call prog,$(BENCH_SRC))
 DEMO_BIN  := $(call prog,$(DEMO_SRC))
 TEST_BINS := $(UNIT_BIN) $(DTEST_BIN) $(INTEG_BIN) $(GPU_BIN)
 
-.PHONY: sass-dump all deps check-deps check-cycles test test-quick test-san test-gpu test-gpu-full bench demo \
+.PHONY: sass-dump all deps check-deps check-cycles test test-quick test-python test-san test-gpu test-gpu-full bench demo \
         fuzz fuzz-run install install-systemd uninstall clean help
 .DEFAULT_GOAL := all
 
@@ -139,6 +139,7 @@ help:
 	@echo "make demo           daemon + 4 client processes doing attention, checked, with a table"
 	@echo "make test           every test (unit, daemon, integration, GPU or skipped, sanitizers, fuzz)"
 	@echo "make test-quick     the tests without the sanitizer rebuild and fuzzing"
+	@echo "make test-python    the Python package's tests (python/; make test-quick runs them)"
 	@echo "make check-cycles   fail on a call cycle between source files (test-quick runs it)"
 	@echo "make test-gpu-full  the full GPU grid (on a GPU host)"
 	@echo "make bench          the benchmarks (latency; kernel TFLOP/s on a GPU host)"
@@ -283,6 +284,11 @@ test-quick: check-deps
 	$(Q)sh tools/cycles.sh $(BUILD)
 	$(Q)sh tests/run.sh $(BUILD) $(TEST_BINS)
 	$(Q)sh tests/install-check.sh $(BUILD)
+	$(Q)sh python/tests/run.sh $(BUILD)
+
+# The Python package (python/): its tests against this build's library and daemon.
+test-python: all
+	$(Q)sh python/tests/run.sh $(BUILD)
 
 test: test-quick
 	$(Q)$(MAKE) --no-print-directory SAN=1 BUILD=$(BUILD)-san test-san

@@ -9,6 +9,8 @@
 #include "fa_err.h"
 
 const char *const fa_fwd_names[FA_FWD_NTENSORS] = {"q", "k", "v", "o", "lse"};
+const char *const fa_bwd_names[FA_BWD_NTENSORS] = {"q",    "k",  "v",  "o", "lse",
+                                                   "dout", "dq", "dk", "dv"};
 
 /* Bytes per element of a dtype; 0 for an unknown one. */
 size_t fa_dtype_size(fa_dtype dt)
@@ -84,6 +86,26 @@ fa_status fa_check_fwd_dtypes(const int dt[FA_FWD_NTENSORS], bool has_lse, char 
 	return FA_OK;
 }
 
+/* As the forward's: q's dtype first, then agreement in index order, then lse. */
+fa_status fa_check_bwd_dtypes(const int dt[FA_BWD_NTENSORS], char *err, size_t errlen)
+{
+	fa_dtype q = (fa_dtype)dt[FA_BWD_Q];
+
+	if (fa_dtype_size(q) == 0)
+		return fa_err(err, errlen, FA_EDTYPE, "q: dtype %d is unknown (fp16, bf16 or fp32)",
+		              dt[FA_BWD_Q]);
+	for (int i = FA_BWD_K; i < FA_BWD_NTENSORS; i++)
+		if (i != FA_BWD_LSE && dt[i] != dt[FA_BWD_Q])
+			return fa_err(err, errlen, FA_EDTYPE,
+			              "%s: dtype %s differs from q's %s (q, k, v, o, dout, dq, dk and dv "
+			              "share one dtype)",
+			              fa_bwd_names[i], fa_dtype_name((fa_dtype)dt[i]), fa_dtype_name(q));
+	if (dt[FA_BWD_LSE] != FA_DTYPE_FP32)
+		return fa_err(err, errlen, FA_EDTYPE, "lse: dtype must be fp32, not %s",
+		              fa_dtype_name((fa_dtype)dt[FA_BWD_LSE]));
+	return FA_OK;
+}
+
 /* Sizes, then strides, then the head dim's stride. */
 fa_status fa_check_tensor_dims(const char *name, const int64_t shape[4], const int64_t stride[4],
                                bool head_dim_contiguous, char *err, size_t errlen)
@@ -145,6 +167,31 @@ fa_status fa_check_fwd_shapes(const int64_t q[4], const int64_t k[4], const int6
 		if (!same_shape(lse, want))
 			return shape_mismatch("lse", lse, "[B, Hq, Sq, 1] =", want, err, errlen);
 	}
+	return FA_OK;
+}
+
+/* The forward's rules first (the gradients are judged against a consistent forward), then each
+ * gradient against the tensor it is the gradient of. */
+fa_status fa_check_bwd_shapes(const int64_t *const shape[FA_BWD_NTENSORS], char *err,
+                              size_t errlen)
+{
+	static const struct {
+		int t, like;
+		const char *ref;
+	} grads[] = {
+		{FA_BWD_DO, FA_BWD_Q, "q's"},
+		{FA_BWD_DQ, FA_BWD_Q, "q's"},
+		{FA_BWD_DK, FA_BWD_K, "k's"},
+		{FA_BWD_DV, FA_BWD_V, "v's"},
+	};
+	fa_status st = fa_check_fwd_shapes(shape[FA_BWD_Q], shape[FA_BWD_K], shape[FA_BWD_V],
+	                                   shape[FA_BWD_O], shape[FA_BWD_LSE], err, errlen);
+	if (st != FA_OK)
+		return st;
+	for (size_t i = 0; i < sizeof grads / sizeof grads[0]; i++)
+		if (!same_shape(shape[grads[i].t], shape[grads[i].like]))
+			return shape_mismatch(fa_bwd_names[grads[i].t], shape[grads[i].t], grads[i].ref,
+			                      shape[grads[i].like], err, errlen);
 	return FA_OK;
 }
 

@@ -31,6 +31,30 @@ enum { FA_FWD_Q, FA_FWD_K, FA_FWD_V, FA_FWD_O, FA_FWD_LSE, FA_FWD_NTENSORS };
 /* "q", "k", "v", "o", "lse" by FA_FWD_* index. */
 extern const char *const fa_fwd_names[FA_FWD_NTENSORS];
 
+/* The tensors of a backward request: the forward's five first, at the forward's indices (o and
+ * lse are inputs here), then the upstream gradient dout, then the three outputs. */
+enum {
+	FA_BWD_Q = FA_FWD_Q,
+	FA_BWD_K = FA_FWD_K,
+	FA_BWD_V = FA_FWD_V,
+	FA_BWD_O = FA_FWD_O,
+	FA_BWD_LSE = FA_FWD_LSE,
+	FA_BWD_DO,
+	FA_BWD_DQ,
+	FA_BWD_DK,
+	FA_BWD_DV,
+	FA_BWD_NTENSORS
+};
+
+/* "q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv" by FA_BWD_* index. */
+extern const char *const fa_bwd_names[FA_BWD_NTENSORS];
+
+/* Whether FA_BWD_* index i is written (dq, dk, dv) rather than read. */
+static inline bool fa_bwd_is_output(int i)
+{
+	return i >= FA_BWD_DQ;
+}
+
 /* Bytes per element of a dtype; 0 for an unknown one (also for values outside the enum). */
 size_t fa_dtype_size(fa_dtype dt);
 
@@ -48,6 +72,10 @@ bool fa_tensor_extent(int ndim, const int64_t *shape, const int64_t *stride, siz
 fa_status fa_check_fwd_dtypes(const int dt[FA_FWD_NTENSORS], bool has_lse, char *err,
                               size_t errlen);
 
+/* The dtypes of a backward request (dt by FA_BWD_*): q's is known, k, v, o, dout, dq, dk and dv
+ * share it, lse is fp32 (it is required). Returns FA_OK or FA_EDTYPE. */
+fa_status fa_check_bwd_dtypes(const int dt[FA_BWD_NTENSORS], char *err, size_t errlen);
+
 /* One tensor's sizes (each >= 1: FA_ESHAPE), strides (each >= 0: FA_EINVAL) and, when
  * head_dim_contiguous, stride[3] == 1 (FA_ESHAPE). Returns FA_OK or that status. */
 fa_status fa_check_tensor_dims(const char *name, const int64_t shape[4], const int64_t stride[4],
@@ -58,6 +86,12 @@ fa_status fa_check_tensor_dims(const char *name, const int64_t shape[4], const i
  * NULL. Returns FA_OK or FA_ESHAPE. */
 fa_status fa_check_fwd_shapes(const int64_t q[4], const int64_t k[4], const int64_t v[4],
                               const int64_t o[4], const int64_t *lse, char *err, size_t errlen);
+
+/* The shapes of a backward request agree (shape by FA_BWD_*, each checked already): the forward's
+ * rules on q, k, v, o and lse (fa_check_fwd_shapes, lse required), then dout and dq as q, dk and
+ * dv as k. Returns FA_OK or FA_ESHAPE. */
+fa_status fa_check_bwd_shapes(const int64_t *const shape[FA_BWD_NTENSORS], char *err,
+                              size_t errlen);
 
 /* The head dim D (>= 1 already): a multiple of 8 up to FA_ATTN_MAX_HEAD_DIM. FA_OK or FA_ESHAPE. */
 fa_status fa_check_head_dim(int64_t D, char *err, size_t errlen);

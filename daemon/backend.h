@@ -20,6 +20,7 @@
 
 #include "config.h"
 #include "fa_attn.h"
+#include "fa_attn_bwd.h"
 #include "fa_proto.h"
 #include "fault.h"
 
@@ -37,8 +38,17 @@ struct backend_range {
 	atomic_int *broken;
 };
 
-/* One forward pass. The caller fills the inputs and keeps the memory they point to mapped until
- * done() is called. */
+/* What a backward job adds to a forward's (backend_job.bwd, when backend_job.is_bwd). */
+struct backend_bwd {
+	struct fa_attn_bwd_desc desc; /* validated; desc.fwd equals the job's desc */
+	const void *dout;             /* input, like o */
+	void *dq, *dk, *dv;           /* outputs, written whole */
+	unsigned flags;               /* FA_PROTO_BWD_* (the deterministic bit) */
+};
+
+/* One forward or backward pass. The caller fills the inputs and keeps the memory they point to
+ * mapped until done() is called. A backward job (is_bwd) reads q, k, v, o and lse (required)
+ * and bwd.dout, and writes bwd.dq, dk, dv; its on_device[] is by FA_BWD_*. */
 struct backend_job {
 	/* inputs */
 	struct fa_attn_fwd_desc desc; /* validated */
@@ -48,7 +58,10 @@ struct backend_job {
 	const void *owner;            /* whose job (the session), for backend_cancel */
 	struct backend_range ranges[BACKEND_MAX_RANGES]; /* the mappings of the job's tensors */
 	unsigned nranges;
-	bool on_device[5];            /* q, k, v, o, lse: a device pointer (CUDA IPC region) */
+	bool on_device[BACKEND_MAX_TENSORS]; /* q, k, v, o, lse (and the backward's dout, dq, dk,
+	                                      * dv): a device pointer (CUDA IPC region) */
+	bool is_bwd;                  /* a backward pass: bwd below is filled */
+	struct backend_bwd bwd;
 	int dev;                      /* the backend's GPU index of its device regions; -1: host
 	                               * memory only (the backend picks a device) */
 	/* Asynchronous mode (GPU backend, device buffers, same uid): the daemon's stream waits on
@@ -77,7 +90,8 @@ struct backend_job {
 	/* the backend's own bookkeeping */
 	struct backend_job *next;
 	int64_t bh_next, bh_total,
-	    bh_chunk; /* (batch, head) pairs: next to start, all, per chunk */
+	    bh_chunk; /* (batch, head) pairs (a backward job: (batch, kv-head) pairs): next to
+	               * start, all, per chunk */
 	unsigned chunks_running;
 	uint64_t t_start;
 	uint64_t bytes_in, bytes_out;  /* GPU: staging copies of host tensors */

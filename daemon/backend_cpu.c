@@ -1,4 +1,5 @@
-/* backend_cpu.c - forward attention on a pool of worker threads with the CPU reference.
+/* backend_cpu.c - attention on a pool of worker threads with the CPU reference (the backward
+ * pass's part: backend_cpu_bwd.c).
  *
  * Scheduling: a request is cut into chunks of (batch, head) pairs, fewer for small problems (a
  * chunk is worth a wake-up) and up to 4 per worker for big ones, so one large request keeps every
@@ -18,6 +19,7 @@
  */
 #include "backend.h"
 #include "backend_cpu_infer.h"
+#include "backend_cpu_bwd.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -113,6 +115,8 @@ static fa_status cpu_run_chunk(const struct backend_job *job, int64_t bh0, int64
 	cpu_current_job = job;
 	if (job->infer != NULL)
 		st = cpu_infer_run(job, bh0, bh1); /* (sequence, head) units */
+	else if (job->is_bwd)
+		st = cpu_bwd_run(job, bh0, bh1); /* bh: (batch, kv-head) pairs */
 	else
 		st = fa_attn_fwd_ref(&job->desc, job->q, job->k, job->v, job->o, job->lse, bh0, bh1);
 	cpu_current_job = NULL;
@@ -220,6 +224,8 @@ static fa_status cpu_submit(struct backend *base, struct backend_job *job)
 	if (__builtin_mul_overflow(d->Sq, d->Sk, &per_bh) ||
 	    __builtin_mul_overflow(per_bh, d->D, &per_bh))
 		per_bh = INT64_MAX;
+	if (job->is_bwd)
+		cpu_bwd_units(job, &total, &per_bh); /* its unit: a (batch, kv-head) pair */
 	if (__builtin_mul_overflow(per_bh, total, &work))
 		work = INT64_MAX;
 	nchunks = work / CPU_MIN_CHUNK_WORK;

@@ -1,8 +1,9 @@
 /* dispatch.c - the op table and its handlers.
  *
  * Synchronous ops (HELLO, BYE, PING, STATS, REGISTER, UNREGISTER) are answered before the
- * handler returns. ATTN_FWD is validated, then handed to the backend with references on its
- * session and regions; dispatch_fwd_done answers it when the backend is finished. Each request
+ * handler returns. ATTN_FWD and ATTN_BWD are validated, then handed to the backend with
+ * references on their session and regions; dispatch_fwd_done answers them when the backend is
+ * finished. Each request
  * with a session passes through the session's dedupe ring first (not STATS, whose reply is large
  * and harmless to recompute, nor BYE, which ends the ring's session).
  */
@@ -416,7 +417,7 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	r->job.v = vr.v;
 	r->job.o = vr.o;
 	r->job.lse = vr.lse;
-	memcpy(r->job.on_device, vr.on_device, sizeof r->job.on_device);
+	memcpy(r->job.on_device, vr.on_device, sizeof vr.on_device);
 	r->job.owner = s;
 	r->job.dev = dev;
 	r->job.async = async;
@@ -428,6 +429,106 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	session_ref(s);
 	for (int i = 0; i < VALIDATE_NTENSORS; i++) {
 		bool seen = vr.region[i] == NULL;
+		for (unsigned j = 0; j < r->nregions && !seen; j++)
+			seen = r->regions[j] == vr.region[i];
+		if (!seen) {
+			struct region *rg = vr.region[i];
+			region_ref(rg);
+			r->regions[r->nregions++] = rg;
+			r->job.ranges[r->job.nranges++] = (struct backend_range){
+				.base = rg->base, .size = rg->size, .broken = &rg->broken};
+		}
+	}
+	r->dd = c->dd;
+	r->hdr = *c->hdr;
+	r->seq = c->req->seq;
+	r->t_recv = c->t_recv;
+	r->pipe = c->peer->pipe;
+	if ((st = backend_submit(srv->backend, &r->job)) != FA_OK) {
+		dispatch_request_free(r);
+		return fa_err(err, errlen, st, "the backend did not take the request");
+	}
+	s->inflight++;
+	srv->inflight++;
+	c->async = true;
+	return FA_OK;
+}
+
+/* ATTN_BWD: as ATTN_FWD (the in-flight limit, the asynchronous mode's rules, validation, one GPU
+ * per request, references), with the backward's nine tensors. */
+static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
+{
+	struct server *srv = c->srv;
+	struct session *s = c->session;
+	char *err = c->rep->detail;
+	size_t errlen = sizeof c->rep->detail;
+	struct validate_bwd_result vr;
+	struct request *r;
+	fa_status st;
+
+	if (s->inflight >= (unsigned)srv->cfg->max_inflight)
+		return fa_err(
+		    err, errlen, FA_EBUSY,
+		    "the session has %u requests in flight, its limit (--max-inflight); "
+		    "retry when one has finished",
+		    s->inflight);
+	bool async = c->req->u.bwd.async;
+	if (async && s->uid != (uint32_t)geteuid())
+		return fa_err(err, errlen, FA_EPERM,
+		              "asynchronous mode needs CUDA IPC events, which the driver shares "
+		              "only between processes of one user (this client is uid %u, the "
+		              "daemon uid %u): use synchronous mode",
+		              s->uid, (unsigned)geteuid());
+	if (async && !srv->backend->async_events)
+		return fa_err(err, errlen, FA_ENOTSUP,
+		              "asynchronous mode needs the GPU backend; this daemon runs the %s "
+		              "backend: use synchronous mode",
+		              backend_name(srv->backend));
+	st = validate_attn_bwd(s, c->req, srv->backend->align, &vr, err, errlen);
+	if (st != FA_OK)
+		return st;
+	int dev = -1;
+	for (int i = 0; i < FA_BWD_NTENSORS; i++) {
+		if (async && !vr.on_device[i])
+			return fa_err(err, errlen, FA_EINVAL,
+			              "asynchronous mode takes device buffers only; %s is in "
+			              "host memory", fa_bwd_names[i]);
+		if (!vr.on_device[i])
+			continue;
+		if (dev >= 0 && vr.region[i]->dev != dev)
+			return fa_err(err, errlen, FA_EINVAL,
+			              "%s is on the daemon's GPU %d, an earlier tensor on GPU %d: "
+			              "one request's buffers must be on one GPU",
+			              fa_bwd_names[i], vr.region[i]->dev, dev);
+		dev = vr.region[i]->dev;
+	}
+	if ((r = calloc(1, sizeof(*r))) == NULL)
+		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
+	r->job.is_bwd = true;
+	r->job.desc = vr.desc.fwd;
+	r->job.bwd.desc = vr.desc;
+	r->job.q = vr.ptr[FA_BWD_Q];
+	r->job.k = vr.ptr[FA_BWD_K];
+	r->job.v = vr.ptr[FA_BWD_V];
+	r->job.o = vr.ptr[FA_BWD_O];
+	r->job.lse = vr.ptr[FA_BWD_LSE];
+	r->job.bwd.dout = vr.ptr[FA_BWD_DO];
+	r->job.bwd.dq = vr.ptr[FA_BWD_DQ];
+	r->job.bwd.dk = vr.ptr[FA_BWD_DK];
+	r->job.bwd.dv = vr.ptr[FA_BWD_DV];
+	r->job.bwd.flags = c->req->u.bwd.flags;
+	memcpy(r->job.on_device, vr.on_device, sizeof vr.on_device);
+	r->job.owner = s;
+	r->job.dev = dev;
+	r->job.async = async;
+	r->job.slot = c->req->u.bwd.slot;
+	r->job.has_wait_event = c->req->u.bwd.has_event;
+	memcpy(r->job.wait_event, c->req->u.bwd.event, sizeof r->job.wait_event);
+	r->job.owner_state = &s->backend_state;
+	r->session = s;
+	session_ref(s);
+	for (int i = 0; i < FA_BWD_NTENSORS; i++) {
+		bool seen = false;
 		for (unsigned j = 0; j < r->nregions && !seen; j++)
 			seen = r->regions[j] == vr.region[i];
 		if (!seen) {
@@ -527,6 +628,7 @@ static const struct dispatch_op dispatch_ops[] = {
 	{FA_OP_REGISTER, true, true, dispatch_register},
 	{FA_OP_UNREGISTER, true, true, dispatch_unregister},
 	{FA_OP_ATTN_FWD, true, true, dispatch_attn_fwd},
+	{FA_OP_ATTN_BWD, true, true, dispatch_attn_bwd},
 	{FA_OP_ATTN_VARLEN, true, true, dispatch_attn_infer},
 	{FA_OP_ATTN_KVCACHE, true, true, dispatch_attn_infer},
 };
@@ -651,29 +753,44 @@ void dispatch_request(struct server *srv, const struct ipc_peer *peer, const str
 		session_unref(c.session);
 }
 
-/* The backend finished a job: answer it; see dispatch.h. */
+/* Count a finished job's computation: forward or backward. */
+static void dispatch_count_done(struct server *srv, const struct backend_job *job)
+{
+	if (job->is_bwd) {
+		srv->stats.bwd_total++;
+		srv->stats.bwd_compute_ns += job->compute_ns;
+	} else {
+		srv->stats.fwd_total++;
+		srv->stats.fwd_compute_ns += job->compute_ns;
+	}
+}
+
+/* The backend finished a job (ATTN_FWD or ATTN_BWD): answer it; see dispatch.h. */
 void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 {
 	struct request *r = (struct request *)job; /* job is the first member */
 	struct session *s = r->session;
 	struct fa_proto_rep *rep = &srv->rep;
+	uint32_t op = job->infer != NULL ? job->infer->op
+	              : job->is_bwd    ? FA_OP_ATTN_BWD
+	                               : FA_OP_ATTN_FWD;
 
 	if (r->replied) {
 		/* An asynchronous job's kernel finished; its reply went at the enqueue. */
 		if (job->status == FA_OK) {
-			srv->stats.fwd_total++;
-			srv->stats.fwd_compute_ns += job->compute_ns;
+			dispatch_count_done(srv, job);
 		} else {
-			log_warn("request ATTN_FWD session %016" PRIx64 " seq %" PRIu64
+			log_warn("request %s session %016" PRIx64 " seq %" PRIu64
 			         " (asynchronous) failed after its reply: %s: %s",
-			         s->id, r->seq, fa_status_name(job->status), job->detail);
+			         fa_proto_op_name(op), s->id, r->seq, fa_status_name(job->status),
+			         job->detail);
 		}
 		s->inflight--;
 		srv->inflight--;
 		dispatch_request_free(r);
 		return;
 	}
-	dispatch_rep_reset(rep, job->infer != NULL ? job->infer->op : FA_OP_ATTN_FWD, r->seq);
+	dispatch_rep_reset(rep, op, r->seq);
 	rep->status = job->status;
 	if (job->enqueued) {
 		/* Asynchronous: the kernel is enqueued behind the client's event; answer now with
@@ -688,8 +805,7 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 	}
 	if (job->status == FA_OK) {
 		rep->u.fwd.compute_ns = job->compute_ns;
-		srv->stats.fwd_total++;
-		srv->stats.fwd_compute_ns += job->compute_ns;
+		dispatch_count_done(srv, job);
 	} else {
 		snprintf(rep->detail, sizeof rep->detail, "%s", job->detail);
 	}
@@ -698,9 +814,9 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 	dispatch_log_reply(srv, s, rep, r->pipe, r->t_recv);
 	if (job->status == FA_OK)
 		log_debug(
-		    "request ATTN_FWD seq %" PRIu64 ": B %" PRId64 " Sq %" PRId64 " Sk %" PRId64
+		    "request %s seq %" PRIu64 ": B %" PRId64 " Sq %" PRId64 " Sk %" PRId64
 		    " Hq %" PRId64 " Hkv %" PRId64 " D %" PRId64 " %s, compute %.1f us",
-		    r->seq, job->desc.B, job->desc.Sq, job->desc.Sk, job->desc.Hq, job->desc.Hkv,
+		    fa_proto_op_name(op), r->seq, job->desc.B, job->desc.Sq, job->desc.Sk, job->desc.Hq, job->desc.Hkv,
 		    job->desc.D, fa_dtype_name(job->desc.dtype), (double)job->compute_ns / 1000.0);
 	dispatch_send(srv, s, r->dd, &r->hdr, rep);
 	dispatch_request_free(r);

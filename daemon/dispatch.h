@@ -15,7 +15,8 @@
 void dispatch_request(struct server *srv, const struct ipc_peer *peer, const struct ipc_hdr *hdr,
                       const void *body, size_t len);
 
-/* The backend finished an ATTN_FWD job: answer it and release what it held (loop thread). */
+/* The backend finished an ATTN_FWD or ATTN_BWD job: answer it and release what it held (loop
+ * thread). */
 void dispatch_fwd_done(struct server *srv, struct backend_job *job);
 
 #endif /* FA_DAEMON_DISPATCH_H */

@@ -76,6 +76,8 @@ size_t stats_format(const struct stats *s, const struct stats_info *in, char *bu
 	stats_put(&b, "fwd_running:%u\n", in->running);
 	stats_put(&b, "fwd_total:%" PRIu64 "\n", s->fwd_total);
 	stats_put(&b, "fwd_compute_us_total:%" PRIu64 "\n", s->fwd_compute_ns / 1000);
+	stats_put(&b, "bwd_total:%" PRIu64 "\n", s->bwd_total);
+	stats_put(&b, "bwd_compute_us_total:%" PRIu64 "\n", s->bwd_compute_ns / 1000);
 	if (in->backend_text != NULL && in->backend_text[0] != '\0')
 		stats_put(&b, "%s", in->backend_text);
 	return b.len;

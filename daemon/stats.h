@@ -22,6 +22,8 @@ struct stats {
 	uint64_t requests_malformed; /* FA_EPROTO or FA_ETOOBIG at decoding (also in failed) */
 	uint64_t fwd_total;          /* forward passes computed successfully */
 	uint64_t fwd_compute_ns;     /* their backend time */
+	uint64_t bwd_total;          /* backward passes computed successfully */
+	uint64_t bwd_compute_ns;     /* their backend time */
 };
 
 /* What the server knows at the time of the STATS request. */

@@ -14,6 +14,7 @@
 #include <stddef.h>
 
 #include "fa_attn.h"
+#include "fa_attn_bwd.h"
 #include "fa_check.h"
 #include "fa_proto.h"
 #include "region.h"
@@ -53,5 +54,25 @@ fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *
  * FA_EOVERLAP with the detail in err. */
 fa_status validate_overlaps(int n, const bool *is_output, struct region *const *region,
                             const struct fa_check_span *span, char *err, size_t errlen);
+
+/* ---- the backward pass (validate_bwd.c) ------------------------------------------------------ */
+
+/* An ATTN_BWD made a descriptor and pointers; every array by FA_BWD_* (common/fa_check.h). */
+struct validate_bwd_result {
+	struct fa_attn_bwd_desc desc;                 /* scale and precision resolved */
+	struct region *region[FA_BWD_NTENSORS];       /* borrowed from the session */
+	void *ptr[FA_BWD_NTENSORS];                   /* region base + offset (inputs only read) */
+	bool on_device[FA_BWD_NTENSORS];              /* the tensor's region is device memory */
+};
+
+/* Validate req (op ATTN_BWD) against session s with the forward's rules, in its order: the nine
+ * regions are this session's, the dtypes (fa_check_bwd_dtypes), each tensor's sizes and strides,
+ * the shapes (fa_check_bwd_shapes), the descriptor (fa_attn_bwd_check), extents inside their
+ * regions, alignment (`align` as validate_attn_fwd's, for every tensor but lse), and each output
+ * (dq, dk, dv) against every input and every earlier output in the memory itself. On FA_OK, out
+ * is filled; the regions are not referenced. Returns FA_OK, FA_EREGION, FA_EDTYPE, FA_ESHAPE,
+ * FA_EINVAL, FA_ERANGE, FA_EALIGN or FA_EOVERLAP, with the detail in err. Loop thread. */
+fa_status validate_attn_bwd(const struct session *s, const struct fa_proto_req *req, size_t align,
+                            struct validate_bwd_result *out, char *err, size_t errlen);
 
 #endif /* FA_DAEMON_VALIDATE_H */

@@ -64,8 +64,13 @@ enum key {
 	K_NS,    /* uint64: backend time in ns (ATTN_FWD reply) */
 	K_TXT,   /* str < 16384: statistics text (STATS reply) */
 	K_SLOT,  /* uint < FA_PROTO_MAX_SLOTS: asynchronous mode's slot (ATTN_FWD, optional) */
-	K_EV,    /* bin 64: CUDA IPC event handle (async ATTN_FWD: the client's; its reply: the
-	          * daemon's) */
+	K_EV,    /* bin 64: CUDA IPC event handle (async ATTN_FWD/ATTN_BWD: the client's; its
+	          * reply: the daemon's) */
+	K_TDO,   /* tensor: dout, the upstream gradient (ATTN_BWD) */
+	K_TDQ,   /* tensor: dq (ATTN_BWD) */
+	K_TDK,   /* tensor: dk (ATTN_BWD) */
+	K_TDV,   /* tensor: dv (ATTN_BWD) */
+	K_FL,    /* uint: FA_PROTO_BWD_* flags (ATTN_BWD) */
 	K_COUNT
 };
 
@@ -81,6 +86,8 @@ static const char *const key_names[K_COUNT] = {
 	[K_ST] = "st",     [K_EP] = "ep",     [K_DET] = "det",    [K_MM] = "mm",
 	[K_MI] = "mi",     [K_MR] = "mr",     [K_BE] = "be",      [K_NS] = "ns",
 	[K_TXT] = "txt",   [K_SLOT] = "slot", [K_EV] = "ev",
+	[K_TDO] = "tdo",   [K_TDQ] = "tdq",   [K_TDK] = "tdk",    [K_TDV] = "tdv",
+	[K_FL] = "fl",
 };
 
 /* Keys of a tensor map. */
@@ -133,6 +140,11 @@ static const struct op_info {
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_SCALE) | KB(K_MASK) |
 		 KB(K_PREC),
 	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV) | INFER_OPT, KB(K_NS), KB(K_EV)},
+	{FA_OP_ATTN_BWD, "ATTN_BWD",
+	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_LSE) | KB(K_TDO) |
+		 KB(K_TDQ) | KB(K_TDK) | KB(K_TDV) | KB(K_SCALE) | KB(K_MASK) | KB(K_PREC) |
+		 KB(K_FL),
+	 KB(K_SLOT) | KB(K_EV), KB(K_NS), KB(K_EV)},
 };
 
 /* The table entry of an op, or NULL when the number is not an op of this version. */
@@ -360,6 +372,73 @@ static fa_status decode_register(const msgpack_object *const *val, struct fa_pro
 	return get_bin(val[K_GPU], "gpu", out->u.reg.gpu_uuid, FA_PROTO_UUID_LEN, err, errlen);
 }
 
+/* The settings every attention request carries: scale, mask, precision. */
+static fa_status decode_settings(const msgpack_object *const *val, double *scale, uint8_t *mask,
+                                 uint8_t *precision, char *err, size_t errlen)
+{
+	uint64_t u;
+
+	const msgpack_object *s = val[K_SCALE];
+	if (s->type != MSGPACK_OBJECT_FLOAT64 && s->type != MSGPACK_OBJECT_FLOAT32)
+		return fa_err(err, errlen, FA_EPROTO, "key 'scale': want a float");
+	if (!isfinite(s->via.f64))
+		return fa_err(err, errlen, FA_EPROTO, "key 'scale': not finite");
+	*scale = s->via.f64;
+	if (!get_uint(val[K_MASK], FA_MASK_CAUSAL_TOP_LEFT, &u))
+		return fa_err(err, errlen, FA_EPROTO, "key 'mask': must be a mask 0..2");
+	*mask = (uint8_t)u;
+	if (!get_uint(val[K_PREC], FA_PREC_BF16, &u))
+		return fa_err(err, errlen, FA_EPROTO, "key 'prec': must be a precision 0..4");
+	*precision = (uint8_t)u;
+	return FA_OK;
+}
+
+/* Asynchronous mode: a slot, and optionally the client's event to wait on. */
+static fa_status decode_async(const msgpack_object *const *val, bool *async, uint32_t *slot,
+                              bool *has_event, uint8_t *event, char *err, size_t errlen)
+{
+	uint64_t u;
+	fa_status st;
+
+	if (val[K_EV] && !val[K_SLOT])
+		return fa_err(err, errlen, FA_EPROTO, "key 'ev' without 'slot' (events are async mode's)");
+	if (val[K_SLOT]) {
+		if (!get_uint(val[K_SLOT], FA_PROTO_MAX_SLOTS - 1, &u))
+			return fa_err(err, errlen, FA_EPROTO, "key 'slot': must be 0..%d",
+			              FA_PROTO_MAX_SLOTS - 1);
+		*async = true;
+		*slot = (uint32_t)u;
+	}
+	if (val[K_EV]) {
+		if ((st = get_bin(val[K_EV], "ev", event, FA_PROTO_IPC_HANDLE_LEN, err, errlen)) !=
+		    FA_OK)
+			return st;
+		*has_event = true;
+	}
+	return FA_OK;
+}
+
+/* The tensors of an attention request, by key, into the request struct at their offsets; an
+ * absent key is skipped (check_keys decided which may be absent). */
+struct tensor_key {
+	enum key k;
+	size_t off;
+};
+
+static fa_status decode_tensors(const msgpack_object *const *val, const struct tensor_key *tk,
+                                size_t n, struct fa_proto_req *out, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (!val[tk[i].k])
+			continue;
+		struct fa_proto_tensor *t = (struct fa_proto_tensor *)((char *)out + tk[i].off);
+		fa_status st = get_tensor(val[tk[i].k], key_names[tk[i].k], t, err, errlen);
+		if (st != FA_OK)
+			return st;
+	}
+	return FA_OK;
+}
+
 /* ---- the inference keys: window, softcap, index tensors --------------------------------------- */
 
 /* An integer in int64's range, either sign. */
@@ -469,7 +548,6 @@ static fa_status decode_infer(const msgpack_object *const *val, struct fa_proto_
 		{K_CSL, offsetof(struct fa_proto_req, u.infer.cache_len)},
 		{K_PT, offsetof(struct fa_proto_req, u.infer.page_table)},
 	};
-	uint64_t u;
 	fa_status st;
 
 	for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) {
@@ -494,18 +572,9 @@ static fa_status decode_infer(const msgpack_object *const *val, struct fa_proto_
 		return fa_err(err, errlen, FA_EPROTO, "key 'mq': want an integer in [0, 2^31)");
 	if (val[K_MK] && !get_uint(val[K_MK], INT32_MAX, &out->u.infer.max_k))
 		return fa_err(err, errlen, FA_EPROTO, "key 'mk': want an integer in [0, 2^31)");
-	const msgpack_object *s = val[K_SCALE];
-	if (s->type != MSGPACK_OBJECT_FLOAT64 && s->type != MSGPACK_OBJECT_FLOAT32)
-		return fa_err(err, errlen, FA_EPROTO, "key 'scale': want a float");
-	if (!isfinite(s->via.f64))
-		return fa_err(err, errlen, FA_EPROTO, "key 'scale': not finite");
-	out->u.infer.scale = s->via.f64;
-	if (!get_uint(val[K_MASK], FA_MASK_CAUSAL_TOP_LEFT, &u))
-		return fa_err(err, errlen, FA_EPROTO, "key 'mask': must be a mask 0..2");
-	out->u.infer.mask = (uint8_t)u;
-	if (!get_uint(val[K_PREC], FA_PREC_BF16, &u))
-		return fa_err(err, errlen, FA_EPROTO, "key 'prec': must be a precision 0..4");
-	out->u.infer.precision = (uint8_t)u;
+	if ((st = decode_settings(val, &out->u.infer.scale, &out->u.infer.mask,
+	                          &out->u.infer.precision, err, errlen)) != FA_OK)
+		return st;
 	return decode_window(val, &out->u.infer.win, err, errlen);
 }
 
@@ -513,56 +582,56 @@ static fa_status decode_infer(const msgpack_object *const *val, struct fa_proto_
 static fa_status decode_fwd(const msgpack_object *const *val, struct fa_proto_req *out, char *err,
                             size_t errlen)
 {
-	static const struct {
-		enum key k;
-		size_t off;
-	} tensors[] = {
+	static const struct tensor_key tensors[] = {
 		{K_TQ, offsetof(struct fa_proto_req, u.fwd.q)},
 		{K_TK, offsetof(struct fa_proto_req, u.fwd.k)},
 		{K_TV, offsetof(struct fa_proto_req, u.fwd.v)},
 		{K_TO, offsetof(struct fa_proto_req, u.fwd.o)},
-		{K_LSE, offsetof(struct fa_proto_req, u.fwd.lse)},
+		{K_LSE, offsetof(struct fa_proto_req, u.fwd.lse)}, /* the optional one */
+	};
+	fa_status st;
+
+	if ((st = decode_tensors(val, tensors, sizeof tensors / sizeof tensors[0], out, err,
+	                         errlen)) != FA_OK ||
+	    (st = decode_settings(val, &out->u.fwd.scale, &out->u.fwd.mask, &out->u.fwd.precision,
+	                          err, errlen)) != FA_OK)
+		return st;
+	if ((st = decode_async(val, &out->u.fwd.async, &out->u.fwd.slot, &out->u.fwd.has_event,
+	                       out->u.fwd.event, err, errlen)) != FA_OK)
+		return st;
+	return decode_window(val, &out->u.fwd.win, err, errlen);
+}
+
+/* The ATTN_BWD part: every tensor required (lse too: the backward needs the forward's). */
+static fa_status decode_bwd(const msgpack_object *const *val, struct fa_proto_req *out, char *err,
+                            size_t errlen)
+{
+	static const struct tensor_key tensors[] = {
+		{K_TQ, offsetof(struct fa_proto_req, u.bwd.q)},
+		{K_TK, offsetof(struct fa_proto_req, u.bwd.k)},
+		{K_TV, offsetof(struct fa_proto_req, u.bwd.v)},
+		{K_TO, offsetof(struct fa_proto_req, u.bwd.o)},
+		{K_LSE, offsetof(struct fa_proto_req, u.bwd.lse)},
+		{K_TDO, offsetof(struct fa_proto_req, u.bwd.dout)},
+		{K_TDQ, offsetof(struct fa_proto_req, u.bwd.dq)},
+		{K_TDK, offsetof(struct fa_proto_req, u.bwd.dk)},
+		{K_TDV, offsetof(struct fa_proto_req, u.bwd.dv)},
 	};
 	uint64_t u;
 	fa_status st;
 
-	for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) {
-		if (!val[tensors[i].k])
-			continue; /* only lse is optional; check_keys made sure of the others */
-		struct fa_proto_tensor *t = (struct fa_proto_tensor *)((char *)out + tensors[i].off);
-		st = get_tensor(val[tensors[i].k], key_names[tensors[i].k], t, err, errlen);
-		if (st != FA_OK)
-			return st;
-	}
-	const msgpack_object *s = val[K_SCALE];
-	if (s->type != MSGPACK_OBJECT_FLOAT64 && s->type != MSGPACK_OBJECT_FLOAT32)
-		return fa_err(err, errlen, FA_EPROTO, "key 'scale': want a float");
-	if (!isfinite(s->via.f64))
-		return fa_err(err, errlen, FA_EPROTO, "key 'scale': not finite");
-	out->u.fwd.scale = s->via.f64;
-	if (!get_uint(val[K_MASK], FA_MASK_CAUSAL_TOP_LEFT, &u))
-		return fa_err(err, errlen, FA_EPROTO, "key 'mask': must be a mask 0..2");
-	out->u.fwd.mask = (uint8_t)u;
-	if (!get_uint(val[K_PREC], FA_PREC_BF16, &u))
-		return fa_err(err, errlen, FA_EPROTO, "key 'prec': must be a precision 0..4");
-	out->u.fwd.precision = (uint8_t)u;
-	/* Asynchronous mode: a slot, and optionally the client's event to wait on. */
-	if (val[K_EV] && !val[K_SLOT])
-		return fa_err(err, errlen, FA_EPROTO, "key 'ev' without 'slot' (events are async mode's)");
-	if (val[K_SLOT]) {
-		if (!get_uint(val[K_SLOT], FA_PROTO_MAX_SLOTS - 1, &u))
-			return fa_err(err, errlen, FA_EPROTO, "key 'slot': must be 0..%d",
-			              FA_PROTO_MAX_SLOTS - 1);
-		out->u.fwd.async = true;
-		out->u.fwd.slot = (uint32_t)u;
-	}
-	if (val[K_EV]) {
-		if ((st = get_bin(val[K_EV], "ev", out->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN, err,
-		                  errlen)) != FA_OK)
-			return st;
-		out->u.fwd.has_event = true;
-	}
-	return decode_window(val, &out->u.fwd.win, err, errlen);
+	if ((st = decode_tensors(val, tensors, sizeof tensors / sizeof tensors[0], out, err,
+	                         errlen)) != FA_OK ||
+	    (st = decode_settings(val, &out->u.bwd.scale, &out->u.bwd.mask, &out->u.bwd.precision,
+	                          err, errlen)) != FA_OK)
+		return st;
+	if (!get_uint(val[K_FL], UINT32_MAX, &u) || (u & ~(uint64_t)FA_PROTO_BWD_FLAGS) != 0)
+		return fa_err(err, errlen, FA_EPROTO,
+		              "key 'fl': must be flag bits of %u (1 = deterministic)",
+		              FA_PROTO_BWD_FLAGS);
+	out->u.bwd.flags = (uint32_t)u;
+	return decode_async(val, &out->u.bwd.async, &out->u.bwd.slot, &out->u.bwd.has_event,
+	                    out->u.bwd.event, err, errlen);
 }
 
 /* Decode the request map into out (zeroed by the caller). */
@@ -629,6 +698,8 @@ static fa_status decode_req_map(const msgpack_object_map *m, struct fa_proto_req
 	case FA_OP_ATTN_VARLEN:
 	case FA_OP_ATTN_KVCACHE:
 		return decode_infer(val, out, err, errlen);
+	case FA_OP_ATTN_BWD:
+		return decode_bwd(val, out, err, errlen);
 	default:
 		return FA_OK; /* BYE, PING, STATS: nothing more */
 	}
@@ -747,6 +818,7 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 	case FA_OP_ATTN_FWD:
 	case FA_OP_ATTN_VARLEN:
 	case FA_OP_ATTN_KVCACHE:
+	case FA_OP_ATTN_BWD:
 		if (!get_uint(val[K_NS], UINT64_MAX, &u))
 			return fa_err(err, errlen, FA_EPROTO, "key 'ns': want an unsigned integer");
 		out->u.fwd.compute_ns = u;
@@ -969,6 +1041,21 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 		      (varlen ? 4 : 1 + 2 * (r->cu_q.region != 0) + (r->page_table.region != 0));
 		return window_ok(&r->win, n) ? FA_OK : FA_EINVAL;
 	}
+	case FA_OP_ATTN_BWD: {
+		const struct fa_proto_tensor *t[] = {&req->u.bwd.q,  &req->u.bwd.k,    &req->u.bwd.v,
+		                                     &req->u.bwd.o,  &req->u.bwd.lse,  &req->u.bwd.dout,
+		                                     &req->u.bwd.dq, &req->u.bwd.dk,   &req->u.bwd.dv};
+		for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+			if (!tensor_ok(t[i]))
+				return FA_EINVAL;
+		if (!isfinite(req->u.bwd.scale) || req->u.bwd.mask > FA_MASK_CAUSAL_TOP_LEFT ||
+		    req->u.bwd.precision > FA_PREC_BF16 || (req->u.bwd.flags & ~FA_PROTO_BWD_FLAGS) ||
+		    (req->u.bwd.async && req->u.bwd.slot >= FA_PROTO_MAX_SLOTS) ||
+		    (req->u.bwd.has_event && !req->u.bwd.async))
+			return FA_EINVAL;
+		*n += 13 + req->u.bwd.async + req->u.bwd.has_event;
+		return FA_OK;
+	}
 	default:
 		return FA_OK;
 	}
@@ -1058,6 +1145,25 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 		rc |= pk_window(&pk, &r->win);
 		break;
 	}
+	case FA_OP_ATTN_BWD:
+		rc |= pk_tensor(&pk, K_TQ, &req->u.bwd.q);
+		rc |= pk_tensor(&pk, K_TK, &req->u.bwd.k);
+		rc |= pk_tensor(&pk, K_TV, &req->u.bwd.v);
+		rc |= pk_tensor(&pk, K_TO, &req->u.bwd.o);
+		rc |= pk_tensor(&pk, K_LSE, &req->u.bwd.lse);
+		rc |= pk_tensor(&pk, K_TDO, &req->u.bwd.dout);
+		rc |= pk_tensor(&pk, K_TDQ, &req->u.bwd.dq);
+		rc |= pk_tensor(&pk, K_TDK, &req->u.bwd.dk);
+		rc |= pk_tensor(&pk, K_TDV, &req->u.bwd.dv);
+		rc |= pk_key(&pk, K_SCALE) | msgpack_pack_double(&pk, req->u.bwd.scale);
+		rc |= pk_u64(&pk, K_MASK, req->u.bwd.mask);
+		rc |= pk_u64(&pk, K_PREC, req->u.bwd.precision);
+		rc |= pk_u64(&pk, K_FL, req->u.bwd.flags);
+		if (req->u.bwd.async)
+			rc |= pk_u64(&pk, K_SLOT, req->u.bwd.slot);
+		if (req->u.bwd.has_event)
+			rc |= pk_bin(&pk, K_EV, req->u.bwd.event, FA_PROTO_IPC_HANDLE_LEN);
+		break;
 	default:
 		break;
 	}
@@ -1099,6 +1205,7 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 		case FA_OP_ATTN_FWD:
 		case FA_OP_ATTN_VARLEN:
 		case FA_OP_ATTN_KVCACHE:
+		case FA_OP_ATTN_BWD:
 			n += 1 + rep->u.fwd.async;
 			break;
 		case FA_OP_STATS:
@@ -1137,6 +1244,7 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 		case FA_OP_ATTN_FWD:
 		case FA_OP_ATTN_VARLEN:
 		case FA_OP_ATTN_KVCACHE:
+		case FA_OP_ATTN_BWD:
 			rc |= pk_u64(&pk, K_NS, rep->u.fwd.compute_ns);
 			if (rep->u.fwd.async)
 				rc |= pk_bin(&pk, K_EV, rep->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);

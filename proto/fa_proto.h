@@ -41,11 +41,16 @@ enum fa_op {
 	FA_OP_REGISTER = 10,   /* register a buffer as a region */
 	FA_OP_UNREGISTER = 11, /* unregister a region */
 	FA_OP_ATTN_FWD = 20,   /* forward attention */
-	/* 21 is reserved for the backward pass */
+	FA_OP_ATTN_BWD = 21,   /* backward attention: dQ, dK, dV */
+	/* 22 is reserved for the backward pass */
 	FA_OP_ATTN_VARLEN = 23,  /* forward over packed sequences of different lengths */
 	FA_OP_ATTN_KVCACHE = 24, /* forward against a KV cache, contiguous or paged */
 	/* 25 is reserved for the inference ops */
 };
+
+/* Bits of the ATTN_BWD request's flags ("fl"); any other bit is FA_EPROTO. */
+#define FA_PROTO_BWD_DETERMINISTIC 1u /* dQ summed in a fixed order: the same bits every run */
+#define FA_PROTO_BWD_FLAGS FA_PROTO_BWD_DETERMINISTIC /* every known bit */
 
 /* Kinds of registered memory. Values travel on the wire. */
 enum fa_region_kind {
@@ -122,6 +127,21 @@ struct fa_proto_req {
 			uint8_t event[FA_PROTO_IPC_HANDLE_LEN]; /* the client's cudaIpcEventHandle_t */
 			struct fa_proto_window win; /* optional keys; zero: off */
 		} fwd;
+		/* ATTN_BWD: the forward's tensors and settings (o and lse are inputs here, lse is
+		 * required), the upstream gradient dout, the gradients dq, dk, dv written; async
+		 * fields as the forward's. */
+		struct {
+			struct fa_proto_tensor q, k, v, o, lse, dout; /* inputs */
+			struct fa_proto_tensor dq, dk, dv;            /* outputs */
+			double scale;               /* 0 = 1/sqrt(D) */
+			uint8_t mask;               /* enum fa_mask */
+			uint8_t precision;          /* enum fa_precision */
+			uint32_t flags;             /* FA_PROTO_BWD_* bits */
+			bool async;
+			uint32_t slot;              /* < FA_PROTO_MAX_SLOTS */
+			bool has_event;
+			uint8_t event[FA_PROTO_IPC_HANDLE_LEN];
+		} bwd;
 		/* ATTN_VARLEN: q, o [1, total_q, Hq, D], k, v [1, total_k, Hkv, D], cu_q and cu_k
 		 * [B + 1, 1]. ATTN_KVCACHE: k, v a cache [B, rows, Hkv, D] or, with page_table
 		 * [B, pages per sequence], pools [pages, page size, Hkv, D]; cache_len [B, 1]; q, o
@@ -160,7 +180,7 @@ struct fa_proto_rep {
 		struct {
 			uint64_t region;
 		} reg;
-		/* ATTN_FWD's reply, and ATTN_VARLEN's and ATTN_KVCACHE's (the same keys). */
+		/* ATTN_FWD's reply, and ATTN_BWD's, ATTN_VARLEN's and ATTN_KVCACHE's (the same keys). */
 		struct {
 			uint64_t compute_ns; /* time the backend spent on this request (async: 0) */
 			bool async;          /* an asynchronous request's reply: event is set */
@@ -197,7 +217,7 @@ fa_status fa_proto_decode_req(const void *buf, size_t len, struct fa_proto_req *
 fa_status fa_proto_decode_rep(const void *buf, size_t len, struct fa_proto_rep *out, char *err,
                               size_t errlen);
 
-/* Name of an op for logs ("ATTN_FWD"); "UNKNOWN" for others. Static storage. */
+/* Name of an op for logs ("ATTN_FWD", "ATTN_BWD"); "UNKNOWN" for others. Static storage. */
 const char *fa_proto_op_name(uint32_t op);
 
 #endif /* FA_PROTO_H */

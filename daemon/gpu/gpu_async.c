@@ -108,10 +108,13 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	t->job = job;
 	t->t0 = fa_now_ns();
 	uint64_t tl = t->t0;
-	st = fa_gpu_attn_fwd(d->g, ds, (CUdeviceptr)(uintptr_t)job->q, (CUdeviceptr)(uintptr_t)job->k,
-	                     (CUdeviceptr)(uintptr_t)job->v, (CUdeviceptr)(uintptr_t)job->o,
-	                     (CUdeviceptr)(uintptr_t)job->lse, (CUstream)od->stream, job->detail,
-	                     sizeof job->detail);
+	if (job->is_bwd)
+		st = gpu_launch_bwd(d, job, od->stream);
+	else
+		st = fa_gpu_attn_fwd(d->g, ds, (CUdeviceptr)(uintptr_t)job->q,
+		                     (CUdeviceptr)(uintptr_t)job->k, (CUdeviceptr)(uintptr_t)job->v,
+		                     (CUdeviceptr)(uintptr_t)job->o, (CUdeviceptr)(uintptr_t)job->lse,
+		                     (CUstream)od->stream, job->detail, sizeof job->detail);
 	if (st != FA_OK) {
 		free(t);
 		if (st == FA_EDEVICE && (r = cu->CtxSynchronize()) != 0 && fa_cu_sticky(r))

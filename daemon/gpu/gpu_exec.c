@@ -23,8 +23,8 @@ fa_status gpu_job_cuerr(struct gpu_dev *d, struct backend_job *job, fa_cu_res r,
 	return r == 2 ? FA_ENOMEM : FA_EDEVICE;
 }
 
-/* Make the scratch at least `need` bytes (the stream is idle between jobs). */
-static fa_cu_res gpu_scratch(struct gpu_dev *d, size_t need)
+/* Make the scratch at least `need` bytes (the stream is idle between jobs); see gpu_int.h. */
+fa_cu_res gpu_scratch_reserve(struct gpu_dev *d, size_t need)
 {
 	const struct fa_cu_api *cu = fa_cu;
 	size_t size = d->scratch_size > 0 ? d->scratch_size : GPU_SCRATCH_MIN;
@@ -88,7 +88,7 @@ void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream
 		total += (ext[i] + GPU_SCRATCH_ALIGN - 1) / GPU_SCRATCH_ALIGN * GPU_SCRATCH_ALIGN;
 	}
 	if (total > 0) {
-		if ((r = gpu_scratch(d, (size_t)total)) != 0) {
+		if ((r = gpu_scratch_reserve(d, (size_t)total)) != 0) {
 			job->status = gpu_job_cuerr(d, job, r, "allocating device scratch for host "
 			                            "buffers", sticky);
 			return;

@@ -48,9 +48,10 @@
  *   gpu_backend.c  open, close, the ops table  -> dev, tune, loop, worker, compile, queue
  *   gpu_dev.c      one device opened / released -> canary
  *   gpu_loop.c     the loop's side: submit, inline runs, the done drain -> exec, queue
- *   gpu_worker.c   a device's worker thread     -> canary, tune, async, exec, queue
+ *   gpu_worker.c   a device's worker thread     -> canary, tune, async, exec, exec_bwd, queue
  *   gpu_exec.c     one synchronous job, host staging
- *   gpu_async.c    the asynchronous mode        -> exec, queue
+ *   gpu_exec_bwd.c one backward job, host staging -> exec
+ *   gpu_async.c    the asynchronous mode        -> exec, exec_bwd, queue
  *   gpu_compile.c  the compile threads          -> queue
  *   gpu_tune.c     background tuning            -> queue
  *   gpu_canary.c   the canary and health        -> queue
@@ -246,22 +247,24 @@ static inline void gpu_relax(void)
 #endif
 }
 
-/* Whether the job stages a tensor through the device scratch (a host-memory region). */
+/* Whether the job stages a tensor through the device scratch (a host-memory region). A
+ * backward job has nine tensors, lse always among them. */
 static inline bool gpu_job_stages_host(const struct backend_job *job)
 {
-	for (int i = 0; i < 5; i++)
-		if (!job->on_device[i] && (i < 4 || job->lse != NULL))
+	int n = job->is_bwd ? BACKEND_MAX_TENSORS : 5;
+	for (int i = 0; i < n; i++)
+		if (!job->on_device[i] && (job->is_bwd || i < 4 || job->lse != NULL))
 			return true;
 	return false;
 }
 
 /* The job's FLOPs, 4*B*Hq*Sq*Sk*D (the masked half counted too: a bound, for the latency
- * policies of gpu_loop.c). */
+ * policies of gpu_loop.c); a backward pass counts 2.5 times that (FlashAttention's convention). */
 static inline double gpu_job_flop(const struct backend_job *job)
 {
 	const struct fa_attn_fwd_desc *ds = &job->desc;
-	return 4.0 * (double)ds->B * (double)ds->Hq * (double)ds->Sq * (double)ds->Sk *
-	       (double)ds->D;
+	return (job->is_bwd ? 10.0 : 4.0) * (double)ds->B * (double)ds->Hq * (double)ds->Sq *
+	       (double)ds->Sk * (double)ds->D;
 }
 
 /* ---- gpu_queue.c: queues and their bookkeeping (mu held; no CUDA) --------------------------- */
@@ -324,8 +327,24 @@ void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream
                  bool *sticky);
 
 /* Wait for a job gpu_enqueue enqueued (its event), classify what the device says (*sticky),
- * and count its staging bytes (takes mu). */
+ * and count its staging bytes (takes mu). Backward jobs too (gpu_enqueue_bwd). */
 void gpu_complete(struct gpu_dev *d, struct backend_job *job, fa_cu_event ev, bool *sticky);
+
+/* Make d's scratch at least `need` bytes (d's worker, its stream idle between jobs). Returns the
+ * driver's result (0: fine). */
+fa_cu_res gpu_scratch_reserve(struct gpu_dev *d, size_t need);
+
+/* ---- gpu_exec_bwd.c: one backward job (d's worker; never inline: its first use compiles) ---- */
+
+/* gpu_enqueue for a backward job (job->is_bwd): host tensors staged through d's scratch (the
+ * inputs copied in, the gradients copied in only when strided with holes, and out after),
+ * fa_gpu_attn_bwd, ev recorded after, also after a failure. Same contract as gpu_enqueue. */
+void gpu_enqueue_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream,
+                     fa_cu_event ev, bool *sticky);
+
+/* Launch a backward job whose every tensor is on the device on `stream` (the asynchronous mode).
+ * Returns fa_gpu_attn_bwd's status with job->detail. */
+fa_status gpu_launch_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream);
 
 /* ---- gpu_worker.c --------------------------------------------------------------------------- */
 

@@ -79,7 +79,10 @@ void *gpu_worker(void *arg)
 			bool s1 = false;
 			t0[i] = fa_now_ns();
 			batch[i]->t_pick = t0[i];
-			gpu_enqueue(d, batch[i], d->stream, d->pipe_ev[i], &s1);
+			if (batch[i]->is_bwd)
+				gpu_enqueue_bwd(d, batch[i], d->stream, d->pipe_ev[i], &s1);
+			else
+				gpu_enqueue(d, batch[i], d->stream, d->pipe_ev[i], &s1);
 			sticky |= s1;
 		}
 		for (unsigned i = 0; i < n; i++) {

@@ -1,6 +1,8 @@
 /* fa_demo.c - the whole system at work: a daemon on a private socket, four client processes at
  * once doing attention on different kinds of shapes, every result checked against the float64
- * reference, and a table of what each saw.
+ * reference, and a table of what each saw. Every tenth request each client also takes a training
+ * step: the forward with lse, then the backward pass (fa_attn_bwd), its gradients checked against
+ * the float64 oracle.
  *
  *   fa_demo [--dir DIR] [--clients N] [--requests M] [--seed S]
  *
@@ -15,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "fa_bwd_case.h"
 #include "fa_integ.h"
 
 #define MAX_CLIENTS 16
@@ -27,7 +30,57 @@ struct report {
 	double max_err;   /* largest relative error seen */
 	double call_s;    /* sum of the calls' round-trip times */
 	double flops;     /* total floating-point operations asked for */
+	int bwd_steps;    /* backward passes made (every tenth request) */
+	int bwd_wrong;    /* of those, failed or wrong */
+	double bwd_max_err; /* largest relative error of dq, dk, dv */
+	double bwd_call_s;  /* the backward calls' round-trip times */
 };
+
+/* The training step of client `proc`: a small problem of its kind's dtype and mask. */
+static void bwd_profile_case(int proc, uint64_t *rng, struct fa_case *c)
+{
+	static const fa_dtype dts[] = {FA_DTYPE_BF16, FA_DTYPE_FP16, FA_DTYPE_FP32, FA_DTYPE_BF16};
+	static const fa_mask masks[] = {FA_MASK_NONE, FA_MASK_CAUSAL_BOTTOM_RIGHT,
+	                                FA_MASK_CAUSAL_TOP_LEFT, FA_MASK_CAUSAL_BOTTOM_RIGHT};
+	*c = (struct fa_case){.dtype = dts[proc % 4], .B = 1, .Sq = fa_rand_range(rng, 16, 64),
+	                      .Sk = fa_rand_range(rng, 16, 64), .Hq = 4, .Hkv = 2, .D = 64,
+	                      .mask = masks[proc % 4], .bhsd = proc % 2 == 1};
+}
+
+/* One training step: forward (o, lse) and backward in buf, timed, checked; into r. */
+static void bwd_step(fa_client *c, fa_buffer **buf, int proc, uint64_t *rng, struct report *r)
+{
+	struct fa_case cs;
+	struct fa_bwd_layout l;
+	fa_attn_fwd_args fa;
+	fa_attn_bwd_args ba;
+	char why[256] = "", desc[256];
+	double err[3] = {0};
+	bwd_profile_case(proc, rng, &cs);
+	fa_bwd_layout(&cs, &l);
+	fa_status st = fa_integ_buffer(c, buf, l.total);
+	if (st == FA_OK) {
+		fa_bwd_fill(&cs, &l, fa_buffer_data(*buf), rng);
+		fa_bwd_args(&cs, &l, *buf, 0, &fa, &ba);
+		st = fa_attn_fwd(c, &fa);
+	}
+	if (st == FA_OK) {
+		uint64_t t0 = fa_test_now_us();
+		st = fa_attn_bwd(c, &ba);
+		r->bwd_call_s += (double)(fa_test_now_us() - t0) * 1e-6;
+	}
+	r->bwd_steps++;
+	if (st != FA_OK)
+		snprintf(why, sizeof why, "%s (%s)", fa_status_name(st), fa_last_error_detail());
+	if (st != FA_OK || !fa_bwd_check(&cs, &l, fa_buffer_data(*buf), 0, err, why, sizeof why)) {
+		r->bwd_wrong++;
+		fa_case_describe(&cs, desc, sizeof desc);
+		fprintf(stderr, "client %d backward WRONG: %s\n    %s\n", proc, why, desc);
+	}
+	for (int i = 0; i < 3; i++)
+		if (err[i] > r->bwd_max_err)
+			r->bwd_max_err = err[i];
+}
 
 /* The kinds of work the four clients do. */
 static const char *const profile_names[] = {"decode bf16 GQA4", "prefill fp16 causal",
@@ -114,13 +167,15 @@ static int client_main(int proc, const char *url, int requests, uint64_t seed, i
 		}
 		if (err > r.max_err)
 			r.max_err = err;
+		if (i % 10 == 0)
+			bwd_step(c, &buf, proc, &rng, &r);
 	}
 	fa_buffer_free(buf);
 	fa_client_close(c);
 	fa_test_write_all(fd, &r, sizeof r);
 	fa_test_write_all(fd, lat, (size_t)requests * sizeof *lat);
 	free(lat);
-	return r.wrong ? 1 : 0;
+	return r.wrong || r.bwd_wrong ? 1 : 0;
 }
 
 static void usage(const char *argv0)
@@ -255,6 +310,19 @@ int main(int argc, char **argv)
 	double p99 = fa_test_percentile(all, (size_t)nall, 99);
 	printf("%-4s %-22s %8d %10.0f %10.0f %12.2e %10.1f %9.3f\n", "all", "(wall clock)",
 	       total_req, p50, p99, max_err, total_req / wall_s, total_flops / wall_s * 1e-9);
+	int total_steps = 0;
+	printf("\n%-4s %-22s %8s %12s %12s\n", "proc", "training step (bwd)", "steps", "mean us",
+	       "max rel err");
+	for (int p = 0; p < nclients; p++) {
+		const struct report *x = &rep[p];
+		static const char *const kinds[] = {"bf16 GQA2", "fp16 causal-br bhsd",
+		                                    "fp32 causal-tl", "bf16 causal-br bhsd"};
+		printf("%-4d %-22s %8d %12.0f %12.2e%s\n", p, kinds[p % 4], x->bwd_steps,
+		       x->bwd_steps ? x->bwd_call_s / x->bwd_steps * 1e6 : 0, x->bwd_max_err,
+		       x->bwd_wrong ? "  WRONG" : "");
+		total_wrong += x->bwd_wrong;
+		total_steps += x->bwd_steps;
+	}
 	printf("\nper process: rates over its own time in calls; all: over %.2f s of wall clock "
 	       "with every client at once.\n",
 	       wall_s);
@@ -278,6 +346,6 @@ int main(int argc, char **argv)
 		printf("DEMO FAILED: %d wrong results\n", total_wrong);
 		return 1;
 	}
-	printf("all %d results correct.\n", total_req);
+	printf("all %d results and %d training steps correct.\n", total_req, total_steps);
 	return 0;
 }

@@ -50,6 +50,25 @@ static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa
 			return false;
 		return memcmp(&a->u.fwd.scale, &b->u.fwd.scale, sizeof(double)) == 0 &&
 		       a->u.fwd.mask == b->u.fwd.mask && a->u.fwd.precision == b->u.fwd.precision;
+	case FA_OP_ATTN_BWD: {
+		const struct fa_proto_tensor *ta[] = {&a->u.bwd.q,    &a->u.bwd.k,  &a->u.bwd.v,
+		                                      &a->u.bwd.o,    &a->u.bwd.lse, &a->u.bwd.dout,
+		                                      &a->u.bwd.dq,   &a->u.bwd.dk, &a->u.bwd.dv};
+		const struct fa_proto_tensor *tb[] = {&b->u.bwd.q,    &b->u.bwd.k,  &b->u.bwd.v,
+		                                      &b->u.bwd.o,    &b->u.bwd.lse, &b->u.bwd.dout,
+		                                      &b->u.bwd.dq,   &b->u.bwd.dk, &b->u.bwd.dv};
+		for (size_t i = 0; i < sizeof ta / sizeof ta[0]; i++)
+			if (!proto_tensor_equal(ta[i], tb[i]))
+				return false;
+		if (a->u.bwd.async != b->u.bwd.async || a->u.bwd.has_event != b->u.bwd.has_event ||
+		    (a->u.bwd.async && a->u.bwd.slot != b->u.bwd.slot) ||
+		    (a->u.bwd.has_event &&
+		     memcmp(a->u.bwd.event, b->u.bwd.event, FA_PROTO_IPC_HANDLE_LEN) != 0))
+			return false;
+		return memcmp(&a->u.bwd.scale, &b->u.bwd.scale, sizeof(double)) == 0 &&
+		       a->u.bwd.mask == b->u.bwd.mask && a->u.bwd.precision == b->u.bwd.precision &&
+		       a->u.bwd.flags == b->u.bwd.flags;
+	}
 	default:
 		return true;
 	}
@@ -74,6 +93,10 @@ static inline bool proto_rep_equal(const struct fa_proto_rep *a, const struct fa
 		return a->u.reg.region == b->u.reg.region;
 	case FA_OP_ATTN_FWD:
 		return a->u.fwd.compute_ns == b->u.fwd.compute_ns;
+	case FA_OP_ATTN_BWD:
+		return a->u.fwd.compute_ns == b->u.fwd.compute_ns && a->u.fwd.async == b->u.fwd.async &&
+		       (!a->u.fwd.async ||
+		        memcmp(a->u.fwd.event, b->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN) == 0);
 	case FA_OP_STATS:
 		return strcmp(a->u.stats.text, b->u.stats.text) == 0;
 	default:

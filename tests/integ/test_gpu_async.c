@@ -12,6 +12,9 @@
  *     clear FA_EINVAL (skipped, with the reason, on one GPU).
  *   - a client of another user (uid 65534, when run as root) is served in the synchronous mode
  *     on its own device buffers and refused the asynchronous one (FA_EPERM);
+ *   - fa_attn_bwd_async (the backward pass) chained after the forward on one stream likewise,
+ *     each step's gradients checked against the float64 oracle (skipped, saying so, while the
+ *     GPU backend has no backward kernels);
  * The cross-user refusal is also checked without a GPU in test_bad_input.c.
  *
  * CUDA does not survive fork(): the test process never initialises it; each case runs in a
@@ -30,6 +33,7 @@
 
 #include <cmocka.h>
 
+#include "fa_bwd_case.h"
 #include "fa_cudrv.h"
 #include "fa_integ.h"
 #include "fa_raw.h"
@@ -116,6 +120,73 @@ static int child_async_chain(void *arg)
 	fprintf(stderr, "async chain: %d calls of bf16 B2 S1024 Hq8 Hkv2 D128 causal, %.1f us "
 	        "per call including uploads and downloads, all match the reference\n",
 	        CHAIN, (double)(t1 - t0) / CHAIN);
+	CHECK(fa_buffer_free(b) == FA_OK, "unregister: %s", fa_last_error_detail());
+	fa_client_close(c);
+	cu.StreamDestroy(stream);
+	cu.MemFree(dmem);
+	return 0;
+}
+
+/* The child's exit code when the GPU backend has no backward kernels (kernels/gpu_bwd_stub.c). */
+#define BWD_NOT_BUILT 77
+#define BWD_CHAIN 8
+
+/* BWD_CHAIN training steps on one stream with no synchronisation: each uploads its inputs and
+ * poisoned outputs (the whole buffer), runs the forward (o, lse) and the backward
+ * asynchronously, and downloads the whole buffer into its own pinned copy; one synchronisation,
+ * then every copy's gradients are checked against the oracle of the inputs it holds. */
+static int child_async_bwd_chain(void *arg)
+{
+	(void)arg;
+	const struct fa_case cs = {.dtype = FA_DTYPE_BF16, .B = 2, .Sq = 200, .Sk = 300, .Hq = 8,
+	                           .Hkv = 2, .D = 64, .mask = FA_MASK_CAUSAL_BOTTOM_RIGHT};
+	struct fa_bwd_layout l;
+	fa_client *c = NULL;
+	fa_buffer *b = NULL;
+	fa_attn_fwd_args fa;
+	fa_attn_bwd_args ba;
+	cu_ptr dmem = 0;
+	void *stream = NULL, *pinned = NULL;
+	uint64_t rng = 0xb0b0;
+	char why[256];
+	double err[3];
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	fa_bwd_layout(&cs, &l);
+	CHECK(cu.MemAlloc(&dmem, l.total) == 0, "cuMemAlloc %zu", l.total);
+	CHECK(cu.MemHostAlloc(&pinned, 2 * BWD_CHAIN * l.total, 0) == 0, "cuMemHostAlloc");
+	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
+	CHECK(fa_client_open(&c, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	fa_client_set_timeout(c, fa_test_ms(60000));
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)dmem, l.total, &b) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_bwd_args(&cs, &l, b, 0, &fa, &ba);
+	for (int i = 0; i < BWD_CHAIN; i++)
+		fa_bwd_fill(&cs, &l, (char *)pinned + (size_t)(BWD_CHAIN + i) * l.total, &rng);
+	for (int i = 0; i < BWD_CHAIN; i++) {
+		char *in = (char *)pinned + (size_t)(BWD_CHAIN + i) * l.total;
+		char *out = (char *)pinned + (size_t)i * l.total;
+		CHECK(cu.MemcpyHtoDAsync(dmem, in, l.total, stream) == 0, "upload");
+		fa_status st = fa_attn_fwd_async(c, &fa, stream);
+		CHECK(st == FA_OK, "fa_attn_fwd_async #%d: %s: %s", i, fa_status_name(st),
+		      fa_last_error_detail());
+		st = fa_attn_bwd_async(c, &ba, stream);
+		if (st == FA_ENOTSUP && strstr(fa_last_error_detail(), "not built")) {
+			fprintf(stderr, "  backward: %s\n", fa_last_error_detail());
+			cu.StreamSynchronize(stream);
+			return BWD_NOT_BUILT;
+		}
+		CHECK(st == FA_OK, "fa_attn_bwd_async #%d: %s: %s", i, fa_status_name(st),
+		      fa_last_error_detail());
+		CHECK(cu.MemcpyDtoHAsync(out, dmem, l.total, stream) == 0, "download");
+	}
+	CHECK(cu.StreamSynchronize(stream) == 0, "cuStreamSynchronize");
+	for (int i = 0; i < BWD_CHAIN; i++) {
+		char *out = (char *)pinned + (size_t)i * l.total;
+		CHECK(fa_bwd_check(&cs, &l, out, 0, err, why, sizeof why), "step %d: %s", i, why);
+	}
+	fprintf(stderr, "async backward chain: %d steps, all match the oracle (last: dq %.2e dk "
+	        "%.2e dv %.2e)\n", BWD_CHAIN, err[0], err[1], err[2]);
 	CHECK(fa_buffer_free(b) == FA_OK, "unregister: %s", fa_last_error_detail());
 	fa_client_close(c);
 	cu.StreamDestroy(stream);
@@ -607,6 +678,19 @@ static void test_gpu_async_chain_is_ordered_both_ways(void **state)
 	                               fa_test_ms(10000), &v));
 }
 
+static void test_gpu_async_backward_chain_is_ordered_both_ways(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	int r = in_child(child_async_bwd_chain, NULL, 180000);
+	if (r == BWD_NOT_BUILT) {
+		fprintf(stderr, "skipped: the daemon's GPU backend has no backward kernels "
+		        "(\"backward GPU kernels not built\")\n");
+		skip();
+	}
+	assert_int_equal(r, 0);
+}
+
 static void test_gpu_async_returns_before_the_kernel_finishes(void **state)
 {
 	(void)state;
@@ -736,6 +820,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_gpu_other_user_is_served_synchronously_and_refused_async),
 		cmocka_unit_test(test_gpu_canary_runs_and_passes),
 		cmocka_unit_test(test_gpu_async_chain_is_ordered_both_ways),
+		cmocka_unit_test(test_gpu_async_backward_chain_is_ordered_both_ways),
 		cmocka_unit_test(test_gpu_async_returns_before_the_kernel_finishes),
 		cmocka_unit_test(test_gpu_async_client_with_a_stuck_event_stalls_only_itself),
 		cmocka_unit_test(test_gpu_second_device_serves_and_mixed_requests_are_refused),

@@ -6,7 +6,9 @@
  * behind; stale handles (freed memory, an exited client's) get FA_EINVAL; O through a second
  * registration of one allocation at Q's bytes gets FA_EOVERLAP; another process's live
  * handle registers and its unregistration leaves the owner's mapping alone; the autotuner (the
- * daemon's background tuning and `fa-ctl tune`) fills a table that a restarted daemon loads.
+ * daemon's background tuning and `fa-ctl tune`) fills a table that a restarted daemon loads; the
+ * backward pass (ATTN_BWD) in device and host buffers gives the float64 oracle's gradients, and
+ * its deterministic mode the same bits twice.
  *
  * CUDA does not survive fork(): the test process itself never initialises it (not even through
  * have_gpu()). Every piece of CUDA work runs in a forked child that loads the CUDA driver
@@ -31,6 +33,7 @@
 
 #include <cmocka.h>
 
+#include "fa_bwd_case.h"
 #include "fa_cudrv.h"
 #include "fa_integ.h"
 #include "fa_raw.h"
@@ -203,6 +206,133 @@ static int child_host_cases(void *arg)
 		fprintf(stderr, "  host %s: rel error %.3g\n", desc, err);
 	}
 	fa_buffer_free(buf);
+	fa_client_close(c);
+	return 0;
+}
+
+/* ---- the backward pass ------------------------------------------------------------------------ */
+
+/* The child's exit code when the daemon's GPU backend has no backward kernels (the temporary
+ * kernels/gpu_bwd_stub.c): the test skips, saying so. */
+#define BWD_NOT_BUILT 77
+
+/* The backward's shapes: the seed's case (fp32 D=128 causal), fp32 D=256, GQA and MQA, Sq != Sk,
+ * odd lengths, both layouts, padding, each dtype. */
+static const struct fa_case bwd_cases[] = {
+	{.dtype = FA_DTYPE_FP32, .B = 1, .Sq = 129, .Sk = 129, .Hq = 2, .Hkv = 2, .D = 128,
+	 .mask = FA_MASK_CAUSAL_BOTTOM_RIGHT},
+	{.dtype = FA_DTYPE_FP32, .B = 1, .Sq = 65, .Sk = 33, .Hq = 2, .Hkv = 1, .D = 256},
+	{.dtype = FA_DTYPE_BF16, .B = 2, .Sq = 127, .Sk = 200, .Hq = 8, .Hkv = 2, .D = 64,
+	 .mask = FA_MASK_CAUSAL_BOTTOM_RIGHT},
+	{.dtype = FA_DTYPE_FP16, .B = 1, .Sq = 77, .Sk = 129, .Hq = 4, .Hkv = 4, .D = 128,
+	 .bhsd = true, .pad = 8, .mask = FA_MASK_CAUSAL_TOP_LEFT},
+	{.dtype = FA_DTYPE_BF16, .B = 1, .Sq = 1, .Sk = 512, .Hq = 8, .Hkv = 2, .D = 128},
+	{.dtype = FA_DTYPE_FP16, .B = 2, .Sq = 17, .Sk = 1000, .Hq = 4, .Hkv = 1, .D = 40},
+};
+#define NBWD (sizeof bwd_cases / sizeof bwd_cases[0])
+
+/* Poison dq, dk and dv in host (the case's layout). */
+static void bwd_poison(const struct fa_case *cs, const struct fa_bwd_layout *l, char *host)
+{
+	fa_case_poison_dt(host + l->dq_off, cs->dtype, (size_t)l->f.q_span);
+	fa_case_poison_dt(host + l->dk_off, cs->dtype, (size_t)l->f.kv_span);
+	fa_case_poison_dt(host + l->dv_off, cs->dtype, (size_t)l->f.kv_span);
+}
+
+/* Forward then backward in buffer b (mem: its device memory; 0: a host buffer), checked against
+ * the oracle; with `twice`, in the deterministic mode, and again on re-poisoned gradients, which
+ * must come back the same bits. */
+static int bwd_run(fa_client *c, const struct fa_case *cs, fa_buffer *b, cu_ptr mem, bool twice,
+                   uint64_t *rng)
+{
+	struct fa_bwd_layout l;
+	fa_attn_fwd_args fa;
+	fa_attn_bwd_args ba;
+	char why[256], desc[256];
+	double err[3] = {0};
+	fa_status st;
+
+	fa_bwd_layout(cs, &l);
+	fa_case_describe(cs, desc, sizeof desc);
+	CHECK(fa_buffer_size(b) >= l.total, "buffer of %zu, case needs %zu", fa_buffer_size(b),
+	      l.total);
+	size_t gbytes = l.total - l.dq_off; /* dq, dk, dv and their padding */
+	char *host = mem ? malloc(l.total) : fa_buffer_data(b);
+	unsigned char *first = malloc(gbytes);
+	CHECK(host != NULL && first != NULL, "malloc");
+	fa_bwd_fill(cs, &l, host, rng);
+	if (mem)
+		CHECK(cu.MemcpyHtoD(mem, host, l.total) == 0 && cu.StreamSynchronize(NULL) == 0,
+		      "upload");
+	fa_bwd_args(cs, &l, b, twice ? FA_BWD_DETERMINISTIC : 0, &fa, &ba);
+	st = fa_attn_fwd(c, &fa);
+	CHECK(st == FA_OK, "%s: fa_attn_fwd: %s (%s)", desc, fa_status_name(st),
+	      fa_last_error_detail());
+	for (int run = 0; run < (twice ? 2 : 1); run++) {
+		if (run == 1) {
+			bwd_poison(cs, &l, host);
+			if (mem)
+				CHECK(cu.MemcpyHtoD(mem + l.dq_off, host + l.dq_off, gbytes) == 0 &&
+				          cu.StreamSynchronize(NULL) == 0,
+				      "upload");
+		}
+		st = fa_attn_bwd(c, &ba);
+		if (st == FA_ENOTSUP && strstr(fa_last_error_detail(), "not built")) {
+			fprintf(stderr, "  backward: %s\n", fa_last_error_detail());
+			return BWD_NOT_BUILT;
+		}
+		CHECK(st == FA_OK, "%s: fa_attn_bwd: %s (%s)", desc, fa_status_name(st),
+		      fa_last_error_detail());
+		if (mem)
+			CHECK(cu.MemcpyDtoH(host, mem, l.total) == 0, "download");
+		if (run == 0) {
+			CHECK(fa_bwd_check(cs, &l, host, 0, err, why, sizeof why), "%s: %s", desc, why);
+			fprintf(stderr, "  backward %s %s%s: dq %.2e dk %.2e dv %.2e\n",
+			        mem ? "device" : "host", desc, twice ? " deterministic" : "", err[0],
+			        err[1], err[2]);
+			memcpy(first, host + l.dq_off, gbytes);
+		} else {
+			CHECK(memcmp(first, host + l.dq_off, gbytes) == 0,
+			      "%s: the deterministic mode gave other bits the second time", desc);
+		}
+	}
+	free(first);
+	if (mem)
+		free(host);
+	return 0;
+}
+
+/* Every backward case in device buffers (LEAD bytes into their allocation) and in a host buffer,
+ * both modes. */
+static int child_bwd_cases(void *arg)
+{
+	(void)arg;
+	uint64_t rng = 0xb4c4a3dull;
+	fa_buffer *hb = NULL;
+	fa_client *c = open_client();
+	CHECK(c != NULL, "fa_client_open: %s", fa_last_error_detail());
+	for (size_t i = 0; i < NBWD; i++) {
+		struct fa_bwd_layout l;
+		cu_ptr mem = 0;
+		fa_buffer *b = NULL;
+		fa_bwd_layout(&bwd_cases[i], &l);
+		CHECK(cu.MemAlloc(&mem, LEAD + l.total) == 0, "cuMemAlloc %zu", l.total);
+		fa_status st = fa_buffer_register_device(c, (void *)(uintptr_t)(mem + LEAD), l.total, &b);
+		CHECK(st == FA_OK, "register_device: %s (%s)", fa_status_name(st),
+		      fa_last_error_detail());
+		for (int det = 0; det < 2; det++) {
+			int r = bwd_run(c, &bwd_cases[i], b, mem + LEAD, det == 1, &rng);
+			if (r != 0)
+				return r;
+		}
+		CHECK(fa_buffer_free(b) == FA_OK, "fa_buffer_free");
+		CHECK(cu.MemFree(mem) == 0, "cuMemFree");
+		CHECK(fa_integ_buffer(c, &hb, l.total) == FA_OK, "host buffer of %zu", l.total);
+		int r = bwd_run(c, &bwd_cases[i], hb, 0, i % 2 == 1, &rng);
+		if (r != 0)
+			return r;
+	}
+	fa_buffer_free(hb);
 	fa_client_close(c);
 	return 0;
 }
@@ -1063,6 +1193,22 @@ static void test_gpu_host_buffers_match_reference(void **state)
 	assert_int_equal(in_child(child_host_cases, NULL, 180000), 0);
 }
 
+/* The backward pass: dQ, dK, dV against the float64 oracle in device and host buffers, outputs
+ * poisoned first; the deterministic mode bit for bit. Skips, saying why, while the daemon's GPU
+ * backend has no backward kernels. */
+static void test_gpu_backward_matches_reference_and_is_deterministic(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	int r = in_child(child_bwd_cases, NULL, 300000);
+	if (r == BWD_NOT_BUILT) {
+		fprintf(stderr, "skipped: the daemon's GPU backend has no backward kernels "
+		        "(\"backward GPU kernels not built\")\n");
+		skip();
+	}
+	assert_int_equal(r, 0);
+}
+
 static void test_gpu_latency_device_vs_host_buffers(void **state)
 {
 	(void)state;
@@ -1559,6 +1705,7 @@ int main(void)
 		cmocka_unit_test(test_gpu_stats_say_backend_gpu),
 		cmocka_unit_test(test_gpu_device_buffers_match_reference),
 		cmocka_unit_test(test_gpu_host_buffers_match_reference),
+		cmocka_unit_test(test_gpu_backward_matches_reference_and_is_deterministic),
 		cmocka_unit_test(test_gpu_latency_device_vs_host_buffers),
 		cmocka_unit_test(test_gpu_pool_memory_is_refused_with_eipc),
 		cmocka_unit_test(test_gpu_bad_offsets_and_sizes_get_ealign_erange),

@@ -41,8 +41,9 @@ static char errbuf[FA_PROTO_DETAIL_MAX];
 
 /* ---- fixtures -------------------------------------------------------------------------------- */
 
-static const uint32_t all_ops[] = {FA_OP_HELLO,    FA_OP_BYE,        FA_OP_PING,    FA_OP_STATS,
-                                   FA_OP_REGISTER, FA_OP_UNREGISTER, FA_OP_ATTN_FWD};
+static const uint32_t all_ops[] = {FA_OP_HELLO,    FA_OP_BYE,        FA_OP_PING,
+                                   FA_OP_STATS,    FA_OP_REGISTER,   FA_OP_UNREGISTER,
+                                   FA_OP_ATTN_FWD, FA_OP_ATTN_BWD};
 #define N_OPS (sizeof all_ops / sizeof all_ops[0])
 
 static const fa_status all_statuses[] = {
@@ -97,6 +98,21 @@ static struct fa_proto_req req_fixture(uint32_t op)
 		r.u.fwd.scale = 0.125;
 		r.u.fwd.mask = FA_MASK_CAUSAL_BOTTOM_RIGHT;
 		r.u.fwd.precision = FA_PREC_DEFAULT;
+		break;
+	case FA_OP_ATTN_BWD:
+		r.u.bwd.q = tensor_bshd(21, FA_DTYPE_BF16, 2, 100, 8, 64);
+		r.u.bwd.k = tensor_bshd(22, FA_DTYPE_BF16, 2, 300, 2, 64);
+		r.u.bwd.v = tensor_bshd(23, FA_DTYPE_BF16, 2, 300, 2, 64);
+		r.u.bwd.o = tensor_bshd(24, FA_DTYPE_BF16, 2, 100, 8, 64);
+		r.u.bwd.lse = tensor_bshd(25, FA_DTYPE_FP32, 2, 8, 100, 1);
+		r.u.bwd.dout = tensor_bshd(26, FA_DTYPE_BF16, 2, 100, 8, 64);
+		r.u.bwd.dq = tensor_bshd(27, FA_DTYPE_BF16, 2, 100, 8, 64);
+		r.u.bwd.dk = tensor_bshd(28, FA_DTYPE_BF16, 2, 300, 2, 64);
+		r.u.bwd.dv = tensor_bshd(29, FA_DTYPE_BF16, 2, 300, 2, 64);
+		r.u.bwd.scale = 0.125;
+		r.u.bwd.mask = FA_MASK_CAUSAL_TOP_LEFT;
+		r.u.bwd.precision = FA_PREC_TF32;
+		r.u.bwd.flags = 0;
 		break;
 	default:
 		break;
@@ -165,6 +181,18 @@ static struct fa_proto_req req_max(uint32_t op, uint8_t kind)
 		r.u.fwd.mask = FA_MASK_CAUSAL_TOP_LEFT;
 		r.u.fwd.precision = FA_PREC_BF16;
 		break;
+	case FA_OP_ATTN_BWD:
+		r.u.bwd.q = r.u.bwd.k = r.u.bwd.v = r.u.bwd.o = r.u.bwd.lse = tensor_max();
+		r.u.bwd.dout = r.u.bwd.dq = r.u.bwd.dk = r.u.bwd.dv = tensor_max();
+		r.u.bwd.scale = DBL_MAX;
+		r.u.bwd.mask = FA_MASK_CAUSAL_TOP_LEFT;
+		r.u.bwd.precision = FA_PREC_BF16;
+		r.u.bwd.flags = FA_PROTO_BWD_FLAGS;
+		r.u.bwd.async = true;
+		r.u.bwd.slot = FA_PROTO_MAX_SLOTS - 1;
+		r.u.bwd.has_event = true;
+		memset(r.u.bwd.event, 0xff, sizeof r.u.bwd.event);
+		break;
 	default:
 		break;
 	}
@@ -192,6 +220,7 @@ static void rep_fixture(uint32_t op, struct fa_proto_rep *p)
 		p->u.reg.region = UINT64_C(0xfeedface);
 		break;
 	case FA_OP_ATTN_FWD:
+	case FA_OP_ATTN_BWD:
 		p->u.fwd.compute_ns = 123456;
 		break;
 	case FA_OP_STATS:
@@ -222,6 +251,11 @@ static void rep_max(uint32_t op, struct fa_proto_rep *p)
 		break;
 	case FA_OP_ATTN_FWD:
 		p->u.fwd.compute_ns = UINT64_MAX;
+		break;
+	case FA_OP_ATTN_BWD:
+		p->u.fwd.compute_ns = UINT64_MAX;
+		p->u.fwd.async = true;
+		memset(p->u.fwd.event, 0xff, sizeof p->u.fwd.event);
 		break;
 	case FA_OP_STATS:
 		for (int i = 0; i < FA_PROTO_STATS_MAX - 1; i++)
@@ -303,7 +337,8 @@ struct rec {
 	enum cls cls;
 	bool optional;
 };
-static struct rec recs[64];
+#define MAX_RECS 128 /* key paths of the largest message: ATTN_BWD's 9 tensors of 6 each, and 12 */
+static struct rec recs[MAX_RECS];
 static size_t nrecs;
 static bool recording;
 
@@ -520,6 +555,25 @@ static void mirror_req(const struct fa_proto_req *r, const struct variant *var,
 		put_uint(&m, "mask", r->u.fwd.mask);
 		put_uint(&m, "prec", r->u.fwd.precision);
 		break;
+	case FA_OP_ATTN_BWD:
+		put_tensor(&m, "tq", &r->u.bwd.q, false);
+		put_tensor(&m, "tk", &r->u.bwd.k, false);
+		put_tensor(&m, "tv", &r->u.bwd.v, false);
+		put_tensor(&m, "to", &r->u.bwd.o, false);
+		put_tensor(&m, "lse", &r->u.bwd.lse, false);
+		put_tensor(&m, "tdo", &r->u.bwd.dout, false);
+		put_tensor(&m, "tdq", &r->u.bwd.dq, false);
+		put_tensor(&m, "tdk", &r->u.bwd.dk, false);
+		put_tensor(&m, "tdv", &r->u.bwd.dv, false);
+		put_double(&m, "scale", r->u.bwd.scale);
+		put_uint(&m, "mask", r->u.bwd.mask);
+		put_uint(&m, "prec", r->u.bwd.precision);
+		put_uint(&m, "fl", r->u.bwd.flags);
+		if (r->u.bwd.async)
+			put_uint(&m, "slot", r->u.bwd.slot);
+		if (r->u.bwd.has_event)
+			put_bin(&m, "ev", r->u.bwd.event, FA_PROTO_IPC_HANDLE_LEN);
+		break;
 	default:
 		break;
 	}
@@ -554,6 +608,11 @@ static void mirror_rep(const struct fa_proto_rep *p, const struct variant *var,
 			break;
 		case FA_OP_ATTN_FWD:
 			put_uint(&m, "ns", p->u.fwd.compute_ns);
+			break;
+		case FA_OP_ATTN_BWD:
+			put_uint(&m, "ns", p->u.fwd.compute_ns);
+			if (p->u.fwd.async)
+				put_bin(&m, "ev", p->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);
 			break;
 		case FA_OP_STATS:
 			put_str(&m, "txt", p->u.stats.text);
@@ -669,6 +728,11 @@ static void test_proto_round_trips_requests_with_all_fields_min(void **state)
 			struct fa_proto_tensor t = {.region = 1, .dtype = FA_DTYPE_FP16};
 			r.u.fwd.q = r.u.fwd.k = r.u.fwd.v = r.u.fwd.o = t;
 		}
+		if (r.op == FA_OP_ATTN_BWD) {
+			struct fa_proto_tensor t = {.region = 1, .dtype = FA_DTYPE_FP16};
+			r.u.bwd.q = r.u.bwd.k = r.u.bwd.v = r.u.bwd.o = r.u.bwd.lse = t;
+			r.u.bwd.dout = r.u.bwd.dq = r.u.bwd.dk = r.u.bwd.dv = t;
+		}
 		check_req_round_trip(&r);
 	}
 }
@@ -776,6 +840,68 @@ static void test_proto_round_trips_async_attn_fwd_and_refuses_bad_slots(void **s
 	assert_int_equal(fa_proto_encode_rep(&p, enc, sizeof enc, &len), FA_OK);
 	assert_int_equal(fa_proto_decode_rep(enc, len, &q, errbuf, sizeof errbuf), FA_OK);
 	assert_false(q.u.fwd.async);
+}
+
+/* The backward request: every tensor by its own key, lse required, the flags, the asynchronous
+ * fields as the forward's; the reply is the forward's. */
+static void test_proto_round_trips_attn_bwd_with_flags_and_async(void **state)
+{
+	(void)state;
+	struct fa_proto_req r = req_fixture(FA_OP_ATTN_BWD), out;
+	size_t len, plain = check_req_round_trip(&r);
+	assert_int_equal(fa_proto_decode_req(enc, plain, &out, errbuf, sizeof errbuf), FA_OK);
+	assert_int_equal(out.u.bwd.lse.region, 25);
+	assert_int_equal(out.u.bwd.dout.region, 26);
+	assert_int_equal(out.u.bwd.dv.shape[1], 300);
+	assert_int_equal(out.u.bwd.flags, 0);
+	assert_false(out.u.bwd.async);
+	print_message("typical ATTN_BWD: %zu bytes\n", plain);
+	assert_true(plain < 800);
+
+	r.u.bwd.flags = FA_PROTO_BWD_DETERMINISTIC;
+	check_req_round_trip(&r);
+	r.u.bwd.async = true;
+	r.u.bwd.slot = 5;
+	check_req_round_trip(&r);
+	r.u.bwd.has_event = true;
+	memset(r.u.bwd.event, 0x3c, sizeof r.u.bwd.event);
+	size_t with = check_req_round_trip(&r);
+	assert_int_equal(fa_proto_decode_req(enc, with, &out, errbuf, sizeof errbuf), FA_OK);
+	assert_true(out.u.bwd.async && out.u.bwd.has_event);
+	assert_int_equal(out.u.bwd.slot, 5);
+	assert_int_equal(out.u.bwd.flags, FA_PROTO_BWD_DETERMINISTIC);
+	assert_memory_equal(out.u.bwd.event, r.u.bwd.event, FA_PROTO_IPC_HANDLE_LEN);
+
+	struct fa_proto_req mx = req_max(FA_OP_ATTN_BWD, 0);
+	len = check_req_round_trip(&mx);
+	print_message("ATTN_BWD with 9 tensors, every field max: %zu bytes\n", len);
+	assert_true(len < 2048);
+
+	/* Masks, precisions, dtypes, scales. */
+	r = req_fixture(FA_OP_ATTN_BWD);
+	const double scales[] = {0.0, -0.0, 1.0, -2.5, 1e-300};
+	for (size_t i = 0; i < sizeof scales / sizeof scales[0]; i++) {
+		r.u.bwd.scale = scales[i];
+		r.u.bwd.mask = (uint8_t)(i % 3);
+		r.u.bwd.precision = (uint8_t)(i % 5);
+		r.u.bwd.dq.dtype = (uint8_t)(1 + i % 3);
+		check_req_round_trip(&r);
+	}
+
+	/* The reply: "ns", and the daemon's event when asynchronous. */
+	struct fa_proto_rep p, q;
+	rep_fixture(FA_OP_ATTN_BWD, &p);
+	assert_int_equal(fa_proto_encode_rep(&p, enc, sizeof enc, &len), FA_OK);
+	assert_int_equal(fa_proto_decode_rep(enc, len, &q, errbuf, sizeof errbuf), FA_OK);
+	assert_int_equal(q.op, FA_OP_ATTN_BWD);
+	assert_int_equal(q.u.fwd.compute_ns, 123456);
+	assert_false(q.u.fwd.async);
+	p.u.fwd.async = true;
+	memset(p.u.fwd.event, 0x77, sizeof p.u.fwd.event);
+	assert_int_equal(fa_proto_encode_rep(&p, enc, sizeof enc, &len), FA_OK);
+	assert_int_equal(fa_proto_decode_rep(enc, len, &q, errbuf, sizeof errbuf), FA_OK);
+	assert_true(q.u.fwd.async);
+	assert_memory_equal(q.u.fwd.event, p.u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);
 }
 
 static void test_proto_round_trips_every_reply_op(void **state)
@@ -1129,7 +1255,7 @@ static void test_proto_rejects_wrong_type_for_every_request_key(void **state)
 	size_t n = req_fixtures(reqs), checked = 0;
 	for (size_t i = 0; i < n; i++) {
 		record_req(&reqs[i]);
-		struct rec keys[64];
+		struct rec keys[MAX_RECS];
 		size_t nk = nrecs;
 		memcpy(keys, recs, sizeof keys);
 		for (size_t k = 0; k < nk; k++) {
@@ -1159,7 +1285,7 @@ static void test_proto_rejects_wrong_type_for_every_reply_key(void **state)
 			strcpy(rep_in.detail, "q: extent ends at byte 4160, region has 4096");
 		}
 		record_rep(&rep_in);
-		struct rec keys[64];
+		struct rec keys[MAX_RECS];
 		size_t nk = nrecs;
 		memcpy(keys, recs, sizeof keys);
 		for (size_t k = 0; k < nk; k++) {
@@ -1182,7 +1308,7 @@ static void test_proto_rejects_missing_required_keys(void **state)
 	size_t n = req_fixtures(reqs);
 	for (size_t i = 0; i < n; i++) {
 		record_req(&reqs[i]);
-		struct rec keys[64];
+		struct rec keys[MAX_RECS];
 		size_t nk = nrecs;
 		memcpy(keys, recs, sizeof keys);
 		for (size_t k = 0; k < nk; k++) {
@@ -1198,12 +1324,14 @@ static void test_proto_rejects_missing_required_keys(void **state)
 	for (size_t i = 0; i < N_OPS; i++) {
 		rep_max(all_ops[i], &rep_in);
 		record_rep(&rep_in);
-		struct rec keys[64];
+		struct rec keys[MAX_RECS];
 		size_t nk = nrecs;
 		memcpy(keys, recs, sizeof keys);
 		for (size_t k = 0; k < nk; k++) {
 			struct variant var = {.omit = keys[k].path};
-			bool optional = strcmp(keys[k].path, "det") == 0;
+			/* det in any reply, ev in an asynchronous one */
+			bool optional = strcmp(keys[k].path, "det") == 0 ||
+			                strcmp(keys[k].path, "ev") == 0;
 			EXPECT_STATUS(decode_mirror_rep(&rep_in, &var), optional ? FA_OK : FA_EPROTO,
 			              "%s reply without '%s'", fa_proto_op_name(rep_in.op),
 			              keys[k].path);
@@ -1218,7 +1346,7 @@ static void test_proto_rejects_duplicate_keys(void **state)
 	size_t n = req_fixtures(reqs);
 	for (size_t i = 0; i < n; i++) {
 		record_req(&reqs[i]);
-		struct rec keys[64];
+		struct rec keys[MAX_RECS];
 		size_t nk = nrecs;
 		memcpy(keys, recs, sizeof keys);
 		for (size_t k = 0; k < nk; k++) {
@@ -1231,7 +1359,7 @@ static void test_proto_rejects_duplicate_keys(void **state)
 	for (size_t i = 0; i < N_OPS; i++) {
 		rep_max(all_ops[i], &rep_in);
 		record_rep(&rep_in);
-		struct rec keys[64];
+		struct rec keys[MAX_RECS];
 		size_t nk = nrecs;
 		memcpy(keys, recs, sizeof keys);
 		for (size_t k = 0; k < nk; k++) {
@@ -1249,7 +1377,7 @@ static void test_proto_rejects_unknown_keys(void **state)
 	size_t n = req_fixtures(reqs);
 	/* Unknown everywhere, and keys that are valid only in another op or in replies. */
 	static const char *const extras[] = {"zz", "V", "", "lse", "st", "txt", "pid", "rid",
-	                                     "shm", "ipc", "sid"};
+	                                     "shm", "ipc", "sid", "tdo", "fl"};
 	for (size_t i = 0; i < n; i++) {
 		for (size_t e = 0; e < sizeof extras / sizeof extras[0]; e++) {
 			struct variant var = {.extra = extras[e]};
@@ -1347,8 +1475,8 @@ static void test_proto_rejects_out_of_range_enums(void **state)
 	r.u.reg.kind = 3;
 	expect_req_range(&r, "region kind 3");
 
-	/* Ops that do not exist: 0, the reserved 21, others. */
-	static const uint32_t bad_ops[] = {0, 5, 9, 12, 21, 22, 1000, UINT32_MAX};
+	/* Ops that do not exist: 0, the reserved 22, others. */
+	static const uint32_t bad_ops[] = {0, 5, 9, 12, 19, 22, 23, 1000, UINT32_MAX};
 	for (size_t i = 0; i < sizeof bad_ops / sizeof bad_ops[0]; i++) {
 		r = req_fixture(FA_OP_PING);
 		r.op = bad_ops[i];
@@ -1377,10 +1505,92 @@ static void test_proto_rejects_out_of_range_enums(void **state)
 		expect_rep_range(&rep_in, "status");
 	}
 	rep_fixture(FA_OP_PING, &rep_in);
-	rep_in.op = 21;
-	expect_rep_range(&rep_in, "reply op 21");
+	rep_in.op = 22;
+	expect_rep_range(&rep_in, "reply op 22");
 	rep_in.status = FA_EINVAL;
-	expect_rep_range(&rep_in, "failure reply op 21");
+	expect_rep_range(&rep_in, "failure reply op 22");
+}
+
+/* Every ATTN_BWD field out of its range: the decoder says FA_EPROTO, the encoder FA_EINVAL. */
+static void test_proto_rejects_every_attn_bwd_field_out_of_range(void **state)
+{
+	(void)state;
+	struct fa_proto_req r;
+	static const char *const names[9] = {"q", "k", "v", "o", "lse", "dout", "dq", "dk", "dv"};
+	static const uint8_t bad_dtypes[] = {0, 4, 255};
+	for (int i = 0; i < 9; i++) {
+		char what[64];
+#define BWD_TENSOR(rq, i)                                                                      \
+	((struct fa_proto_tensor *[]){&(rq).u.bwd.q, &(rq).u.bwd.k, &(rq).u.bwd.v, &(rq).u.bwd.o, \
+	                              &(rq).u.bwd.lse, &(rq).u.bwd.dout, &(rq).u.bwd.dq,        \
+	                              &(rq).u.bwd.dk, &(rq).u.bwd.dv})[i]
+		for (size_t d = 0; d < sizeof bad_dtypes; d++) {
+			r = req_fixture(FA_OP_ATTN_BWD);
+			BWD_TENSOR(r, i)->dtype = bad_dtypes[d];
+			snprintf(what, sizeof what, "dtype %u of %s", bad_dtypes[d], names[i]);
+			expect_req_range(&r, what);
+		}
+		r = req_fixture(FA_OP_ATTN_BWD);
+		BWD_TENSOR(r, i)->region = 0;
+		snprintf(what, sizeof what, "%s in region 0", names[i]);
+		expect_req_range(&r, what);
+		for (int k = 0; k < 4; k++) {
+			r = req_fixture(FA_OP_ATTN_BWD);
+			BWD_TENSOR(r, i)->shape[k] = -1;
+			snprintf(what, sizeof what, "%s shape[%d] -1", names[i], k);
+			expect_req_range(&r, what);
+			r = req_fixture(FA_OP_ATTN_BWD);
+			BWD_TENSOR(r, i)->stride[k] = INT64_MIN;
+			snprintf(what, sizeof what, "%s stride[%d] INT64_MIN", names[i], k);
+			expect_req_range(&r, what);
+		}
+#undef BWD_TENSOR
+	}
+	r = req_fixture(FA_OP_ATTN_BWD);
+	r.u.bwd.mask = 3;
+	expect_req_range(&r, "mask 3");
+	r = req_fixture(FA_OP_ATTN_BWD);
+	r.u.bwd.precision = 5;
+	expect_req_range(&r, "precision 5");
+	static const uint32_t bad_flags[] = {2, 3, 4, 0x80000000u, UINT32_MAX};
+	for (size_t i = 0; i < sizeof bad_flags / sizeof bad_flags[0]; i++) {
+		r = req_fixture(FA_OP_ATTN_BWD);
+		r.u.bwd.flags = bad_flags[i];
+		expect_req_range(&r, "unknown flag bits");
+		assert_non_null(strstr(errbuf, "'fl'"));
+	}
+	const double bad_scale[] = {NAN, INFINITY, -INFINITY};
+	for (size_t i = 0; i < 3; i++) {
+		r = req_fixture(FA_OP_ATTN_BWD);
+		r.u.bwd.scale = bad_scale[i];
+		expect_req_range(&r, "non-finite scale");
+	}
+	/* Slot 64; an event without a slot. */
+	r = req_fixture(FA_OP_ATTN_BWD);
+	r.u.bwd.async = true;
+	r.u.bwd.slot = FA_PROTO_MAX_SLOTS;
+	expect_req_range(&r, "slot 64");
+	assert_non_null(strstr(errbuf, "'slot'"));
+	r = req_fixture(FA_OP_ATTN_BWD);
+	r.u.bwd.has_event = true;
+	size_t len;
+	EXPECT_STATUS(fa_proto_encode_req(&r, enc, sizeof enc, &len), FA_EINVAL, "ev without slot");
+	struct variant ev = {.extra = "ev"};
+	EXPECT_STATUS(decode_mirror_req(&r, &ev, NULL), FA_EPROTO, "ev without slot");
+	/* A missing lse is a missing key: the backward needs the forward's logsumexp. */
+	r = req_fixture(FA_OP_ATTN_BWD);
+	struct variant no_lse = {.omit = "lse"};
+	EXPECT_STATUS(decode_mirror_req(&r, &no_lse, NULL), FA_EPROTO, "ATTN_BWD without lse");
+	assert_non_null(strstr(errbuf, "missing key 'lse' in a ATTN_BWD request"));
+	/* fl is ATTN_BWD's alone; the forward's keys are its, the backward's are not the forward's. */
+	struct fa_proto_req fwd = req_fixture(FA_OP_ATTN_FWD);
+	static const char *const bwd_only[] = {"fl", "tdo", "tdq", "tdk", "tdv"};
+	for (size_t i = 0; i < sizeof bwd_only / sizeof bwd_only[0]; i++) {
+		struct variant var = {.extra = bwd_only[i]};
+		EXPECT_STATUS(decode_mirror_req(&fwd, &var, NULL), FA_EPROTO, "ATTN_FWD with %s",
+		              bwd_only[i]);
+		assert_non_null(strstr(errbuf, "not allowed in a ATTN_FWD request"));
+	}
 }
 
 static void test_proto_rejects_negative_shape_and_stride(void **state)
@@ -1597,7 +1807,8 @@ static void test_proto_failure_replies_carry_detail_only(void **state)
 		rep_in.status = FA_EBUSY;
 		struct variant force = {.force_op_keys = true};
 		fa_status want = (all_ops[i] == FA_OP_HELLO || all_ops[i] == FA_OP_REGISTER ||
-		                  all_ops[i] == FA_OP_ATTN_FWD || all_ops[i] == FA_OP_STATS)
+		                  all_ops[i] == FA_OP_ATTN_FWD || all_ops[i] == FA_OP_ATTN_BWD ||
+		                  all_ops[i] == FA_OP_STATS)
 		                         ? FA_EPROTO
 		                         : FA_OK; /* nothing op-specific to force */
 		EXPECT_STATUS(decode_mirror_rep(&rep_in, &force), want, "failure %s reply with op keys",
@@ -1781,12 +1992,12 @@ static void test_proto_prescan_accepts_every_msgpack_format(void **state)
 static void test_proto_names_every_op(void **state)
 {
 	(void)state;
-	static const char *const names[] = {"HELLO",    "BYE",        "PING",    "STATS",
-	                                    "REGISTER", "UNREGISTER", "ATTN_FWD"};
+	static const char *const names[] = {"HELLO",    "BYE",        "PING",     "STATS",
+	                                    "REGISTER", "UNREGISTER", "ATTN_FWD", "ATTN_BWD"};
 	for (size_t i = 0; i < N_OPS; i++)
 		assert_string_equal(fa_proto_op_name(all_ops[i]), names[i]);
 	assert_string_equal(fa_proto_op_name(0), "UNKNOWN");
-	assert_string_equal(fa_proto_op_name(21), "UNKNOWN");
+	assert_string_equal(fa_proto_op_name(22), "UNKNOWN");
 }
 
 static void test_proto_rejects_null_arguments(void **state)
@@ -1819,6 +2030,8 @@ int main(void)
 		cmocka_unit_test(test_proto_round_trips_requests_with_all_fields_min),
 		cmocka_unit_test(test_proto_round_trips_attn_fwd_with_and_without_lse),
 		cmocka_unit_test(test_proto_round_trips_async_attn_fwd_and_refuses_bad_slots),
+		cmocka_unit_test(test_proto_round_trips_attn_bwd_with_flags_and_async),
+		cmocka_unit_test(test_proto_rejects_every_attn_bwd_field_out_of_range),
 		cmocka_unit_test(test_proto_round_trips_every_reply_op),
 		cmocka_unit_test(test_proto_round_trips_replies_with_all_fields_max),
 		cmocka_unit_test(test_proto_round_trips_failure_reply_of_every_status),

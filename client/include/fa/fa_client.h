@@ -174,6 +174,56 @@ FA_API fa_status fa_attn_fwd(fa_client *c, const fa_attn_fwd_args *args);
  * could not be opened) the kernel still runs: synchronise the device before reading O. */
 FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, void *stream);
 
+/* Flags of fa_attn_bwd_args.flags. */
+enum {
+	/* dQ summed in a fixed order: the same bits on every run, for the same inputs, daemon,
+	 * device and kernel settings (costs some speed on the GPU, whose default sums dQ with fp32
+	 * atomics; the CPU backend is deterministic either way). */
+	FA_BWD_DETERMINISTIC = 1u << 0,
+};
+
+/* Backward attention: the gradients of the forward's O = softmax(scale * Q K^T + mask) V given
+ * dO = dL/dO, for training. q, k, v, o, scale, mask and precision are exactly what fa_attn_fwd
+ * took and wrote; lse is the forward's logsumexp output and is required (run the forward with
+ * lse). Shapes: q, o, dout and dq [B, Sq, Hq, D]; k, v, dk and dv [B, Sk, Hkv, D]; lse fp32
+ * [B, Hq, Sq, 1]; one dtype for all but lse; any strides with the head dim contiguous. With GQA
+ * and MQA, dk and dv of a key/value head are summed over the query heads that share it. A row
+ * that sees no key (a causal mask with Sq > Sk, bottom-right) gets dq = 0; a key no row sees
+ * gets dk = dv = 0. dq, dk and dv are written whole and may share no byte with an input or with
+ * each other (FA_EOVERLAP). */
+typedef struct fa_attn_bwd_args {
+	fa_tensor q, k, v, o;   /* the forward's inputs and output: only read */
+	fa_tensor dout;         /* dL/dO, like o: only read */
+	fa_tensor lse;          /* required: the forward's lse, only read */
+	fa_tensor dq, dk, dv;   /* written: like q, k and v */
+	double scale;           /* 0 means 1/sqrt(D), as in the forward */
+	fa_mask mask;           /* the forward's */
+	fa_precision precision; /* fp32 inputs only, as in the forward */
+	unsigned flags;         /* FA_BWD_* bits; 0 for none */
+} fa_attn_bwd_args;
+
+/* Compute the backward pass in the daemon and return when dq, dk and dv are written.
+ * The arguments are checked as fa_attn_fwd's are, here first and again by the daemon; lse
+ * missing (lse.buf == NULL) is FA_EINVAL, lse of another shape FA_ESHAPE, unknown flag bits
+ * FA_EINVAL. Thread-safe as every call on a client; the tensors' buffers are borrowed for the
+ * call.
+ * Returns FA_OK; FA_EINVAL, FA_ESHAPE, FA_EDTYPE, FA_ERANGE, FA_EALIGN, FA_EOVERLAP, FA_EREGION
+ * (arguments; nothing was computed and no output byte was written), FA_ENOTSUP (the daemon's
+ * GPU backend has no backward kernels for this), FA_ENOFIT, FA_EBUSY, FA_ETIMEDOUT (the
+ * gradients may still be written later), FA_ESESSION, FA_ECLOSED, FA_EDEVICE, or a transport
+ * status. */
+FA_API fa_status fa_attn_bwd(fa_client *c, const fa_attn_bwd_args *args);
+
+/* The backward pass ordered on the caller's CUDA stream (asynchronous mode; device buffers
+ * only), exactly as fa_attn_fwd_async orders the forward: the daemon's stream waits for the
+ * work already queued on `stream` (which writes q, k, v, o, dout and lse), and `stream` waits
+ * for the daemon's completion event before later work reads dq, dk and dv. Returns once the
+ * kernels are enqueued; buffers must stay registered until `stream` passed that point.
+ * Returns the statuses of fa_attn_bwd(), and those fa_attn_fwd_async() adds: FA_EPERM (another
+ * user's daemon), FA_ENOTSUP (no GPU backend), FA_EINVAL (a host buffer, or `stream` is not a
+ * stream of a live context), FA_ENOGPU (no CUDA driver here). */
+FA_API fa_status fa_attn_bwd_async(fa_client *c, const fa_attn_bwd_args *args, void *stream);
+
 /* An int32 index tensor in a registered buffer: sequence offsets, cache lengths, a page table.
  * Element (i, j) is the int32 at data + offset + 4 * (i * stride[0] + j * stride[1]); a vector
  * of n entries is shape {n, 1}. offset must be a multiple of 4. The daemon copies it out of the

@@ -1,0 +1,149 @@
+/* gpu_exec_bwd.c - one backward job on a stream: fa_gpu_attn_bwd (kernels/fa_gpu_bwd.h) on the
+ * job's device pointers, or, for host memory, on slices of the worker's scratch with the copies
+ * in and out around it, as gpu_exec.c does for the forward. The asynchronous mode (gpu_async.c)
+ * launches through gpu_launch_bwd on device pointers only. */
+#include "gpu_int.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "fa_check.h"
+#include "fa_gpu_bwd.h"
+
+/* The kernels' flags for the wire's. */
+static unsigned gpu_bwd_flags(const struct backend_job *job)
+{
+	return (job->bwd.flags & FA_PROTO_BWD_DETERMINISTIC) ? FA_GPU_BWD_DETERMINISTIC : 0;
+}
+
+/* Launch the backward on `stream` with the pointers given (FA_BWD_* order). */
+static fa_status gpu_bwd_launch_at(struct gpu_dev *d, struct backend_job *job,
+                                   const fa_cu_ptr dp[FA_BWD_NTENSORS], fa_cu_stream stream)
+{
+	struct fa_gpu_bwd_ptrs p = {
+		.q = (CUdeviceptr)dp[FA_BWD_Q],    .k = (CUdeviceptr)dp[FA_BWD_K],
+		.v = (CUdeviceptr)dp[FA_BWD_V],    .o = (CUdeviceptr)dp[FA_BWD_O],
+		.dout = (CUdeviceptr)dp[FA_BWD_DO], .lse = (CUdeviceptr)dp[FA_BWD_LSE],
+		.dq = (CUdeviceptr)dp[FA_BWD_DQ],  .dk = (CUdeviceptr)dp[FA_BWD_DK],
+		.dv = (CUdeviceptr)dp[FA_BWD_DV],
+	};
+	return fa_gpu_attn_bwd(d->g, &job->bwd.desc, &p, gpu_bwd_flags(job), (CUstream)stream,
+	                       job->detail, sizeof job->detail);
+}
+
+/* The job's pointers by FA_BWD_*. */
+static void gpu_bwd_ptrs(const struct backend_job *job, const void *ptr[FA_BWD_NTENSORS])
+{
+	ptr[FA_BWD_Q] = job->q;
+	ptr[FA_BWD_K] = job->k;
+	ptr[FA_BWD_V] = job->v;
+	ptr[FA_BWD_O] = job->o;
+	ptr[FA_BWD_LSE] = job->lse;
+	ptr[FA_BWD_DO] = job->bwd.dout;
+	ptr[FA_BWD_DQ] = job->bwd.dq;
+	ptr[FA_BWD_DK] = job->bwd.dk;
+	ptr[FA_BWD_DV] = job->bwd.dv;
+}
+
+/* Launch an asynchronous backward job (every tensor on the device); see gpu_int.h. */
+fa_status gpu_launch_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream)
+{
+	const void *ptr[FA_BWD_NTENSORS];
+	fa_cu_ptr dp[FA_BWD_NTENSORS];
+
+	gpu_bwd_ptrs(job, ptr);
+	for (int i = 0; i < FA_BWD_NTENSORS; i++)
+		dp[i] = (fa_cu_ptr)(uintptr_t)ptr[i];
+	return gpu_bwd_launch_at(d, job, dp, stream);
+}
+
+/* Enqueue one synchronous backward job; see gpu_int.h. */
+void gpu_enqueue_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream,
+                     fa_cu_event ev, bool *sticky)
+{
+	const struct fa_cu_api *cu = fa_cu;
+	const struct fa_attn_bwd_desc *bd = &job->bwd.desc;
+	const struct fa_attn_fwd_desc *ds = &bd->fwd;
+	size_t es = fa_dtype_size(ds->dtype);
+	const void *ptr[FA_BWD_NTENSORS];
+	const int64_t qshape[4] = {ds->B, ds->Sq, ds->Hq, ds->D};
+	const int64_t kshape[4] = {ds->B, ds->Sk, ds->Hkv, ds->D};
+	const int64_t lshape[4] = {ds->B, ds->Hq, ds->Sq, 1};
+	const int64_t *shape[FA_BWD_NTENSORS] = {
+		[FA_BWD_Q] = qshape,  [FA_BWD_K] = kshape,  [FA_BWD_V] = kshape,
+		[FA_BWD_O] = qshape,  [FA_BWD_LSE] = lshape, [FA_BWD_DO] = qshape,
+		[FA_BWD_DQ] = qshape, [FA_BWD_DK] = kshape, [FA_BWD_DV] = kshape,
+	};
+	const int64_t *st3[FA_BWD_NTENSORS] = {
+		[FA_BWD_Q] = ds->q_stride,   [FA_BWD_K] = ds->k_stride,   [FA_BWD_V] = ds->v_stride,
+		[FA_BWD_O] = ds->o_stride,   [FA_BWD_LSE] = ds->lse_stride, [FA_BWD_DO] = bd->do_stride,
+		[FA_BWD_DQ] = bd->dq_stride, [FA_BWD_DK] = bd->dk_stride, [FA_BWD_DV] = bd->dv_stride,
+	};
+	uint64_t ext[FA_BWD_NTENSORS] = {0}, off[FA_BWD_NTENSORS] = {0}, total = 0;
+	fa_cu_ptr dp[FA_BWD_NTENSORS] = {0};
+	size_t bytes_in = 0, bytes_out = 0;
+	fa_cu_res r;
+	fa_status st;
+
+	*sticky = false;
+	job->status = FA_OK;
+	job->detail[0] = '\0';
+	gpu_bwd_ptrs(job, ptr);
+	/* Where each tensor is on the device: its own address, or a slice of the scratch. */
+	for (int i = 0; i < FA_BWD_NTENSORS; i++) {
+		if (job->on_device[i]) {
+			dp[i] = (fa_cu_ptr)(uintptr_t)ptr[i];
+			continue;
+		}
+		int64_t stride[4] = {st3[i][0], st3[i][1], st3[i][2], 1};
+		fa_tensor_extent(4, shape[i], stride, i == FA_BWD_LSE ? sizeof(float) : es, NULL,
+		                 &ext[i]); /* validated: cannot overflow */
+		off[i] = total;
+		total += (ext[i] + GPU_SCRATCH_ALIGN - 1) / GPU_SCRATCH_ALIGN * GPU_SCRATCH_ALIGN;
+	}
+	if (total > 0) {
+		if ((r = gpu_scratch_reserve(d, (size_t)total)) != 0) {
+			job->status = gpu_job_cuerr(d, job, r, "allocating device scratch for host "
+			                            "buffers", sticky);
+			return;
+		}
+		for (int i = 0; i < FA_BWD_NTENSORS; i++)
+			if (!job->on_device[i])
+				dp[i] = d->scratch + off[i];
+	}
+	/* Inputs in; the gradients too when their extent has holes (strided), so the copy back
+	 * leaves the bytes between their elements as they were. */
+	for (int i = 0; i < FA_BWD_NTENSORS; i++) {
+		if (job->on_device[i])
+			continue;
+		uint64_t dense = (uint64_t)(shape[i][0] * shape[i][1] * shape[i][2] * shape[i][3]) *
+		                 (i == FA_BWD_LSE ? sizeof(float) : es);
+		if (fa_bwd_is_output(i) && ext[i] == dense)
+			continue;
+		if ((r = cu->MemcpyHtoDAsync(dp[i], ptr[i], ext[i], stream)) != 0) {
+			job->status = gpu_job_cuerr(d, job, r, "copying a host tensor to the GPU",
+			                            sticky);
+			goto sync;
+		}
+		bytes_in += ext[i];
+	}
+	if ((st = gpu_bwd_launch_at(d, job, dp, stream)) != FA_OK) {
+		job->status = st;
+		goto sync;
+	}
+	for (int i = FA_BWD_DQ; i < FA_BWD_NTENSORS; i++) {
+		if (job->on_device[i])
+			continue;
+		if ((r = cu->MemcpyDtoHAsync((void *)(uintptr_t)ptr[i], dp[i], ext[i], stream)) != 0) {
+			job->status = gpu_job_cuerr(d, job, r, "copying a gradient to host memory",
+			                            sticky);
+			goto sync;
+		}
+		bytes_out += ext[i];
+	}
+sync:
+	if ((r = cu->EventRecord(ev, stream)) != 0 && job->status == FA_OK)
+		job->status = gpu_job_cuerr(d, job, r, "recording the job's event", sticky);
+	job->bytes_in = bytes_in;
+	job->bytes_out = bytes_out;
+}

@@ -1,0 +1,249 @@
+"""Forward attention from Python arrays: resolve each array to (fa_buffer, offset), stage what
+is not in daemon-visible memory, build fa_attn_fwd_args, call, copy staged outputs back.
+
+Layouts: fa's tensors are [B, S, H, D]; PyTorch's SDPA passes [B, H, S, D], which is the same
+memory with the middle dimensions swapped, so it is the strides that change, never the data.
+"""
+import ctypes as C
+import struct
+import sys
+import threading
+import warnings
+
+from . import _abi, _arrays, _cuda
+from ._arrays import CUDA, HOST
+from ._client import default_client
+from ._errors import usage
+
+
+class FaCopyWarning(UserWarning):
+    """An array was copied because its memory is not visible to the daemon (shown once)."""
+
+
+_warned = set()
+
+
+def _warn_once(key, text):
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(text + " (shown once)", FaCopyWarning, stacklevel=5)
+
+
+_TENSOR = _abi.packer(_abi.fa_tensor)
+_OFF = {n: getattr(_abi.fa_attn_fwd_args, n).offset for n in ("q", "k", "v", "o", "lse")}
+_SCALE = _abi.fa_attn_fwd_args.scale.offset
+_MASK = _abi.fa_attn_fwd_args.mask.offset
+_PREC = _abi.fa_attn_fwd_args.precision.offset
+_ARGS_BYTES = C.sizeof(_abi.fa_attn_fwd_args) + _abi.ARGS_SLACK
+_DOUBLE = struct.Struct("<d")
+_INT = struct.Struct("<i")
+assert C.sizeof(C.c_int) == 4
+_tls = threading.local()
+
+
+def _args_block():
+    b = getattr(_tls, "args", None)
+    if b is None:
+        b = _tls.args = C.create_string_buffer(_ARGS_BYTES)
+    else:
+        C.memset(b, 0, _ARGS_BYTES)
+    return b
+
+
+def _np():
+    np = sys.modules.get("numpy")
+    if np is None:
+        try:
+            import numpy as np
+        except ImportError:
+            raise usage("FA_ENOTSUP", "host arrays outside fa's shared memory are staged "
+                        "through NumPy, which is not installed") from None
+    return np
+
+
+def _raw(np, ptr, shape, strides, itemsize):
+    """A NumPy array of raw bits over host memory at ptr (element strides)."""
+    v = _arrays.View(None, HOST, "raw", ptr, {2: _abi.FA_DTYPE_FP16, 4: _abi.FA_DTYPE_FP32}
+                     [itemsize], shape, strides)
+    lo, hi = v.extent()
+    mem = (C.c_char * max(hi - lo, 1)).from_address(lo)
+    return np.ndarray(shape, dtype=np.uint16 if itemsize == 2 else np.uint32, buffer=mem,
+                      offset=ptr - lo, strides=tuple(s * itemsize for s in strides))
+
+
+class _Staged:
+    __slots__ = ("view", "arr", "off")
+
+
+def _resolve_host(c, views, names, outputs):
+    """Each host View to (buf, offset); those outside fa's shm are staged. Returns the list and
+    the staged outputs to copy back."""
+    res, todo = [], []
+    for v, n in zip(views, names):
+        lo, hi = v.extent()
+        hit = None
+        if min(v.strides) >= 0:
+            hit = c._host_find(lo, hi)
+        if hit is None:
+            todo.append((len(res), v, n))
+            res.append(None)
+        else:
+            res.append(hit)
+    back = []
+    if todo:
+        np = _np()
+        sizes = []
+        for _, v, _n in todo:
+            nbytes = v.itemsize
+            for s in v.shape:
+                nbytes *= s
+            sizes.append((nbytes + 255) & ~255)
+        hb = c._staging(sum(sizes))
+        off = 0
+        for (i, v, n), size in zip(todo, sizes):
+            why = ("has negative strides" if min(v.strides) < 0 else
+                   "is not in fa's shared memory")
+            _warn_once("host", "fa: %s %s: host arrays outside it are copied through a "
+                       "shared-memory staging buffer (the daemon sees no other host memory); "
+                       "allocate them with fa.empty_host(), and pass out=, to avoid the copies"
+                       % (n, why))
+            contig = []
+            acc = 1
+            for s in reversed(v.shape):
+                contig.append(acc)
+                acc *= s
+            contig = tuple(reversed(contig))
+            dst = _raw(np, hb.base + off, v.shape, contig, v.itemsize)
+            if n in outputs:
+                back.append((dst, v.ptr, v.shape, v.strides, v.itemsize))
+            else:
+                np.copyto(dst, _raw(np, v.ptr, v.shape, v.strides, v.itemsize))
+            v.ptr, v.strides = hb.base + off, contig
+            res[i] = (hb.buf, off)
+            off += size
+        res.append(hb)  # kept alive until the call is done
+    return res, back
+
+
+def _resolve_cuda(c, views):
+    drv = _cuda_driver()
+    return [c._device_find(v.ptr, drv) for v in views]
+
+
+def _cuda_driver():
+    try:
+        return _cuda.driver()
+    except OSError as e:
+        raise usage("FA_ENOGPU", "CUDA arrays need the CUDA driver here: %s" % e) from None
+
+
+def _fa_dims(v, bhsd):
+    sh, st = v.shape, v.strides
+    if bhsd:
+        return (sh[0], sh[2], sh[1], sh[3]), (st[0], st[2], st[1], st[3])
+    return tuple(sh), tuple(st)
+
+
+def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, client=None,
+            precision=_abi.FA_PREC_DEFAULT, gqa=True, stream=None):
+    """O (and lse [B, Hq, Sq] fp32 when want_lse) for q, k, v in BHSD (bhsd) or BSHD layout.
+    stream: None (synchronous: wait for the producer's stream first), or "current" (PyTorch's
+    current stream, asynchronous mode). Raises FaError."""
+    c = client if client is not None else default_client()
+    names = ("q", "k", "v")
+    ins = [_arrays.view_of(x, n) for x, n in zip((q, k, v), names)]
+    for vw, n in zip(ins, names):
+        if len(vw.shape) != 4:
+            raise usage("FA_ESHAPE", "%s: %d dimensions %s; fa takes 4: %s" % (
+                n, len(vw.shape), tuple(vw.shape),
+                "[batch, heads, seq, head_dim]" if bhsd else "[batch, seq, heads, head_dim]"))
+    vq = ins[0]
+    kind = vq.kind
+    for vw, n in zip(ins[1:], names[1:]):
+        if vw.kind != kind:
+            raise usage("FA_EINVAL", "q is %s memory but %s is %s memory: pass all on one "
+                        "device" % (kind, n, vw.kind))
+        if vw.dtype != vq.dtype:
+            raise usage("FA_EDTYPE", "q is %s but %s is %s: one dtype for q, k, v and out" % (
+                _arrays._DTYPE_NAMES[vq.dtype], n, _arrays._DTYPE_NAMES[vw.dtype]))
+    qs, ks = _fa_dims(vq, bhsd)[0], _fa_dims(ins[1], bhsd)[0]
+    if not gqa and qs[2] != ks[2]:
+        raise usage("FA_ESHAPE", "q has %d heads and k %d: pass enable_gqa=True for grouped-"
+                    "query attention" % (qs[2], ks[2]))
+    if out is None:
+        out = _arrays.empty_like(vq, tuple(vq.shape[:3]) + (ins[2].shape[3],), vq.dtype, "out")
+    vo = _arrays.view_of(out, "out")
+    if vo.kind != kind:
+        raise usage("FA_EINVAL", "out is %s memory but q is %s memory" % (vo.kind, kind))
+    if not vo.writeable:
+        raise usage("FA_EINVAL", "out is read-only")
+    views = ins + [vo]
+    tnames = ["q", "k", "v", "out"]
+    lse = None
+    if want_lse:
+        B, Sq, H = qs[0], qs[1], qs[2]
+        lse = lse_out if lse_out is not None else _arrays.empty_like(
+            vq, (B, H, Sq), _abi.FA_DTYPE_FP32, "lse")
+        vl = _arrays.view_of(lse, "lse")
+        if tuple(vl.shape) != (B, H, Sq) or vl.dtype != _abi.FA_DTYPE_FP32 or vl.kind != kind:
+            raise usage("FA_ESHAPE", "lse must be float32 [%d, %d, %d] %s memory" % (
+                B, H, Sq, kind))
+        views.append(vl)
+        tnames.append("lse")
+
+    lib = c._lib
+    keep = None
+    if kind == CUDA:
+        res = _resolve_cuda(c, views)
+        back = ()
+        if stream is None:
+            _sync_producer(vq)
+    else:
+        res, back = _resolve_host(c, views, tnames, ("out", "lse"))
+        keep = res
+
+    a = _args_block()
+    for i, (vw, n) in enumerate(zip(views, tnames)):
+        buf, off = res[i]
+        if n == "lse":
+            sh = (vw.shape[0], vw.shape[1], vw.shape[2], 1)
+            st = (vw.strides[0], vw.strides[1], vw.strides[2], 1)
+        else:
+            sh, st = _fa_dims(vw, bhsd)
+        _TENSOR.pack_into(a, _OFF["o" if n == "out" else n], buf, off, vw.dtype, *sh, *st)
+    _DOUBLE.pack_into(a, _SCALE, float(scale) if scale else 0.0)
+    _INT.pack_into(a, _MASK, mask)
+    _INT.pack_into(a, _PREC, precision)
+    if stream is None:
+        c._call(lib.fa_attn_fwd, C.addressof(a), what=None)
+    else:
+        c._call(lib.fa_attn_fwd_async, C.addressof(a), C.c_void_p(_stream_handle(vq, stream)),
+                what=None)
+    if back:
+        np = _np()
+        for staged, ptr, shape, strides, itemsize in back:
+            np.copyto(_raw(np, ptr, shape, strides, itemsize), staged)
+    del keep
+    return out, lse
+
+
+def _sync_producer(v):
+    """Synchronous mode: the work writing the inputs must be finished before the daemon reads
+    them. PyTorch: its current stream on the tensor's device; others: the whole context."""
+    if v.lib == "torch":
+        sys.modules["torch"].cuda.current_stream(v.obj.device).synchronize()
+    elif v.stream:  # __cuda_array_interface__'s producer stream (1, 2: the default streams)
+        _cuda_driver().synchronize(v.stream)
+    else:
+        _cuda_driver().synchronize()
+
+
+def _stream_handle(v, stream):
+    if stream == "current":
+        if v.lib != "torch":
+            raise usage("FA_EINVAL", "stream='current' needs PyTorch tensors; pass the "
+                        "CUstream handle as an int")
+        return sys.modules["torch"].cuda.current_stream(v.obj.device).cuda_stream
+    if hasattr(stream, "cuda_stream"):
+        return stream.cuda_stream
+    return int(stream)
