@@ -15,20 +15,6 @@
 #include "fa_client_int.h"
 #include "fa_infer_int.h"
 
-/* The window and softcap; see fa_infer_int.h. */
-fa_status fa__window(int32_t window, int64_t left, int64_t right, double softcap,
-                     struct fa_proto_window *w)
-{
-	fa_status st = fa_check_softcap(softcap, fa__detail(), FA_PROTO_DETAIL_MAX);
-	if (st != FA_OK)
-		return st;
-	w->window = window != 0;
-	w->window_left = w->window ? left : 0;
-	w->window_right = w->window ? right : 0;
-	w->softcap = softcap;
-	return FA_OK;
-}
-
 /* Check an index tensor's buffer and layout and write it for the wire (absent and optional:
  * region 0). */
 static fa_status index_buffer(fa_client *c, const char *name, const fa_index *t, bool optional,

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "fa_check.h"
+#include "fa_check_infer.h"
 #include "fa_client_int.h"
 #include "fa_infer_int.h"
 
@@ -493,6 +494,21 @@ fa_status fa__tensor_buffer(fa_client *c, const char *name, const fa_tensor *t, 
 	w->dtype = (uint8_t)t->dtype;
 	memcpy(w->shape, t->shape, sizeof w->shape);
 	memcpy(w->stride, t->stride, sizeof w->stride);
+	return FA_OK;
+}
+
+/* The window and softcap of every forward-type call; see fa_infer_int.h. Here, not in
+ * fa_attn_infer.c, so the calls between the two files go one way. */
+fa_status fa__window(int32_t window, int64_t left, int64_t right, double softcap,
+                     struct fa_proto_window *w)
+{
+	fa_status st = fa_check_softcap(softcap, fa__detail(), FA_PROTO_DETAIL_MAX);
+	if (st != FA_OK)
+		return st;
+	w->window = window != 0;
+	w->window_left = w->window ? left : 0;
+	w->window_right = w->window ? right : 0;
+	w->softcap = softcap;
 	return FA_OK;
 }
 

@@ -1,5 +1,6 @@
-/* fa_infer_int.h - what fa_client.c takes from the inference calls' file (fa_attn_infer.c):
- * the sliding window and softcap of a forward-type call, checked and put on the wire. Internal.
+/* fa_infer_int.h - the sliding window and softcap of a forward-type call, checked and put on the
+ * wire: defined in fa_client.c, used there and by the inference calls (fa_attn_infer.c).
+ * Internal.
  */
 #ifndef FA_INFER_INT_H
 #define FA_INFER_INT_H
