@@ -74,6 +74,11 @@ class fa_attn_fwd_args(C.Structure):
         ("scale", C.c_double),
         ("mask", fa_enum),
         ("precision", fa_enum),
+        # appended in 0.2 (fa_client.h): the sliding window and softcap, zero = off
+        ("window", C.c_int32),
+        ("window_left", C.c_int64),
+        ("window_right", C.c_int64),
+        ("softcap", C.c_double),
     ]
 
 
