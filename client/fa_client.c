@@ -22,7 +22,9 @@
 #include <unistd.h>
 
 #include "fa_check.h"
+#include "fa_check_infer.h"
 #include "fa_client_int.h"
+#include "fa_infer_int.h"
 
 /* The detail text of the last failed call on this thread; see fa_client.h. */
 FA_API const char *fa_last_error_detail(void)
@@ -527,6 +529,21 @@ fa_status fa__tensor_buffer(fa_client *c, const char *name, const fa_tensor *t, 
 	return FA_OK;
 }
 
+/* The window and softcap of every forward-type call; see fa_infer_int.h. Here, not in
+ * fa_attn_infer.c, so the calls between the two files go one way. */
+fa_status fa__window(int32_t window, int64_t left, int64_t right, double softcap,
+                     struct fa_proto_window *w)
+{
+	fa_status st = fa_check_softcap(softcap, fa__detail(), FA_PROTO_DETAIL_MAX);
+	if (st != FA_OK)
+		return st;
+	w->window = window != 0;
+	w->window_left = w->window ? left : 0;
+	w->window_right = w->window ? right : 0;
+	w->softcap = softcap;
+	return FA_OK;
+}
+
 /* Check the arguments locally, with the daemon's rules and texts (common/fa_check.h) in the
  * daemon's order (types, each tensor's sizes and strides, shapes, values, extents), and fill the
  * request. The daemon alone checks overlaps and alignment: they depend on its regions (two
@@ -575,7 +592,7 @@ static fa_status fwd_request(fa_client *c, const fa_attn_fwd_args *a, struct fa_
 		              "priority %d is not a priority class (0 normal, 1 high, 2 low)",
 		              (int)a->priority);
 	req->u.fwd.priority = (uint8_t)a->priority;
-	return FA_OK;
+	return fa__window(a->window, a->window_left, a->window_right, a->softcap, &req->u.fwd.win);
 }
 
 /* Forward attention in the daemon; see fa_client.h. */

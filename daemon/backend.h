@@ -77,6 +77,9 @@ struct backend_job {
 	bool enqueued;                /* out: see above */
 	void **owner_state;           /* the session's slot for backend state (streams, events),
 	                               * freed by ops.owner_free when the session is freed */
+	/* ATTN_VARLEN / ATTN_KVCACHE (backend_infer.h): the index tensors and the per-sequence
+	 * descriptor; owned by the request; NULL for ATTN_FWD. desc above is its desc.fwd. */
+	struct backend_infer *infer;
 	/* outputs, valid in done() */
 	fa_status status;
 	uint64_t compute_ns;          /* first chunk started .. last chunk finished */
@@ -202,6 +205,7 @@ struct backend {
 	bool host_memory;     /* serves FA_REGION_HOST_SHM regions */
 	bool device_memory;   /* serves FA_REGION_CUDA_IPC regions */
 	bool async_events;    /* serves the asynchronous mode (CUDA IPC events) */
+	bool infer;           /* serves ATTN_VARLEN, ATTN_KVCACHE, and ATTN_FWD's window and softcap */
 	atomic_uint running;  /* jobs started and not finished (set by the backend's threads) */
 	uint64_t default_max_gflop; /* --max-request-gflop 0 means this (worklimit.h) */
 	struct fault fault;   /* fault.c's: backends use fault_mark/fault_marked/fault_check */

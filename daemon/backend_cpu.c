@@ -40,6 +40,7 @@
  * fault fail too (they may have read zeros), and validation refuses the region from then on.
  */
 #include "backend.h"
+#include "backend_cpu_infer.h"
 #include "backend_cpu_bwd.h"
 
 #include <errno.h>
@@ -262,15 +263,15 @@ static void cpu_fwd_plan(struct cpu_backend *b, struct backend_job *job)
 
 static const struct cpu_kind cpu_fwd_kind = {cpu_fwd_plan, cpu_fwd_run};
 
-/* The backward (backend_cpu_bwd.c): pieces are ranges of (batch, kv-head) pairs, the unit that
- * owns a dK/dV slice, so pieces never write the same byte. Up to CPU_CHUNKS_PER_WORKER per worker
- * and at most CPU_PIECE_FLOP each, but never less than one pair: a single pair bigger than a
- * piece runs whole (bounded by the request's work limit, worklimit_check_bwd). */
-static void cpu_bwd_plan(struct cpu_backend *b, struct backend_job *job)
+/* Pieces of whole units (a job kind whose run() takes a range of units): up to
+ * CPU_CHUNKS_PER_WORKER per worker and at most CPU_PIECE_FLOP each, but never less than one
+ * unit: a single unit bigger than a piece runs whole (bounded by the request's work limit).
+ * per_unit: multiply-adds of one unit (saturated). */
+static void cpu_units_plan(struct cpu_backend *b, struct backend_job *job, int64_t units,
+                           int64_t per_unit)
 {
-	int64_t units, per_unit, nchunks, work;
+	int64_t nchunks, work;
 
-	cpu_bwd_units(job, &units, &per_unit); /* per_unit: multiply-adds */
 	if (__builtin_mul_overflow(per_unit, units, &work))
 		work = INT64_MAX;
 	nchunks = work / CPU_MIN_CHUNK_WORK;
@@ -292,21 +293,62 @@ static void cpu_bwd_plan(struct cpu_backend *b, struct backend_job *job)
 	job->piece_total = (units + job->piece_bh - 1) / job->piece_bh;
 }
 
-/* Piece k: the (batch, kv-head) pairs [k * piece_bh, (k + 1) * piece_bh). */
+/* The units [u0, u1) of piece k of a job planned by cpu_units_plan. */
+static void cpu_units_of_piece(const struct backend_job *job, int64_t units, int64_t k,
+                               int64_t *u0, int64_t *u1)
+{
+	*u0 = k * job->piece_bh;
+	*u1 = *u0 + job->piece_bh < units ? *u0 + job->piece_bh : units;
+}
+
+/* The backward (backend_cpu_bwd.c): units are (batch, kv-head) pairs, the unit that owns a
+ * dK/dV slice, so pieces never write the same byte. */
+static void cpu_bwd_plan(struct cpu_backend *b, struct backend_job *job)
+{
+	int64_t units, per_unit;
+
+	cpu_bwd_units(job, &units, &per_unit);
+	cpu_units_plan(b, job, units, per_unit);
+}
+
 static fa_status cpu_bwd_piece(const struct backend_job *job, int64_t k)
 {
-	int64_t units = job->bwd.desc.fwd.B * job->bwd.desc.fwd.Hkv;
-	int64_t u0 = k * job->piece_bh;
-	int64_t u1 = u0 + job->piece_bh < units ? u0 + job->piece_bh : units;
+	int64_t u0, u1;
+
+	cpu_units_of_piece(job, job->bwd.desc.fwd.B * job->bwd.desc.fwd.Hkv, k, &u0, &u1);
 	return cpu_bwd_run(job, u0, u1);
 }
 
 static const struct cpu_kind cpu_bwd_kind = {cpu_bwd_plan, cpu_bwd_piece};
 
+/* ATTN_VARLEN / ATTN_KVCACHE (backend_cpu_infer.c): units are (sequence, query head) pairs;
+ * desc.B counts the sequences and desc.Sq, desc.Sk bound their lengths, so a unit's work is at
+ * most a dense pair's. */
+static void cpu_infer_plan(struct cpu_backend *b, struct backend_job *job)
+{
+	const struct fa_attn_fwd_desc *d = &job->desc;
+	int64_t per_unit;
+
+	if (__builtin_mul_overflow(d->Sq, d->Sk, &per_unit) ||
+	    __builtin_mul_overflow(per_unit, 2 * d->D, &per_unit))
+		per_unit = INT64_MAX;
+	cpu_units_plan(b, job, d->B * d->Hq, per_unit);
+}
+
+static fa_status cpu_infer_piece(const struct backend_job *job, int64_t k)
+{
+	int64_t u0, u1;
+
+	cpu_units_of_piece(job, job->desc.B * job->desc.Hq, k, &u0, &u1);
+	return cpu_infer_run(job, u0, u1);
+}
+
+static const struct cpu_kind cpu_infer_kind = {cpu_infer_plan, cpu_infer_piece};
+
 /* The kind of a job. */
 static const struct cpu_kind *cpu_kind_of(const struct backend_job *job)
 {
-	return job->is_bwd ? &cpu_bwd_kind : &cpu_fwd_kind;
+	return job->infer != NULL ? &cpu_infer_kind : job->is_bwd ? &cpu_bwd_kind : &cpu_fwd_kind;
 }
 
 /* ---- running pieces -------------------------------------------------------------------------- */
@@ -327,6 +369,8 @@ static fa_status cpu_run_piece(const struct backend_job *job, int64_t k)
 /* The detail text a failed job carries back to its client. */
 static void cpu_fail_detail(struct backend_job *job, fa_status st)
 {
+	if (st != FA_ERANGE && cpu_infer_detail(job))
+		return; /* a bad index entry, named */
 	switch (st) {
 	case FA_ERANGE:
 		snprintf(job->detail, sizeof job->detail,
@@ -612,6 +656,7 @@ static fa_status cpu_open(struct backend **out, uv_loop_t *loop, const struct co
 	b->base.align = 0;
 	b->base.host_memory = true;
 	b->base.device_memory = false;
+	b->base.infer = true;
 	b->loop = loop;
 	b->done = done;
 	b->done_arg = arg;

@@ -23,6 +23,7 @@
 #include "util.h"
 #include "validate.h"
 #include "worklimit.h"
+#include "validate_infer.h"
 
 /* One ATTN_FWD between validation and its reply. The job comes first: the backend hands back
  * the job pointer. */
@@ -364,6 +365,7 @@ static void dispatch_request_free(struct request *r)
 	for (unsigned i = 0; i < r->nregions; i++)
 		region_unref(r->regions[i]);
 	session_unref(r->session);
+	backend_infer_free(r->job.infer);
 	free(r);
 }
 
@@ -406,6 +408,10 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	                                                      : srv->backend->default_max_gflop;
 	if (max_gflop != 0 && (st = worklimit_check(&vr.desc, max_gflop, err, errlen)) != FA_OK)
 		return st;
+	if ((vr.desc.window || vr.desc.softcap != 0) && !srv->backend->infer)
+		return fa_err(err, errlen, FA_ENOTSUP,
+		              "the sliding window and softcap are not yet on the %s backend",
+		              backend_name(srv->backend));
 	/* One GPU per request: its device buffers must agree (host buffers go anywhere). */
 	int dev = -1;
 	for (int i = 0; i < VALIDATE_NTENSORS; i++) {
@@ -576,6 +582,72 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 	return FA_OK;
 }
 
+/* ATTN_VARLEN, ATTN_KVCACHE: the in-flight limit, validation (the index tensors' values are
+ * checked on the backend's copy, backend_infer.h), references, the backend. Synchronous only. */
+static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
+{
+	struct server *srv = c->srv;
+	struct session *s = c->session;
+	char *err = c->rep->detail;
+	size_t errlen = sizeof c->rep->detail;
+	struct validate_infer_result vr;
+	struct request *r;
+	fa_status st;
+
+	if (s->inflight >= (unsigned)srv->cfg->max_inflight)
+		return fa_err(
+		    err, errlen, FA_EBUSY,
+		    "the session has %u requests in flight, its limit (--max-inflight); "
+		    "retry when one has finished",
+		    s->inflight);
+	if (!srv->backend->infer)
+		return fa_err(err, errlen, FA_ENOTSUP, "%s is not yet on the %s backend",
+		              fa_proto_op_name(c->req->op), backend_name(srv->backend));
+	if ((st = validate_attn_infer(s, c->req, srv->backend->align, &vr, err, errlen)) != FA_OK)
+		return st;
+	if ((r = calloc(1, sizeof(*r))) == NULL) {
+		backend_infer_free(vr.bi);
+		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
+	}
+	r->job.infer = vr.bi;
+	r->job.desc = vr.bi->desc.fwd;
+	r->job.q = vr.q;
+	r->job.k = vr.k;
+	r->job.v = vr.v;
+	r->job.o = vr.o;
+	r->job.lse = vr.lse;
+	r->job.owner = s;
+	r->job.dev = -1;
+	r->job.owner_state = &s->backend_state;
+	r->session = s;
+	session_ref(s);
+	for (int i = 0; i < VALIDATE_INFER_N; i++) {
+		bool seen = vr.region[i] == NULL;
+		for (unsigned j = 0; j < r->nregions && !seen; j++)
+			seen = r->regions[j] == vr.region[i];
+		if (!seen) {
+			struct region *rg = vr.region[i];
+			region_ref(rg);
+			r->regions[r->nregions++] = rg;
+			r->job.ranges[r->job.nranges++] = (struct backend_range){
+				.base = rg->base, .size = rg->size, .broken = &rg->broken};
+		}
+	}
+	r->dd = c->dd;
+	r->hdr = *c->hdr;
+	r->seq = c->req->seq;
+	r->t_recv = c->t_recv;
+	r->pipe = c->peer->pipe;
+	if ((st = backend_submit(srv->backend, &r->job)) != FA_OK) {
+		dispatch_request_free(r);
+		return fa_err(err, errlen, st, "the backend did not take the request");
+	}
+	s->inflight++;
+	srv->inflight++;
+	c->async = true;
+	return FA_OK;
+}
+
 static const struct dispatch_op dispatch_ops[] = {
 	{FA_OP_HELLO, false, false, dispatch_hello},
 	{FA_OP_BYE, true, false, dispatch_bye},
@@ -586,6 +658,8 @@ static const struct dispatch_op dispatch_ops[] = {
 	{FA_OP_ATTN_FWD, true, true, dispatch_attn_fwd},
 	{FA_OP_ATTN_BWD, true, true, dispatch_attn_bwd},
 	{FA_OP_CLIENTS, true, false, dispatch_clients},
+	{FA_OP_ATTN_VARLEN, true, true, dispatch_attn_infer},
+	{FA_OP_ATTN_KVCACHE, true, true, dispatch_attn_infer},
 };
 
 /* The table entry of an op, or NULL. */
@@ -728,7 +802,9 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 	struct request *r = (struct request *)job; /* job is the first member */
 	struct session *s = r->session;
 	struct fa_proto_rep *rep = &srv->rep;
-	uint32_t op = job->is_bwd ? FA_OP_ATTN_BWD : FA_OP_ATTN_FWD;
+	uint32_t op = job->infer != NULL ? job->infer->op
+	              : job->is_bwd    ? FA_OP_ATTN_BWD
+	                               : FA_OP_ATTN_FWD;
 
 	if (r->replied) {
 		/* An asynchronous job's kernel finished; its reply went at the enqueue. */

@@ -103,6 +103,10 @@ fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *
 		memcpy(ds[i], t[i]->stride, 3 * sizeof(int64_t));
 	if (has_lse)
 		memcpy(d->lse_stride, t[VALIDATE_LSE]->stride, 3 * sizeof(int64_t));
+	d->window = req->u.fwd.win.window;
+	d->window_left = req->u.fwd.win.window_left;
+	d->window_right = req->u.fwd.win.window_right;
+	d->softcap = req->u.fwd.win.softcap;
 	if ((st = fa_attn_fwd_check(d, err, errlen)) != FA_OK)
 		return st;
 

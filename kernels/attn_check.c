@@ -11,6 +11,7 @@
 
 #include "fa_attn.h"
 #include "fa_attn_bwd.h"
+#include "fa_check_infer.h"
 #include "fa_err.h"
 
 /* Strides of one tensor: each >= 0. */
@@ -54,6 +55,8 @@ fa_status fa_attn_fwd_check(const struct fa_attn_fwd_desc *d, char *err, size_t 
 		return st;
 	if (d->scale == 0)
 		return fa_err(err, errlen, FA_EINVAL, "scale is 0 (resolve the default first)");
+	if ((st = fa_check_softcap(d->softcap, err, errlen)) != FA_OK)
+		return st;
 
 	const struct {
 		const char *name;
@@ -97,8 +100,13 @@ fa_status fa_attn_bwd_check(const struct fa_attn_bwd_desc *d, char *err, size_t 
 
 	if (d == NULL)
 		return fa_err(err, errlen, FA_EINVAL, "no descriptor");
-	if ((st = fa_attn_fwd_check(&d->fwd, err, errlen)) != FA_OK ||
-	    (st = check_strides("do", d->do_stride, seq_names, err, errlen)) != FA_OK ||
+	if ((st = fa_attn_fwd_check(&d->fwd, err, errlen)) != FA_OK)
+		return st;
+	/* The backward reference and kernels know neither yet: refused, never ignored. */
+	if (d->fwd.window || d->fwd.softcap != 0)
+		return fa_err(err, errlen, FA_ENOTSUP,
+		              "the backward pass takes no sliding window or softcap yet");
+	if ((st = check_strides("do", d->do_stride, seq_names, err, errlen)) != FA_OK ||
 	    (st = check_strides("dq", d->dq_stride, seq_names, err, errlen)) != FA_OK ||
 	    (st = check_strides("dk", d->dk_stride, seq_names, err, errlen)) != FA_OK ||
 	    (st = check_strides("dv", d->dv_stride, seq_names, err, errlen)) != FA_OK)

@@ -36,30 +36,24 @@ size_t fa_attn_fwd_ref_scratch_limit(size_t bytes)
 	return atomic_exchange(&ref_scratch_limit, bytes);
 }
 
-/* Where results go: O in dtype with the descriptor's strides plus fp32 lse, or dense float64. */
-struct ref_out {
-	void *o;
-	float *lse;
-	double *o64;
-	double *lse64;
-};
-
 /* Everything one call needs, so helpers take one pointer. */
 struct ref_ctx {
 	const struct fa_attn_fwd_desc *d;
 	const void *q, *k, *v;
 	const struct ref_out *out;
+	const struct ref_pages *pg; /* NULL: K and V rows by the descriptor's strides */
 	int64_t br;      /* query rows per block */
 	int64_t kc;      /* keys per chunk */
 	bool one_chunk;  /* K and V of a whole (b, kv-head) fit: converted once, scores stored */
-	int64_t nvis;    /* keys any row of the problem can see: a prefix [0, nvis) */
-	/* scratch, all float64 except n */
+	int64_t k0;      /* the first key any row of the problem sees */
+	int64_t nvis;    /* keys [k0, k0 + nvis) are all any row of the problem can see */
+	/* scratch, all float64 except lo and hi */
 	double *kd, *vd; /* [kc][D] */
 	double *s;       /* [br][kc] scores, then probabilities */
 	double *qd;      /* [br][D] */
 	double *acc;     /* [br][D] unnormalised O */
 	double *m, *l;   /* [br] row max and sum */
-	int64_t *n;      /* [br] visible keys of each row (a prefix) */
+	int64_t *lo, *hi; /* [br] keys [lo, hi) each row sees (mask and window) */
 };
 
 /* Convert keys [j0, j0 + cn) of (b, kvh) from K (and V when want_v) into kd / vd. */
@@ -69,10 +63,15 @@ static void ref_load_kv(struct ref_ctx *c, int64_t b, int64_t kvh, int64_t j0, i
 	const struct fa_attn_fwd_desc *d = c->d;
 	int64_t D = d->D;
 	for (int64_t j = 0; j < cn; j++) {
-		int64_t ko = d->k_stride[0] * b + d->k_stride[1] * (j0 + j) + d->k_stride[2] * kvh;
+		int64_t row = b, at = j0 + j; /* a paged key is row at % page_size of its page */
+		if (c->pg != NULL) {
+			row = c->pg->table[at / c->pg->page_size];
+			at %= c->pg->page_size;
+		}
+		int64_t ko = d->k_stride[0] * row + d->k_stride[1] * at + d->k_stride[2] * kvh;
 		ref_load_row(c->k, d->dtype, ko, D, c->kd + j * D);
 		if (want_v) {
-			int64_t vo = d->v_stride[0] * b + d->v_stride[1] * (j0 + j) + d->v_stride[2] * kvh;
+			int64_t vo = d->v_stride[0] * row + d->v_stride[1] * at + d->v_stride[2] * kvh;
 			ref_load_row(c->v, d->dtype, vo, D, c->vd + j * D);
 		}
 	}
@@ -209,58 +208,103 @@ static void ref_pv_rows(double *acca, double *accb, const double *pa, const doub
 	}
 }
 
-/* Keys of chunk [j0, j0 + cn) that row r sees. */
-static inline int64_t ref_chunk_vis(const struct ref_ctx *c, int64_t r, int64_t j0, int64_t cn)
+/* The keys [*a, *e) of chunk [j0, j0 + cn) that row r sees, relative to j0 (a == e: none). */
+static inline void ref_chunk_span(const struct ref_ctx *c, int64_t r, int64_t j0, int64_t cn,
+                                  int64_t *a, int64_t *e)
 {
-	int64_t vis = c->n[r] - j0;
-	if (vis < 0)
-		return 0;
-	return vis < cn ? vis : cn;
+	int64_t lo = c->lo[r] - j0, hi = c->hi[r] - j0;
+	lo = lo < 0 ? 0 : lo;
+	hi = hi > cn ? cn : hi;
+	*a = lo;
+	*e = hi > lo ? hi : lo;
 }
 
-/* Scaled scores of the block's nr rows against the chunk [j0, j0 + cn) held in kd, into s; only
- * visible keys are computed. Rows go in pairs over the keys both see, then each row's tail. */
+/* Two rows' spans [aa, ea) and [ab, eb) in a chunk: do they share keys, [*cs, *ce)? Then each row
+ * does its own keys before cs, the pair does [cs, ce), each row its keys after ce: every row
+ * still goes through its keys in increasing order (the P V sums depend on that). */
+static inline bool ref_common(int64_t aa, int64_t ea, int64_t ab, int64_t eb, int64_t *cs,
+                              int64_t *ce)
+{
+	*cs = aa > ab ? aa : ab;
+	*ce = ea < eb ? ea : eb;
+	return *ce > *cs;
+}
+
+/* Logit softcapping of scores [0, n) of one row, when the descriptor asks for it. */
+static inline void ref_softcap(double *s, int64_t n, double cap)
+{
+	for (int64_t j = 0; j < n; j++)
+		s[j] = cap * tanh(s[j] / cap);
+}
+
+/* Scaled (and capped) scores of the block's nr rows against the chunk [j0, j0 + cn) held in kd,
+ * into s; only visible keys are computed. Rows go in pairs over the keys both see, then each
+ * row's own. */
 static void ref_scores(struct ref_ctx *c, int64_t nr, int64_t j0, int64_t cn)
 {
 	int64_t D = c->d->D, kc = c->kc;
-	double scale = c->d->scale;
+	double scale = c->d->scale, cap = c->d->softcap;
 	for (int64_t r = 0; r < nr; r += 2) {
 		const double *qa = c->qd + r * D;
 		double *sa = c->s + r * kc;
-		int64_t va = ref_chunk_vis(c, r, j0, cn);
+		int64_t aa, ea;
+		ref_chunk_span(c, r, j0, cn, &aa, &ea);
 		if (r + 1 == nr) {
-			ref_qk_rows(qa, NULL, c->kd, D, va, scale, sa, NULL);
+			ref_qk_rows(qa, NULL, c->kd + aa * D, D, ea - aa, scale, sa + aa, NULL);
+			if (cap > 0)
+				ref_softcap(sa + aa, ea - aa, cap);
 			break;
 		}
 		const double *qb = qa + D;
 		double *sb = sa + kc;
-		int64_t vb = ref_chunk_vis(c, r + 1, j0, cn);
-		int64_t jc = va < vb ? va : vb;
-		ref_qk_rows(qa, qb, c->kd, D, jc, scale, sa, sb);
-		ref_qk_rows(qa, NULL, c->kd + jc * D, D, va - jc, scale, sa + jc, NULL);
-		ref_qk_rows(qb, NULL, c->kd + jc * D, D, vb - jc, scale, sb + jc, NULL);
+		int64_t ab, eb, cs, ce;
+		ref_chunk_span(c, r + 1, j0, cn, &ab, &eb);
+		if (ref_common(aa, ea, ab, eb, &cs, &ce)) {
+			ref_qk_rows(qa, NULL, c->kd + aa * D, D, cs - aa, scale, sa + aa, NULL);
+			ref_qk_rows(qb, NULL, c->kd + ab * D, D, cs - ab, scale, sb + ab, NULL);
+			ref_qk_rows(qa, qb, c->kd + cs * D, D, ce - cs, scale, sa + cs, sb + cs);
+			ref_qk_rows(qa, NULL, c->kd + ce * D, D, ea - ce, scale, sa + ce, NULL);
+			ref_qk_rows(qb, NULL, c->kd + ce * D, D, eb - ce, scale, sb + ce, NULL);
+		} else {
+			ref_qk_rows(qa, NULL, c->kd + aa * D, D, ea - aa, scale, sa + aa, NULL);
+			ref_qk_rows(qb, NULL, c->kd + ab * D, D, eb - ab, scale, sb + ab, NULL);
+		}
+		if (cap > 0) {
+			ref_softcap(sa + aa, ea - aa, cap);
+			ref_softcap(sb + ab, eb - ab, cap);
+		}
 	}
 }
 
-/* acc += P V for the block's nr rows over the chunk [j0, j0 + cn), probabilities in s. */
+/* acc += P V for the block's nr rows over the chunk [j0, j0 + cn), probabilities in s; each row
+ * in increasing key order (ref_common). */
 static void ref_pv(struct ref_ctx *c, int64_t nr, int64_t j0, int64_t cn)
 {
 	int64_t D = c->d->D, kc = c->kc;
 	for (int64_t r = 0; r < nr; r += 2) {
 		double *aa = c->acc + r * D;
 		const double *pa = c->s + r * kc;
-		int64_t va = ref_chunk_vis(c, r, j0, cn);
+		int64_t a0, ea;
+		ref_chunk_span(c, r, j0, cn, &a0, &ea);
 		if (r + 1 == nr) {
-			ref_pv_rows(aa, NULL, pa, NULL, c->vd, D, va);
+			ref_pv_rows(aa, NULL, pa + a0, NULL, c->vd + a0 * D, D, ea - a0);
 			break;
 		}
 		double *ab = aa + D;
 		const double *pb = pa + kc;
-		int64_t vb = ref_chunk_vis(c, r + 1, j0, cn);
-		int64_t jc = va < vb ? va : vb;
-		ref_pv_rows(aa, ab, pa, pb, c->vd, D, jc);
-		ref_pv_rows(aa, NULL, pa + jc, NULL, c->vd + jc * D, D, va - jc);
-		ref_pv_rows(ab, NULL, pb + jc, NULL, c->vd + jc * D, D, vb - jc);
+		int64_t b0, eb, cs, ce;
+		ref_chunk_span(c, r + 1, j0, cn, &b0, &eb);
+		if (ref_common(a0, ea, b0, eb, &cs, &ce)) {
+			/* heads, the shared keys as a pair, tails */
+			ref_pv_rows(aa, NULL, pa + a0, NULL, c->vd + a0 * D, D, cs - a0);
+			ref_pv_rows(ab, NULL, pb + b0, NULL, c->vd + b0 * D, D, cs - b0);
+			ref_pv_rows(aa, ab, pa + cs, pb + cs, c->vd + cs * D, D, ce - cs);
+			ref_pv_rows(aa, NULL, pa + ce, NULL, c->vd + ce * D, D, ea - ce);
+			ref_pv_rows(ab, NULL, pb + ce, NULL, c->vd + ce * D, D, eb - ce);
+		} else {
+			ref_pv_rows(aa, NULL, pa + a0, NULL, c->vd + a0 * D, D, ea - a0);
+			ref_pv_rows(ab, NULL, pb + b0, NULL, c->vd + b0 * D, D, eb - b0);
+		}
 	}
 }
 
@@ -268,46 +312,55 @@ static void ref_pv(struct ref_ctx *c, int64_t nr, int64_t j0, int64_t cn)
 static void ref_block(struct ref_ctx *c, int64_t b, int64_t h, int64_t kvh, int64_t i0, int64_t nr)
 {
 	const struct fa_attn_fwd_desc *d = c->d;
-	int64_t D = d->D, kc = c->kc, nmax = 0;
+	int64_t D = d->D, kc = c->kc, jlo = INT64_MAX, jhi = 0;
 
 	for (int64_t r = 0; r < nr; r++) {
 		int64_t qo = d->q_stride[0] * b + d->q_stride[1] * (i0 + r) + d->q_stride[2] * h;
 		ref_load_row(c->q, d->dtype, qo, D, c->qd + r * D);
-		c->n[r] = ref_visible(d->mask, d->Sq, d->Sk, i0 + r);
+		fa_attn_key_range(d, d->Sq, d->Sk, i0 + r, &c->lo[r], &c->hi[r]);
 		c->m[r] = -INFINITY;
 		c->l[r] = 0;
-		if (c->n[r] > nmax)
-			nmax = c->n[r];
+		if (c->hi[r] > c->lo[r]) {
+			jlo = c->lo[r] < jlo ? c->lo[r] : jlo;
+			jhi = c->hi[r] > jhi ? c->hi[r] : jhi;
+		}
 	}
 	memset(c->acc, 0, (size_t)(nr * D) * sizeof(double));
+	/* The chunks: the one of every visible key, converted per (b, kv-head); or the block's
+	 * keys [jlo, jhi) kc at a time. */
+	int64_t first = c->one_chunk ? c->k0 : jlo, step = c->one_chunk ? c->nvis : kc;
+	if (jhi <= jlo)
+		jhi = jlo = first; /* every row masked: no chunk */
 
 	/* pass 1: the row max */
-	for (int64_t j0 = 0; j0 < nmax; j0 += kc) {
-		int64_t cn = nmax - j0 < kc ? nmax - j0 : kc;
+	for (int64_t j0 = first; j0 < jhi; j0 += step) {
+		int64_t cn = c->one_chunk ? c->nvis : (jhi - j0 < kc ? jhi - j0 : kc);
 		if (!c->one_chunk)
 			ref_load_kv(c, b, kvh, j0, cn, false);
 		ref_scores(c, nr, j0, cn);
 		for (int64_t r = 0; r < nr; r++) {
 			const double *sr = c->s + r * kc;
-			int64_t vis = ref_chunk_vis(c, r, j0, cn);
+			int64_t a, e;
+			ref_chunk_span(c, r, j0, cn, &a, &e);
 			double mx = c->m[r];
-			for (int64_t j = 0; j < vis; j++)
+			for (int64_t j = a; j < e; j++)
 				mx = sr[j] > mx ? sr[j] : mx;
 			c->m[r] = mx;
 		}
 	}
 	/* pass 2: probabilities, their sum, and P V */
-	for (int64_t j0 = 0; j0 < nmax; j0 += kc) {
-		int64_t cn = nmax - j0 < kc ? nmax - j0 : kc;
+	for (int64_t j0 = first; j0 < jhi; j0 += step) {
+		int64_t cn = c->one_chunk ? c->nvis : (jhi - j0 < kc ? jhi - j0 : kc);
 		if (!c->one_chunk) {
 			ref_load_kv(c, b, kvh, j0, cn, true);
 			ref_scores(c, nr, j0, cn);
 		}
 		for (int64_t r = 0; r < nr; r++) {
 			double *sr = c->s + r * kc;
-			int64_t vis = ref_chunk_vis(c, r, j0, cn);
+			int64_t a, e;
+			ref_chunk_span(c, r, j0, cn, &a, &e);
 			double mx = c->m[r], sum = c->l[r];
-			for (int64_t j = 0; j < vis; j++) {
+			for (int64_t j = a; j < e; j++) {
 				double p = exp(sr[j] - mx);
 				sr[j] = p;
 				sum += p;
@@ -322,14 +375,15 @@ static void ref_block(struct ref_ctx *c, int64_t b, int64_t h, int64_t kvh, int6
 	for (int64_t r = 0; r < nr; r++) {
 		int64_t i = i0 + r;
 		double *ar = c->acc + r * D;
-		bool empty = c->n[r] == 0;
+		bool empty = c->hi[r] <= c->lo[r];
 		double lse = empty ? -INFINITY : c->m[r] + log(c->l[r]);
 		for (int64_t x = 0; x < D; x++)
 			ar[x] = empty ? 0.0 : ar[x] / c->l[r];
 		if (out->o64 != NULL) {
 			memcpy(out->o64 + ((b * d->Sq + i) * d->Hq + h) * D, ar, (size_t)D * sizeof(double));
 			if (out->lse64 != NULL)
-				out->lse64[(b * d->Hq + h) * d->Sq + i] = lse;
+				out->lse64[out->lse64_stride[0] * b + out->lse64_stride[1] * h +
+				           out->lse64_stride[2] * i] = lse;
 		} else {
 			int64_t oo = d->o_stride[0] * b + d->o_stride[1] * i + d->o_stride[2] * h;
 			for (int64_t x = 0; x < D; x++)
@@ -348,7 +402,7 @@ static fa_status ref_scratch_alloc(struct ref_ctx *c, void **mem)
 	const struct fa_attn_fwd_desc *d = c->d;
 	size_t D = (size_t)d->D;
 	size_t br = ref_block_rows(D, d->Sq); /* Q block + accumulators ~32 KiB: an L1's worth */
-	size_t fixed = 2 * br * D + 3 * br; /* qd, acc, m, l, n */
+	size_t fixed = 2 * br * D + 4 * br; /* qd, acc, m, l, lo, hi */
 	size_t per_key = 2 * D + br;        /* kd, vd rows and a column of s */
 	size_t kc;
 
@@ -368,16 +422,18 @@ static fa_status ref_scratch_alloc(struct ref_ctx *c, void **mem)
 	c->acc = c->qd + br * D;
 	c->m = c->acc + br * D;
 	c->l = c->m + br;
-	c->n = (int64_t *)(void *)(c->l + br); /* malloc'd memory has no declared type */
+	c->lo = (int64_t *)(void *)(c->l + br); /* malloc'd memory has no declared type */
+	c->hi = c->lo + br;
 	return FA_OK;
 }
 
-/* The shared driver of fa_attn_fwd_ref and fa_attn_fwd_ref64. */
-static fa_status ref_run(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
-                         const void *v, const struct ref_out *out, int64_t bh_begin,
-                         int64_t bh_end)
+/* The shared driver of every CPU forward: fa_attn_fwd_ref, fa_attn_fwd_ref64 and, per
+ * sequence, attn_infer_ref.c's; see attn_ref_int.h. */
+fa_status ref_fwd_run(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
+                      const void *v, const struct ref_out *out, const struct ref_pages *pg,
+                      int64_t bh_begin, int64_t bh_end)
 {
-	struct ref_ctx c = {.d = d, .q = q, .k = k, .v = v, .out = out};
+	struct ref_ctx c = {.d = d, .q = q, .k = k, .v = v, .out = out, .pg = pg};
 	void *mem;
 	fa_status st;
 
@@ -391,7 +447,13 @@ static fa_status ref_run(const struct fa_attn_fwd_desc *d, const void *q, const 
 		return FA_EINVAL;
 	if (bh_begin == bh_end)
 		return FA_OK;
-	c.nvis = ref_visible(d->mask, d->Sq, d->Sk, d->Sq - 1); /* the last row sees the most */
+	/* The keys any row sees: both ends of the rows' ranges grow with the row. */
+	int64_t klo, khi, lo1, hi1;
+	fa_attn_key_range(d, d->Sq, d->Sk, 0, &klo, &khi);
+	fa_attn_key_range(d, d->Sq, d->Sk, d->Sq - 1, &lo1, &hi1);
+	khi = hi1 > khi ? hi1 : khi;
+	c.k0 = klo < khi ? klo : 0;
+	c.nvis = khi - c.k0;
 	if ((st = ref_scratch_alloc(&c, &mem)) != FA_OK)
 		return st;
 
@@ -403,7 +465,7 @@ static fa_status ref_run(const struct fa_attn_fwd_desc *d, const void *q, const 
 			int64_t h0 = kvh * G > hlo ? kvh * G : hlo;
 			int64_t h1 = (kvh + 1) * G < hhi ? (kvh + 1) * G : hhi;
 			if (c.one_chunk)
-				ref_load_kv(&c, b, kvh, 0, c.nvis, true);
+				ref_load_kv(&c, b, kvh, c.k0, c.nvis, true);
 			for (int64_t h = h0; h < h1; h++)
 				for (int64_t i0 = 0; i0 < d->Sq; i0 += c.br)
 					ref_block(&c, b, h, kvh, i0,
@@ -421,7 +483,7 @@ fa_status fa_attn_fwd_ref(const struct fa_attn_fwd_desc *d, const void *q, const
 	struct ref_out out = {.o = o, .lse = lse};
 	if (o == NULL)
 		return FA_EINVAL;
-	return ref_run(d, q, k, v, &out, bh_begin, bh_end);
+	return ref_fwd_run(d, q, k, v, &out, NULL, bh_begin, bh_end);
 }
 
 /* The float64 oracle, dense outputs, all of B*Hq. See fa_attn.h. */
@@ -434,7 +496,10 @@ fa_status fa_attn_fwd_ref64(const struct fa_attn_fwd_desc *d, const void *q, con
 		return FA_EINVAL;
 	if ((st = fa_attn_fwd_check(d, NULL, 0)) != FA_OK)
 		return st; /* B*Hq below cannot overflow once this passed */
-	return ref_run(d, q, k, v, &out, 0, d->B * d->Hq);
+	out.lse64_stride[0] = d->Hq * d->Sq; /* dense [B, Hq, Sq] */
+	out.lse64_stride[1] = d->Sq;
+	out.lse64_stride[2] = 1;
+	return ref_fwd_run(d, q, k, v, &out, NULL, 0, d->B * d->Hq);
 }
 
 /* ||x - ref|| / ||ref|| over every element of O; see fa_attn.h for the +inf cases. */

@@ -1,6 +1,7 @@
 /* attn_ref_int.h - what the forward and backward CPU references share: which keys a row sees and
- * how a head row is read. Internal to kernels/ (attn_fwd_ref.c, attn_bwd_ref.c); static inline,
- * so each reference keeps its loops in one file.
+ * how a head row is read. Internal to kernels/ (attn_fwd_ref.c, attn_bwd_ref.c,
+ * attn_infer_ref.c); static inline, so each reference keeps its loops in one file, but for the
+ * forward's driver, which the inference reference runs per sequence.
  */
 #ifndef FA_ATTN_REF_INT_H
 #define FA_ATTN_REF_INT_H
@@ -93,5 +94,30 @@ static inline fa_status ref_chunk_alloc(size_t fixed, size_t per_key, size_t nvi
 		return FA_ENOMEM;
 	return FA_OK;
 }
+
+/* Where a forward's results go: O in dtype with the descriptor's strides plus fp32 lse, or
+ * float64 o64 [B, Sq, Hq, D] (dense) and lse64 at lse64_stride (batch, head, seq). */
+struct ref_out {
+	void *o;
+	float *lse;
+	double *o64;
+	double *lse64;
+	int64_t lse64_stride[3];
+};
+
+/* Keys read through a page table (attn_infer_ref.c's paged cache): key j of the batch is row
+ * j % page_size of page table[j / page_size], the page taking K's batch stride. Every entry
+ * read is checked already. */
+struct ref_pages {
+	const int32_t *table;
+	int64_t page_size;
+};
+
+/* The forward reference's driver (attn_fwd_ref.c): the (batch, query-head) pairs [bh_begin,
+ * bh_end) of d into out, keys by d's strides (pg NULL) or through pg (then d->B must be 1: one
+ * sequence's table). Returns the statuses of fa_attn_fwd_ref(). */
+fa_status ref_fwd_run(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
+                      const void *v, const struct ref_out *out, const struct ref_pages *pg,
+                      int64_t bh_begin, int64_t bh_end);
 
 #endif /* FA_ATTN_REF_INT_H */

@@ -26,6 +26,16 @@ struct fa_attn_fwd_desc {
 	int64_t B, Sq, Sk, Hq, Hkv, D;
 	int64_t q_stride[3], k_stride[3], v_stride[3], o_stride[3]; /* batch, seq, head */
 	int64_t lse_stride[3];  /* batch, head, seq */
+	/* Sliding window (Mistral; FlashAttention's window_size), off when window is false (the
+	 * zero of a designated initializer: today's behaviour). Query row i sees keys j with
+	 * i + a - window_left <= j <= i + a + window_right, a the mask's alignment (Sk - Sq, or 0
+	 * for FA_MASK_CAUSAL_TOP_LEFT); a negative side is unbounded. A causal mask also caps the
+	 * right side at 0, so causal is the window (-1, 0). fa_attn_key_range() is the rule. */
+	bool window;
+	int64_t window_left, window_right;
+	/* Logit softcapping (Gemma 2): > 0 turns each scaled score s into softcap * tanh(s /
+	 * softcap) before the mask, and lse is of the capped scores; 0 is off. */
+	double softcap;
 };
 
 /* Parse "fp16" / "bf16" / "fp32" (also "f16", "half", "float", "float32"...). Returns false if
@@ -53,13 +63,47 @@ static inline bool fa_mask_allows(fa_mask m, int64_t Sq, int64_t Sk, int64_t i, 
 	}
 }
 
+/* The keys [*lo, *hi) of a sequence of Sq queries and Sk keys that query row i sees under d's
+ * mask and window (d's own Sq and Sk are not used: variable-length batches pass each sequence's).
+ * Masks and windows only cut off a prefix and a suffix, so this is one range; empty (*lo ==
+ * *hi) for a row that sees nothing. No overflow for any window values and Sq, Sk < 2^62. */
+static inline void fa_attn_key_range(const struct fa_attn_fwd_desc *d, int64_t Sq, int64_t Sk,
+                                     int64_t i, int64_t *lo, int64_t *hi)
+{
+	int64_t diag = i + (d->mask == FA_MASK_CAUSAL_TOP_LEFT ? 0 : Sk - Sq); /* key of the diagonal */
+	int64_t l = 0, h = Sk;
+
+	if (d->mask == FA_MASK_CAUSAL_BOTTOM_RIGHT || d->mask == FA_MASK_CAUSAL_TOP_LEFT)
+		h = diag + 1 < h ? diag + 1 : h;
+	if (d->window && d->window_right >= 0 && d->window_right < Sk)
+		h = diag + d->window_right + 1 < h ? diag + d->window_right + 1 : h;
+	if (d->window && d->window_left >= 0 && d->window_left < Sk + Sq)
+		l = diag - d->window_left > l ? diag - d->window_left : l;
+	if (h < 0)
+		h = 0;
+	if (l > h)
+		l = h;
+	*lo = l;
+	*hi = h;
+}
+
+/* Does query row i see key j under d's mask and window (fa_attn_key_range, one key)? */
+static inline bool fa_attn_allows(const struct fa_attn_fwd_desc *d, int64_t Sq, int64_t Sk,
+                                  int64_t i, int64_t j)
+{
+	int64_t lo, hi;
+	fa_attn_key_range(d, Sq, Sk, i, &lo, &hi);
+	return j >= lo && j < hi;
+}
+
 /* Check a descriptor's own consistency (not memory): dtype, mask and precision values; sizes >= 1;
- * D a multiple of 8 in [8, 256]; Hq a multiple of Hkv; strides >= 0; scale finite and nonzero.
+ * D a multiple of 8 in [8, 256]; Hq a multiple of Hkv; strides >= 0; scale finite and nonzero;
+ * softcap finite and >= 0 (any window values are valid).
  * Returns FA_OK, FA_EDTYPE, FA_EINVAL or FA_ESHAPE with the reason in err. */
 fa_status fa_attn_fwd_check(const struct fa_attn_fwd_desc *d, char *err, size_t errlen);
 
 /* The CPU reference: float64 accumulation, two passes over each row (max, then sum), exact
- * softmax. Computes the (batch, query-head) pairs bh in [bh_begin, bh_end) of B*Hq, so a thread
+ * softmax; the window and softcap as the descriptor says. Computes the (batch, query-head) pairs bh in [bh_begin, bh_end) of B*Hq, so a thread
  * pool can split the work; pass 0 and B*Hq for all. Writes O in the descriptor's dtype and, when
  * lse != NULL, the fp32 logsumexp. A fully masked row gets O = 0 and lse = -inf.
  * Scratch memory is bounded by fa_attn_fwd_ref_scratch_limit(); nothing else is allocated.

@@ -688,6 +688,9 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	fa_status st = fa_attn_fwd_check(d, err, errlen);
 	if (st != FA_OK)
 		return st;
+	if (d->window || d->softcap != 0) /* the kernels know neither yet: refused, never ignored */
+		return fa_err(err, errlen, FA_ENOTSUP,
+		              "the sliding window and softcap are not yet in the GPU kernels");
 	if (d->B > 65535 || d->Hq > 65535 || d->Sq > INT32_MAX / 2 || d->Sk > INT32_MAX / 2) {
 		return fa_err(err, errlen, FA_ESHAPE,
 		              "shape too large for the kernel's grid: B=%lld (max 65535), "

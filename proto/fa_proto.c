@@ -44,6 +44,16 @@ enum key {
 	K_SCALE, /* float: softmax scale, 0 = 1/sqrt(D) */
 	K_MASK,  /* uint: enum fa_mask */
 	K_PREC,  /* uint: enum fa_precision */
+	K_WL,    /* int64: sliding window, keys left of the diagonal, < 0 unbounded (optional; with
+	          * K_WR: the window is on) */
+	K_WR,    /* int64: sliding window, keys right of the diagonal, < 0 unbounded */
+	K_CAP,   /* float >= 0: logit softcap, 0 off (optional) */
+	K_CUQ,   /* index tensor: cu_seqlens_q (ATTN_VARLEN; ATTN_KVCACHE optional) */
+	K_CUK,   /* index tensor: cu_seqlens_k (ATTN_VARLEN) */
+	K_MQ,    /* uint: max_seqlen_q, 0 = the daemon finds it (ATTN_VARLEN, ATTN_KVCACHE) */
+	K_MK,    /* uint: max_seqlen_k, 0 = the daemon finds it (ATTN_VARLEN) */
+	K_CSL,   /* index tensor: cache_seqlens (ATTN_KVCACHE) */
+	K_PT,    /* index tensor: page_table (ATTN_KVCACHE, optional: a paged cache) */
 	K_ST,    /* uint: fa_status (every reply) */
 	K_EP,    /* uint64: daemon epoch (every reply) */
 	K_DET,   /* str < 256: detail text (any reply, optional) */
@@ -73,6 +83,9 @@ static const char *const key_names[K_COUNT] = {
 	[K_SHM] = "shm",   [K_IPC] = "ipc",   [K_GPU] = "gpu",    [K_RID] = "rid",
 	[K_TQ] = "tq",     [K_TK] = "tk",     [K_TV] = "tv",      [K_TO] = "to",
 	[K_LSE] = "lse",   [K_SCALE] = "scale", [K_MASK] = "mask", [K_PREC] = "prec",
+	[K_WL] = "wl",     [K_WR] = "wr",     [K_CAP] = "cap",    [K_CUQ] = "cuq",
+	[K_CUK] = "cuk",   [K_MQ] = "mq",     [K_MK] = "mk",      [K_CSL] = "csl",
+	[K_PT] = "pt",
 	[K_ST] = "st",     [K_EP] = "ep",     [K_DET] = "det",    [K_MM] = "mm",
 	[K_MI] = "mi",     [K_MR] = "mr",     [K_BE] = "be",      [K_NS] = "ns",
 	[K_TXT] = "txt",   [K_SLOT] = "slot", [K_EV] = "ev",
@@ -113,6 +126,8 @@ _Static_assert(K_COUNT <= 64, "key sets are 64-bit masks");
 /* Keys every request carries; every reply carries; and the optional reply detail. */
 #define REQ_COMMON (KB(K_V) | KB(K_OP) | KB(K_SEQ))
 #define REP_COMMON (KB(K_V) | KB(K_OP) | KB(K_SEQ) | KB(K_ST) | KB(K_EP))
+/* The sliding window and softcap: optional in every forward-type request. */
+#define INFER_OPT (KB(K_WL) | KB(K_WR) | KB(K_CAP))
 
 /* Per op: its name, the request keys it requires beyond REQ_COMMON, the optional ones, the
  * keys its FA_OK reply requires beyond REP_COMMON, and the reply's optional ones. */
@@ -132,10 +147,18 @@ static const struct op_info {
 	{FA_OP_REGISTER, "REGISTER", KB(K_SID) | KB(K_KIND) | KB(K_SIZE),
 	 KB(K_SHM) | KB(K_IPC) | KB(K_GPU), KB(K_RID)},
 	{FA_OP_UNREGISTER, "UNREGISTER", KB(K_SID) | KB(K_RID), 0, 0},
+	{FA_OP_ATTN_VARLEN, "ATTN_VARLEN",
+	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_CUQ) | KB(K_CUK) | KB(K_MQ) |
+		 KB(K_MK) | KB(K_SCALE) | KB(K_MASK) | KB(K_PREC),
+	 KB(K_LSE) | INFER_OPT, KB(K_NS), 0},
+	{FA_OP_ATTN_KVCACHE, "ATTN_KVCACHE",
+	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_CSL) | KB(K_SCALE) |
+		 KB(K_MASK) | KB(K_PREC),
+	 KB(K_LSE) | KB(K_CUQ) | KB(K_MQ) | KB(K_PT) | INFER_OPT, KB(K_NS), 0},
 	{FA_OP_ATTN_FWD, "ATTN_FWD",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_SCALE) | KB(K_MASK) |
 		 KB(K_PREC),
-	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV) | KB(K_PRI), KB(K_NS), KB(K_EV)},
+	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV) | KB(K_PRI) | INFER_OPT, KB(K_NS), KB(K_EV)},
 	{FA_OP_ATTN_BWD, "ATTN_BWD",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_LSE) | KB(K_TDO) |
 		 KB(K_TDQ) | KB(K_TDK) | KB(K_TDV) | KB(K_SCALE) | KB(K_MASK) | KB(K_PREC) |
@@ -437,6 +460,145 @@ static fa_status decode_tensors(const msgpack_object *const *val, const struct t
 	return FA_OK;
 }
 
+/* ---- the inference keys: window, softcap, index tensors --------------------------------------- */
+
+/* An integer in int64's range, either sign. */
+static bool get_int(const msgpack_object *o, int64_t *out)
+{
+	if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
+		*out = o->via.i64;
+		return true;
+	}
+	if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 > INT64_MAX)
+		return false;
+	*out = (int64_t)o->via.u64;
+	return true;
+}
+
+/* "wl" and "wr" (both or neither) and "cap", all optional. */
+static fa_status decode_window(const msgpack_object *const *val, struct fa_proto_window *w,
+                               char *err, size_t errlen)
+{
+	if ((val[K_WL] == NULL) != (val[K_WR] == NULL))
+		return fa_err(err, errlen, FA_EPROTO,
+		              "key '%s' without '%s' (a window has both sides; < 0 is unbounded)",
+		              val[K_WL] ? "wl" : "wr", val[K_WL] ? "wr" : "wl");
+	if (val[K_WL] != NULL) {
+		if (!get_int(val[K_WL], &w->window_left))
+			return fa_err(err, errlen, FA_EPROTO, "key 'wl': want an integer");
+		if (!get_int(val[K_WR], &w->window_right))
+			return fa_err(err, errlen, FA_EPROTO, "key 'wr': want an integer");
+		w->window = true;
+	}
+	if (val[K_CAP] != NULL) {
+		const msgpack_object *c = val[K_CAP];
+		if (c->type != MSGPACK_OBJECT_FLOAT64 && c->type != MSGPACK_OBJECT_FLOAT32)
+			return fa_err(err, errlen, FA_EPROTO, "key 'cap': want a float");
+		if (!isfinite(c->via.f64) || c->via.f64 < 0)
+			return fa_err(err, errlen, FA_EPROTO, "key 'cap': must be finite and >= 0");
+		w->softcap = c->via.f64;
+	}
+	return FA_OK;
+}
+
+/* An array of exactly 2 integers in [0, INT64_MAX]. */
+static fa_status get_dims2(const msgpack_object *o, const char *key, const char *what,
+                           int64_t dst[2], char *err, size_t errlen)
+{
+	if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size != 2)
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': '%s' must be an array of 2 integers",
+		              key, what);
+	for (int i = 0; i < 2; i++) {
+		uint64_t u;
+		if (!get_uint(&o->via.array.ptr[i], INT64_MAX, &u))
+			return fa_err(err, errlen, FA_EPROTO,
+			              "key '%s': %s[%d] must be an integer in [0, 2^63)", key, what, i);
+		dst[i] = (int64_t)u;
+	}
+	return FA_OK;
+}
+
+/* An index tensor map {r, o, sh, st}: a tensor map without 't' (the type is int32). */
+static fa_status get_index(const msgpack_object *o, const char *key, struct fa_proto_index *t,
+                           char *err, size_t errlen)
+{
+	const msgpack_object *val[T_COUNT] = {0};
+	char bad[64];
+	uint64_t u;
+	fa_status st;
+
+	if (o->type != MSGPACK_OBJECT_MAP)
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': want an index tensor map", key);
+	if (!map_collect(&o->via.map, tkey_names, T_COUNT, val, bad, sizeof bad))
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': %s", key, bad);
+	if (val[T_T])
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': 't' not allowed (index tensors are int32)",
+		              key);
+	static const int need[] = {T_R, T_O, T_SH, T_ST};
+	for (size_t k = 0; k < sizeof need / sizeof need[0]; k++)
+		if (!val[need[k]])
+			return fa_err(err, errlen, FA_EPROTO, "key '%s': missing '%s'", key,
+			              tkey_names[need[k]]);
+	if (!get_uint(val[T_R], UINT64_MAX, &u) || u == 0)
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': 'r' must be a region id > 0", key);
+	t->region = u;
+	if (!get_uint(val[T_O], UINT64_MAX, &u))
+		return fa_err(err, errlen, FA_EPROTO, "key '%s': 'o' must be an unsigned integer", key);
+	t->offset = u;
+	if ((st = get_dims2(val[T_SH], key, "sh", t->shape, err, errlen)) != FA_OK)
+		return st;
+	return get_dims2(val[T_ST], key, "st", t->stride, err, errlen);
+}
+
+/* The ATTN_VARLEN and ATTN_KVCACHE part (check_keys decided which keys are there). */
+static fa_status decode_infer(const msgpack_object *const *val, struct fa_proto_req *out,
+                              char *err, size_t errlen)
+{
+	static const struct {
+		enum key k;
+		size_t off;
+	} tensors[] = {
+		{K_TQ, offsetof(struct fa_proto_req, u.infer.q)},
+		{K_TK, offsetof(struct fa_proto_req, u.infer.k)},
+		{K_TV, offsetof(struct fa_proto_req, u.infer.v)},
+		{K_TO, offsetof(struct fa_proto_req, u.infer.o)},
+		{K_LSE, offsetof(struct fa_proto_req, u.infer.lse)},
+	}, indexes[] = {
+		{K_CUQ, offsetof(struct fa_proto_req, u.infer.cu_q)},
+		{K_CUK, offsetof(struct fa_proto_req, u.infer.cu_k)},
+		{K_CSL, offsetof(struct fa_proto_req, u.infer.cache_len)},
+		{K_PT, offsetof(struct fa_proto_req, u.infer.page_table)},
+	};
+	fa_status st;
+
+	for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) {
+		if (!val[tensors[i].k])
+			continue;
+		struct fa_proto_tensor *t = (struct fa_proto_tensor *)((char *)out + tensors[i].off);
+		if ((st = get_tensor(val[tensors[i].k], key_names[tensors[i].k], t, err, errlen)) !=
+		    FA_OK)
+			return st;
+	}
+	for (size_t i = 0; i < sizeof indexes / sizeof indexes[0]; i++) {
+		if (!val[indexes[i].k])
+			continue;
+		struct fa_proto_index *t = (struct fa_proto_index *)((char *)out + indexes[i].off);
+		if ((st = get_index(val[indexes[i].k], key_names[indexes[i].k], t, err, errlen)) !=
+		    FA_OK)
+			return st;
+	}
+	if (val[K_MQ] && !val[K_CUQ])
+		return fa_err(err, errlen, FA_EPROTO, "key 'mq' without 'cuq' (dense queries have one length)");
+	if (val[K_MQ] && !get_uint(val[K_MQ], INT32_MAX, &out->u.infer.max_q))
+		return fa_err(err, errlen, FA_EPROTO, "key 'mq': want an integer in [0, 2^31)");
+	if (val[K_MK] && !get_uint(val[K_MK], INT32_MAX, &out->u.infer.max_k))
+		return fa_err(err, errlen, FA_EPROTO, "key 'mk': want an integer in [0, 2^31)");
+	if ((st = decode_settings(val, &out->u.infer.scale, &out->u.infer.mask,
+	                          &out->u.infer.precision, err, errlen)) != FA_OK)
+		return st;
+	return decode_window(val, &out->u.infer.win, err, errlen);
+}
+
 /* The ATTN_FWD part. */
 static fa_status decode_fwd(const msgpack_object *const *val, struct fa_proto_req *out, char *err,
                             size_t errlen)
@@ -462,8 +624,10 @@ static fa_status decode_fwd(const msgpack_object *const *val, struct fa_proto_re
 			              "key 'pri': must be a priority 0..2 (normal, high, low)");
 		out->u.fwd.priority = (uint8_t)u;
 	}
-	return decode_async(val, &out->u.fwd.async, &out->u.fwd.slot, &out->u.fwd.has_event,
-	                    out->u.fwd.event, err, errlen);
+	if ((st = decode_async(val, &out->u.fwd.async, &out->u.fwd.slot, &out->u.fwd.has_event,
+	                       out->u.fwd.event, err, errlen)) != FA_OK)
+		return st;
+	return decode_window(val, &out->u.fwd.win, err, errlen);
 }
 
 /* The ATTN_BWD part: every tensor required (lse too: the backward needs the forward's). */
@@ -559,6 +723,9 @@ static fa_status decode_req_map(const msgpack_object_map *m, struct fa_proto_req
 		return FA_OK;
 	case FA_OP_ATTN_FWD:
 		return decode_fwd(val, out, err, errlen);
+	case FA_OP_ATTN_VARLEN:
+	case FA_OP_ATTN_KVCACHE:
+		return decode_infer(val, out, err, errlen);
 	case FA_OP_ATTN_BWD:
 		return decode_bwd(val, out, err, errlen);
 	case FA_OP_CLIENTS:
@@ -729,6 +896,8 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 		out->u.reg.region = u;
 		return FA_OK;
 	case FA_OP_ATTN_FWD:
+	case FA_OP_ATTN_VARLEN:
+	case FA_OP_ATTN_KVCACHE:
 	case FA_OP_ATTN_BWD:
 		if (!get_uint(val[K_NS], UINT64_MAX, &u))
 			return fa_err(err, errlen, FA_EPROTO, "key 'ns': want an unsigned integer");
@@ -861,6 +1030,51 @@ static int pk_clients(msgpack_packer *pk, const struct fa_proto_rep *rep)
 	return rc;
 }
 
+/* An index tensor map: a tensor map without 't'. */
+static int pk_index(msgpack_packer *pk, enum key k, const struct fa_proto_index *t)
+{
+	int rc = pk_key(pk, k) | msgpack_pack_map(pk, 4);
+	rc |= msgpack_pack_str_with_body(pk, tkey_names[T_R], 1) | msgpack_pack_uint64(pk, t->region);
+	rc |= msgpack_pack_str_with_body(pk, tkey_names[T_O], 1) | msgpack_pack_uint64(pk, t->offset);
+	for (int d = 0; d < 2; d++) {
+		const int64_t *v = d == 0 ? t->shape : t->stride;
+		enum tkey tk = d == 0 ? T_SH : T_ST;
+		rc |= msgpack_pack_str_with_body(pk, tkey_names[tk], strlen(tkey_names[tk]));
+		rc |= msgpack_pack_array(pk, 2) | msgpack_pack_int64(pk, v[0]) |
+		      msgpack_pack_int64(pk, v[1]);
+	}
+	return rc;
+}
+
+/* The window and softcap keys, when on. */
+static int pk_window(msgpack_packer *pk, const struct fa_proto_window *w)
+{
+	int rc = 0;
+	if (w->window) {
+		rc |= pk_key(pk, K_WL) | msgpack_pack_int64(pk, w->window_left);
+		rc |= pk_key(pk, K_WR) | msgpack_pack_int64(pk, w->window_right);
+	}
+	if (w->softcap != 0)
+		rc |= pk_key(pk, K_CAP) | msgpack_pack_double(pk, w->softcap);
+	return rc;
+}
+
+/* Map entries the window keys take; false when the decoder would refuse them. */
+static bool window_ok(const struct fa_proto_window *w, uint32_t *n)
+{
+	if (!isfinite(w->softcap) || w->softcap < 0)
+		return false;
+	*n += 2 * w->window + (w->softcap != 0);
+	return true;
+}
+
+/* Whether an index tensor can be encoded (region > 0, dims >= 0). */
+static bool index_ok(const struct fa_proto_index *t)
+{
+	return t->region != 0 && t->shape[0] >= 0 && t->shape[1] >= 0 && t->stride[0] >= 0 &&
+	       t->stride[1] >= 0;
+}
+
 /* Whether a tensor can be encoded (the decoder's rules: region > 0, dtype 1..3, dims >= 0). */
 static bool tensor_ok(const struct fa_proto_tensor *t)
 {
@@ -917,7 +1131,28 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 			return FA_EINVAL;
 		*n += 7 + (req->u.fwd.lse.region != 0) + req->u.fwd.async + req->u.fwd.has_event +
 		      (req->u.fwd.priority != FA_PRIORITY_NORMAL);
-		return FA_OK;
+		return window_ok(&req->u.fwd.win, n) ? FA_OK : FA_EINVAL;
+	case FA_OP_ATTN_VARLEN:
+	case FA_OP_ATTN_KVCACHE: {
+		const __typeof__(req->u.infer) *r = &req->u.infer;
+		bool varlen = oi->op == FA_OP_ATTN_VARLEN;
+		if (!tensor_ok(&r->q) || !tensor_ok(&r->k) || !tensor_ok(&r->v) || !tensor_ok(&r->o) ||
+		    (r->lse.region != 0 && !tensor_ok(&r->lse)) || !isfinite(r->scale) ||
+		    r->mask > FA_MASK_CAUSAL_TOP_LEFT || r->precision > FA_PREC_BF16 ||
+		    r->max_q > INT32_MAX || r->max_k > INT32_MAX)
+			return FA_EINVAL;
+		if (varlen ? !index_ok(&r->cu_q) || !index_ok(&r->cu_k) || r->cache_len.region ||
+		                 r->page_table.region
+		           : !index_ok(&r->cache_len) || r->cu_k.region || r->max_k ||
+		                 (r->cu_q.region && !index_ok(&r->cu_q)) ||
+		                 (r->page_table.region && !index_ok(&r->page_table)) ||
+		                 (!r->cu_q.region && r->max_q))
+			return FA_EINVAL;
+		/* v op seq sid + q k v o scale mask prec + the op's own */
+		*n += 7 + (r->lse.region != 0) +
+		      (varlen ? 4 : 1 + 2 * (r->cu_q.region != 0) + (r->page_table.region != 0));
+		return window_ok(&r->win, n) ? FA_OK : FA_EINVAL;
+	}
 	case FA_OP_ATTN_BWD: {
 		const struct fa_proto_tensor *t[] = {&req->u.bwd.q,  &req->u.bwd.k,    &req->u.bwd.v,
 		                                     &req->u.bwd.o,  &req->u.bwd.lse,  &req->u.bwd.dout,
@@ -995,7 +1230,35 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 			rc |= pk_bin(&pk, K_EV, req->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);
 		if (req->u.fwd.priority != FA_PRIORITY_NORMAL)
 			rc |= pk_u64(&pk, K_PRI, req->u.fwd.priority); /* absent: normal, as before */
+		rc |= pk_window(&pk, &req->u.fwd.win);
 		break;
+	case FA_OP_ATTN_VARLEN:
+	case FA_OP_ATTN_KVCACHE: {
+		const __typeof__(req->u.infer) *r = &req->u.infer;
+		rc |= pk_tensor(&pk, K_TQ, &r->q);
+		rc |= pk_tensor(&pk, K_TK, &r->k);
+		rc |= pk_tensor(&pk, K_TV, &r->v);
+		rc |= pk_tensor(&pk, K_TO, &r->o);
+		if (r->lse.region != 0)
+			rc |= pk_tensor(&pk, K_LSE, &r->lse);
+		if (r->cu_q.region != 0) {
+			rc |= pk_index(&pk, K_CUQ, &r->cu_q);
+			rc |= pk_u64(&pk, K_MQ, r->max_q);
+		}
+		if (oi->op == FA_OP_ATTN_VARLEN) {
+			rc |= pk_index(&pk, K_CUK, &r->cu_k);
+			rc |= pk_u64(&pk, K_MK, r->max_k);
+		} else {
+			rc |= pk_index(&pk, K_CSL, &r->cache_len);
+			if (r->page_table.region != 0)
+				rc |= pk_index(&pk, K_PT, &r->page_table);
+		}
+		rc |= pk_key(&pk, K_SCALE) | msgpack_pack_double(&pk, r->scale);
+		rc |= pk_u64(&pk, K_MASK, r->mask);
+		rc |= pk_u64(&pk, K_PREC, r->precision);
+		rc |= pk_window(&pk, &r->win);
+		break;
+	}
 	case FA_OP_ATTN_BWD:
 		rc |= pk_tensor(&pk, K_TQ, &req->u.bwd.q);
 		rc |= pk_tensor(&pk, K_TK, &req->u.bwd.k);
@@ -1058,6 +1321,8 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 			n += 1;
 			break;
 		case FA_OP_ATTN_FWD:
+		case FA_OP_ATTN_VARLEN:
+		case FA_OP_ATTN_KVCACHE:
 		case FA_OP_ATTN_BWD:
 			n += 1 + rep->u.fwd.async;
 			break;
@@ -1104,6 +1369,8 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 			rc |= pk_u64(&pk, K_RID, rep->u.reg.region);
 			break;
 		case FA_OP_ATTN_FWD:
+		case FA_OP_ATTN_VARLEN:
+		case FA_OP_ATTN_KVCACHE:
 		case FA_OP_ATTN_BWD:
 			rc |= pk_u64(&pk, K_NS, rep->u.fwd.compute_ns);
 			if (rep->u.fwd.async)

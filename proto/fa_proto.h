@@ -45,6 +45,9 @@ enum fa_op {
 	FA_OP_ATTN_FWD = 20,   /* forward attention */
 	FA_OP_ATTN_BWD = 21,   /* backward attention: dQ, dK, dV */
 	/* 22 is reserved for the backward pass */
+	FA_OP_ATTN_VARLEN = 23,  /* forward over packed sequences of different lengths */
+	FA_OP_ATTN_KVCACHE = 24, /* forward against a KV cache, contiguous or paged */
+	/* 25 is reserved for the inference ops */
 	FA_OP_CLIENTS = 30,    /* the sessions, one entry each (fa-ctl clients) */
 };
 
@@ -88,6 +91,23 @@ struct fa_proto_client {
 	uint64_t since_ms;            /* when HELLO opened it, Unix time in milliseconds */
 };
 
+/* An int32 index tensor on the wire (sequence offsets, cache lengths, a page table): a region of
+ * the session, a byte offset, 2 sizes and 2 strides in elements; a vector is [n, 1]. */
+struct fa_proto_index {
+	uint64_t region;   /* region id; 0 = absent (only for the optional ones) */
+	uint64_t offset;   /* bytes */
+	int64_t shape[2];
+	int64_t stride[2];
+};
+
+/* The sliding window and softcap of a forward-type request (keys "wl", "wr", "cap", all
+ * optional: absent is off, as before they existed). */
+struct fa_proto_window {
+	bool window;                       /* "wl" and "wr" present */
+	int64_t window_left, window_right; /* < 0: unbounded */
+	double softcap;                    /* >= 0, 0 = off ("cap" absent) */
+};
+
 /* A request, decoded. Which union member is valid depends on op. */
 struct fa_proto_req {
 	uint32_t v;       /* protocol version */
@@ -123,6 +143,7 @@ struct fa_proto_req {
 			bool has_event;             /* the daemon's stream waits on event first */
 			uint8_t event[FA_PROTO_IPC_HANDLE_LEN]; /* the client's cudaIpcEventHandle_t */
 			uint8_t priority;           /* enum fa_priority; key "pri", absent = normal */
+			struct fa_proto_window win; /* optional keys; zero: off */
 		} fwd;
 		/* ATTN_BWD: the forward's tensors and settings (o and lse are inputs here, lse is
 		 * required), the upstream gradient dout, the gradients dq, dk, dv written; async
@@ -142,6 +163,22 @@ struct fa_proto_req {
 		struct {
 			uint64_t after; /* only sessions with a larger id ("after", optional: 0) */
 		} clients;
+		/* ATTN_VARLEN: q, o [1, total_q, Hq, D], k, v [1, total_k, Hkv, D], cu_q and cu_k
+		 * [B + 1, 1]. ATTN_KVCACHE: k, v a cache [B, rows, Hkv, D] or, with page_table
+		 * [B, pages per sequence], pools [pages, page size, Hkv, D]; cache_len [B, 1]; q, o
+		 * dense [B, Sq, Hq, D] or, with cu_q, packed. Synchronous only. */
+		struct {
+			struct fa_proto_tensor q, k, v, o;
+			struct fa_proto_tensor lse;        /* region 0: not wanted */
+			struct fa_proto_index cu_q, cu_k;  /* KVCACHE: cu_q optional, cu_k unused */
+			struct fa_proto_index cache_len;   /* KVCACHE */
+			struct fa_proto_index page_table;  /* KVCACHE, optional */
+			uint64_t max_q, max_k;             /* 0: the daemon finds them */
+			double scale;
+			uint8_t mask;
+			uint8_t precision;
+			struct fa_proto_window win;
+		} infer;
 	} u;
 };
 
@@ -164,7 +201,7 @@ struct fa_proto_rep {
 		struct {
 			uint64_t region;
 		} reg;
-		/* ATTN_FWD's and ATTN_BWD's replies (the same keys). */
+		/* ATTN_FWD's reply, and ATTN_BWD's, ATTN_VARLEN's and ATTN_KVCACHE's (the same keys). */
 		struct {
 			uint64_t compute_ns; /* time the backend spent on this request (async: 0) */
 			bool async;          /* an asynchronous request's reply: event is set */

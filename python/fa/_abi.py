@@ -25,6 +25,10 @@ FA_PREC_3XTF32 = 2
 FA_PREC_TF32 = 3
 FA_PREC_BF16 = 4
 
+FA_PRIORITY_NORMAL = 0
+FA_PRIORITY_HIGH = 1
+FA_PRIORITY_LOW = 2
+
 # The statuses by name; names and texts at run time come from the library (fa_status_name,
 # fa_strerror), these numbers only let Python code name the ones it tests for.
 FA_STATUS = {
@@ -43,7 +47,8 @@ ENUMS = dict(FA_STATUS, FA_DTYPE_FP16=FA_DTYPE_FP16, FA_DTYPE_BF16=FA_DTYPE_BF16
              FA_MASK_CAUSAL_BOTTOM_RIGHT=FA_MASK_CAUSAL_BOTTOM_RIGHT,
              FA_MASK_CAUSAL_TOP_LEFT=FA_MASK_CAUSAL_TOP_LEFT, FA_PREC_DEFAULT=FA_PREC_DEFAULT,
              FA_PREC_IEEE=FA_PREC_IEEE, FA_PREC_3XTF32=FA_PREC_3XTF32, FA_PREC_TF32=FA_PREC_TF32,
-             FA_PREC_BF16=FA_PREC_BF16)
+             FA_PREC_BF16=FA_PREC_BF16, FA_PRIORITY_NORMAL=FA_PRIORITY_NORMAL,
+             FA_PRIORITY_HIGH=FA_PRIORITY_HIGH, FA_PRIORITY_LOW=FA_PRIORITY_LOW)
 
 # C enums are int-sized on every ABI the library is built for.
 fa_status = C.c_int
@@ -74,6 +79,13 @@ class fa_attn_fwd_args(C.Structure):
         ("scale", C.c_double),
         ("mask", fa_enum),
         ("precision", fa_enum),
+        # appended in 0.2 (fa_client.h), zero = today's behaviour: the priority class, the
+        # sliding window and softcap
+        ("priority", fa_enum),
+        ("window", C.c_int32),
+        ("window_left", C.c_int64),
+        ("window_right", C.c_int64),
+        ("softcap", C.c_double),
     ]
 
 

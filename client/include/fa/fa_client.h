@@ -174,6 +174,16 @@ typedef struct fa_attn_fwd_args {
 	 * small latency-bound requests (on the GPU backend they also go to a high-priority CUDA
 	 * stream), low batch work. A value outside fa_priority: FA_EINVAL. */
 	fa_priority priority;
+	/* Sliding window (Mistral; FlashAttention's window_size): when `window` is nonzero, query i
+	 * sees keys j with i + a - window_left <= j <= i + a + window_right, where a = Sk - Sq (the
+	 * bottom-right alignment, also for FA_MASK_NONE) or 0 under FA_MASK_CAUSAL_TOP_LEFT; a
+	 * negative side is unbounded, and a causal mask caps the right side at 0. So causal is the
+	 * window (-1, 0), and Mistral's is the causal mask with window_left = 4095. */
+	int32_t window;
+	int64_t window_left, window_right;
+	/* Logit softcapping (Gemma 2): > 0 replaces each scaled score s by softcap * tanh(s /
+	 * softcap) before the mask (lse is of the capped scores); 0 is off; finite, >= 0. */
+	double softcap;
 } fa_attn_fwd_args;
 
 /* Compute forward attention in the daemon and return when O (and lse) are written.
@@ -255,6 +265,83 @@ FA_API uint16_t fa_fp16_from_float(float f);
 FA_API float fa_float_from_fp16(uint16_t h);
 FA_API uint16_t fa_bf16_from_float(float f);
 FA_API float fa_float_from_bf16(uint16_t h);
+
+/* An int32 index tensor in a registered buffer: sequence offsets, cache lengths, a page table.
+ * Element (i, j) is the int32 at data + offset + 4 * (i * stride[0] + j * stride[1]); a vector
+ * of n entries is shape {n, 1}. offset must be a multiple of 4. The daemon copies it out of the
+ * buffer once, checks every entry it will use, and computes from its copy: rewriting the buffer
+ * while the call runs changes nothing. */
+typedef struct fa_index {
+	fa_buffer *buf;    /* borrowed; NULL only for an absent optional index */
+	uint64_t offset;   /* bytes from the start of the buffer */
+	int64_t shape[2];  /* sizes, each >= 1 */
+	int64_t stride[2]; /* in elements, each >= 0 */
+} fa_index;
+
+/* Variable-length batch (FlashAttention's flash_attn_varlen_func): B sequences of different
+ * lengths packed along the token dimension, described by cumulative offsets. Sequence b's queries
+ * are rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and o, its keys rows [cu_seqlens_k[b],
+ * cu_seqlens_k[b + 1]) of k and v; a sequence may have no queries, or no keys (its rows get
+ * O = 0, lse = -inf). Masks and the window apply per sequence with its own lengths (causal
+ * bottom-right aligns its last query with its last key). Rows of q and o past cu_seqlens_q[B]
+ * (padding) are neither read nor written.
+ * q, o [1, total_q, Hq, D], k, v [1, total_k, Hkv, D]: one dtype, head dim contiguous.
+ * cu_seqlens_q, cu_seqlens_k: [B + 1, 1] each: start >= 0, never decreasing, end within total_q
+ * (total_k). lse: optional fp32 [1, Hq, total_q, 1].
+ * max_seqlen_q, max_seqlen_k: an upper bound of the lengths (checked), or 0: the daemon finds it.
+ * The other fields as fa_attn_fwd_args's. */
+typedef struct fa_attn_varlen_args {
+	fa_tensor q, k, v, o;
+	fa_tensor lse;                      /* optional */
+	fa_index cu_seqlens_q, cu_seqlens_k;
+	int64_t max_seqlen_q, max_seqlen_k; /* 0: found from the offsets */
+	double scale;                       /* 0 means 1/sqrt(D) */
+	fa_mask mask;
+	fa_precision precision;
+	int32_t window;                     /* as in fa_attn_fwd_args */
+	int64_t window_left, window_right;
+	double softcap;
+} fa_attn_varlen_args;
+
+/* Forward attention over a variable-length batch, in the daemon (synchronous). Returns the
+ * statuses of fa_attn_fwd() (not the asynchronous mode's); a bad offset is FA_EINVAL with the
+ * entry in the detail ("cu_seqlens_q[3] = 17 is below cu_seqlens_q[2] = 20: offsets must not
+ * decrease"), and nothing is written. FA_ENOTSUP: the daemon's backend does not serve it (the GPU
+ * backend does not yet). */
+FA_API fa_status fa_attn_varlen(fa_client *c, const fa_attn_varlen_args *args);
+
+/* Attention against a KV cache (FlashAttention's flash_attn_with_kvcache without appending new
+ * keys: write them into the cache first and count them in cache_seqlens). Sequence b attends to
+ * the first cache_seqlens[b] keys of its cache; causal masks and the window align its last query
+ * with its last cached key (query i of Sq sees keys j <= i + cache_seqlens[b] - Sq).
+ * Keys: without page_table, k and v are a contiguous cache [B, rows, Hkv, D] and
+ * cache_seqlens[b] <= rows; with page_table (vLLM's block table, int32 [B, pages per sequence]),
+ * k and v are pools [pages, page_size, Hkv, D] with page_size 16 to 256, key j of sequence b is
+ * row j % page_size of page page_table[b][j / page_size], cache_seqlens[b] <= page_size * pages
+ * per sequence, and every page a sequence uses must be in [0, pages) (entries past its last page
+ * are not read; pages may be shared between sequences).
+ * Queries: without cu_seqlens_q, q and o are dense [B, Sq, Hq, D] and lse [B, Hq, Sq, 1]; with
+ * it (int32 [B + 1, 1]), packed as fa_attn_varlen's, lse [1, Hq, total_q, 1], max_seqlen_q as
+ * there. cache_seqlens: int32 [B, 1], each >= 0 (0: the rows get O = 0, lse = -inf). */
+typedef struct fa_attn_kvcache_args {
+	fa_tensor q, k, v, o;
+	fa_tensor lse;                      /* optional */
+	fa_index cache_seqlens;
+	fa_index page_table;                /* optional: a paged cache */
+	fa_index cu_seqlens_q;              /* optional: packed queries */
+	int64_t max_seqlen_q;               /* with cu_seqlens_q; 0: found from the offsets */
+	double scale;
+	fa_mask mask;
+	fa_precision precision;
+	int32_t window;                     /* as in fa_attn_fwd_args */
+	int64_t window_left, window_right;
+	double softcap;
+} fa_attn_kvcache_args;
+
+/* Forward attention against a KV cache, in the daemon (synchronous). Returns the statuses of
+ * fa_attn_varlen(); a bad page index or length is FA_EINVAL naming the entry ("page_table[3][7]
+ * = 912: the pools have 512 pages"), with nothing written. */
+FA_API fa_status fa_attn_kvcache(fa_client *c, const fa_attn_kvcache_args *args);
 
 /* The detail text the daemon sent with the last failed call on this thread ("q: extent ends at
  * byte 4160, region has 4096"), or "" when it sent none. Static thread-local storage, valid until
