@@ -37,6 +37,8 @@ struct config {
 	int verbose;                      /* 0 notice, 1 info (-v), 2 debug (-vv) */
 	int compile_threads;              /* gpu backend: kernel compile threads; 0 = on the worker */
 	char tune[8];                     /* gpu backend: "idle" (background tuning) or "off" */
+	int async_wait_ms;                /* gpu backend: an asynchronous call's inputs not ready
+	                                   * after this long: its stream is released, it fails */
 	struct fa_kernel_settings kernels; /* gpu backend: planner, NVRTC, kernel cache (wgmma...) */
 };
 

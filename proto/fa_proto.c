@@ -56,6 +56,9 @@ enum key {
 	K_SLOT,  /* uint < FA_PROTO_MAX_SLOTS: asynchronous mode's slot (ATTN_FWD, optional) */
 	K_EV,    /* bin 64: CUDA IPC event handle (async ATTN_FWD: the client's; its reply: the
 	          * daemon's) */
+	K_WDS,   /* uint 0..1: the region holds completion words (REGISTER, CUDA_IPC, optional) */
+	K_WR,    /* uint64 != 0: the completion words' region (async ATTN_FWD, optional) */
+	K_WQ,    /* uint64 != 0: the call's completion-word value (async ATTN_FWD, with K_WR) */
 	K_COUNT
 };
 
@@ -67,7 +70,8 @@ static const char *const key_names[K_COUNT] = {
 	[K_LSE] = "lse",   [K_SCALE] = "scale", [K_MASK] = "mask", [K_PREC] = "prec",
 	[K_ST] = "st",     [K_EP] = "ep",     [K_DET] = "det",    [K_MM] = "mm",
 	[K_MI] = "mi",     [K_MR] = "mr",     [K_BE] = "be",      [K_NS] = "ns",
-	[K_TXT] = "txt",   [K_SLOT] = "slot", [K_EV] = "ev",
+	[K_TXT] = "txt",   [K_SLOT] = "slot", [K_EV] = "ev",     [K_WDS] = "wds",
+	[K_WR] = "wr",     [K_WQ] = "wq",
 };
 
 /* Keys of a tensor map. */
@@ -80,7 +84,9 @@ static const char *const tkey_names[T_COUNT] = {
 	[T_ST] = "st", /* array of 4 int64 >= 0: strides in elements */
 };
 
-#define KB(k) (UINT32_C(1) << (k))
+/* Key sets are 64-bit masks: more than 32 keys exist. */
+#define KB(k) (UINT64_C(1) << (k))
+_Static_assert(K_COUNT <= 64, "a key set is a uint64_t");
 
 /* Keys every request carries; every reply carries; and the optional reply detail. */
 #define REQ_COMMON (KB(K_V) | KB(K_OP) | KB(K_SEQ))
@@ -91,10 +97,10 @@ static const char *const tkey_names[T_COUNT] = {
 static const struct op_info {
 	uint32_t op;
 	const char *name;
-	uint32_t req_need;
-	uint32_t req_opt;
-	uint32_t rep_need;
-	uint32_t rep_opt;
+	uint64_t req_need;
+	uint64_t req_opt;
+	uint64_t rep_need;
+	uint64_t rep_opt;
 } op_table[] = {
 	{FA_OP_HELLO, "HELLO", KB(K_PID) | KB(K_NAME), 0,
 	 KB(K_SID) | KB(K_MM) | KB(K_MI) | KB(K_MR) | KB(K_BE)},
@@ -102,12 +108,12 @@ static const struct op_info {
 	{FA_OP_PING, "PING", KB(K_SID), 0, 0},
 	{FA_OP_STATS, "STATS", KB(K_SID), 0, KB(K_TXT)},
 	{FA_OP_REGISTER, "REGISTER", KB(K_SID) | KB(K_KIND) | KB(K_SIZE),
-	 KB(K_SHM) | KB(K_IPC) | KB(K_GPU), KB(K_RID)},
+	 KB(K_SHM) | KB(K_IPC) | KB(K_GPU) | KB(K_WDS), KB(K_RID)},
 	{FA_OP_UNREGISTER, "UNREGISTER", KB(K_SID) | KB(K_RID), 0, 0},
 	{FA_OP_ATTN_FWD, "ATTN_FWD",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_SCALE) | KB(K_MASK) |
 		 KB(K_PREC),
-	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV), KB(K_NS), KB(K_EV)},
+	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV) | KB(K_WR) | KB(K_WQ), KB(K_NS), KB(K_EV)},
 };
 
 /* The table entry of an op, or NULL when the number is not an op of this version. */
@@ -269,7 +275,7 @@ static fa_status get_tensor(const msgpack_object *o, const char *key, struct fa_
 }
 
 /* Check that exactly the keys in `need` and some of `opt` are present. */
-static fa_status check_keys(const msgpack_object *const *val, uint32_t need, uint32_t opt,
+static fa_status check_keys(const msgpack_object *const *val, uint64_t need, uint64_t opt,
                             const char *what, char *err, size_t errlen)
 {
 	for (int k = 0; k < K_COUNT; k++) {
@@ -322,10 +328,15 @@ static fa_status decode_register(const msgpack_object *const *val, struct fa_pro
 	/* The kind decides which keys the registration carries. */
 	bool shm = out->u.reg.kind == FA_REGION_HOST_SHM;
 	const char *what = shm ? "a HOST_SHM REGISTER request" : "a CUDA_IPC REGISTER request";
-	uint32_t need = REQ_COMMON | KB(K_SID) | KB(K_KIND) | KB(K_SIZE) |
+	uint64_t need = REQ_COMMON | KB(K_SID) | KB(K_KIND) | KB(K_SIZE) |
 	                (shm ? KB(K_SHM) : KB(K_IPC) | KB(K_GPU));
-	if ((st = check_keys(val, need, 0, what, err, errlen)) != FA_OK)
+	if ((st = check_keys(val, need, shm ? 0 : KB(K_WDS), what, err, errlen)) != FA_OK)
 		return st;
+	if (val[K_WDS]) {
+		if (!get_uint(val[K_WDS], 1, &u))
+			return fa_err(err, errlen, FA_EPROTO, "key 'wds': must be 0 or 1");
+		out->u.reg.words = u == 1;
+	}
 	if (shm)
 		return get_str(val[K_SHM], "shm", out->u.reg.shm_name, FA_PROTO_SHM_NAME_MAX, err,
 		               errlen);
@@ -387,6 +398,24 @@ static fa_status decode_fwd(const msgpack_object *const *val, struct fa_proto_re
 		                  errlen)) != FA_OK)
 			return st;
 		out->u.fwd.has_event = true;
+	}
+	/* Completion words instead of events: both keys, a slot, no event. */
+	if (val[K_WR] || val[K_WQ]) {
+		if (!val[K_WR] || !val[K_WQ])
+			return fa_err(err, errlen, FA_EPROTO, "key '%s' without '%s' (completion words "
+			              "take both)", val[K_WR] ? "wr" : "wq", val[K_WR] ? "wq" : "wr");
+		if (!val[K_SLOT])
+			return fa_err(err, errlen, FA_EPROTO, "keys 'wr' and 'wq' without 'slot' "
+			              "(completion words are async mode's)");
+		if (val[K_EV])
+			return fa_err(err, errlen, FA_EPROTO, "keys 'wr' and 'ev' together: a call "
+			              "waits on completion words or on an event, not both");
+		if (!get_uint(val[K_WR], UINT64_MAX, &u) || u == 0)
+			return fa_err(err, errlen, FA_EPROTO, "key 'wr': must be a region id > 0");
+		out->u.fwd.words_region = u;
+		if (!get_uint(val[K_WQ], UINT64_MAX, &u) || u == 0)
+			return fa_err(err, errlen, FA_EPROTO, "key 'wq': must be an unsigned integer > 0");
+		out->u.fwd.words_seq = u;
 	}
 	return FA_OK;
 }
@@ -529,8 +558,8 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 		snprintf(what, sizeof what, "an FA_OK %s reply", oi->name);
 	else
 		snprintf(what, sizeof what, "a failure reply");
-	uint32_t need = REP_COMMON | (out->status == FA_OK ? oi->rep_need : 0);
-	uint32_t opt = KB(K_DET) | (out->status == FA_OK ? oi->rep_opt : 0);
+	uint64_t need = REP_COMMON | (out->status == FA_OK ? oi->rep_need : 0);
+	uint64_t opt = KB(K_DET) | (out->status == FA_OK ? oi->rep_opt : 0);
 	if ((st = check_keys(val, need, opt, what, err, errlen)) != FA_OK)
 		return st;
 	if (!get_uint(val[K_SEQ], UINT64_MAX, &u))
@@ -705,7 +734,7 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 				return FA_EINVAL;
 			*n += 3;
 		} else if (req->u.reg.kind == FA_REGION_CUDA_IPC) {
-			*n += 4;
+			*n += 4 + req->u.reg.words;
 		} else {
 			return FA_EINVAL;
 		}
@@ -720,9 +749,12 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 		    !isfinite(req->u.fwd.scale) || req->u.fwd.mask > FA_MASK_CAUSAL_TOP_LEFT ||
 		    req->u.fwd.precision > FA_PREC_BF16 ||
 		    (req->u.fwd.async && req->u.fwd.slot >= FA_PROTO_MAX_SLOTS) ||
-		    (req->u.fwd.has_event && !req->u.fwd.async))
+		    (req->u.fwd.has_event && !req->u.fwd.async) ||
+		    (req->u.fwd.words_region != 0 &&
+		     (!req->u.fwd.async || req->u.fwd.has_event || req->u.fwd.words_seq == 0)))
 			return FA_EINVAL;
-		*n += 7 + (req->u.fwd.lse.region != 0) + req->u.fwd.async + req->u.fwd.has_event;
+		*n += 7 + (req->u.fwd.lse.region != 0) + req->u.fwd.async + req->u.fwd.has_event +
+		      2 * (req->u.fwd.words_region != 0);
 		return FA_OK;
 	default:
 		return FA_OK;
@@ -765,6 +797,8 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 		} else {
 			rc |= pk_bin(&pk, K_IPC, req->u.reg.ipc_handle, FA_PROTO_IPC_HANDLE_LEN);
 			rc |= pk_bin(&pk, K_GPU, req->u.reg.gpu_uuid, FA_PROTO_UUID_LEN);
+			if (req->u.reg.words)
+				rc |= pk_u64(&pk, K_WDS, 1);
 		}
 		break;
 	case FA_OP_UNREGISTER:
@@ -784,6 +818,10 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 			rc |= pk_u64(&pk, K_SLOT, req->u.fwd.slot);
 		if (req->u.fwd.has_event)
 			rc |= pk_bin(&pk, K_EV, req->u.fwd.event, FA_PROTO_IPC_HANDLE_LEN);
+		if (req->u.fwd.words_region != 0) {
+			rc |= pk_u64(&pk, K_WR, req->u.fwd.words_region);
+			rc |= pk_u64(&pk, K_WQ, req->u.fwd.words_seq);
+		}
 		break;
 	default:
 		break;
