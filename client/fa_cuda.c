@@ -385,8 +385,8 @@ static fa_status words_make(fa_client *c, struct fa_words *w)
 	w->stream = NULL;
 	fa_cu->MemFree(p);
 	if (words_refused(st)) {
-		fa__debug("fa: the daemon refused completion words (%s: %s): asynchronous calls "
-		          "use CUDA IPC events", fa_status_name(st), fa_last_error_detail());
+		fa__debug("fa: the daemon refused completion words (%s): asynchronous calls use "
+		          "CUDA IPC events", fa_status_name(st));
 		fa__detail_clear();
 		w->state = -1;
 		return FA_OK;
