@@ -211,6 +211,10 @@ FA_API fa_status fa_client_open(fa_client **out, const char *addr)
 	atomic_init(&c->timeout_ms, env_ms("FA_TIMEOUT_MS", FA_DEFAULT_TIMEOUT_MS));
 	atomic_init(&c->seq, 0);
 	{
+		const char *e = getenv("FA_ASYNC_EVENTS"); /* the old path, for comparisons */
+		c->force_events = e != NULL && strcmp(e, "1") == 0;
+	}
+	{
 		int t = atomic_load(&c->timeout_ms);
 		int def = (t == 0 || t > FA_DEFAULT_CONNECT_TIMEOUT_MS) ? FA_DEFAULT_CONNECT_TIMEOUT_MS
 		                                                        : t;
@@ -261,6 +265,8 @@ FA_API void fa_client_close(fa_client *c)
 	}
 	for (int i = 0; i < FA_TRANSPORT_MAX_SOCKETS; i++)
 		fa_cuda_async_fini(&c->async[i]);
+	for (int i = 0; i < FA_WORDS_MAX_CTX; i++)
+		fa_cuda_words_fini(&c->words[i]);
 	fa_transport_close(c->tr);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
@@ -615,6 +621,33 @@ FA_API fa_status fa_attn_fwd(fa_client *c, const fa_attn_fwd_args *args)
 	return st;
 }
 
+/* The completion-word path of fa_attn_fwd_async on the held socket s: ready word on the stream,
+ * the request, and (once the daemon enqueued the kernel) the stream's wait for the done word. */
+static fa_status words_call(fa_client *c, struct fa_words *w, struct fa_tslot *s, void *stream,
+                            struct fa_proto_req *req, struct fa_proto_rep *rep, int64_t deadline)
+{
+	int slot = fa_transport_slot_id(s);
+	uint64_t seq = 0;
+	fa_status st;
+
+	req->u.fwd.async = true;
+	req->u.fwd.slot = (uint32_t)slot;
+	req->u.fwd.words_region = w->buf->region;
+	if ((st = fa_cuda_words_ready(w, slot, stream, &seq)) != FA_OK)
+		return st;
+	req->u.fwd.words_seq = seq;
+	st = fa_transport_roundtrip(c->tr, s, req, rep, deadline);
+	if (st != FA_OK) {
+		/* No reply: enqueued or not, nobody must wait for this done word for ever. */
+		fa_cuda_words_lost(w, slot, seq);
+		return st;
+	}
+	/* A refusal enqueued nothing; the ready word's value is simply never waited for. */
+	if ((st = fa__reply_status(c, rep)) != FA_OK)
+		return st;
+	return fa_cuda_words_wait(w, slot, stream, seq);
+}
+
 /* Forward attention ordered on the caller's CUDA stream; see fa_client.h. The socket's slot id
  * names the pair of events: ours, recorded on the stream before the request (the daemon's stream
  * waits on it), and the daemon's, recorded after the kernel (the stream waits on it before the
@@ -645,8 +678,22 @@ FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, v
 		return fa__fail(FA_EUNAVAIL, "no daemon socket at %s: the daemon stopped", c->path);
 	if ((rep = fa__rep_alloc()) == NULL)
 		return FA_ENOMEM;
+	struct fa_words *w = NULL;
+	if ((st = fa_cuda_words_get(c, stream, &w)) != FA_OK) {
+		free(rep);
+		return st;
+	}
 	int64_t deadline = fa__deadline(atomic_load(&c->timeout_ms));
 	if ((st = fa_transport_acquire(c->tr, deadline, &s)) != FA_OK) {
+		free(rep);
+		return st;
+	}
+	if (w != NULL && w->buf->region != 0) {
+		st = words_call(c, w, s, stream, &req, rep, deadline);
+		fa_transport_release(c->tr, s);
+		if (st == FA_ETIMEDOUT && fa__socket_file_gone(c))
+			st = fa__fail(FA_EUNAVAIL, "no reply, and no daemon socket at %s: the daemon "
+			              "stopped", c->path);
 		free(rep);
 		return st;
 	}

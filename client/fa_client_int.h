@@ -155,6 +155,42 @@ fa_status fa_cuda_async_wait(struct fa_async_slot *sl, void *stream,
 /* Destroy the slot's events (fa_client_close). (fa_cuda.c) */
 void fa_cuda_async_fini(struct fa_async_slot *sl);
 
+/* The asynchronous mode's completion words in one CUDA context (fa_cuda.c; the wire's
+ * FA_PROTO_WORDS_*): a cuMemAlloc buffer of this process, registered as a words region, in
+ * which the caller's stream writes each call's value into the slot's ready word and the
+ * daemon's stream writes it into the done word. The values come from one counter that never
+ * goes back, so every word only grows. A call on slot k first makes its stream wait for the
+ * done word of the slot's previous call (when that was on another stream, its ready write may
+ * still be queued: it must land first, or the word would go down under the daemon's wait). */
+#define FA_WORDS_MAX_CTX 8
+struct fa_words {
+	void *ctx;          /* c->lock: the context; NULL: a free entry */
+	int state;          /* c->lock: 0 being made (calls meanwhile use events), 1 usable,
+	                     * -1 not here (events for good: no 64-bit stream memory operations,
+	                     * or the daemon refused the words) */
+	fa_buffer *buf;     /* registered (on the client's list, so reconnect registers it) */
+	uint64_t dptr;      /* the words */
+	void *stream;       /* non-blocking, ours: zeroing, and releases after a lost reply */
+	_Atomic uint64_t next;                       /* the last value handed out */
+	uint64_t slot_seq[FA_TRANSPORT_MAX_SOCKETS]; /* the slot's holder: its last value the daemon
+	                                              * enqueued (0: none) */
+};
+
+/* The completion words of stream's context, made and registered on first use. FA_OK with *out
+ * (NULL: use the IPC-event path), or a failure (FA_ENOGPU, FA_EINVAL: not a stream, or a
+ * transport status of the registration). (fa_cuda.c) */
+fa_status fa_cuda_words_get(fa_client *c, void *stream, struct fa_words **out);
+/* Enqueue on stream, for the holder of socket slot `slot`: the wait for the slot's previous
+ * done word, then ready[slot] = the next value (*seq). FA_OK or FA_EINVAL. (fa_cuda.c) */
+fa_status fa_cuda_words_ready(struct fa_words *w, int slot, void *stream, uint64_t *seq);
+/* The daemon enqueued call seq: stream waits for done[slot] >= seq. FA_OK or FA_EDEVICE. */
+fa_status fa_cuda_words_wait(struct fa_words *w, int slot, void *stream, uint64_t seq);
+/* No reply for call seq (it may or may not be enqueued): write done[slot] = seq ourselves so no
+ * later wait hangs on it. (fa_cuda.c) */
+void fa_cuda_words_lost(struct fa_words *w, int slot, uint64_t seq);
+/* Free the words' memory and stream (fa_client_close, after BYE). (fa_cuda.c) */
+void fa_cuda_words_fini(struct fa_words *w);
+
 struct fa_client {
 	struct fa_transport *tr;
 	struct fa_tslot *anchor;  /* the HELLO socket, kept open (and idle) so the session lives */
@@ -171,6 +207,8 @@ struct fa_client {
 	pthread_mutex_t lock;     /* guards the buffer list */
 	fa_buffer *buffers;
 	struct fa_async_slot async[FA_TRANSPORT_MAX_SOCKETS]; /* per socket slot (fa_cuda.c) */
+	struct fa_words words[FA_WORDS_MAX_CTX]; /* per CUDA context (fa_cuda.c) */
+	bool force_events;       /* FA_ASYNC_EVENTS=1 at open: the IPC-event path only */
 };
 
 /* ---- one call on the session (fa_call.c) ----------------------------------------------------- */

@@ -280,3 +280,245 @@ void fa_cuda_async_fini(struct fa_async_slot *sl)
 		return;
 	async_drop(sl);
 }
+
+/* ---- asynchronous mode: completion words (the default) --------------------------------------- */
+
+/* REGISTER's fields for the words: a device buffer flagged as completion words. */
+static void words_describe(const fa_buffer *b, struct fa_proto_req *req)
+{
+	dev_describe(b, req);
+	req->u.reg.words = true;
+}
+
+/* A daemon restart (fa_client_reconnect): the old daemon will write no done word again, so every
+ * wait on one is released (the calls it had not finished have undefined outputs, as the
+ * contract says), and the slots start afresh on the new session. */
+static fa_status words_revive(fa_buffer *b, bool force)
+{
+	(void)force;
+	fa_client *c = b->client;
+	struct fa_words *w = NULL;
+	cu_ctx popped;
+
+	for (int i = 0; i < FA_WORDS_MAX_CTX; i++)
+		if (c->words[i].buf == b)
+			w = &c->words[i];
+	if (w == NULL || fa_cu->CtxPushCurrent(w->ctx) != 0)
+		return FA_OK;
+	uint64_t top = atomic_load(&w->next);
+	for (int k = 0; k < FA_TRANSPORT_MAX_SOCKETS; k++) {
+		fa_cu->StreamWriteValue64(w->stream, w->dptr + FA_PROTO_WORDS_DONE(k), top,
+		                          FA_CU_STREAM_WRITE_VALUE_DEFAULT);
+		w->slot_seq[k] = 0;
+	}
+	fa_cu->StreamSynchronize(w->stream);
+	fa_cu->CtxPopCurrent(&popped);
+	return FA_OK;
+}
+
+static const struct fa_buffer_ops words_ops = {
+	.kind = FA_REGION_CUDA_IPC,
+	.name = "completion words",
+	.describe = words_describe,
+	.revive = words_revive,
+	.release = dev_release, /* the memory is fa_cuda_words_fini's */
+};
+
+/* Statuses after which this context uses the IPC-event path for good: the daemon (or its GPUs)
+ * cannot serve words, or is older than them. */
+static bool words_refused(fa_status st)
+{
+	return st == FA_ENOTSUP || st == FA_EPROTO || st == FA_EINVAL || st == FA_ERANGE ||
+	       st == FA_EALIGN;
+}
+
+/* Make w's words in the current context (ctx) and register them. FA_OK with w->state set (1, or
+ * -1: not here), or a status to return (w is then freed for a later try). */
+static fa_status words_make(fa_client *c, struct fa_words *w)
+{
+	cu_ptr p = 0;
+	int ordinal = -1, dev = 0, ok64 = 0;
+	fa_buffer *b = NULL;
+	fa_status st = FA_OK;
+	cu_res r;
+
+	if ((r = fa_cu->MemAlloc(&p, 4096)) != 0)
+		return fa__fail(r == 2 ? FA_ENOMEM : FA_EINVAL,
+		                "cuMemAlloc of the completion words: CUDA error %d (%s)", r,
+		                fa_cu_errstr(r));
+	if (fa_cu->PointerGetAttribute(&ordinal, CU_ATTR_DEVICE_ORDINAL, p) != 0 ||
+	    fa_cu->DeviceGet(&dev, ordinal) != 0 ||
+	    fa_cu->DeviceGetAttribute(&ok64, FA_CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
+	                              dev) != 0 || ok64 == 0) {
+		fa__debug("fa: GPU %d has no 64-bit stream memory operations: asynchronous calls "
+		          "use CUDA IPC events", ordinal);
+		fa_cu->MemFree(p);
+		w->state = -1;
+		return FA_OK;
+	}
+	if ((r = fa_cu->StreamCreate(&w->stream, FA_CU_STREAM_NON_BLOCKING)) != 0 ||
+	    (r = fa_cu->MemsetD8Async(p, 0, 4096, w->stream)) != 0 ||
+	    (r = fa_cu->StreamSynchronize(w->stream)) != 0) {
+		st = fa__fail(FA_EINVAL, "zeroing the completion words: CUDA error %d (%s)", r,
+		              fa_cu_errstr(r));
+	} else if ((b = calloc(1, sizeof *b)) == NULL) {
+		st = fa__fail(FA_ENOMEM, "no memory for the completion words");
+	} else {
+		b->client = c;
+		b->ops = &words_ops;
+		b->size = 4096;
+		b->data = (void *)(uintptr_t)p;
+		if ((st = dev_export(b, p, 4096)) == FA_OK)
+			st = fa__buffer_register(c, b);
+	}
+	if (st == FA_OK) {
+		w->buf = b;
+		w->dptr = p;
+		w->state = 1;
+		fa__debug("fa: completion words at 0x%llx on GPU %d, region %016" PRIx64,
+		          (unsigned long long)p, ordinal, b->region);
+		return FA_OK;
+	}
+	free(b);
+	if (w->stream != NULL)
+		fa_cu->StreamDestroy(w->stream);
+	w->stream = NULL;
+	fa_cu->MemFree(p);
+	if (words_refused(st)) {
+		fa__debug("fa: the daemon refused completion words (%s): asynchronous calls use "
+		          "CUDA IPC events", fa_status_name(st));
+		fa__detail_clear();
+		w->state = -1;
+		return FA_OK;
+	}
+	return st;
+}
+
+/* See fa_client_int.h. */
+fa_status fa_cuda_words_get(fa_client *c, void *stream, struct fa_words **out)
+{
+	struct fa_words *w = NULL;
+	cu_ctx ctx = NULL, popped;
+	fa_status st;
+
+	*out = NULL;
+	if (c->force_events)
+		return FA_OK;
+	if ((st = async_push(stream, &ctx)) != FA_OK)
+		return st;
+	pthread_mutex_lock(&c->lock);
+	for (int i = 0; i < FA_WORDS_MAX_CTX && w == NULL; i++)
+		if (c->words[i].ctx == ctx)
+			w = &c->words[i];
+	if (w != NULL) {
+		if (w->state == 1)
+			*out = w;
+		pthread_mutex_unlock(&c->lock);
+		fa_cu->CtxPopCurrent(&popped);
+		return FA_OK; /* made (or being made: this call takes the event path) */
+	}
+	for (int i = 0; i < FA_WORDS_MAX_CTX && w == NULL; i++)
+		if (c->words[i].ctx == NULL)
+			w = &c->words[i];
+	if (w == NULL) { /* more contexts than entries: the others use events */
+		pthread_mutex_unlock(&c->lock);
+		fa_cu->CtxPopCurrent(&popped);
+		return FA_OK;
+	}
+	w->ctx = ctx;
+	w->state = 0;
+	pthread_mutex_unlock(&c->lock);
+	struct fa_words made = {.ctx = ctx};
+	st = words_make(c, &made); /* registers: takes c->lock itself */
+	pthread_mutex_lock(&c->lock);
+	if (st == FA_OK) {
+		w->buf = made.buf;
+		w->dptr = made.dptr;
+		w->stream = made.stream;
+		atomic_store(&w->next, 0);
+		w->state = made.state;
+		if (w->state == 1)
+			*out = w;
+	} else {
+		w->ctx = NULL; /* a later call tries again */
+	}
+	pthread_mutex_unlock(&c->lock);
+	fa_cu->CtxPopCurrent(&popped);
+	return st;
+}
+
+/* See fa_client_int.h. */
+fa_status fa_cuda_words_ready(struct fa_words *w, int slot, void *stream, uint64_t *seq)
+{
+	cu_ctx popped;
+	cu_res r;
+
+	if ((r = fa_cu->CtxPushCurrent(w->ctx)) != 0)
+		return fa__fail(FA_EINVAL, "cuCtxPushCurrent: CUDA error %d (%s)", r, fa_cu_errstr(r));
+	*seq = atomic_fetch_add(&w->next, 1) + 1;
+	uint64_t prev = w->slot_seq[slot];
+	r = 0;
+	if (prev != 0)
+		r = fa_cu->StreamWaitValue64(stream, w->dptr + FA_PROTO_WORDS_DONE(slot), prev,
+		                             FA_CU_STREAM_WAIT_VALUE_GEQ);
+	/* Fenced (the default): what the stream wrote before (Q, K, V) is visible first. */
+	if (r == 0)
+		r = fa_cu->StreamWriteValue64(stream, w->dptr + FA_PROTO_WORDS_READY(slot), *seq,
+		                              FA_CU_STREAM_WRITE_VALUE_DEFAULT);
+	fa_cu->CtxPopCurrent(&popped);
+	if (r != 0)
+		return fa__fail(FA_EINVAL, "marking the inputs ready on the caller's stream "
+		                "(cuStreamWaitValue64 / cuStreamWriteValue64): CUDA error %d (%s)",
+		                r, fa_cu_errstr(r));
+	return FA_OK;
+}
+
+/* See fa_client_int.h. */
+fa_status fa_cuda_words_wait(struct fa_words *w, int slot, void *stream, uint64_t seq)
+{
+	cu_ctx popped;
+	cu_res r;
+
+	w->slot_seq[slot] = seq; /* enqueued: the daemon writes its done word */
+	if ((r = fa_cu->CtxPushCurrent(w->ctx)) != 0)
+		return fa__fail(FA_EDEVICE, "cuCtxPushCurrent: CUDA error %d (%s); the kernel is "
+		                "enqueued: synchronise the whole device before reading O", r,
+		                fa_cu_errstr(r));
+	r = fa_cu->StreamWaitValue64(stream, w->dptr + FA_PROTO_WORDS_DONE(slot), seq,
+	                             FA_CU_STREAM_WAIT_VALUE_GEQ);
+	fa_cu->CtxPopCurrent(&popped);
+	if (r != 0)
+		return fa__fail(FA_EDEVICE, "cuStreamWaitValue64 on the daemon's done word: CUDA "
+		                "error %d (%s); the kernel is enqueued: synchronise the whole device "
+		                "before reading O", r, fa_cu_errstr(r));
+	return FA_OK;
+}
+
+/* See fa_client_int.h. */
+void fa_cuda_words_lost(struct fa_words *w, int slot, uint64_t seq)
+{
+	cu_ctx popped;
+
+	w->slot_seq[slot] = seq;
+	if (fa_cu->CtxPushCurrent(w->ctx) != 0)
+		return;
+	fa_cu->StreamWriteValue64(w->stream, w->dptr + FA_PROTO_WORDS_DONE(slot), seq,
+	                          FA_CU_STREAM_WRITE_VALUE_DEFAULT);
+	fa_cu->CtxPopCurrent(&popped);
+}
+
+/* See fa_client_int.h. */
+void fa_cuda_words_fini(struct fa_words *w)
+{
+	cu_ctx popped;
+
+	if (w->ctx == NULL || w->state != 1)
+		return;
+	if (fa_cu->CtxPushCurrent(w->ctx) == 0) { /* the context may be gone: errors ignored */
+		fa_cu->StreamSynchronize(w->stream);
+		fa_cu->StreamDestroy(w->stream);
+		fa_cu->MemFree(w->dptr);
+		fa_cu->CtxPopCurrent(&popped);
+	}
+	memset(w, 0, sizeof *w);
+}

@@ -7,7 +7,8 @@
  * and reports FA_ENOGPU with the reason instead of failing to start.
  *
  * The entry points come from cuGetProcAddress with the CUDA 12.0 ABI, so the prototypes below are
- * the 12.0 ones whatever the driver's version, and they are written here instead of taken from
+ * the 12.0 ones whatever the driver's version ("cuStreamWaitValue64" gives the _v2 entry point
+ * that cuda.h's macros name since 12.0), and they are written here instead of taken from
  * cuda.h (whose newer prototypes may differ). This header needs no CUDA header; where cuda.h is
  * present at build time (FA_HAVE_CUDA_HEADERS) fa_cu.c checks every constant below against it.
  *
@@ -71,19 +72,27 @@ enum {
 	FA_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR = 81,
 	FA_CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR = 82,
 	FA_CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
+	/* cuStreamWaitValue64 / cuStreamWriteValue64 (the asynchronous mode's completion words);
+	 * CUDA 12's name, the _V1 attribute (93) is the retired API's */
+	FA_CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS = 122,
 	/* CUfunction_attribute */
 	FA_CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
 	/* CUmemPool_attribute */
 	FA_CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4,
 	/* flags */
 	FA_CU_STREAM_NON_BLOCKING = 0x1,
-	FA_CU_STREAM_WAIT_VALUE_GEQ = 0x0, /* cuStreamWaitValue32: until *addr >= value */
 	FA_CU_EVENT_DISABLE_TIMING = 0x2,
 	FA_CU_EVENT_INTERPROCESS = 0x4,
 	FA_CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 0x1,
 	FA_CU_MEMHOSTREGISTER_PORTABLE = 0x1,
 	FA_CU_MEMHOSTALLOC_PORTABLE = 0x1,
 	FA_CU_MEMHOSTALLOC_DEVICEMAP = 0x2,
+	/* CUstreamWaitValue_flags: GEQ is (int64_t)(*addr - value) >= 0 */
+	FA_CU_STREAM_WAIT_VALUE_GEQ = 0x0,
+	/* CUstreamWriteValue_flags: DEFAULT fences the stream's earlier writes before the word;
+	 * NO_MEMORY_BARRIER does not */
+	FA_CU_STREAM_WRITE_VALUE_DEFAULT = 0x0,
+	FA_CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER = 0x1,
 	/* CUresult values the callers test for */
 	FA_CU_ERROR_INVALID_VALUE = 1,
 	FA_CU_ERROR_OUT_OF_MEMORY = 2,
@@ -128,6 +137,7 @@ enum {
 	X(MemPoolSetAttribute, (fa_cu_pool pool, int attribute, void *value))                     \
 	X(MemHostAlloc, (void **p, size_t bytes, unsigned flags))                                 \
 	X(MemHostGetDevicePointer, (fa_cu_ptr *p, void *host, unsigned flags))                    \
+	X(MemFreeHost, (void *p))                                                                 \
 	X(MemHostRegister, (void *p, size_t bytes, unsigned flags))                               \
 	X(MemHostUnregister, (void *p))                                                           \
 	X(MemcpyHtoD, (fa_cu_ptr dst, const void *src, size_t bytes))                             \
@@ -151,6 +161,10 @@ enum {
 	X(StreamWriteValue32, (fa_cu_stream stream, fa_cu_ptr addr, uint32_t value,               \
 	                       unsigned flags))                                                   \
 	X(StreamQuery, (fa_cu_stream stream))                                                     \
+	X(StreamWaitValue64, (fa_cu_stream stream, fa_cu_ptr addr, uint64_t value,                \
+	                      unsigned flags))                                                    \
+	X(StreamWriteValue64, (fa_cu_stream stream, fa_cu_ptr addr, uint64_t value,               \
+	                       unsigned flags))                                                   \
 	X(EventCreate, (fa_cu_event *event, unsigned flags))                                      \
 	X(EventDestroy, (fa_cu_event event))                                                      \
 	X(EventRecord, (fa_cu_event event, fa_cu_stream stream))                                  \

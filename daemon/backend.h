@@ -74,6 +74,11 @@ struct backend_job {
 	bool has_wait_event;
 	uint8_t wait_event[FA_PROTO_IPC_HANDLE_LEN]; /* the client's cuIpcGetEventHandle */
 	uint8_t done_event[FA_PROTO_IPC_HANDLE_LEN]; /* out: the daemon's, recorded after O */
+	/* Or completion words (the default; works across users): words is the device address of
+	 * the session's words region on the job's GPU (FA_PROTO_WORDS_*), held by the request;
+	 * the stream waits for ready[slot] >= words_seq and writes done[slot] = words_seq. */
+	void *words;                  /* NULL: the event path (or synchronous) */
+	uint64_t words_seq;
 	bool enqueued;                /* out: see above */
 	void **owner_state;           /* the session's slot for backend state (streams, events),
 	                               * freed by ops.owner_free when the session is freed */
@@ -206,6 +211,8 @@ struct backend {
 	bool device_memory;   /* serves FA_REGION_CUDA_IPC regions */
 	bool async_events;    /* serves the asynchronous mode (CUDA IPC events) */
 	bool infer;           /* serves ATTN_VARLEN, ATTN_KVCACHE, and ATTN_FWD's window and softcap */
+	bool async_words;     /* ... and its completion words (64-bit stream memory operations on
+	                       * every device) */
 	atomic_uint running;  /* jobs started and not finished (set by the backend's threads) */
 	uint64_t default_max_gflop; /* --max-request-gflop 0 means this (worklimit.h) */
 	struct fault fault;   /* fault.c's: backends use fault_mark/fault_marked/fault_check */

@@ -151,6 +151,15 @@ static const struct config_option config_options[] = {
 	 .help = "gpu backend: off (use the tuning table as it is) or idle (time kernel "
 	         "candidates while the GPU is idle)",
 	 FIELD(tune), .choices = tune_choices},
+	/* A client whose stream never writes its "ready" completion word (stuck, or killed with
+	 * the session still open) must not hold the daemon's stream, its regions and its session
+	 * for ever; a dead client's words are released at once when its session closes. */
+	{.name = "async-wait-ms", .type = CONFIG_INT, .def = "60000", .min = 10, .max = 86400000,
+	 .env = "FA_ASYNC_WAIT_MS", .metavar = "MS",
+	 .help = "gpu backend: an asynchronous call whose inputs are not ready (its completion "
+	         "word unwritten) this long after the daemon's stream reached it fails and its "
+	         "stream is released",
+	 FIELD(async_wait_ms)},
 	/* The kernels' settings (kernels/fa_settings.h parses and checks them; fa-ctl and the tests
 	 * read the same environment variables). */
 	{.name = "wgmma", .type = CONFIG_KERNEL, .def = "1", .env = "FA_WGMMA", .metavar = "0|1",

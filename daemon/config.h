@@ -42,6 +42,8 @@ struct config {
 	char tune[8];                     /* gpu backend: "idle" (background tuning) or "off" */
 	char metrics_file[CONFIG_PATH_MAX]; /* Prometheus textfile, "" for none */
 	int metrics_interval_ms;          /* how often it is written */
+	int async_wait_ms;                /* gpu backend: an asynchronous call's inputs not ready
+	                                   * after this long: its stream is released, it fails */
 	struct fa_kernel_settings kernels; /* gpu backend: planner, NVRTC, kernel cache (wgmma...) */
 };
 

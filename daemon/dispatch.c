@@ -32,7 +32,8 @@ struct request {
 	struct session *session;          /* referenced */
 	struct dedupe_entry *dd; /* its dedupe entry (decides where the reply goes), or NULL */
 	struct ipc_hdr hdr;               /* where the reply goes without a dedupe entry */
-	struct region *regions[BACKEND_MAX_TENSORS]; /* referenced, distinct */
+	struct region *regions[BACKEND_MAX_TENSORS + 1]; /* referenced, distinct: the tensors' and
+	                                                * the completion words' */
 	unsigned nregions;
 	uint64_t seq;
 	uint64_t t_recv;
@@ -285,6 +286,29 @@ static fa_status dispatch_clients(struct dispatch_ctx *c)
 
 /* REGISTER: map a host shm object, or open a CUDA IPC handle (gpu backend), under a new region
  * id of this session. */
+/* REGISTER with "wds": completion words, before anything is opened. */
+static fa_status dispatch_words_check(const struct dispatch_ctx *c)
+{
+	struct server *srv = c->srv;
+	char *err = c->rep->detail;
+	size_t errlen = sizeof c->rep->detail;
+
+	if (c->req->u.reg.kind != FA_REGION_CUDA_IPC)
+		return fa_err(err, errlen, FA_EINVAL,
+		              "completion words are CUDA IPC memory (a cuMemAlloc allocation)");
+	if (!srv->backend->async_words)
+		return fa_err(err, errlen, FA_ENOTSUP,
+		              "completion words need GPUs with 64-bit stream memory operations; "
+		              "this daemon's %s backend has none: use CUDA IPC events",
+		              backend_name(srv->backend));
+	if (c->req->u.reg.size < FA_PROTO_WORDS_BYTES)
+		return fa_err(err, errlen, FA_ERANGE,
+		              "completion words need %d bytes (a ready and a done word for each of "
+		              "%d slots); the registration declares %" PRIu64,
+		              FA_PROTO_WORDS_BYTES, FA_PROTO_MAX_SLOTS, c->req->u.reg.size);
+	return FA_OK;
+}
+
 static fa_status dispatch_register(struct dispatch_ctx *c)
 {
 	struct server *srv = c->srv;
@@ -320,6 +344,8 @@ static fa_status dispatch_register(struct dispatch_ctx *c)
 		              "the session has %zu regions, its limit (--max-regions)",
 		              idmap_len(&s->regions));
 	bool ipc = c->req->u.reg.kind == FA_REGION_CUDA_IPC;
+	if (c->req->u.reg.words && (st = dispatch_words_check(c)) != FA_OK)
+		return st;
 	if (ipc)
 		st = region_open_ipc(&r, c->req->u.reg.size, srv->cfg->max_region_bytes, err,
 		                     errlen);
@@ -337,6 +363,14 @@ static fa_status dispatch_register(struct dispatch_ctx *c)
 		region_unref(r);
 		return st;
 	}
+	if (c->req->u.reg.words && ((uintptr_t)r->base % 16 != 0 || r->mem_at != 0)) {
+		region_unref(r);
+		return fa_err(err, errlen, FA_EALIGN,
+		              "completion words: the handle maps at an offset of %" PRIu64 " bytes "
+		              "into its allocation; export a cuMemAlloc allocation of its own",
+		              r->mem_at);
+	}
+	r->words = c->req->u.reg.words;
 	if ((st = session_region_add(s, r, err, errlen)) != FA_OK) {
 		region_unref(r);
 		return st;
@@ -369,6 +403,34 @@ static void dispatch_request_free(struct request *r)
 	free(r);
 }
 
+/* An asynchronous ATTN_FWD's completion words: a words region of the session, on the GPU
+ * backend that serves them. FA_OK with *out, or the client's status with the detail. */
+static fa_status dispatch_words_region(struct dispatch_ctx *c, struct region **out)
+{
+	struct server *srv = c->srv;
+	char *err = c->rep->detail;
+	size_t errlen = sizeof c->rep->detail;
+	uint64_t id = c->req->u.fwd.words_region;
+
+	if (!srv->backend->async_words)
+		return fa_err(err, errlen, FA_ENOTSUP,
+		              "completion words need the GPU backend on GPUs with 64-bit stream "
+		              "memory operations; this daemon runs the %s backend%s",
+		              backend_name(srv->backend),
+		              srv->backend->async_events ? " without them: use CUDA IPC events" : "");
+	struct region *r = session_region_find(c->session, id);
+	if (r == NULL)
+		return fa_err(err, errlen, FA_EREGION,
+		              "completion words: region %016" PRIx64 " is not registered in this "
+		              "session", id);
+	if (!r->words)
+		return fa_err(err, errlen, FA_EINVAL,
+		              "completion words: region %016" PRIx64 " was not registered as "
+		              "completion words (REGISTER with \"wds\")", id);
+	*out = r;
+	return FA_OK;
+}
+
 /* ATTN_FWD: check the in-flight limit, validate, take references, hand to the backend. */
 static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 {
@@ -387,9 +449,11 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 		    "retry when one has finished",
 		    s->inflight);
 	bool async = c->req->u.fwd.async;
+	bool words = async && c->req->u.fwd.words_region != 0;
 	/* The driver keeps IPC events in /dev/shm/cuda.shm.* files of mode 0600: an event of
-	 * another uid cannot be opened (measured: "mapping of buffer object failed"). */
-	if (async && s->uid != (uint32_t)geteuid())
+	 * another uid cannot be opened (measured: "mapping of buffer object failed"). Completion
+	 * words are IPC memory, which opens across users. */
+	if (async && !words && s->uid != (uint32_t)geteuid())
 		return fa_err(err, errlen, FA_EPERM,
 		              "asynchronous mode needs CUDA IPC events, which the driver shares "
 		              "only between processes of one user (this client is uid %u, the "
@@ -400,6 +464,9 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 		              "asynchronous mode needs the GPU backend; this daemon runs the %s "
 		              "backend: use synchronous mode",
 		              backend_name(srv->backend));
+	struct region *wr = NULL;
+	if (words && (st = dispatch_words_region(c, &wr)) != FA_OK)
+		return st;
 	st = validate_attn_fwd(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
 		return st;
@@ -422,6 +489,11 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 			return fa_err(err, errlen, FA_EINVAL,
 			              "asynchronous mode takes device buffers only; %s is in "
 			              "host memory", names[i]);
+		if (vr.region[i]->words)
+			return fa_err(err, errlen, FA_EINVAL,
+			              "%s is in region %016" PRIx64 ", which holds the session's "
+			              "completion words: register the tensor's buffer itself",
+			              names[i], vr.region[i]->id);
 		if (!vr.on_device[i])
 			continue;
 		if (dev >= 0 && vr.region[i]->dev != dev)
@@ -431,6 +503,11 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 			              names[i], vr.region[i]->dev, dev);
 		dev = vr.region[i]->dev;
 	}
+	if (wr != NULL && wr->dev != dev)
+		return fa_err(err, errlen, FA_EINVAL,
+		              "the completion words (region %016" PRIx64 ") are on the daemon's GPU "
+		              "%d, the tensors on GPU %d: register words on the tensors' GPU",
+		              wr->id, wr->dev, dev);
 	if ((r = calloc(1, sizeof(*r))) == NULL)
 		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	r->job.desc = vr.desc;
@@ -448,6 +525,10 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	r->job.has_wait_event = c->req->u.fwd.has_event;
 	memcpy(r->job.wait_event, c->req->u.fwd.event, sizeof r->job.wait_event);
 	r->job.owner_state = &s->backend_state;
+	if (wr != NULL) {
+		r->job.words = wr->base;
+		r->job.words_seq = c->req->u.fwd.words_seq;
+	}
 	r->session = s;
 	session_ref(s);
 	for (int i = 0; i < VALIDATE_NTENSORS; i++) {
@@ -461,6 +542,10 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 			r->job.ranges[r->job.nranges++] = (struct backend_range){
 				.base = rg->base, .size = rg->size, .broken = &rg->broken};
 		}
+	}
+	if (wr != NULL) {
+		region_ref(wr); /* the stream writes the done word after the kernel */
+		r->regions[r->nregions++] = wr;
 	}
 	r->dd = c->dd;
 	r->hdr = *c->hdr;
@@ -828,7 +913,7 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 		 * the event recorded after it. The request (and its regions) live until the
 		 * backend hands the job back again, finished. */
 		r->replied = true;
-		rep->u.fwd.async = true;
+		rep->u.fwd.async = job->words == NULL; /* the event; words need nothing back */
 		memcpy(rep->u.fwd.event, job->done_event, sizeof rep->u.fwd.event);
 		dispatch_log_reply(srv, s, rep, r->pipe, r->t_recv);
 		dispatch_send(srv, s, r->dd, &r->hdr, rep);

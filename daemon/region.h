@@ -57,6 +57,8 @@ struct region {
 	int dev;            /* CUDA IPC regions: the backend's index of their GPU; -1 otherwise */
 	struct region_mem mem; /* the memory mapped (fstat at open; the backend for CUDA IPC) */
 	uint64_t mem_at;    /* the byte of that memory at which the region's byte 0 lies */
+	bool words;         /* CUDA IPC: the session's asynchronous completion words
+	                     * (FA_PROTO_WORDS_*), never a tensor's region */
 };
 
 /* Is `name` of the form "/fa.<uid>.<pid>.<16 hex digits>" (decimal uid and pid, no other '/')? */

@@ -74,6 +74,9 @@ enum key {
 	K_AFTER, /* uint64: list sessions with a larger id (CLIENTS, optional) */
 	K_CL,    /* array <= FA_PROTO_CLIENTS_MAX of client maps (CLIENTS reply) */
 	K_PRI,   /* uint: enum fa_priority (ATTN_FWD, optional; absent: normal) */
+	K_WDS,   /* uint 0..1: the region holds completion words (REGISTER, CUDA_IPC, optional) */
+	K_WRG,   /* uint64 != 0: the completion words' region (async ATTN_FWD, optional) */
+	K_WQ,    /* uint64 != 0: the call's completion-word value (async ATTN_FWD, with K_WRG) */
 	K_COUNT
 };
 
@@ -92,6 +95,7 @@ static const char *const key_names[K_COUNT] = {
 	[K_TDO] = "tdo",   [K_TDQ] = "tdq",   [K_TDK] = "tdk",    [K_TDV] = "tdv",
 	[K_FL] = "fl",
 	[K_AFTER] = "after", [K_CL] = "cl",   [K_PRI] = "pri",
+	[K_WDS] = "wds",   [K_WRG] = "wrg",   [K_WQ] = "wq",
 };
 
 /* Keys of a client map (CLIENTS reply), all required. */
@@ -145,7 +149,7 @@ static const struct op_info {
 	{FA_OP_PING, "PING", KB(K_SID), 0, 0},
 	{FA_OP_STATS, "STATS", KB(K_SID), 0, KB(K_TXT)},
 	{FA_OP_REGISTER, "REGISTER", KB(K_SID) | KB(K_KIND) | KB(K_SIZE),
-	 KB(K_SHM) | KB(K_IPC) | KB(K_GPU), KB(K_RID)},
+	 KB(K_SHM) | KB(K_IPC) | KB(K_GPU) | KB(K_WDS), KB(K_RID)},
 	{FA_OP_UNREGISTER, "UNREGISTER", KB(K_SID) | KB(K_RID), 0, 0},
 	{FA_OP_ATTN_VARLEN, "ATTN_VARLEN",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_CUQ) | KB(K_CUK) | KB(K_MQ) |
@@ -158,7 +162,8 @@ static const struct op_info {
 	{FA_OP_ATTN_FWD, "ATTN_FWD",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_SCALE) | KB(K_MASK) |
 		 KB(K_PREC),
-	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV) | KB(K_PRI) | INFER_OPT, KB(K_NS), KB(K_EV)},
+	 KB(K_LSE) | KB(K_SLOT) | KB(K_EV) | KB(K_PRI) | INFER_OPT |
+		 KB(K_WRG) | KB(K_WQ), KB(K_NS), KB(K_EV)},
 	{FA_OP_ATTN_BWD, "ATTN_BWD",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_LSE) | KB(K_TDO) |
 		 KB(K_TDQ) | KB(K_TDK) | KB(K_TDV) | KB(K_SCALE) | KB(K_MASK) | KB(K_PREC) |
@@ -382,8 +387,13 @@ static fa_status decode_register(const msgpack_object *const *val, struct fa_pro
 	const char *what = shm ? "a HOST_SHM REGISTER request" : "a CUDA_IPC REGISTER request";
 	uint64_t need = REQ_COMMON | KB(K_SID) | KB(K_KIND) | KB(K_SIZE) |
 	                (shm ? KB(K_SHM) : KB(K_IPC) | KB(K_GPU));
-	if ((st = check_keys(val, need, 0, what, err, errlen)) != FA_OK)
+	if ((st = check_keys(val, need, shm ? 0 : KB(K_WDS), what, err, errlen)) != FA_OK)
 		return st;
+	if (val[K_WDS]) {
+		if (!get_uint(val[K_WDS], 1, &u))
+			return fa_err(err, errlen, FA_EPROTO, "key 'wds': must be 0 or 1");
+		out->u.reg.words = u == 1;
+	}
 	if (shm)
 		return get_str(val[K_SHM], "shm", out->u.reg.shm_name, FA_PROTO_SHM_NAME_MAX, err,
 		               errlen);
@@ -411,6 +421,32 @@ static fa_status decode_settings(const msgpack_object *const *val, double *scale
 	if (!get_uint(val[K_PREC], FA_PREC_BF16, &u))
 		return fa_err(err, errlen, FA_EPROTO, "key 'prec': must be a precision 0..4");
 	*precision = (uint8_t)u;
+	return FA_OK;
+}
+
+/* Completion words instead of events (ATTN_FWD): both keys, a slot, no event. */
+static fa_status decode_words(const msgpack_object *const *val, struct fa_proto_req *out,
+                              char *err, size_t errlen)
+{
+	uint64_t u;
+
+	if (val[K_WRG] || val[K_WQ]) {
+		if (!val[K_WRG] || !val[K_WQ])
+			return fa_err(err, errlen, FA_EPROTO, "key '%s' without '%s' (completion words "
+			              "take both)", val[K_WRG] ? "wrg" : "wq", val[K_WRG] ? "wq" : "wrg");
+		if (!val[K_SLOT])
+			return fa_err(err, errlen, FA_EPROTO, "keys 'wrg' and 'wq' without 'slot' "
+			              "(completion words are async mode's)");
+		if (val[K_EV])
+			return fa_err(err, errlen, FA_EPROTO, "keys 'wrg' and 'ev' together: a call "
+			              "waits on completion words or on an event, not both");
+		if (!get_uint(val[K_WRG], UINT64_MAX, &u) || u == 0)
+			return fa_err(err, errlen, FA_EPROTO, "key 'wrg': must be a region id > 0");
+		out->u.fwd.words_region = u;
+		if (!get_uint(val[K_WQ], UINT64_MAX, &u) || u == 0)
+			return fa_err(err, errlen, FA_EPROTO, "key 'wq': must be an unsigned integer > 0");
+		out->u.fwd.words_seq = u;
+	}
 	return FA_OK;
 }
 
@@ -626,6 +662,8 @@ static fa_status decode_fwd(const msgpack_object *const *val, struct fa_proto_re
 	}
 	if ((st = decode_async(val, &out->u.fwd.async, &out->u.fwd.slot, &out->u.fwd.has_event,
 	                       out->u.fwd.event, err, errlen)) != FA_OK)
+		return st;
+	if ((st = decode_words(val, out, err, errlen)) != FA_OK)
 		return st;
 	return decode_window(val, &out->u.fwd.win, err, errlen);
 }
@@ -1108,7 +1146,7 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 				return FA_EINVAL;
 			*n += 3;
 		} else if (req->u.reg.kind == FA_REGION_CUDA_IPC) {
-			*n += 4;
+			*n += 4 + req->u.reg.words;
 		} else {
 			return FA_EINVAL;
 		}
@@ -1127,10 +1165,12 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 		    req->u.fwd.precision > FA_PREC_BF16 ||
 		    (req->u.fwd.async && req->u.fwd.slot >= FA_PROTO_MAX_SLOTS) ||
 		    (req->u.fwd.has_event && !req->u.fwd.async) ||
-		    req->u.fwd.priority > FA_PRIORITY_LOW)
+		    req->u.fwd.priority > FA_PRIORITY_LOW ||
+		    (req->u.fwd.words_region != 0 &&
+		     (!req->u.fwd.async || req->u.fwd.has_event || req->u.fwd.words_seq == 0)))
 			return FA_EINVAL;
 		*n += 7 + (req->u.fwd.lse.region != 0) + req->u.fwd.async + req->u.fwd.has_event +
-		      (req->u.fwd.priority != FA_PRIORITY_NORMAL);
+		      (req->u.fwd.priority != FA_PRIORITY_NORMAL) + 2 * (req->u.fwd.words_region != 0);
 		return window_ok(&req->u.fwd.win, n) ? FA_OK : FA_EINVAL;
 	case FA_OP_ATTN_VARLEN:
 	case FA_OP_ATTN_KVCACHE: {
@@ -1209,6 +1249,8 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 		} else {
 			rc |= pk_bin(&pk, K_IPC, req->u.reg.ipc_handle, FA_PROTO_IPC_HANDLE_LEN);
 			rc |= pk_bin(&pk, K_GPU, req->u.reg.gpu_uuid, FA_PROTO_UUID_LEN);
+			if (req->u.reg.words)
+				rc |= pk_u64(&pk, K_WDS, 1);
 		}
 		break;
 	case FA_OP_UNREGISTER:
@@ -1231,6 +1273,10 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 		if (req->u.fwd.priority != FA_PRIORITY_NORMAL)
 			rc |= pk_u64(&pk, K_PRI, req->u.fwd.priority); /* absent: normal, as before */
 		rc |= pk_window(&pk, &req->u.fwd.win);
+		if (req->u.fwd.words_region != 0) {
+			rc |= pk_u64(&pk, K_WRG, req->u.fwd.words_region);
+			rc |= pk_u64(&pk, K_WQ, req->u.fwd.words_seq);
+		}
 		break;
 	case FA_OP_ATTN_VARLEN:
 	case FA_OP_ATTN_KVCACHE: {

@@ -27,6 +27,13 @@
 #define FA_PROTO_SHM_NAME_MAX 64  /* incl. NUL; names are "/fa.<...>" with no other '/' */
 #define FA_PROTO_IPC_HANDLE_LEN 64 /* cudaIpcMemHandle_t, cudaIpcEventHandle_t */
 #define FA_PROTO_MAX_SLOTS 64      /* asynchronous mode: slots per session (client sockets) */
+/* Asynchronous mode's completion words (PROTOCOL.md 4.3): a CUDA IPC region registered with
+ * "wds" holds, for slot k, the 64-bit "ready" word at byte 16 k (the client's stream writes the
+ * call's "wq" into it after the work that writes Q, K, V) and the "done" word at 16 k + 8 (the
+ * daemon's stream writes "wq" into it after O). The region has at least this many bytes. */
+#define FA_PROTO_WORDS_BYTES (FA_PROTO_MAX_SLOTS * 16)
+#define FA_PROTO_WORDS_READY(slot) ((uint64_t)(slot) * 16u)
+#define FA_PROTO_WORDS_DONE(slot) ((uint64_t)(slot) * 16u + 8u)
 #define FA_PROTO_UUID_LEN 16
 #define FA_PROTO_DETAIL_MAX 256    /* incl. NUL */
 #define FA_PROTO_STATS_MAX 16384   /* incl. NUL */
@@ -125,6 +132,7 @@ struct fa_proto_req {
 			char shm_name[FA_PROTO_SHM_NAME_MAX];          /* FA_REGION_HOST_SHM */
 			uint8_t ipc_handle[FA_PROTO_IPC_HANDLE_LEN];   /* FA_REGION_CUDA_IPC */
 			uint8_t gpu_uuid[FA_PROTO_UUID_LEN];           /* FA_REGION_CUDA_IPC */
+			bool words; /* "wds": completion words (CUDA_IPC only), see FA_PROTO_WORDS_* */
 		} reg;
 		struct {
 			uint64_t region;
@@ -144,6 +152,11 @@ struct fa_proto_req {
 			uint8_t event[FA_PROTO_IPC_HANDLE_LEN]; /* the client's cudaIpcEventHandle_t */
 			uint8_t priority;           /* enum fa_priority; key "pri", absent = normal */
 			struct fa_proto_window win; /* optional keys; zero: off */
+			/* Or completion words (both or neither; with slot, without event): the
+			 * daemon's stream waits for ready[slot] >= words_seq before the kernel and
+			 * writes done[slot] = words_seq after it. */
+			uint64_t words_region;      /* "wrg": a region registered with words; 0: none */
+			uint64_t words_seq;         /* "wq": > 0 */
 		} fwd;
 		/* ATTN_BWD: the forward's tensors and settings (o and lse are inputs here, lse is
 		 * required), the upstream gradient dout, the gradients dq, dk, dv written; async

@@ -1,19 +1,185 @@
-/* gpu_async.c - the asynchronous mode (device buffers, a client of the daemon's uid): the job
- * runs on a stream and a thread of its session (so a client whose event never fires stalls only
- * itself), behind a wait on the client's CUDA IPC event; the daemon records its own IPC event
- * (one per session and slot) after the kernel, and the job is handed back twice: at the enqueue
- * (the reply carries the event) and when a host function queued behind the kernel runs (the
- * request's regions are released then). */
+/* gpu_async.c - the asynchronous mode (device buffers): the job runs on a stream and a thread
+ * of its session (so a client whose inputs never become ready stalls only itself), and the job
+ * is handed back twice: at the enqueue (the reply) and when a host function queued behind the
+ * kernel runs (the request's regions are released then). Two ways to order the daemon's stream
+ * with the client's:
+ *   - completion words (the default, any user): the session's words region, CUDA IPC memory of
+ *     the client (FA_PROTO_WORDS_*); the stream waits for ready[slot] >= seq
+ *     (cuStreamWaitValue64), runs the kernel and writes done[slot] = seq (cuStreamWriteValue64,
+ *     fenced: O is visible first). A few microseconds of host time per call on either side;
+ *     memory handles open across users where IPC events do not.
+ *   - IPC events (the fallback where a GPU lacks 64-bit stream memory operations, or forced by
+ *     the client): a wait on the client's event, the daemon's own event recorded after the
+ *     kernel (one per session and slot); ~125 us per cuStreamWaitEvent on an IPC event, and
+ *     the client must run as the daemon's user.
+ * A ready word nobody writes (a client killed, or stuck) would hold the stream, the session and
+ * its regions for ever: the session's thread writes it itself (an atomic max, so a word the
+ * client wrote later is never lowered) when the session closes, or when the stream has waited
+ * --async-wait-ms on it; that call then fails after its reply (logged) and its O is undefined.
+ */
 #include "gpu_int.h"
 
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fault.h"
 #include "log.h"
 #include "util.h"
+
+/* How often a session's thread looks at its oldest completion-word wait while one is pending. */
+#define GPU_WORDS_POLL_NS 20000000ull
+
+/* The release: an atomic max, so a word the client has already written (or writes later with a
+ * larger value) is never lowered, and the stream's wait passes. PTX, so that it needs no NVRTC:
+ * the driver compiles it once per device. */
+static const char gpu_words_ptx[] =
+    ".version 7.0\n"
+    ".target sm_70\n"
+    ".address_size 64\n"
+    ".visible .entry fa_words_release(.param .u64 word, .param .u64 value)\n"
+    "{\n"
+    "	.reg .b64 %rd<4>;\n"
+    "	ld.param.u64 %rd1, [word];\n"
+    "	ld.param.u64 %rd2, [value];\n"
+    "	cvta.to.global.u64 %rd1, %rd1;\n"
+    "	atom.global.max.u64 %rd3, [%rd1], %rd2;\n"
+    "	membar.sys;\n"
+    "	ret;\n"
+    "}\n";
+
+/* The release kernel of each device, loaded on first use (one backend per process). */
+static struct {
+	pthread_mutex_t mu;
+	fa_cu_func fn[GPU_MAX_DEVICES];
+	fa_cu_res err[GPU_MAX_DEVICES]; /* the load failed: kept, never retried */
+} gpu_words_kernel = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Whether every device runs 64-bit stream memory operations. */
+bool gpu_async_words_supported(struct gpu_backend *b)
+{
+	for (unsigned i = 0; i < b->ndevs; i++) {
+		int v = 0;
+		fa_cu_res r = fa_cu->DeviceGetAttribute(
+		    &v, FA_CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, b->devs[i].cudev);
+		if (r != 0 || v == 0) {
+			log_notice("gpu: GPU %d has no 64-bit stream memory operations (%s): "
+			           "asynchronous calls use CUDA IPC events (same user only)",
+			           b->devs[i].ordinal, r != 0 ? fa_cu_errstr(r) : "attribute 0");
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Write max(*word, value) into a ready word on od's release stream (od's thread, context
+ * current, no lock). 0 or the CUDA error. */
+static fa_cu_res gpu_words_release(struct gpu_owner_dev *od, fa_cu_ptr word, uint64_t value)
+{
+	const struct fa_cu_api *cu = fa_cu;
+	unsigned dev = (unsigned)(od->d - od->d->b->devs);
+	fa_cu_res r = 0;
+
+	pthread_mutex_lock(&gpu_words_kernel.mu);
+	if (gpu_words_kernel.fn[dev] == NULL && gpu_words_kernel.err[dev] == 0) {
+		fa_cu_mod mod = NULL;
+		fa_cu_func fn = NULL;
+		if ((r = cu->ModuleLoadData(&mod, gpu_words_ptx)) == 0 &&
+		    (r = cu->ModuleGetFunction(&fn, mod, "fa_words_release")) == 0)
+			gpu_words_kernel.fn[dev] = fn;
+		else
+			gpu_words_kernel.err[dev] = r; /* the module stays loaded: the process' life */
+	}
+	fa_cu_func fn = gpu_words_kernel.fn[dev];
+	if (fn == NULL)
+		r = gpu_words_kernel.err[dev];
+	pthread_mutex_unlock(&gpu_words_kernel.mu);
+	if (fn == NULL)
+		return r;
+	if (od->release_stream == NULL &&
+	    (r = cu->StreamCreate(&od->release_stream, FA_CU_STREAM_NON_BLOCKING)) != 0) {
+		od->release_stream = NULL;
+		return r;
+	}
+	void *params[2] = {&word, &value};
+	return cu->LaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, od->release_stream, params, NULL);
+}
+
+/* Release what must be (od's thread, mu held; released around the CUDA calls): with
+ * release_all (the session closed) every pending wait, else the head ticket's when the stream
+ * has waited async_wait_ns on it. Only the head can be stuck on its word: the stream is in
+ * order, and a later ticket's wait is reached only after the head's kernel. Returns when the
+ * thread should look again (0: nothing pending). */
+static uint64_t gpu_words_watch_locked(struct gpu_owner_dev *od)
+{
+	struct gpu_backend *b = od->d->b;
+
+	for (;;) {
+		struct gpu_ticket *t = od->wq_head;
+		uint64_t now = fa_now_ns();
+		while (t != NULL && (t->released != FA_OK || t->abandoned))
+			t = t->wnext;
+		if (t == NULL)
+			return od->wq_head != NULL ? now + GPU_WORDS_POLL_NS : 0;
+		uint64_t passed = __atomic_load_n(od->passed, __ATOMIC_ACQUIRE);
+		if (od->release_all) {
+			/* every ticket not released yet whose wait has not passed */
+			while (t != NULL && (t->released != FA_OK || t->abandoned || passed >= t->n))
+				t = t->wnext;
+			if (t == NULL)
+				return now + GPU_WORDS_POLL_NS;
+			t->released = FA_ECLOSED;
+		} else {
+			if (t != od->wq_head || passed >= t->n)
+				return now + GPU_WORDS_POLL_NS; /* a kernel runs: not the client's fault */
+			if (now - od->wq_since < b->async_wait_ns)
+				return od->wq_since + b->async_wait_ns;
+			t->released = FA_ETIMEDOUT;
+			b->async_timeouts++;
+		}
+		b->async_released++;
+		fa_cu_ptr word = t->ready;
+		uint64_t seq = t->seq, n = t->n;
+		bool closing = od->release_all;
+		pthread_mutex_unlock(&b->mu);
+		fa_cu_res r = gpu_words_release(od, word, seq);
+		if (r != 0)
+			log_warn("gpu: releasing an asynchronous call's ready word on GPU %d: CUDA "
+			         "error %d (%s); its session's stream stays blocked",
+			         od->d->ordinal, r, fa_cu_errstr(r));
+		else
+			log_notice("gpu: asynchronous call %" PRIu64 " of a session on GPU %d: its "
+			           "inputs were never marked ready (%s); released",
+			           n, od->d->ordinal,
+			           closing ? "the session closed" : "--async-wait-ms passed");
+		pthread_mutex_lock(&b->mu);
+	}
+}
+
+/* Take t off its session's list of words tickets (mu held). */
+static void gpu_words_unlink_locked(struct gpu_ticket *t)
+{
+	struct gpu_owner_dev *od = t->od;
+	struct gpu_ticket **pp = &od->wq_head, *prev = NULL;
+
+	while (*pp != NULL && *pp != t) {
+		prev = *pp;
+		pp = &(*pp)->wnext;
+	}
+	if (*pp == NULL)
+		return;
+	*pp = t->wnext;
+	if (od->wq_tail == t)
+		od->wq_tail = prev;
+	if (prev == NULL)
+		od->wq_since = fa_now_ns(); /* the next one is the head from now on */
+	t->od = NULL;
+	t->wnext = NULL;
+	pthread_cond_signal(&od->cv); /* its thread sleeps less while the list is empty */
+}
 
 /* The host function queued behind an asynchronous job's kernel (a driver thread: no CUDA calls
  * here): the kernel finished, its regions can go. */
@@ -23,6 +189,8 @@ static void gpu_async_done(void *arg)
 	struct gpu_backend *b = t->b;
 
 	pthread_mutex_lock(&b->mu);
+	if (t->od != NULL)
+		gpu_words_unlink_locked(t);
 	if (!t->abandoned) {
 		if (t->prev != NULL)
 			t->prev->next = t->next;
@@ -32,7 +200,20 @@ static void gpu_async_done(void *arg)
 			t->next->prev = t->prev;
 		b->ntickets--;
 		t->job->compute_ns = fa_now_ns() - t->t0;
-		b->fwd_ok++;
+		if (t->released != FA_OK) {
+			/* its reply went at the enqueue: the failure is logged by dispatch */
+			t->job->status = t->released;
+			snprintf(t->job->detail, sizeof t->job->detail,
+			         t->released == FA_ETIMEDOUT
+			             ? "the call's inputs were not marked ready (its completion word "
+			               "unwritten) within --async-wait-ms; the daemon released its "
+			               "stream, O is undefined"
+			             : "the session closed before the call's inputs were marked "
+			               "ready; the daemon released its stream, O is undefined");
+			b->fwd_failed++;
+		} else {
+			b->fwd_ok++;
+		}
 		gpu_async_finish_locked(b, t->job);
 		uv_async_send(&b->async);
 		pthread_cond_broadcast(&b->cv); /* gpu_close may wait for the last ticket */
@@ -41,9 +222,51 @@ static void gpu_async_done(void *arg)
 	free(t);
 }
 
-/* Run an asynchronous job: wait for the client's event on the session's stream, launch, record
- * the daemon's event, queue the host function. FA_OK: enqueued (the caller hands it back for the
- * reply); else the job failed before its kernel was enqueued (handed back once). */
+/* The words path's first half (od's thread): the stream waits for the client's ready word,
+ * then marks the wait passed. FA_OK with *ready set, or the job's status (nothing left on the
+ * stream that could block it). */
+static fa_status gpu_words_wait(struct gpu_owner_dev *od, struct backend_job *job,
+                                fa_cu_ptr *ready, uint64_t *n, bool *sticky)
+{
+	struct gpu_dev *d = od->d;
+	const struct fa_cu_api *cu = fa_cu;
+	fa_cu_ptr w = (fa_cu_ptr)(uintptr_t)job->words;
+	fa_cu_res r;
+
+	if (od->passed == NULL) {
+		void *h = NULL;
+		fa_cu_ptr hd = 0;
+		r = cu->MemHostAlloc(&h, 64, FA_CU_MEMHOSTALLOC_PORTABLE | FA_CU_MEMHOSTALLOC_DEVICEMAP);
+		if (r == 0) {
+			memset(h, 0, 64);
+			if ((r = cu->MemHostGetDevicePointer(&hd, h, 0)) != 0)
+				cu->MemFreeHost(h);
+		}
+		if (r != 0)
+			return job->status = gpu_job_cuerr(d, job, r, "allocating the session's "
+			                                   "completion-word marker", sticky);
+		od->passed = h;
+		od->passed_dev = hd;
+	}
+	*ready = w + FA_PROTO_WORDS_READY(job->slot);
+	if ((r = cu->StreamWaitValue64(od->stream, *ready, job->words_seq,
+	                               FA_CU_STREAM_WAIT_VALUE_GEQ)) != 0)
+		return job->status = gpu_job_cuerr(d, job, r, "waiting for the client's ready word "
+		                                   "(cuStreamWaitValue64)", sticky);
+	*n = ++od->nwords;
+	/* No fence: the marker says only that the wait passed. */
+	if ((r = cu->StreamWriteValue64(od->stream, od->passed_dev, *n,
+	                                FA_CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)) != 0) {
+		gpu_words_release(od, *ready, job->words_seq); /* the wait must not stay */
+		return job->status = gpu_job_cuerr(d, job, r, "marking the wait passed", sticky);
+	}
+	return FA_OK;
+}
+
+/* Run an asynchronous job: wait for the client's ready word (or event) on the session's stream,
+ * launch, write the done word (or record the daemon's event), queue the host function. FA_OK:
+ * enqueued (the caller hands it back for the reply); else the job failed before its kernel was
+ * enqueued (handed back once). */
 static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job, bool *sticky)
 {
 	struct gpu_dev *d = od->d;
@@ -52,6 +275,8 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	const struct fa_attn_fwd_desc *ds = &job->desc;
 	uint64_t prof[3] = {0};
 	fa_cu_ptr gate_word = 0;
+	fa_cu_ptr ready = 0;
+	uint64_t n = 0;
 	fa_cu_res r;
 	fa_status st;
 
@@ -59,7 +284,13 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	job->status = FA_OK;
 	job->detail[0] = '\0';
 	__typeof__(od->slot[0]) *sl = &od->slot[job->slot];
-	if (job->has_wait_event) {
+	bool words = job->words != NULL;
+	if (words) {
+		uint64_t tw = fa_now_ns();
+		if ((st = gpu_words_wait(od, job, &ready, &n, sticky)) != FA_OK)
+			return st;
+		prof[0] = fa_now_ns() - tw;
+	} else if (job->has_wait_event) {
 		/* Opened once per (session, slot, handle): the client keeps one event per slot. */
 		if (sl->wait != NULL && memcmp(sl->wait_handle, job->wait_event, 64) != 0) {
 			cu->EventDestroy(sl->wait);
@@ -99,7 +330,7 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 		}
 		prof[0] = fa_now_ns() - tw;
 	}
-	if (sl->done == NULL) {
+	if (!words && sl->done == NULL) {
 		struct fa_cu_ipc_handle h;
 		r = cu->EventCreate(&sl->done, FA_CU_EVENT_DISABLE_TIMING | FA_CU_EVENT_INTERPROCESS);
 		if (r == 0 && (r = cu->IpcGetEventHandle(&h, sl->done)) != 0) {
@@ -114,6 +345,8 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	}
 	struct gpu_ticket *t = calloc(1, sizeof *t);
 	if (t == NULL) {
+		if (words)
+			gpu_words_release(od, ready, job->words_seq);
 		snprintf(job->detail, sizeof job->detail, "out of memory");
 		return job->status = FA_ENOMEM;
 	}
@@ -132,18 +365,31 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 		                     (CUstream)od->stream, job->detail, sizeof job->detail);
 	if (st != FA_OK) {
 		free(t);
+		if (words)
+			gpu_words_release(od, ready, job->words_seq); /* the wait must not stay */
 		if (st == FA_EDEVICE && (r = cu->CtxSynchronize()) != 0 && fa_cu_sticky(r))
 			*sticky = true;
 		return job->status = st;
 	}
 	uint64_t tr = fa_now_ns();
 	prof[1] = tr - tl;
-	if ((r = cu->EventRecord(sl->done, od->stream)) != 0) {
-		free(t);
-		return job->status = gpu_job_cuerr(d, job, r, "recording the completion event",
-		                                   sticky);
+	if (words) {
+		/* Fenced (the default): the kernel's O and lse are visible before the word. */
+		r = cu->StreamWriteValue64(od->stream,
+		                           (fa_cu_ptr)(uintptr_t)job->words +
+		                               FA_PROTO_WORDS_DONE(job->slot),
+		                           job->words_seq, FA_CU_STREAM_WRITE_VALUE_DEFAULT);
+	} else {
+		r = cu->EventRecord(sl->done, od->stream);
 	}
-	memcpy(job->done_event, sl->done_handle, 64);
+	if (r != 0) {
+		free(t);
+		return job->status = gpu_job_cuerr(d, job, r, words ? "writing the done word "
+		                                   "(cuStreamWriteValue64)" : "recording the "
+		                                   "completion event", sticky);
+	}
+	if (!words)
+		memcpy(job->done_event, sl->done_handle, 64);
 	prof[2] = fa_now_ns() - tr;
 	/* Ticket first: the host function may run before LaunchHostFunc returns. */
 	pthread_mutex_lock(&b->mu);
@@ -155,6 +401,20 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	b->tickets = t;
 	b->ntickets++;
 	b->async_enqueued++;
+	if (words) {
+		t->od = od;
+		t->n = n;
+		t->ready = ready;
+		t->seq = job->words_seq;
+		if (od->wq_tail != NULL) {
+			od->wq_tail->wnext = t;
+		} else {
+			od->wq_head = t;
+			od->wq_since = fa_now_ns();
+		}
+		od->wq_tail = t;
+		b->async_words++;
+	}
 	job->enqueued = true;
 	job->kernel_done = job->reply_delivered = false;
 	backend_done_push(&b->done_list, job); /* the reply */
@@ -166,7 +426,15 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	b->async_ns[3] += th;
 	pthread_mutex_unlock(&b->mu);
 	if (r != 0) {
-		/* Rare: finish it here, after the kernel, on this thread. */
+		/* Rare: finish it here, after the kernel, on this thread (a words wait the client
+		 * never satisfies is released after --async-wait-ms: this thread cannot watch while
+		 * it waits, so release it now, the call fails). */
+		if (words) {
+			pthread_mutex_lock(&b->mu);
+			t->released = FA_ETIMEDOUT;
+			pthread_mutex_unlock(&b->mu);
+			gpu_words_release(od, ready, job->words_seq);
+		}
 		fa_cu_res r2 = cu->StreamSynchronize(od->stream);
 		log_warn("gpu: cuLaunchHostFunc: CUDA error %d (%s); waited instead", r,
 		         fa_cu_errstr(r));
@@ -187,8 +455,17 @@ static void *gpu_owner_thread(void *arg)
 	fa_cu->CtxSetCurrent(od->d->ctx);
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
-		while (od->head == NULL && !od->stop)
-			pthread_cond_wait(&od->cv, &b->mu);
+		uint64_t next = gpu_words_watch_locked(od);
+		if (od->head == NULL && !od->stop) {
+			if (next == 0) {
+				pthread_cond_wait(&od->cv, &b->mu);
+			} else {
+				struct timespec ts = {.tv_sec = (time_t)(next / 1000000000ull),
+				                      .tv_nsec = (long)(next % 1000000000ull)};
+				pthread_cond_timedwait(&od->cv, &b->mu, &ts); /* CLOCK_MONOTONIC */
+			}
+			continue;
+		}
 		struct backend_job *job = od->head;
 		if (job == NULL)
 			break;
@@ -244,6 +521,7 @@ struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
 		return NULL;
 	}
 	od->d = d;
+	od->owner = job->owner;
 	if ((r = fa_cu->StreamCreate(&od->stream, FA_CU_STREAM_NON_BLOCKING)) != 0) {
 		bool sticky;
 		job->status = gpu_job_cuerr(d, job, r, "creating the session's stream", &sticky);
@@ -265,7 +543,11 @@ struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
 		log_warn("gpu: GPU %d: no gate for a session's asynchronous calls: a client that dies "
 		         "before its event fires holds its request until the daemon exits",
 		         d->ordinal);
-	pthread_cond_init(&od->cv, NULL);
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* fa_now_ns's clock: the watchdog */
+	pthread_cond_init(&od->cv, &ca);
+	pthread_condattr_destroy(&ca);
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -281,11 +563,37 @@ struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
 		if (od->wait_stream != NULL)
 			fa_cu->StreamDestroy(od->wait_stream);
 		fa_cu->StreamDestroy(od->stream);
+		if (od->release_stream != NULL)
+			fa_cu->StreamDestroy(od->release_stream);
+		if (od->passed != NULL)
+			fa_cu->MemFreeHost((void *)(uintptr_t)od->passed);
 		free(od);
 		return NULL;
 	}
 	o->dev[i] = od;
+	pthread_mutex_lock(&b->mu);
+	od->onext = b->owners;
+	b->owners = od;
+	pthread_mutex_unlock(&b->mu);
 	return od;
+}
+
+/* See gpu_int.h. */
+unsigned gpu_async_cancel(struct backend *base, const void *owner, fa_status st,
+                          const char *why)
+{
+	struct gpu_backend *b = (struct gpu_backend *)base;
+	unsigned n = gpu_cancel(base, owner, st, why);
+
+	pthread_mutex_lock(&b->mu);
+	for (struct gpu_owner_dev *od = b->owners; od != NULL; od = od->onext) {
+		if (owner != NULL && od->owner != owner)
+			continue;
+		od->release_all = true;
+		pthread_cond_signal(&od->cv);
+	}
+	pthread_mutex_unlock(&b->mu);
+	return n;
 }
 
 /* The loop frees a session: release its streams and events on every device. Every job of it
@@ -303,6 +611,14 @@ void gpu_owner_free(struct backend *base, void *state)
 		pthread_mutex_lock(&b->mu);
 		od->stop = true; /* idle: every job of the session was handed back */
 		pthread_cond_signal(&od->cv);
+		for (struct gpu_owner_dev **pp = &b->owners; *pp != NULL; pp = &(*pp)->onext)
+			if (*pp == od) {
+				*pp = od->onext;
+				break;
+			}
+		/* Abandoned tickets (the fatal path) may still see their host function run. */
+		while (od->wq_head != NULL)
+			gpu_words_unlink_locked(od->wq_head);
 		pthread_mutex_unlock(&b->mu);
 		pthread_join(od->thread, NULL);
 		pthread_cond_destroy(&od->cv);
@@ -328,6 +644,10 @@ void gpu_owner_free(struct backend *base, void *state)
 			if (od->wait_stream != NULL)
 				fa_cu->StreamDestroy(od->wait_stream);
 		}
+		if (od->release_stream != NULL)
+			fa_cu->StreamDestroy(od->release_stream);
+		if (od->passed != NULL)
+			fa_cu->MemFreeHost((void *)(uintptr_t)od->passed);
 		free(od);
 	}
 	free(o);

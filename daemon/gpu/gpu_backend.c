@@ -159,6 +159,9 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 			gpu_dev_fini(&b->devs[--b->ndevs]);
 		}
 	}
+	b->base.async_words = gpu_async_words_supported(b);
+	b->async_wait_ns = (uint64_t)(cfg->async_wait_ms > 0 ? cfg->async_wait_ms : 60000) *
+	                   1000000ull;
 	gpu_tune_open(b, cfg);
 	if ((rv = uv_async_init(loop, &b->async, gpu_async_cb)) != 0) {
 		gpu_free(b);
@@ -218,7 +221,7 @@ const struct backend_ops backend_gpu_ops = {
 	.kind = FA_BACKEND_GPU,
 	.open = gpu_open,
 	.submit = gpu_submit,
-	.cancel = gpu_cancel,
+	.cancel = gpu_async_cancel, /* gpu_cancel, and the session's completion words */
 	.stop = gpu_stop,
 	.close = gpu_close,
 	.healthy = gpu_healthy,

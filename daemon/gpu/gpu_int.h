@@ -142,6 +142,19 @@ struct gpu_owner_dev {
 		fa_cu_event wait;
 		uint8_t wait_handle[FA_PROTO_IPC_HANDLE_LEN];
 	} slot[FA_PROTO_MAX_SLOTS];              /* owner */
+	/* Completion words (gpu_async.c): the stream writes the ordinal of each words ticket into
+	 * *passed (pinned host memory the owner thread reads) once its wait on the client's ready
+	 * word passed, so the thread can tell a client that never wrote its word (the head ticket
+	 * not passed: the watchdog releases it after async_wait_ns) from a long kernel. */
+	const void *owner;                       /* the session, for gpu_async_cancel */
+	struct gpu_owner_dev *onext;             /* mu: b->owners */
+	volatile uint64_t *passed;               /* owner (the GPU writes it) */
+	fa_cu_ptr passed_dev;                    /* owner */
+	fa_cu_stream release_stream;             /* owner: the releases (the stream may wait) */
+	uint64_t nwords;                         /* owner: words tickets so far */
+	struct gpu_ticket *wq_head, *wq_tail;    /* mu: words tickets not finished, in order */
+	uint64_t wq_since;                       /* mu: when wq_head became the head */
+	bool release_all;                        /* mu: the session closed: release every wait */
 };
 
 /* A session's backend state (*job->owner_state): created under mu, freed on the loop by
@@ -162,6 +175,13 @@ struct gpu_ticket {
 	fa_cu_ptr gate_word;            /* its gate (gpu_owner_dev), 0: none */
 	bool abandoned;                 /* mu */
 	struct gpu_ticket *prev, *next; /* b->tickets, mu */
+	/* completion words only: */
+	struct gpu_owner_dev *od;       /* mu: NULL once off od's list (or never on it) */
+	struct gpu_ticket *wnext;       /* mu: od->wq */
+	uint64_t n;                     /* the ordinal the stream writes into *od->passed */
+	fa_cu_ptr ready;                /* the client's ready word */
+	uint64_t seq;                   /* the value waited for */
+	fa_status released;             /* mu: FA_OK, or why the daemon wrote the ready word */
 };
 
 /* One device and its worker. */
@@ -239,6 +259,10 @@ struct gpu_backend {
 	uint64_t gates_released;         /* loop: gates opened for a closed session's tickets */
 	uint64_t gates_kept;             /* loop: gates of a freed session whose client event never
 	                                  * fired, kept (256 bytes and a stream) until exit */
+	uint64_t async_wait_ns;          /* open: --async-wait-ms */
+	struct gpu_owner_dev *owners;    /* mu: every session's asynchronous state, all devices */
+	uint64_t async_words, async_released, async_timeouts; /* mu: completion-word calls,
+	                                  * waits the daemon released, of them for the timeout */
 
 	/* Compile pool: jobs whose kernel is not loaded wait in `waiting` while a compile thread
 	 * prepares it (fa_gpu_prepare, without mu); then they go to the worker. */
@@ -412,6 +436,17 @@ struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job);
 
 /* ops.owner_free (loop thread): stop the session's threads, release its streams and events. */
 void gpu_owner_free(struct backend *base, void *state);
+
+/* ops.cancel: gpu_cancel (the owner's queued jobs, all when owner is NULL), and the enqueued
+ * asynchronous calls of the owner (all) whose completion word the client never wrote are
+ * released by their session's thread (the session closed: nothing of it may outlive it).
+ * Returns gpu_cancel's count. */
+unsigned gpu_async_cancel(struct backend *base, const void *owner, fa_status st,
+                          const char *why);
+
+/* Whether every device runs 64-bit stream memory operations (gpu_open, after the devices):
+ * the completion words; without them only the IPC-event path is offered. */
+bool gpu_async_words_supported(struct gpu_backend *b);
 
 /* ---- gpu_compile.c -------------------------------------------------------------------------- */
 

@@ -51,6 +51,9 @@ void gpu_stats(struct backend *base, char *buf, size_t cap)
 			if (q->wait_max_ns[c] > rq.wait_max_ns[c])
 				rq.wait_max_ns[c] = q->wait_max_ns[c];
 		}
+	uint64_t async_words = b->async_words, async_released = b->async_released,
+	         async_timeouts = b->async_timeouts;
+	bool words_ok = b->base.async_words;
 	double canary_err = 0;
 	for (unsigned i = 0; i < b->ndevs; i++) {
 		canary_runs += b->devs[i].canary_runs;
@@ -97,6 +100,15 @@ void gpu_stats(struct backend *base, char *buf, size_t cap)
 	             async_enq, async_running, ans[0] / 1000, ans[1] / 1000, ans[2] / 1000,
 	             ans[3] / 1000, canary_runs, canary_failed, canary_age / 1000000,
 	             canary_err);
+	if (m < 0 || (size_t)m >= cap - (size_t)n)
+		return;
+	n += m;
+	/* The asynchronous mode's completion words (gpu_async.c). */
+	m = snprintf(buf + n, cap - (size_t)n,
+	             "gpu_async_words:%d\ngpu_async_words_calls:%" PRIu64
+	             "\ngpu_async_words_released:%" PRIu64 "\ngpu_async_words_timeouts:%" PRIu64
+	             "\n",
+	             words_ok ? 1 : 0, async_words, async_released, async_timeouts);
 	if (m < 0 || (size_t)m >= cap - (size_t)n)
 		return;
 	n += m;

@@ -35,7 +35,8 @@ static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa
 		if (a->u.reg.kind == FA_REGION_HOST_SHM)
 			return strcmp(a->u.reg.shm_name, b->u.reg.shm_name) == 0;
 		return memcmp(a->u.reg.ipc_handle, b->u.reg.ipc_handle, FA_PROTO_IPC_HANDLE_LEN) == 0 &&
-		       memcmp(a->u.reg.gpu_uuid, b->u.reg.gpu_uuid, FA_PROTO_UUID_LEN) == 0;
+		       memcmp(a->u.reg.gpu_uuid, b->u.reg.gpu_uuid, FA_PROTO_UUID_LEN) == 0 &&
+		       a->u.reg.words == b->u.reg.words;
 	case FA_OP_UNREGISTER:
 		return a->u.unreg.region == b->u.unreg.region;
 	case FA_OP_ATTN_FWD:
@@ -50,7 +51,9 @@ static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa
 			return false;
 		return memcmp(&a->u.fwd.scale, &b->u.fwd.scale, sizeof(double)) == 0 &&
 		       a->u.fwd.mask == b->u.fwd.mask && a->u.fwd.precision == b->u.fwd.precision &&
-		       a->u.fwd.priority == b->u.fwd.priority;
+		       a->u.fwd.priority == b->u.fwd.priority &&
+		       a->u.fwd.words_region == b->u.fwd.words_region &&
+		       (a->u.fwd.words_region == 0 || a->u.fwd.words_seq == b->u.fwd.words_seq);
 	case FA_OP_ATTN_BWD: {
 		const struct fa_proto_tensor *ta[] = {&a->u.bwd.q,    &a->u.bwd.k,  &a->u.bwd.v,
 		                                      &a->u.bwd.o,    &a->u.bwd.lse, &a->u.bwd.dout,

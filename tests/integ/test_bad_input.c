@@ -1219,6 +1219,18 @@ static int foreign_async_main(const char *url)
 	fprintf(stderr, "foreign async child: %s: %s\n", fa_status_name(st), rep.detail);
 	if (st != FA_EPERM || strstr(rep.detail, "one user") == NULL)
 		return 12;
+	/* Completion words are IPC memory, which opens across users: no uid refusal (the CPU
+	 * backend then says it serves no asynchronous mode). */
+	req.seq = 4;
+	req.u.fwd.has_event = false;
+	req.u.fwd.words_region = 777;
+	req.u.fwd.words_seq = 1;
+	st = fa_raw_call(s, &req, &rep);
+	fprintf(stderr, "foreign async child, completion words: %s: %s\n", fa_status_name(st),
+	        rep.detail);
+	if (st != FA_ENOTSUP)
+		return 14;
+	req.u.fwd.words_region = 0;
 	/* The synchronous mode is still offered: the same request without the slot gets past
 	 * the uid check (to the region check: 12345 is nobody's region). */
 	req.seq = 3;
@@ -1237,6 +1249,13 @@ static void test_bad_input_async_mode_needs_the_gpu_backend_and_the_daemons_user
 
 	/* Same user, CPU backend: a clear FA_ENOTSUP naming the backend. */
 	async_req(g_sid, g_seq++, g_rid, &req);
+	assert_int_equal(fa_raw_call(g_raw, &req, &rep), FA_ENOTSUP);
+	assert_non_null(strstr(rep.detail, "GPU backend"));
+	/* The same with completion words instead of the event. */
+	async_req(g_sid, g_seq++, g_rid, &req);
+	req.u.fwd.has_event = false;
+	req.u.fwd.words_region = g_rid;
+	req.u.fwd.words_seq = 1;
 	assert_int_equal(fa_raw_call(g_raw, &req, &rep), FA_ENOTSUP);
 	assert_non_null(strstr(rep.detail, "GPU backend"));
 	/* The API refuses host buffers before anything is sent. */

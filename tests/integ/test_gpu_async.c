@@ -27,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -630,10 +631,226 @@ static int other_user_main(const char *url)
 	CHECK(cu.MemcpyDtoHAsync(pinned, dmem, l.total, stream) == 0 &&
 	      cu.StreamSynchronize(stream) == 0, "download");
 	CHECK(fa_case_check(&cs, &l, pinned, NULL, why, sizeof why), "%s", why);
+	/* Completion words: IPC memory, which opens across users. */
+	CHECK(cu.MemsetD8Async(dmem + l.o_off, 0xff, (size_t)l.o_span * 2, stream) == 0, "poison");
 	st = fa_attn_fwd_async(c, &a, stream);
-	fprintf(stderr, "uid 65534: synchronous FA_OK and correct; asynchronous %s: %s\n",
-	        fa_status_name(st), fa_last_error_detail());
-	CHECK(st == FA_EPERM, "asynchronous across users: %s", fa_status_name(st));
+	fprintf(stderr, "uid 65534: synchronous FA_OK and correct; asynchronous (completion "
+	        "words) %s: %s\n", fa_status_name(st), fa_last_error_detail());
+	CHECK(st == FA_OK, "asynchronous across users with completion words: %s: %s",
+	      fa_status_name(st), fa_last_error_detail());
+	CHECK(cu.MemcpyDtoHAsync(pinned, dmem, l.total, stream) == 0 &&
+	      cu.StreamSynchronize(stream) == 0, "download");
+	CHECK(fa_case_check(&cs, &l, pinned, NULL, why, sizeof why), "async as uid 65534: %s", why);
+	fa_buffer_free(b);
+	fa_client_close(c);
+	/* The IPC-event path (forced) is still refused across users. */
+	setenv("FA_ASYNC_EVENTS", "1", 1);
+	CHECK(fa_client_open(&c, url) == FA_OK, "open: %s", fa_last_error_detail());
+	unsetenv("FA_ASYNC_EVENTS");
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)dmem, l.total, &b) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_case_args(&cs, &l, b, &a);
+	st = fa_attn_fwd_async(c, &a, stream);
+	fprintf(stderr, "uid 65534, IPC events forced: %s: %s\n", fa_status_name(st),
+	        fa_last_error_detail());
+	CHECK(st == FA_EPERM, "asynchronous with IPC events across users: %s", fa_status_name(st));
+	fa_buffer_free(b);
+	fa_client_close(c);
+	cu.MemFree(dmem);
+	return 0;
+}
+
+/* For qsort: ascending doubles. */
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+/* n asynchronous calls of one small case on one stream through c, each timed on the host (the
+ * call itself: enqueue and reply); p50 and p99 in us, and the result checked at the end. */
+static int time_enqueues(fa_client *c, void *stream, int n, double *p50, double *p99)
+{
+	struct fa_case cs = {.dtype = FA_DTYPE_FP16, .B = 1, .Sq = 128, .Sk = 128, .Hq = 4,
+	                     .Hkv = 4, .D = 64};
+	struct fa_case_layout l;
+	fa_buffer *b = NULL;
+	fa_attn_fwd_args a;
+	cu_ptr dmem = 0;
+	void *pinned = NULL;
+	uint64_t rng = 0xbe;
+	char why[256];
+	double *us = calloc((size_t)n, sizeof *us);
+
+	CHECK(us != NULL, "calloc");
+	fa_case_layout(&cs, &l);
+	CHECK(cu.MemAlloc(&dmem, l.total) == 0, "cuMemAlloc");
+	CHECK(cu.MemHostAlloc(&pinned, l.total, 0) == 0, "cuMemHostAlloc");
+	fa_case_fill(&cs, &l, pinned, &rng);
+	CHECK(cu.MemcpyHtoDAsync(dmem, pinned, l.total, stream) == 0 &&
+	      cu.StreamSynchronize(stream) == 0, "upload");
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)dmem, l.total, &b) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_case_args(&cs, &l, b, &a);
+	for (int i = 0; i < 20; i++) /* warm: kernel compiled, words or events made */
+		CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK, "warm-up: %s",
+		      fa_last_error_detail());
+	CHECK(cu.StreamSynchronize(stream) == 0, "sync");
+	for (int i = 0; i < n; i++) {
+		uint64_t t0 = fa_test_now_us();
+		fa_status st = fa_attn_fwd_async(c, &a, stream);
+		us[i] = (double)(fa_test_now_us() - t0);
+		CHECK(st == FA_OK, "call %d: %s: %s", i, fa_status_name(st), fa_last_error_detail());
+		if (i % 64 == 63) /* keep the daemon's stream short: host time is measured */
+			CHECK(cu.StreamSynchronize(stream) == 0, "sync");
+	}
+	CHECK(cu.StreamSynchronize(stream) == 0, "sync");
+	CHECK(cu.MemsetD8Async(dmem + l.o_off, 0xff, (size_t)l.o_span * 2, stream) == 0, "poison");
+	CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK, "last: %s", fa_last_error_detail());
+	CHECK(cu.MemcpyDtoHAsync(pinned, dmem, l.total, stream) == 0 &&
+	      cu.StreamSynchronize(stream) == 0, "download");
+	CHECK(fa_case_check(&cs, &l, pinned, NULL, why, sizeof why), "%s", why);
+	qsort(us, (size_t)n, sizeof *us, cmp_double);
+	*p50 = us[n / 2];
+	*p99 = us[(n * 99) / 100];
+	fa_buffer_free(b);
+	cu.MemFree(dmem);
+	cu.MemFreeHost(pinned);
+	free(us);
+	return 0;
+}
+
+/* The figure of issue 12 item 3: host time per asynchronous call, completion words against
+ * IPC events (FA_ASYNC_EVENTS=1), the same case, one run. Greppable: "async enqueue:". */
+static int child_enqueue_cost(void *arg)
+{
+	(void)arg;
+	const int n = 1000;
+	fa_client *cw = NULL, *ce = NULL;
+	void *stream = NULL;
+	double w50 = 0, w99 = 0, e50 = 0, e99 = 0;
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
+	CHECK(fa_client_open(&cw, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	setenv("FA_ASYNC_EVENTS", "1", 1);
+	CHECK(fa_client_open(&ce, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	unsetenv("FA_ASYNC_EVENTS");
+	CHECK(time_enqueues(cw, stream, n, &w50, &w99) == 0, "completion words");
+	CHECK(time_enqueues(ce, stream, n, &e50, &e99) == 0, "IPC events");
+	static char text[16384];
+	uint64_t calls = 0, on = 0;
+	CHECK(fa_stats(cw, text, sizeof text) == FA_OK, "stats");
+	fa_stats_u64(text, "gpu_async_words", &on);
+	fa_stats_u64(text, "gpu_async_words_calls", &calls);
+	fprintf(stderr, "async enqueue: fp16 B1 S128 H4 D64, %d calls each: completion words p50 "
+	        "%.1f us p99 %.1f us; IPC events p50 %.1f us p99 %.1f us (%.1fx); daemon: "
+	        "gpu_async_words %llu, %llu words calls\n", n, w50, w99, e50, e99,
+	        w50 > 0 ? e50 / w50 : 0.0, (unsigned long long)on, (unsigned long long)calls);
+	CHECK(on == 1 && calls >= (uint64_t)n, "the words path was not taken");
+	fa_client_close(cw);
+	fa_client_close(ce);
+	cu.StreamDestroy(stream);
+	return 0;
+}
+
+/* The victim of the killed-client case (a fork of the test process, never a CUDA child's): its
+ * stream waits on a host flag nobody sets, so its ready word is never written; its call is
+ * enqueued (FA_OK), and it dies with SIGKILL, the session open and the daemon's stream
+ * waiting. */
+static int victim_main(void)
+{
+	struct fa_case cs = {.dtype = FA_DTYPE_FP16, .B = 1, .Sq = 128, .Sk = 128, .Hq = 4,
+	                     .Hkv = 4, .D = 64};
+	struct fa_case_layout l;
+	fa_client *c = NULL;
+	fa_buffer *b = NULL;
+	fa_attn_fwd_args a;
+	cu_ptr dmem = 0, flag_dev = 0;
+	void *stream = NULL, *pinned = NULL;
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	fa_case_layout(&cs, &l);
+	CHECK(cu.MemAlloc(&dmem, l.total) == 0, "cuMemAlloc");
+	CHECK(cu.MemHostAlloc(&pinned, 64, 0x2 /* DEVICEMAP */) == 0, "cuMemHostAlloc");
+	*(volatile uint32_t *)pinned = 0;
+	CHECK(cu.MemHostGetDevicePointer(&flag_dev, pinned, 0) == 0, "device pointer");
+	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
+	CHECK(fa_client_open(&c, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)dmem, l.total, &b) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_case_args(&cs, &l, b, &a);
+	CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK && cu.StreamSynchronize(stream) == 0,
+	      "warm-up: %s", fa_last_error_detail());
+	CHECK(cu.StreamWaitValue32(stream, flag_dev, 1, 0 /* GEQ */) == 0, "cuStreamWaitValue32");
+	for (int i = 0; i < 3; i++)
+		CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK, "pending call %d: %s", i,
+		      fa_last_error_detail());
+	fprintf(stderr, "victim: 3 calls enqueued behind a ready word never written; SIGKILL\n");
+	fflush(stderr);
+	raise(SIGKILL);
+	return 2;
+}
+
+/* A stuck client (its stream waits on a host flag for longer than the daemon's
+ * --async-wait-ms): the daemon releases the wait and counts a timeout; once the flag is set the
+ * client's stream goes on (the done word was written), and the same client is served right. */
+static int child_stuck_words_time_out(void *arg)
+{
+	(void)arg;
+	struct fa_case cs = {.dtype = FA_DTYPE_FP16, .B = 1, .Sq = 128, .Sk = 128, .Hq = 4,
+	                     .Hkv = 4, .D = 64};
+	struct fa_case_layout l;
+	fa_client *c = NULL;
+	fa_buffer *b = NULL;
+	fa_attn_fwd_args a;
+	cu_ptr dmem = 0, flag_dev = 0;
+	void *stream = NULL, *pinned = NULL;
+	volatile uint32_t *flag;
+	uint64_t rng = 5, before = 0, after = 0;
+	static char text[16384];
+	char why[256];
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	fa_case_layout(&cs, &l);
+	CHECK(cu.MemAlloc(&dmem, l.total) == 0, "cuMemAlloc");
+	CHECK(cu.MemHostAlloc(&pinned, l.total + 64, 0x2 /* DEVICEMAP */) == 0, "cuMemHostAlloc");
+	flag = (volatile uint32_t *)((char *)pinned + l.total);
+	*flag = 0;
+	CHECK(cu.MemHostGetDevicePointer(&flag_dev, (void *)(uintptr_t)flag, 0) == 0, "devptr");
+	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
+	fa_case_fill(&cs, &l, pinned, &rng);
+	CHECK(cu.MemcpyHtoDAsync(dmem, pinned, l.total, stream) == 0 &&
+	      cu.StreamSynchronize(stream) == 0, "upload");
+	CHECK(fa_client_open(&c, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)dmem, l.total, &b) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_case_args(&cs, &l, b, &a);
+	CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK && cu.StreamSynchronize(stream) == 0,
+	      "warm-up: %s", fa_last_error_detail());
+	CHECK(fa_stats(c, text, sizeof text) == FA_OK, "stats");
+	fa_stats_u64(text, "gpu_async_words_timeouts", &before);
+	CHECK(cu.StreamWaitValue32(stream, flag_dev, 1, 0 /* GEQ */) == 0, "cuStreamWaitValue32");
+	CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK, "stuck call: %s", fa_last_error_detail());
+	uint64_t t0 = fa_test_now_ms();
+	bool seen = false;
+	while (!seen && fa_test_now_ms() - t0 < (uint64_t)fa_test_ms(20000)) {
+		fa_test_sleep_ms(100);
+		if (fa_stats(c, text, sizeof text) == FA_OK &&
+		    fa_stats_u64(text, "gpu_async_words_timeouts", &after) && after > before)
+			seen = true;
+	}
+	fprintf(stderr, "stuck client: the daemon released its wait after %llu ms (timeouts %llu "
+	        "-> %llu)\n", (unsigned long long)(fa_test_now_ms() - t0),
+	        (unsigned long long)before, (unsigned long long)after);
+	CHECK(seen, "no timeout counted within 20 s");
+	*flag = 1;
+	CHECK(cu.StreamSynchronize(stream) == 0, "the client's stream after the release");
+	CHECK(cu.MemsetD8Async(dmem + l.o_off, 0xff, (size_t)l.o_span * 2, stream) == 0, "poison");
+	CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK, "again: %s", fa_last_error_detail());
+	CHECK(cu.MemcpyDtoHAsync(pinned, dmem, l.total, stream) == 0 &&
+	      cu.StreamSynchronize(stream) == 0, "download");
+	CHECK(fa_case_check(&cs, &l, pinned, NULL, why, sizeof why), "after the timeout: %s", why);
 	fa_buffer_free(b);
 	fa_client_close(c);
 	cu.MemFree(dmem);
@@ -738,6 +955,47 @@ static void test_gpu_other_user_is_served_synchronously_and_refused_async(void *
 	                                                  "--other-user", 60000), 0);
 }
 
+static void test_gpu_async_words_enqueue_costs_against_ipc_events(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_enqueue_cost, NULL, 120000), 0);
+}
+
+static void test_gpu_async_killed_client_is_released_and_others_served(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	uint64_t rel0 = stat_now("gpu_async_words_released");
+	fflush(stderr);
+	pid_t p = fork();
+	assert_true(p >= 0);
+	if (p == 0)
+		_exit(victim_main());
+	int code = fa_test_waitpid(p, fa_test_ms(60000));
+	fprintf(stderr, "victim ended: %d\n", code);
+	uint64_t t0 = fa_test_now_ms(), v = 0;
+	/* The session closes with the connection; its three waits are released at once. */
+	bool idle = fa_integ_wait_stat(NULL, g_daemon.url, "gpu_async_running", 0,
+	                               fa_test_ms(15000), &v);
+	uint64_t rel1 = stat_now("gpu_async_words_released");
+	fprintf(stderr, "killed client: gpu_async_running 0 %s after %llu ms; released %llu -> "
+	        "%llu\n", idle ? "reached" : "NOT reached", (unsigned long long)(fa_test_now_ms() - t0),
+	        (unsigned long long)rel0, (unsigned long long)rel1);
+	assert_true(idle);
+	assert_true(rel1 != UINT64_MAX && rel1 >= rel0 + 1);
+	assert_true(fa_integ_wait_stat(NULL, g_daemon.url, "inflight", 0, fa_test_ms(10000), &v));
+	/* Another client is served, both modes. */
+	assert_int_equal(in_child(child_async_vs_sync, NULL, 120000), 0);
+}
+
+static void test_gpu_async_stuck_client_times_out_and_is_served_after(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_stuck_words_time_out, NULL, 120000), 0);
+}
+
 static void test_gpu_second_device_serves_and_mixed_requests_are_refused(void **state)
 {
 	(void)state;
@@ -784,7 +1042,8 @@ static int setup(void **state)
 		return 0;
 	}
 	g_ngpus = n;
-	if (daemon_start(&g_daemon, "--backend", "gpu", NULL) != 0) {
+	/* a short --async-wait-ms: the stuck-client case waits for it */
+	if (daemon_start(&g_daemon, "--backend", "gpu", "--async-wait-ms", "3000", NULL) != 0) {
 		fprintf(stderr, "daemon_start --backend gpu failed (status %d)\n", g_daemon.status);
 		daemon_log_dump(&g_daemon, 40);
 		return -1;
@@ -811,6 +1070,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_gpu_async_backward_chain_is_ordered_both_ways),
 		cmocka_unit_test(test_gpu_async_returns_before_the_kernel_finishes),
 		cmocka_unit_test(test_gpu_async_client_with_a_stuck_event_stalls_only_itself),
+		cmocka_unit_test(test_gpu_async_words_enqueue_costs_against_ipc_events),
+		cmocka_unit_test(test_gpu_async_stuck_client_times_out_and_is_served_after),
+		cmocka_unit_test(test_gpu_async_killed_client_is_released_and_others_served),
 		cmocka_unit_test(test_gpu_second_device_serves_and_mixed_requests_are_refused),
 		/* Last: refusals that, should the daemon regress, could take it down */
 		cmocka_unit_test(test_gpu_async_host_buffers_get_einval),

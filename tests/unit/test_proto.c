@@ -2192,6 +2192,98 @@ static void test_proto_clients_decoder_rejects_bad_entries(void **state)
 	assert_non_null(strstr(errbuf, "at most 128"));
 }
 
+/* Completion words: REGISTER's "wds" on a CUDA IPC region; ATTN_FWD's "wrg" and "wq" with a
+ * slot and without an event. A missing partner, a missing slot or a zero value is refused by
+ * the decoder naming the key; the encoder refuses those and an event beside the words, and
+ * leaves "wds" out on host memory. */
+static void test_proto_round_trips_completion_words_and_refuses_bad_combinations(void **state)
+{
+	(void)state;
+	struct fa_proto_req r = req_fixture_ipc(), out;
+	size_t len, plain = check_req_round_trip(&r);
+	r.u.reg.words = true;
+	size_t with = check_req_round_trip(&r);
+	assert_true(with > plain);
+	assert_int_equal(fa_proto_decode_req(enc, with, &out, errbuf, sizeof errbuf), FA_OK);
+	assert_true(out.u.reg.words);
+	/* "wds" 2 (patched in place: positive fixint) */
+	const unsigned char wkey[] = {0xa3, 'w', 'd', 's', 0x01};
+	unsigned char *at = memmem(enc, with, wkey, sizeof wkey);
+	assert_non_null(at);
+	at[4] = 2;
+	assert_int_equal(fa_proto_decode_req(enc, with, &out, errbuf, sizeof errbuf), FA_EPROTO);
+	assert_non_null(strstr(errbuf, "'wds'"));
+	/* "wds" on a host region: the encoder leaves it out, a hand-made one is refused. */
+	struct fa_proto_req h = req_fixture(FA_OP_REGISTER);
+	assert_int_equal(h.u.reg.kind, FA_REGION_HOST_SHM);
+	size_t hl = check_req_round_trip(&h);
+	h.u.reg.words = true;
+	assert_int_equal(fa_proto_encode_req(&h, enc, sizeof enc, &len), FA_OK);
+	assert_int_equal(len, hl);
+
+	struct fa_proto_req f = req_fixture(FA_OP_ATTN_FWD);
+	f.u.fwd.async = true;
+	f.u.fwd.slot = 7;
+	f.u.fwd.words_region = UINT64_MAX;
+	f.u.fwd.words_seq = UINT64_MAX - 1;
+	size_t fl = check_req_round_trip(&f);
+	assert_int_equal(fa_proto_decode_req(enc, fl, &out, errbuf, sizeof errbuf), FA_OK);
+	assert_true(out.u.fwd.async && !out.u.fwd.has_event);
+	assert_int_equal(out.u.fwd.slot, 7);
+	assert_true(out.u.fwd.words_region == UINT64_MAX && out.u.fwd.words_seq == UINT64_MAX - 1);
+	/* Small values, then each key cut out in turn (fixstr key of 2 + positive fixint). */
+	f.u.fwd.words_region = 9;
+	f.u.fwd.words_seq = 5;
+	fl = check_req_round_trip(&f);
+	static const struct {
+		unsigned char key[4];
+		const char *want;
+	} cuts[] = {
+		{{0xa3, 'w', 'r', 'g'}, "'wq' without 'wrg'"},
+		{{0xa2, 'w', 'q', 0x05}, "'wrg' without 'wq'"},
+		{{0xa4, 's', 'l', 'o'}, "without 'slot'"},
+	};
+	unsigned char cut[FA_PROTO_MAX_MSG];
+	for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
+		size_t klen = i == 0 ? 5 : i == 2 ? 6 : 4; /* "wrg" 5 bytes with its value, "slot" 6 */
+		at = memmem(enc, fl, cuts[i].key, 4);
+		assert_non_null(at);
+		size_t pos = (size_t)(at - enc);
+		assert_true(enc[0] >= 0x81 && enc[0] <= 0x8f);
+		memcpy(cut, enc, pos);
+		memcpy(cut + pos, enc + pos + klen, fl - pos - klen);
+		cut[0]--;
+		assert_int_equal(fa_proto_decode_req(cut, fl - klen, &out, errbuf, sizeof errbuf),
+		                 FA_EPROTO);
+		assert_non_null(strstr(errbuf, cuts[i].want));
+	}
+	/* Zero values (patched in place). */
+	for (int k = 0; k < 2; k++) {
+		const unsigned char wrg[4] = {0xa3, 'w', 'r', 'g'}, wq[3] = {0xa2, 'w', 'q'};
+		memcpy(cut, enc, fl);
+		at = k == 0 ? memmem(cut, fl, wrg, 4) : memmem(cut, fl, wq, 3);
+		assert_non_null(at);
+		at[k == 0 ? 4 : 3] = 0;
+		assert_int_equal(fa_proto_decode_req(cut, fl, &out, errbuf, sizeof errbuf), FA_EPROTO);
+		assert_non_null(strstr(errbuf, k == 0 ? "'wrg'" : "'wq'"));
+	}
+	/* The encoder refuses what the decoder would: an event beside the words, no slot, wq 0. */
+	f.u.fwd.has_event = true;
+	assert_int_equal(fa_proto_encode_req(&f, enc, sizeof enc, &len), FA_EINVAL);
+	f.u.fwd.has_event = false;
+	f.u.fwd.async = false;
+	assert_int_equal(fa_proto_encode_req(&f, enc, sizeof enc, &len), FA_EINVAL);
+	f.u.fwd.async = true;
+	f.u.fwd.words_seq = 0;
+	assert_int_equal(fa_proto_encode_req(&f, enc, sizeof enc, &len), FA_EINVAL);
+	/* A words call's reply carries no event. */
+	struct fa_proto_rep p, q;
+	rep_fixture(FA_OP_ATTN_FWD, &p);
+	assert_int_equal(fa_proto_encode_rep(&p, enc, sizeof enc, &len), FA_OK);
+	assert_int_equal(fa_proto_decode_rep(enc, len, &q, errbuf, sizeof errbuf), FA_OK);
+	assert_false(q.u.fwd.async);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -2202,6 +2294,7 @@ int main(void)
 		cmocka_unit_test(test_proto_round_trips_async_attn_fwd_and_refuses_bad_slots),
 		cmocka_unit_test(test_proto_round_trips_attn_bwd_with_flags_and_async),
 		cmocka_unit_test(test_proto_rejects_every_attn_bwd_field_out_of_range),
+		cmocka_unit_test(test_proto_round_trips_completion_words_and_refuses_bad_combinations),
 		cmocka_unit_test(test_proto_round_trips_every_reply_op),
 		cmocka_unit_test(test_proto_round_trips_replies_with_all_fields_max),
 		cmocka_unit_test(test_proto_round_trips_failure_reply_of_every_status),

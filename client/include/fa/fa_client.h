@@ -195,18 +195,27 @@ FA_API fa_status fa_attn_fwd(fa_client *c, const fa_attn_fwd_args *args);
 
 /* Compute forward attention in the daemon, ordered on the caller's CUDA stream (asynchronous
  * mode; device buffers only). `stream` is a CUstream / cudaStream_t (NULL: the default stream of
- * the calling thread's current context). The call records an interprocess event on `stream`;
+ * the calling thread's current context). The call enqueues on `stream` a write of a completion
+ * word (CUDA IPC memory of this process, one small buffer per context, registered on first use);
  * the daemon's stream waits for it before reading Q, K, V, so work already queued on `stream`
  * that writes them needs no synchronisation. It returns once the kernel is enqueued, after making
- * `stream` wait for the daemon's completion event: later work on `stream` sees O and lse, and
- * cudaStreamSynchronize(stream) waits for them. The call itself does not wait for the GPU.
- * Buffers must stay registered (and allocated) until `stream` passed that point.
- * CUDA IPC events work only between processes of one user (the driver keeps them in mode-0600
- * files): when the daemon runs as another user this returns FA_EPERM; use fa_attn_fwd().
- * Returns the statuses of fa_attn_fwd(), and FA_EPERM (another user's daemon), FA_ENOTSUP (the
- * daemon has no GPU backend), FA_EINVAL (a host buffer, or `stream` is not a stream of a live
- * context), FA_ENOGPU (no CUDA driver here). On FA_EDEVICE after the enqueue (the daemon's event
- * could not be opened) the kernel still runs: synchronise the device before reading O. */
+ * `stream` wait for the daemon's done word: later work on `stream` sees O and lse, and
+ * cudaStreamSynchronize(stream) waits for them. The call itself does not wait for the GPU (a few
+ * microseconds of host time besides the request's round trip).
+ * Buffers must stay registered (and allocated), and the client open, until `stream` passed that
+ * point. Works when the daemon runs as another user (memory handles open across users). Where a
+ * GPU lacks 64-bit stream memory operations, or FA_ASYNC_EVENTS=1 was set at fa_client_open, the
+ * call uses CUDA IPC events instead (~125 us more per call), which work only between processes of
+ * one user: with another user's daemon that returns FA_EPERM; use fa_attn_fwd().
+ * If `stream`'s inputs are not ready within the daemon's --async-wait-ms (60 s by default) of its
+ * stream reaching the call, or the client dies with calls pending, the daemon releases its
+ * stream: that call's O is undefined (the daemon logs it). After a daemon restart,
+ * fa_client_reconnect() releases every wait of `stream` on the old daemon's calls.
+ * Returns the statuses of fa_attn_fwd(), and FA_EPERM (IPC events and another user's daemon),
+ * FA_ENOTSUP (the daemon has no GPU backend), FA_EINVAL (a host buffer, or `stream` is not a
+ * stream of a live context), FA_ENOGPU (no CUDA driver here). On FA_EDEVICE after the enqueue
+ * (the wait on the daemon's word or event could not be enqueued) the kernel still runs:
+ * synchronise the device before reading O. */
 FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, void *stream);
 
 /* Flags of fa_attn_bwd_args.flags. */
