@@ -90,7 +90,7 @@ enum {
 	/* CUstreamWaitValue_flags: GEQ is (int64_t)(*addr - value) >= 0 */
 	FA_CU_STREAM_WAIT_VALUE_GEQ = 0x0,
 	/* CUstreamWriteValue_flags: DEFAULT fences the stream's earlier writes before the word;
-	 * NO_MEMORY_BARRIER does not */
+	 * NO_MEMORY_BARRIER does not (and the _v2 entry points this table holds refuse it) */
 	FA_CU_STREAM_WRITE_VALUE_DEFAULT = 0x0,
 	FA_CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER = 0x1,
 	/* CUresult values the callers test for */

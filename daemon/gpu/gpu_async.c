@@ -254,9 +254,11 @@ static fa_status gpu_words_wait(struct gpu_owner_dev *od, struct backend_job *jo
 		return job->status = gpu_job_cuerr(d, job, r, "waiting for the client's ready word "
 		                                   "(cuStreamWaitValue64)", sticky);
 	*n = ++od->nwords;
-	/* No fence: the marker says only that the wait passed. */
+	/* The default (fenced) write: the entry points cuGetProcAddress gives for the 12.0 ABI are
+	 * the _v2 ones, which refuse NO_MEMORY_BARRIER with CUDA_ERROR_INVALID_VALUE (measured on
+	 * the H200); the fence costs nothing here, nothing was written before the wait. */
 	if ((r = cu->StreamWriteValue64(od->stream, od->passed_dev, *n,
-	                                FA_CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER)) != 0) {
+	                                FA_CU_STREAM_WRITE_VALUE_DEFAULT)) != 0) {
 		gpu_words_release(od, *ready, job->words_seq); /* the wait must not stay */
 		return job->status = gpu_job_cuerr(d, job, r, "marking the wait passed", sticky);
 	}
