@@ -3,11 +3,13 @@
 Imported the first time a torch tensor needs it (autograd, torch.compile), never by `import fa`.
 
 Two ways in, one implementation (_fwd_impl, _bwd_impl):
+- AttnFunction, a torch.autograd.Function: what eager calls take (a custom op's dispatch costs
+  about 70 us more per call, measured on the CI machine's CPU), and the only way on PyTorch
+  without torch.library.custom_op (< 2.4), where torch.compile breaks the graph around it;
 - PyTorch >= 2.4: the custom ops fa::attn_fwd and fa::attn_bwd (torch.library.custom_op), each
   with a fake (shapes only) so torch.compile traces them without graph breaks, and
-  register_autograd connecting attn_fwd's gradient to attn_bwd;
-- older PyTorch (no torch.library.custom_op): AttnFunction, a torch.autograd.Function over the
-  same two calls; eager autograd works, torch.compile breaks the graph around it.
+  register_autograd connecting attn_fwd's gradient to attn_bwd: what calls take while
+  torch.compile traces them. `route` chooses otherwise (tests run both ways eagerly).
 
 The forward saves q, k, v, out and lse (the daemon computes lse whenever a gradient may be
 needed); lse is returned but not differentiable, as in FlashAttention. The op arguments carry
@@ -26,8 +28,9 @@ STREAM_CURRENT = -2  # fa's asynchronous mode on PyTorch's current stream
 
 HAVE_CUSTOM_OP = (hasattr(torch.library, "custom_op") and hasattr(torch.library,
                                                                   "register_autograd"))
-# Which way in training calls take; tests set it False to run the fallback on a new PyTorch.
-use_custom_op = HAVE_CUSTOM_OP
+# Which way in calls take: "auto" (the custom ops while torch.compile traces, AttnFunction
+# otherwise), "op" (the custom ops always) or "function" (AttnFunction always).
+route = "auto"
 
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 if _is_compiling is None:  # PyTorch < 2.3
@@ -195,6 +198,6 @@ def attention(q, k, v, *, bhsd, mask, scale, precision, want_lse, deterministic,
             bool(want_lse or need_grad),
             bool(deterministic or torch.are_deterministic_algorithms_enabled()),
             client_id(client), stream_code(stream))
-    if use_custom_op:
+    if HAVE_CUSTOM_OP and route != "function" and (route == "op" or _is_compiling()):
         return torch.ops.fa.attn_fwd(*args)
     return AttnFunction.apply(*args)
