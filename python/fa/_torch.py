@@ -44,7 +44,7 @@ if _is_compiling is None:  # PyTorch < 2.3
 def needs_op(q, k, v):
     """True when a call on these tensors must go through autograd or is being traced by
     torch.compile (the plain call would be opaque to both)."""
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
         return True
     return _is_compiling()
 
@@ -179,6 +179,7 @@ class AttnFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # fa has no double backward: refuse it
     def backward(ctx, g, _g_lse):
         if g is None:
             return (None,) * 11

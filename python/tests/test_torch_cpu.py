@@ -282,6 +282,15 @@ class TorchTrainingOnCpuBackend(unittest.TestCase):
             self.assertEqual(cm.exception.status, "FA_EINVAL")
             self.assertIn("return_lse=True", cm.exception.detail)
 
+    def test_double_backward_is_refused_not_wrong(self):
+        for path in PATHS:
+            FT.route = path
+            q = self.randn(1, 2, 5, 8).requires_grad_()
+            o = fa.scaled_dot_product_attention(q, q, q, client=self.c)
+            g, = torch.autograd.grad(o.square().sum(), q, create_graph=True)
+            with self.assertRaises(RuntimeError, msg=path):
+                g.sum().backward()
+
     @unittest.skipUnless(torch is not None and FT.HAVE_CUSTOM_OP,
                          "torch.library.custom_op needs PyTorch >= 2.4")
     def test_opcheck_of_the_custom_ops(self):
