@@ -29,6 +29,9 @@ FA_PRIORITY_NORMAL = 0
 FA_PRIORITY_HIGH = 1
 FA_PRIORITY_LOW = 2
 
+# Flags of fa_attn_bwd_args.flags (fa_client.h).
+FA_BWD_DETERMINISTIC = 1 << 0
+
 # The statuses by name; names and texts at run time come from the library (fa_status_name,
 # fa_strerror), these numbers only let Python code name the ones it tests for.
 FA_STATUS = {
@@ -48,7 +51,8 @@ ENUMS = dict(FA_STATUS, FA_DTYPE_FP16=FA_DTYPE_FP16, FA_DTYPE_BF16=FA_DTYPE_BF16
              FA_MASK_CAUSAL_TOP_LEFT=FA_MASK_CAUSAL_TOP_LEFT, FA_PREC_DEFAULT=FA_PREC_DEFAULT,
              FA_PREC_IEEE=FA_PREC_IEEE, FA_PREC_3XTF32=FA_PREC_3XTF32, FA_PREC_TF32=FA_PREC_TF32,
              FA_PREC_BF16=FA_PREC_BF16, FA_PRIORITY_NORMAL=FA_PRIORITY_NORMAL,
-             FA_PRIORITY_HIGH=FA_PRIORITY_HIGH, FA_PRIORITY_LOW=FA_PRIORITY_LOW)
+             FA_PRIORITY_HIGH=FA_PRIORITY_HIGH, FA_PRIORITY_LOW=FA_PRIORITY_LOW,
+             FA_BWD_DETERMINISTIC=FA_BWD_DETERMINISTIC)
 
 # C enums are int-sized on every ABI the library is built for.
 fa_status = C.c_int
@@ -89,8 +93,27 @@ class fa_attn_fwd_args(C.Structure):
     ]
 
 
+class fa_attn_bwd_args(C.Structure):
+    _fields_ = [
+        ("q", fa_tensor),
+        ("k", fa_tensor),
+        ("v", fa_tensor),
+        ("o", fa_tensor),
+        ("dout", fa_tensor),
+        ("lse", fa_tensor),
+        ("dq", fa_tensor),
+        ("dk", fa_tensor),
+        ("dv", fa_tensor),
+        ("scale", C.c_double),
+        ("mask", fa_enum),
+        ("precision", fa_enum),
+        ("flags", C.c_uint),
+    ]
+
+
 # Every mirrored struct, for the layout test: (C type name, ctypes class).
-STRUCTS = [("fa_tensor", fa_tensor), ("fa_attn_fwd_args", fa_attn_fwd_args)]
+STRUCTS = [("fa_tensor", fa_tensor), ("fa_attn_fwd_args", fa_attn_fwd_args),
+           ("fa_attn_bwd_args", fa_attn_bwd_args)]
 
 # Args structs are handed to the library inside a zeroed block this much larger than the mirror:
 # a library newer than this mirror (fields appended at the end, whose zero is their default)
@@ -120,6 +143,8 @@ PROTOTYPES = {
     # The args pointer is passed as a plain address: the struct lives in a larger zeroed block.
     "fa_attn_fwd": (fa_status, [fa_client_p, C.c_void_p]),
     "fa_attn_fwd_async": (fa_status, [fa_client_p, C.c_void_p, C.c_void_p]),
+    "fa_attn_bwd": (fa_status, [fa_client_p, C.c_void_p]),
+    "fa_attn_bwd_async": (fa_status, [fa_client_p, C.c_void_p, C.c_void_p]),
 }
 REQUIRED = ("fa_version_string", "fa_status_name", "fa_strerror", "fa_last_error_detail",
             "fa_client_open", "fa_client_close", "fa_attn_fwd", "fa_buffer_alloc_host",

@@ -41,12 +41,16 @@ assert C.sizeof(C.c_int) == 4
 _tls = threading.local()
 
 
-def _args_block():
-    b = getattr(_tls, "args", None)
+def _args_block(nbytes=_ARGS_BYTES):
+    """This thread's zeroed args block of nbytes (one per size: the forward's, the backward's)."""
+    blocks = getattr(_tls, "blocks", None)
+    if blocks is None:
+        blocks = _tls.blocks = {}
+    b = blocks.get(nbytes)
     if b is None:
-        b = _tls.args = C.create_string_buffer(_ARGS_BYTES)
+        b = blocks[nbytes] = C.create_string_buffer(nbytes)
     else:
-        C.memset(b, 0, _ARGS_BYTES)
+        C.memset(b, 0, nbytes)
     return b
 
 
@@ -191,40 +195,55 @@ def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, cli
         views.append(vl)
         tnames.append("lse")
 
-    lib = c._lib
-    keep = None
-    if kind == CUDA:
-        res = _resolve_cuda(c, views)
-        back = ()
-        if stream is None:
-            _sync_producer(vq)
-    else:
-        res, back = _resolve_host(c, views, tnames, ("out", "lse"))
-        keep = res
-
+    res, back, keep = resolve(c, views, tnames, ("out", "lse"), kind, stream, vq)
     a = _args_block()
     for i, (vw, n) in enumerate(zip(views, tnames)):
-        buf, off = res[i]
-        if n == "lse":
-            sh = (vw.shape[0], vw.shape[1], vw.shape[2], 1)
-            st = (vw.strides[0], vw.strides[1], vw.strides[2], 1)
-        else:
-            sh, st = _fa_dims(vw, bhsd)
-        _TENSOR.pack_into(a, _OFF["o" if n == "out" else n], buf, off, vw.dtype, *sh, *st)
+        pack_tensor(a, _OFF["o" if n == "out" else n], vw, res[i], bhsd, n == "lse")
     _DOUBLE.pack_into(a, _SCALE, float(scale) if scale else 0.0)
     _INT.pack_into(a, _MASK, mask)
     _INT.pack_into(a, _PREC, precision)
+    lib = c._lib
     if stream is None:
         c._call(lib.fa_attn_fwd, C.addressof(a), what=None)
     else:
         c._call(lib.fa_attn_fwd_async, C.addressof(a), C.c_void_p(_stream_handle(vq, stream)),
                 what=None)
+    copy_back(back)
+    del keep
+    return out, lse
+
+
+def resolve(c, views, tnames, outputs, kind, stream, vq):
+    """(buf, offset) of every View (in tnames' order), staging host arrays outside fa's shared
+    memory; in synchronous mode the producer of CUDA inputs is waited for first. Returns
+    (res, back, keep): back goes to copy_back after the call, keep must live until then."""
+    if kind == CUDA:
+        res = _resolve_cuda(c, views)
+        if stream is None:
+            _sync_producer(vq)
+        return res, (), None
+    res, back = _resolve_host(c, views, tnames, outputs)
+    return res, back, res
+
+
+def copy_back(back):
+    """Staged outputs to the caller's arrays (see resolve)."""
     if back:
         np = _np()
         for staged, ptr, shape, strides, itemsize in back:
             np.copyto(_raw(np, ptr, shape, strides, itemsize), staged)
-    del keep
-    return out, lse
+
+
+def pack_tensor(a, offset, vw, where, bhsd, is_lse):
+    """One fa_tensor at `offset` of args block `a`: View vw at where = (buf, byte offset); lse
+    [B, H, S] goes as fa's [B, H, S, 1], the others in fa's [B, S, H, D] order."""
+    buf, off = where
+    if is_lse:
+        sh = (vw.shape[0], vw.shape[1], vw.shape[2], 1)
+        st = (vw.strides[0], vw.strides[1], vw.strides[2], 1)
+    else:
+        sh, st = _fa_dims(vw, bhsd)
+    _TENSOR.pack_into(a, offset, buf, off, vw.dtype, *sh, *st)
 
 
 def _sync_producer(v):

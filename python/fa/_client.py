@@ -19,6 +19,7 @@ FA_ECLOSED naming the cause. Use multiprocessing's "spawn" or "forkserver" start
 """
 import bisect
 import ctypes as C
+import itertools
 import os
 import threading
 import weakref
@@ -31,6 +32,10 @@ _open_clients = 0       # live fa_client handles in this process
 _forked_dirty = False   # a fork happened while some were open
 _default = None
 _clients = weakref.WeakSet()  # every open Client (fa.empty_cache clears them all)
+# Clients by a small integer, for what can carry no Python object (a torch.library op's
+# arguments); 0 stands for the default client.
+_op_ids = itertools.count(1)
+_by_op_id = weakref.WeakValueDictionary()
 
 
 def _after_fork_in_child():
@@ -126,6 +131,8 @@ class Client:
         self._dev_clock = 0
         self._tls = threading.local()
         _clients.add(self)
+        self._op_id = next(_op_ids)
+        _by_op_id[self._op_id] = self
 
     # ---- lifetime -----------------------------------------------------------------------
     def close(self):

@@ -63,3 +63,41 @@ def lse_err(got, want):
 
 def rand(rng, shape, dtype):
     return rng.standard_normal(shape).astype(dtype)
+
+
+def reference_bwd(q, k, v, dout, mask="none", scale=None, o=None, lse=None):
+    """dQ, dK, dV in float64 from BSHD inputs and dout = dL/dO [B, Sq, Hq, D], by the chain rule
+    through softmax written out directly (P from the exact forward, or from the o and lse given:
+    the daemon's, to bound only the backward's own rounding). GQA: dK and dV summed over each
+    group of Hq // Hkv query heads. Rows that see no key add nothing."""
+    q, k, v, dout = (np.asarray(x, dtype=np.float64) for x in (q, k, v, dout))
+    B, Sq, Hq, D = q.shape
+    Sk, Hkv = k.shape[1], k.shape[2]
+    g = Hq // Hkv
+    sc = scale if scale else 1.0 / np.sqrt(D)
+    if o is None or lse is None:
+        o, lse = reference(q, k, v, mask, scale)
+    o = np.asarray(o, dtype=np.float64)
+    lse = np.asarray(lse, dtype=np.float64)
+    kr = np.repeat(k, g, axis=2)
+    vr = np.repeat(v, g, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, kr) * sc
+    i = np.arange(Sq)[:, None]
+    j = np.arange(Sk)[None, :]
+    keep = np.ones((Sq, Sk), bool)
+    if mask == "bottom_right":
+        keep = j <= i + Sk - Sq
+    elif mask == "top_left":
+        keep = j <= i
+    fin = np.isfinite(lse)[..., None]
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.where(keep & fin, np.exp(s - np.where(fin, lse[..., None], 0.0)), 0.0)
+    dv = np.einsum("bhqk,bqhd->bkhd", p, dout)
+    dp = np.einsum("bqhd,bkhd->bhqk", dout, vr)
+    delta = np.einsum("bqhd,bqhd->bhq", dout, o)[..., None]
+    ds = p * (dp - delta)
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, kr) * sc
+    dk = np.einsum("bhqk,bqhd->bkhd", ds, q) * sc
+    dk = dk.reshape(B, Sk, Hkv, g, D).sum(axis=3)
+    dv = dv.reshape(B, Sk, Hkv, g, D).sum(axis=3)
+    return dq, dk, dv

@@ -8,8 +8,15 @@ tensors (fp16, bf16, fp32; odd shapes, GQA, causal both ways, BHSD and BSHD stri
 float64 reference, with torch.nn.functional.scaled_dot_product_attention's own error beside it;
 the logsumexp; CPU tensors (staged, and in place from fa.empty_host); the asynchronous mode; that
 a loop re-registers nothing (the registration cache); and the overhead of one Python call over
-the bare C call (p50 of 1000, target <= 10 us). Exit 1 on any correctness failure, 0 otherwise
-(the overhead is reported, not enforced); exit 0 with SKIP when torch or CUDA is missing.
+the bare C call (p50 of 1000, target <= 10 us). Then training: gradients through loss.backward()
+(fp16, bf16, fp32 up to head dim 256; odd shapes, Sq != Sk, GQA/MQA, both causal alignments)
+against float64 autograd with torch SDPA's own gradient error beside them, the fp32 precisions,
+packed qkv, upstream gradients of other strides, the deterministic flag bit for bit, the
+asynchronous mode, torch.compile(fullgraph=True) of a block forward and backward, and figures:
+the autograd path's cost per call and a training step against torch's SDPA. While the daemon's
+GPU backend has no backward kernels the training part says so and is skipped.
+Exit 1 on any correctness failure, 0 otherwise (overheads and ratios are reported, not
+enforced); exit 0 with SKIP when torch or CUDA is missing.
 """
 import ctypes
 import math
@@ -28,50 +35,18 @@ try:
 except ImportError:
     print("SKIP: PyTorch is not installed for %s" % sys.executable)
     sys.exit(0)
-if not torch.cuda.is_available():
+CPU_DRY_RUN = "--cpu-dry-run" in sys.argv[1:]
+if not CPU_DRY_RUN and not torch.cuda.is_available():
     print("SKIP: torch.cuda.is_available() is False (no GPU or driver)")
     sys.exit(0)
 
 import fa  # noqa: E402
 import fa._attn  # noqa: E402
 from fa_daemon import Daemon  # noqa: E402
+from torch_ref import ref, ref_grads, rel  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 failures = []
-
-
-def ref(q, k, v, mask, scale=None):
-    """float64 O [B, Sq, Hq, D] and lse [B, Hq, Sq] from BSHD tensors; no-key rows: 0, -inf."""
-    q, k, v = (x.double() for x in (q, k, v))
-    B, Sq, Hq, D = q.shape
-    Sk, Hkv = k.shape[1], k.shape[2]
-    k = k.repeat_interleave(Hq // Hkv, dim=2)
-    v = v.repeat_interleave(Hq // Hkv, dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q, k) * (scale or 1.0 / math.sqrt(D))
-    i = torch.arange(Sq, device=q.device)[:, None]
-    j = torch.arange(Sk, device=q.device)[None, :]
-    if mask == "br":
-        s = s.masked_fill(~(j <= i + Sk - Sq), -math.inf)
-    elif mask == "tl":
-        s = s.masked_fill(~(j <= i), -math.inf)
-    m = s.amax(-1, keepdim=True)
-    seen = torch.isfinite(m)
-    p = torch.where(seen, torch.exp(s - torch.where(seen, m, torch.zeros_like(m))),
-                    torch.zeros_like(s))
-    l = p.sum(-1, keepdim=True)
-    o = torch.einsum("bhqk,bkhd->bqhd", p / torch.where(l > 0, l, torch.ones_like(l)), v)
-    lse = torch.where(seen, m + torch.log(torch.where(l > 0, l, torch.ones_like(l))),
-                      torch.full_like(m, -math.inf))[..., 0]
-    return o, lse
-
-
-def rel(got, want):
-    got = got.double()
-    if torch.isnan(got).any():
-        return math.inf
-    n = torch.linalg.norm(want).item()
-    d = torch.linalg.norm(got - want).item()
-    return d / n if n > 0 else d
 
 
 def record(name, err, tol, extra=""):
@@ -215,7 +190,281 @@ def overhead(c):
           % (tc, tp, d, ts, "met" if d <= 10 else "MISSED"))
 
 
+# ---- training: the backward through autograd ------------------------------------------------
+# Gradients against float64 (the forward's rounding feeds them, so looser than the forward's).
+GTOL = {torch.float32: 5e-5, torch.float16: 5e-3, torch.bfloat16: 4e-2}
+# (B, Sq, Sk, Hq, Hkv, D): odd lengths, Sq != Sk both ways, GQA/MQA, head dims 40..256
+TRAIN_SHAPES = [(1, 1, 1, 1, 1, 64), (2, 77, 133, 8, 2, 64), (3, 129, 65, 6, 3, 128),
+                (1, 1, 1000, 4, 1, 128), (1, 33, 33, 5, 5, 40), (2, 200, 17, 4, 4, 96),
+                (1, 64, 300, 2, 2, 256), (1, 1000, 1000, 4, 4, 128), (1, 127, 129, 4, 2, 256)]
+over_sdpa = []  # (case, ratio): fa's gradient error above 1.5x torch SDPA's (reported)
+# The training part on CPU tensors and the CPU backend (--cpu-dry-run, small shapes): to try
+# this script's code where there is no GPU; the GPU host runs it on "cuda".
+DEV = "cuda"
+
+
+def sync():
+    if DEV == "cuda":
+        torch.cuda.synchronize()
+
+
+def grads_of(fn, xs, gout):
+    """[o, dq, dk, dv] of fn(*xs) with upstream gradient gout (fresh leaves of xs)."""
+    xs = [x.detach().clone().requires_grad_() for x in xs]
+    o = fn(*xs)
+    o.backward(gout)
+    return [o.detach()] + [x.grad for x in xs]
+
+
+def backward_available(c):
+    x = torch.randn(1, 8, 1, 64, device=DEV, dtype=torch.float16, requires_grad=True)
+    try:
+        fa.flash_attn_func(x, x, x, client=c).sum().backward()
+    except fa.FaNotSupportedError as e:
+        print("  SKIP training cases: the daemon serves no backward here: %s" % e)
+        return False
+    return True
+
+
+def gradients(c):
+    g = torch.Generator(device=DEV).manual_seed(2)
+    F = torch.nn.functional
+    for dt in (torch.float16, torch.bfloat16, torch.float32):
+        for B, Sq, Sk, Hq, Hkv, D in TRAIN_SHAPES:
+            name = "%s B%d Sq%d Sk%d H%d/%d D%d" % (str(dt)[6:], B, Sq, Sk, Hq, Hkv, D)
+            q = torch.randn(B, Sq, Hq, D, device=DEV, dtype=dt, generator=g)
+            k = torch.randn(B, Sk, Hkv, D, device=DEV, dtype=dt, generator=g)
+            v = torch.randn(B, Sk, Hkv, D, device=DEV, dtype=dt, generator=g)
+            gout = torch.randn(B, Sq, Hq, D, device=DEV, dtype=dt, generator=g)
+            for causal in (False, True):
+                # flash_attn_func: BSHD, bottom-right (rows with no key when Sq > Sk)
+                want = ref_grads(q, k, v, gout, "br" if causal else "none")
+                got = grads_of(lambda a, b, x: fa.flash_attn_func(a, b, x, causal=causal,
+                                                                  client=c), (q, k, v), gout)
+                for i, gname in enumerate(("dq", "dk", "dv"), 1):
+                    record("grad flash %s causal=%d %s" % (name, causal, gname),
+                           rel(got[i], want[i]), GTOL[dt])
+                # sdpa: BHSD views of BSHD memory, top-left, against torch's SDPA (same dtype)
+                want = ref_grads(q, k, v, gout, "tl" if causal else "none")
+                views = [x.transpose(1, 2) for x in (q, k, v)]
+                gqa = Hq != Hkv
+                got = grads_of(lambda a, b, x: fa.scaled_dot_product_attention(
+                    a, b, x, is_causal=causal, enable_gqa=gqa, client=c), views,
+                    gout.transpose(1, 2))
+                try:
+                    t = grads_of(lambda a, b, x: F.scaled_dot_product_attention(
+                        a, b, x, is_causal=causal, enable_gqa=gqa), views, gout.transpose(1, 2))
+                except RuntimeError:
+                    t = None
+                for i, gname in enumerate(("dq", "dk", "dv"), 1):
+                    e = rel(got[i].transpose(1, 2), want[i])
+                    extra = ""
+                    if t is not None:
+                        te = rel(t[i].transpose(1, 2), want[i])
+                        ratio = e / te if te > 0 else (0.0 if e == 0 else math.inf)
+                        extra = "  sdpa %.2e  x%.2f" % (te, ratio)
+                        if ratio > 1.5:
+                            over_sdpa.append(("sdpa %s causal=%d %s" % (name, causal, gname),
+                                              ratio))
+                    record("grad sdpa  %s causal=%d %s" % (name, causal, gname), e, GTOL[dt],
+                           extra)
+    # fp32 precisions on the seed's case (fp32, D=128, causal)
+    q, k, v, gout = (torch.randn(2, 300, 8, 128, device=DEV, generator=g) for _ in range(4))
+    want = ref_grads(q, k, v, gout, "br")
+    for prec, tol in (("ieee", 1e-5), ("3xtf32", 5e-5), ("tf32", 5e-3), ("bf16", 4e-2)):
+        got = grads_of(lambda a, b, x: fa.flash_attn_func(a, b, x, causal=True, precision=prec,
+                                                          client=c), (q, k, v), gout)
+        record("grad flash fp32 D128 causal precision=%s (dq, dk, dv worst)" % prec,
+               max(rel(got[i], want[i]) for i in (1, 2, 3)), tol)
+
+
+def training_layouts_and_modes(c):
+    g = torch.Generator(device=DEV).manual_seed(3)
+    # packed qkv [B, S, 3, H, D] (views that are not dense): the gradient lands in qkv.grad
+    qkv = torch.randn(2, 257, 3, 8, 64, device=DEV, dtype=torch.bfloat16, generator=g)
+    gout = torch.randn(2, 257, 8, 64, device=DEV, dtype=torch.bfloat16, generator=g)
+    leaf = qkv.clone().requires_grad_()
+    fa.flash_attn_func(*leaf.unbind(2), causal=True, client=c).backward(gout)
+    want = ref_grads(*qkv.unbind(2), gout, "br")
+    record("grad packed qkv bf16 causal (qkv.grad)",
+           rel(leaf.grad, torch.stack(want[1:], 2)), GTOL[torch.bfloat16])
+    # upstream gradients: expanded (o.sum(): copied), transposed (head dim contiguous: not)
+    q = torch.randn(2, 8, 100, 64, device=DEV, dtype=torch.float16, generator=g)
+    # (o.sum()'s gradient is constant along the head dim: dS = P (dP - delta) cancels, so
+    # fp16 rounding weighs more there; torch SDPA's own error is printed beside it)
+    for what, loss, tol in (("o.sum()", lambda o: o.float().sum(), 2e-2),
+                            ("transposed", lambda o: (o.transpose(1, 2) *
+                                                      q.transpose(1, 2)).sum(), 5e-3)):
+        errs = []
+        for fn in (lambda *x: fa.scaled_dot_product_attention(*x, client=c),
+                   torch.nn.functional.scaled_dot_product_attention):
+            got = [x.requires_grad_() for x in (q.clone(), q.clone(), q.clone())]
+            loss(fn(*got)).backward()
+            ref_x = [x.detach().double().requires_grad_() for x in got]
+            loss(torch.nn.functional.scaled_dot_product_attention(*ref_x)).backward()
+            errs.append(max(rel(a.grad, b.grad) for a, b in zip(got, ref_x)))
+        record("grad upstream %s fp16 (dq, dk, dv worst)" % what, errs[0], tol,
+               "  sdpa %.2e" % errs[1])
+    # deterministic: the same bits twice; the atomic default reported
+    n = 1000 if DEV == "cuda" else 100
+    q, k, v, gout = (torch.randn(2, n, 16, 128, device=DEV, dtype=torch.bfloat16,
+                                 generator=g) for _ in range(4))
+    for det in (True, False):
+        runs = [grads_of(lambda a, b, x: fa.flash_attn_func(a, b, x, causal=True,
+                                                            deterministic=det, client=c),
+                         (q, k, v), gout) for _ in range(3)]
+        same = all(torch.equal(runs[0][i], r[i]) for r in runs[1:] for i in (1, 2, 3))
+        if det:
+            print("  %-4s deterministic=True: 3 runs bit for bit %s" % (
+                "ok" if same else "FAIL", "equal" if same else "DIFFERENT"))
+            if not same:
+                failures.append("deterministic backward")
+        else:
+            print("  note deterministic=False: 3 runs %s" % (
+                "bit for bit equal" if same else "differ in the last bits (atomics)"))
+    # asynchronous mode: forward and backward ordered on a side stream
+    if DEV != "cuda":
+        return
+    x = torch.randn(1, 300, 8, 128, device=DEV, dtype=torch.float16, generator=g)
+    gout = torch.randn_like(x)
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            leaf = (x * 1.0).requires_grad_()
+            fa.flash_attn_func(leaf, leaf, leaf, causal=True, client=c,
+                               stream="current").backward(gout)
+            dx = leaf.grad * 1.0
+        s.synchronize()
+        want = ref_grads(x, x, x, gout, "br")
+        record("grad async mode on a side stream (dq+dk+dv)", rel(dx, sum(want[1:])),
+               GTOL[torch.float16])
+    except fa.FaError as e:
+        print("  note async backward unavailable here: %s" % e)
+
+
+def training_compile(c):
+    class Block(torch.nn.Module):
+        def __init__(self, d=256, hq=8, hkv=2, hd=64):
+            super().__init__()
+            self.hq, self.hkv, self.hd = hq, hkv, hd
+            self.wq = torch.nn.Linear(d, hq * hd)
+            self.wkv = torch.nn.Linear(d, 2 * hkv * hd)
+            self.wo = torch.nn.Linear(hq * hd, d)
+
+        def forward(self, x):
+            B, S, _ = x.shape
+            q = self.wq(x).view(B, S, self.hq, self.hd).transpose(1, 2)
+            kv = self.wkv(x).view(B, S, 2, self.hkv, self.hd)
+            o = fa.scaled_dot_product_attention(q, kv[:, :, 0].transpose(1, 2),
+                                                kv[:, :, 1].transpose(1, 2), is_causal=True,
+                                                enable_gqa=True, client=c)
+            return self.wo(o.transpose(1, 2).reshape(B, S, -1))
+
+    for dt in (torch.float32, torch.bfloat16):
+        torch.manual_seed(4)
+        m = Block().to(DEV, dt)
+        x = torch.randn(2, 333 if DEV == "cuda" else 33, 256, device=DEV, dtype=dt)
+
+        def step(fn):
+            m.zero_grad(set_to_none=True)
+            y = fn(x)
+            y.float().square().sum().backward()
+            return [y.detach()] + [p.grad.clone() for p in m.parameters()]
+        eager = step(m)
+        try:
+            torch._dynamo.reset()
+            comp = step(torch.compile(m, fullgraph=True))
+        except Exception as e:  # a graph break or a compile error is this check's failure
+            print("  FAIL torch.compile(fullgraph=True) %s: %s" % (dt, str(e).splitlines()[0]))
+            failures.append("torch.compile %s" % dt)
+            continue
+        record("torch.compile fullgraph %s block forward+backward vs eager (worst)" %
+               str(dt)[6:], max(rel(a, b) for a, b in zip(comp, eager)),
+               1e-4 if dt == torch.float32 else 2e-2)
+
+
+def training_overhead(c):
+    """Figures: the autograd path's cost per call, and a training step against torch's SDPA."""
+    from fa import _torch as FT
+    q = torch.randn(1, 128, 16, 64, device=DEV, dtype=torch.bfloat16)
+    leaf = q.clone().requires_grad_()
+
+    def p50(fn, n=300):
+        for _ in range(30):
+            fn()
+        sync()
+        ts = []
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            fn()
+            ts.append(time.perf_counter_ns() - t0)
+        return statistics.median(ts) / 1000.0
+    plain = p50(lambda: fa.flash_attn_func(q, q, q, client=c))
+    line = ["  training overhead (p50, B1 S128 H16 D64 bf16): plain forward %.1f us" % plain]
+    for route in ("function", "op"):
+        FT.route = route
+        line.append("%s forward %.1f us, forward+backward %.1f us" % (
+            "autograd.Function" if route == "function" else "custom op",
+            p50(lambda: fa.flash_attn_func(leaf, leaf, leaf, client=c)),
+            p50(lambda: fa.flash_attn_func(leaf, leaf, leaf, client=c).sum().backward())))
+    FT.route = "auto"
+    print("; ".join(line))
+    B, S, H, D = (2, 4096, 16, 128) if DEV == "cuda" else (1, 256, 4, 64)
+    x = [torch.randn(B, H, S, D, device=DEV, dtype=torch.bfloat16).requires_grad_()
+         for _ in range(3)]
+    gout = torch.randn(B, H, S, D, device=DEV, dtype=torch.bfloat16)
+    flops = 4 * B * H * S * S * D / 2 * 3.5  # causal forward + 2.5x backward
+    for name, fn in (("fa", lambda: fa.scaled_dot_product_attention(*x, is_causal=True,
+                                                                     client=c)),
+                     ("torch sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(
+                         *x, is_causal=True))):
+        for _ in range(3):
+            fn().backward(gout)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(10):
+            fn().backward(gout)
+        sync()
+        ms = (time.perf_counter() - t0) / 10 * 1e3
+        print("  training step B%d S%d H%d D%d bf16 causal, %s: %.2f ms (%.0f TFLOP/s, "
+              "backward counted 2.5x)" % (B, S, H, D, name, ms, flops / ms / 1e9))
+
+
+def training(c):
+    if not backward_available(c):
+        return
+    if DEV != "cuda":
+        TRAIN_SHAPES[:] = [s for s in TRAIN_SHAPES if s[1] * s[2] <= 40000]
+    gradients(c)
+    training_layouts_and_modes(c)
+    training_compile(c)
+    training_overhead(c)
+    if over_sdpa:
+        worst = max(over_sdpa, key=lambda x: x[1])
+        print("  note %d gradient cases above 1.5x torch SDPA's error (worst x%.2f: %s)" % (
+            len(over_sdpa), worst[1], worst[0]))
+    else:
+        print("  ok   every gradient within 1.5x torch SDPA's error where SDPA ran")
+
+
+def dry_run():
+    """The training part on CPU tensors through a CPU-backend daemon (no GPU needed)."""
+    global DEV
+    DEV = "cpu"
+    warnings.simplefilter("ignore", fa.FaCopyWarning)
+    with Daemon() as d:
+        c = fa.Client(d.url)
+        training(c)
+        c.close()
+    print("gpu_torch_check --cpu-dry-run: %d failed" % len(failures) +
+          (": " + ", ".join(failures) if failures else ""))
+    return 1 if failures else 0
+
+
 def main():
+    if CPU_DRY_RUN:
+        return dry_run()
     d = None
     url = os.environ.get("FA_SOCKET")
     if not url:
@@ -231,6 +480,7 @@ def main():
         host_and_async(c)
         cache(c)
         overhead(c)
+        training(c)
         c.close()
     finally:
         if d is not None:

@@ -93,6 +93,26 @@ class Layout(unittest.TestCase):
         self.assertEqual((list(a.k.shape), list(a.k.stride)), ([1, 2, 3, 8], [48, 24, 8, 1]))
         self.assertEqual(a.q.buf, None)
 
+    def test_the_backward_packer_writes_what_ctypes_reads(self):
+        import fa._attn as A
+        import fa._bwd as W
+        block = ctypes.create_string_buffer(ctypes.sizeof(_abi.fa_attn_bwd_args))
+        A._TENSOR.pack_into(block, W._OFF["dv"], 0x5678, 128, _abi.FA_DTYPE_FP16, 2, 3, 4, 16,
+                            192, 64, 16, 1)
+        A._DOUBLE.pack_into(block, W._SCALE, 0.25)
+        A._INT.pack_into(block, W._MASK, _abi.FA_MASK_CAUSAL_TOP_LEFT)
+        A._INT.pack_into(block, W._PREC, _abi.FA_PREC_TF32)
+        A._INT.pack_into(block, W._FLAGS, _abi.FA_BWD_DETERMINISTIC)
+        a = _abi.fa_attn_bwd_args.from_buffer(block)
+        self.assertEqual((a.dv.buf, a.dv.offset, a.dv.dtype), (0x5678, 128, _abi.FA_DTYPE_FP16))
+        self.assertEqual((list(a.dv.shape), list(a.dv.stride)), ([2, 3, 4, 16], [192, 64, 16, 1]))
+        self.assertEqual((a.scale, a.mask, a.precision, a.flags),
+                         (0.25, _abi.FA_MASK_CAUSAL_TOP_LEFT, _abi.FA_PREC_TF32,
+                          _abi.FA_BWD_DETERMINISTIC))
+        self.assertEqual((a.dq.buf, a.lse.buf), (None, None))
+        self.assertIn("fa_attn_bwd_args", [n for n, _ in _abi.STRUCTS])
+        self.assertIn("FA_BWD_DETERMINISTIC", _abi.ENUMS)
+
 
 @unittest.skipUnless(os.path.exists(CUDA_H), "no %s to check the pointer attributes" % CUDA_H)
 class CudaAttributes(unittest.TestCase):

@@ -1,10 +1,11 @@
-"""Several processes through one daemon at once, each with its own client; and the clear error
-in a child forked while a client was open (nanomsg does not survive fork)."""
+"""Several processes through one daemon at once, each with its own client (a forward and its
+backward per call); and the clear error in a child forked while a client was open (nanomsg does
+not survive fork)."""
 import multiprocessing as mp
 import os
 import unittest
 
-from common import NO_NUMPY, TOL, np, rand, reference, rel_err
+from common import NO_NUMPY, TOL, np, rand, reference, reference_bwd, rel_err
 
 if np is not None:
     import fa
@@ -14,7 +15,8 @@ PROCS, CALLS = 4, 6
 
 
 def worker(url, seed):
-    """Runs in a spawned process: CALLS checked calls; returns the largest relative error."""
+    """Runs in a spawned process: CALLS checked forward and backward calls; returns the largest
+    relative error."""
     import warnings
     import fa
     warnings.simplefilter("ignore", fa.FaCopyWarning)
@@ -26,9 +28,13 @@ def worker(url, seed):
         q = fa.empty_host((2, Sq, 4, 32), "float32", client=c)
         q[...] = rand(rng, q.shape, "float32")
         k = rand(rng, (2, Sk, 2, 32), "float32")
-        o = fa.flash_attn_func(q, k, k, causal=bool(i % 2), client=c)
-        want = reference(q, k, k, "bottom_right" if i % 2 else "none")[0]
-        worst = max(worst, rel_err(o, want))
+        mask = "bottom_right" if i % 2 else "none"
+        o, lse = fa.flash_attn_func(q, k, k, causal=bool(i % 2), return_lse=True, client=c)
+        worst = max(worst, rel_err(o, reference(q, k, k, mask)[0]))
+        dout = rand(rng, o.shape, "float32")
+        grads = fa.flash_attn_backward(dout, q, k, k, o, lse, causal=bool(i % 2), client=c)
+        for got, want in zip(grads, reference_bwd(q, k, k, dout, mask)):
+            worst = max(worst, rel_err(got, want))
     c.close()
     return worst
 
