@@ -690,6 +690,24 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 		              fa_proto_op_name(c->req->op), backend_name(srv->backend));
 	if ((st = validate_attn_infer(s, c->req, srv->backend->align, &vr, err, errlen)) != FA_OK)
 		return st;
+	/* The work limit on a bound that needs no index value (those are read on a worker): every
+	 * query row against the most keys a sequence can have. */
+	{
+		const struct fa_attn_infer_desc *id = &vr.bi->desc;
+		struct fa_attn_fwd_desc wd = id->fwd;
+		wd.Sq = id->total_q != 0 ? id->total_q : id->fwd.B * id->fwd.Sq; /* packed or dense */
+		wd.Sk = id->fwd.Sk; /* a bound until the lengths are read (validate_infer.c) */
+		wd.B = 1;
+		wd.mask = FA_MASK_NONE;
+		uint64_t max_gflop = srv->cfg->max_request_gflop != 0
+		                         ? srv->cfg->max_request_gflop
+		                         : srv->backend->default_max_gflop;
+		if (max_gflop != 0 && wd.Sq > 0 && wd.Sk > 0 &&
+		    (st = worklimit_check(&wd, max_gflop, err, errlen)) != FA_OK) {
+			backend_infer_free(vr.bi);
+			return st;
+		}
+	}
 	if ((r = calloc(1, sizeof(*r))) == NULL) {
 		backend_infer_free(vr.bi);
 		return fa_err(err, errlen, FA_ENOMEM, "out of memory");

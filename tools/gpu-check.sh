@@ -5,7 +5,8 @@
 # PyTorch check of the Python package; then, alone so that nothing disturbs its timings,
 # bench_hostile on the GPU backend (a dead client's cancellation, the drain on SIGTERM, memory).
 # Correctness checks run side by side: they share the GPU but compare against float64, not time.
-# Logs go to $OUT (default /tmp/fa-gpu-out) as gpu-check.tar.gz. Run from the project root after
+# FA_CHECK_ONLY names a subset of the steps (a re-run after a fix), FA_SKIP_BENCH=1 leaves out
+# the benchmark. Logs go to $OUT (default /tmp/fa-gpu-out) as gpu-check.tar.gz. Run from the project root after
 # `. .gpu-deps/env.sh`. Exit status 1 when a step failed.
 set -u
 OUT=${OUT:-/tmp/fa-gpu-out}
@@ -23,9 +24,11 @@ if ! make -j"$J" all > "$L/build.log" 2>&1; then
 	tail -40 "$L/build.log"; tar -C "$OUT" -czf "$OUT/gpu-check.tar.gz" gpu-check; exit 1
 fi
 echo "== build: $(( $(date +%s) - start ))s"
-# name timeout command...: in the background, its exit status into $L/name.rc
+# name timeout command...: in the background, its exit status into $L/name.rc; FA_CHECK_ONLY
+# ("gpu-async torch", say) runs only the steps it names
 bg() {
 	name=$1; t=$2; shift 2
+	case " ${FA_CHECK_ONLY:-$name} " in *" $name "*) ;; *) return 0 ;; esac
 	( s=$(date +%s); timeout "$t" "$@" > "$L/$name.log" 2>&1; r=$?
 	  echo "$r $(( $(date +%s) - s ))" > "$L/$name.rc" ) &
 }
