@@ -189,10 +189,10 @@ def attn_fwd(q, k, v, *, layout="bshd", mask=MASK_NONE, scale=None, return_lse=F
     [B, H, S, D]). mask: fa.MASK_NONE, MASK_CAUSAL_BOTTOM_RIGHT (FlashAttention's) or
     MASK_CAUSAL_TOP_LEFT (PyTorch's); scale None: 1/sqrt(D). out and lse (float32 [B, Hq, Sq]):
     written when given. Not differentiable (see flash_attn_func); keep lse for attn_bwd."""
-    o, l = _forward(q, k, v, bhsd=_layout(layout), mask=_mask(mask), scale=scale,
-                    want_lse=return_lse or lse is not None, out=out, lse_out=lse,
-                    client=client, precision=_precision(precision), stream=stream)
-    return (o, l) if return_lse else o
+    o, lse_o = _forward(q, k, v, bhsd=_layout(layout), mask=_mask(mask), scale=scale,
+                        want_lse=return_lse or lse is not None, out=out, lse_out=lse,
+                        client=client, precision=_precision(precision), stream=stream)
+    return (o, lse_o) if return_lse else o
 
 
 def attn_bwd(q, k, v, o, dout, lse, *, layout="bshd", mask=MASK_NONE, scale=None,

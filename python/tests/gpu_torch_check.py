@@ -226,9 +226,43 @@ def backward_available(c):
     return True
 
 
+def gradient_case(c, name, q, k, v, gout, causal, gqa, dt):
+    """flash_attn_func (BSHD, bottom-right) and scaled_dot_product_attention (BHSD views,
+    top-left, torch SDPA's error beside) gradients of one case against float64."""
+    F = torch.nn.functional
+    want = ref_grads(q, k, v, gout, "br" if causal else "none")
+    got = grads_of(lambda a, b, x: fa.flash_attn_func(a, b, x, causal=causal,
+                                                      client=c), (q, k, v), gout)
+    for i, gname in enumerate(("dq", "dk", "dv"), 1):
+        record("grad flash %s causal=%d %s" % (name, causal, gname),
+               rel(got[i], want[i]), GTOL[dt])
+    # sdpa: BHSD views of BSHD memory, top-left, against torch's SDPA (same dtype)
+    want = ref_grads(q, k, v, gout, "tl" if causal else "none")
+    views = [x.transpose(1, 2) for x in (q, k, v)]
+    got = grads_of(lambda a, b, x: fa.scaled_dot_product_attention(
+        a, b, x, is_causal=causal, enable_gqa=gqa, client=c), views,
+        gout.transpose(1, 2))
+    try:
+        t = grads_of(lambda a, b, x: F.scaled_dot_product_attention(
+            a, b, x, is_causal=causal, enable_gqa=gqa), views, gout.transpose(1, 2))
+    except RuntimeError:
+        t = None
+    for i, gname in enumerate(("dq", "dk", "dv"), 1):
+        e = rel(got[i].transpose(1, 2), want[i])
+        extra = ""
+        if t is not None:
+            te = rel(t[i].transpose(1, 2), want[i])
+            ratio = e / te if te > 0 else (0.0 if e == 0 else math.inf)
+            extra = "  sdpa %.2e  x%.2f" % (te, ratio)
+            if ratio > 1.5:
+                over_sdpa.append(("sdpa %s causal=%d %s" % (name, causal, gname),
+                                  ratio))
+        record("grad sdpa  %s causal=%d %s" % (name, causal, gname), e, GTOL[dt],
+               extra)
+
+
 def gradients(c):
     g = torch.Generator(device=DEV).manual_seed(2)
-    F = torch.nn.functional
     for dt in (torch.float16, torch.bfloat16, torch.float32):
         for B, Sq, Sk, Hq, Hkv, D in TRAIN_SHAPES:
             name = "%s B%d Sq%d Sk%d H%d/%d D%d" % (str(dt)[6:], B, Sq, Sk, Hq, Hkv, D)
@@ -237,41 +271,15 @@ def gradients(c):
             v = torch.randn(B, Sk, Hkv, D, device=DEV, dtype=dt, generator=g)
             gout = torch.randn(B, Sq, Hq, D, device=DEV, dtype=dt, generator=g)
             for causal in (False, True):
-                # flash_attn_func: BSHD, bottom-right (rows with no key when Sq > Sk)
-                want = ref_grads(q, k, v, gout, "br" if causal else "none")
-                got = grads_of(lambda a, b, x: fa.flash_attn_func(a, b, x, causal=causal,
-                                                                  client=c), (q, k, v), gout)
-                for i, gname in enumerate(("dq", "dk", "dv"), 1):
-                    record("grad flash %s causal=%d %s" % (name, causal, gname),
-                           rel(got[i], want[i]), GTOL[dt])
-                # sdpa: BHSD views of BSHD memory, top-left, against torch's SDPA (same dtype)
-                want = ref_grads(q, k, v, gout, "tl" if causal else "none")
-                views = [x.transpose(1, 2) for x in (q, k, v)]
-                gqa = Hq != Hkv
-                got = grads_of(lambda a, b, x: fa.scaled_dot_product_attention(
-                    a, b, x, is_causal=causal, enable_gqa=gqa, client=c), views,
-                    gout.transpose(1, 2))
                 try:
-                    t = grads_of(lambda a, b, x: F.scaled_dot_product_attention(
-                        a, b, x, is_causal=causal, enable_gqa=gqa), views, gout.transpose(1, 2))
-                except RuntimeError:
-                    t = None
-                for i, gname in enumerate(("dq", "dk", "dv"), 1):
-                    e = rel(got[i].transpose(1, 2), want[i])
-                    extra = ""
-                    if t is not None:
-                        te = rel(t[i].transpose(1, 2), want[i])
-                        ratio = e / te if te > 0 else (0.0 if e == 0 else math.inf)
-                        extra = "  sdpa %.2e  x%.2f" % (te, ratio)
-                        if ratio > 1.5:
-                            over_sdpa.append(("sdpa %s causal=%d %s" % (name, causal, gname),
-                                              ratio))
-                    record("grad sdpa  %s causal=%d %s" % (name, causal, gname), e, GTOL[dt],
-                           extra)
+                    gradient_case(c, name, q, k, v, gout, causal, Hq != Hkv, dt)
+                except fa.FaError as e:  # a configuration the daemon refuses: this case fails
+                    print("  FAIL grad %s causal=%d: %s" % (name, causal, e))
+                    failures.append("grad %s causal=%d" % (name, causal))
     # fp32 precisions on the seed's case (fp32, D=128, causal)
     q, k, v, gout = (torch.randn(2, 300, 8, 128, device=DEV, generator=g) for _ in range(4))
     want = ref_grads(q, k, v, gout, "br")
-    for prec, tol in (("ieee", 1e-5), ("3xtf32", 5e-5), ("tf32", 5e-3), ("bf16", 4e-2)):
+    for prec, tol in (("ieee", 1e-5), ("3xtf32", 5e-5), ("tf32", 1e-2), ("bf16", 5e-2)):
         got = grads_of(lambda a, b, x: fa.flash_attn_func(a, b, x, causal=True, precision=prec,
                                                           client=c), (q, k, v), gout)
         record("grad flash fp32 D128 causal precision=%s (dq, dk, dv worst)" % prec,
@@ -436,10 +444,14 @@ def training(c):
         return
     if DEV != "cuda":
         TRAIN_SHAPES[:] = [s for s in TRAIN_SHAPES if s[1] * s[2] <= 40000]
-    gradients(c)
-    training_layouts_and_modes(c)
-    training_compile(c)
-    training_overhead(c)
+    for part in (gradients, training_layouts_and_modes, training_compile, training_overhead):
+        try:
+            part(c)
+        except Exception as e:  # one part failing must not hide the others' figures
+            import traceback
+            traceback.print_exc()
+            print("  FAIL %s: %s: %s" % (part.__name__, type(e).__name__, e))
+            failures.append(part.__name__)
     if over_sdpa:
         worst = max(over_sdpa, key=lambda x: x[1])
         print("  note %d gradient cases above 1.5x torch SDPA's error (worst x%.2f: %s)" % (

@@ -291,6 +291,27 @@ class TorchTrainingOnCpuBackend(unittest.TestCase):
             with self.assertRaises(RuntimeError, msg=path):
                 g.sum().backward()
 
+    def test_a_pytorch_without_custom_op_falls_back_to_the_autograd_function(self):
+        import subprocess
+        prog = "\n".join([
+            "import sys, warnings; sys.path[:0] = %r" % sys.path[:3],
+            "import torch",
+            "del torch.library.custom_op  # as PyTorch < 2.4 has it",
+            "import fa, fa._torch as FT",
+            "assert not FT.HAVE_CUSTOM_OP and not hasattr(torch.ops.fa, 'attn_fwd')",
+            "warnings.simplefilter('ignore', fa.FaCopyWarning)",
+            "c = fa.Client(%r)" % self.d.url,
+            "q = torch.randn(1, 2, 5, 8, requires_grad=True)",
+            "o = fa.scaled_dot_product_attention(q, q, q, is_causal=True, client=c)",
+            "o.square().sum().backward()",
+            "print(type(o.grad_fn).__name__, tuple(q.grad.shape))",
+            "c.close()"])
+        r = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("AttnFunction", r.stdout)
+        self.assertIn("(1, 2, 5, 8)", r.stdout)
+
     @unittest.skipUnless(torch is not None and FT.HAVE_CUSTOM_OP,
                          "torch.library.custom_op needs PyTorch >= 2.4")
     def test_opcheck_of_the_custom_ops(self):
