@@ -91,20 +91,25 @@ int main(int argc, char **argv)
 		log_err("main: out of memory");
 		return MAIN_EXIT_FAILED;
 	}
-	if (server_open(main_server, &loop, &cfg, err, sizeof err) != FA_OK) {
-		log_err("main: cannot start: %s", err);
-		notify_sendf("STATUS=failed to start: %s", err);
-		code = MAIN_EXIT_FAILED;
-		goto out_loop; /* what did start is closing: let the loop finish it */
-	}
-	/* A device fault stops the server by itself (fault.c), through the same callback. */
-	server_set_closed(main_server, main_server_closed, NULL);
+	/* Watched before server_open, which tells systemd READY=1: a SIGTERM right after READY
+	 * must find its handler (it used to kill the daemon with 143). The callbacks run only
+	 * inside uv_run, so never before the server is open. */
 	for (int i = 0; i < 3; i++) {
 		uv_signal_init(&loop, &main_signals[i]);
 		if ((rv = uv_signal_start(&main_signals[i], main_signal_cb, main_signums[i])) != 0)
 			log_err("main: cannot watch %s: %s", strsignal(main_signums[i]),
 			        uv_strerror(rv));
 	}
+	if (server_open(main_server, &loop, &cfg, err, sizeof err) != FA_OK) {
+		log_err("main: cannot start: %s", err);
+		notify_sendf("STATUS=failed to start: %s", err);
+		for (int i = 0; i < 3; i++)
+			uv_close((uv_handle_t *)&main_signals[i], main_signal_closed);
+		code = MAIN_EXIT_FAILED;
+		goto out_loop; /* what did start is closing: let the loop finish it */
+	}
+	/* A device fault stops the server by itself (fault.c), through the same callback. */
+	server_set_closed(main_server, main_server_closed, NULL);
 	code = MAIN_EXIT_OK;
 
 out_loop:

@@ -129,6 +129,25 @@ static void test_daemon_life_ping_answers(void **state)
 /* A second daemon on the socket of a live one refuses to start and leaves the first one serving
  * (its socket file, and new connections: its check must not upset the live daemon). A fresh
  * first daemon each time, as its state before the check matters. */
+/* SIGTERM the moment READY=1 arrives: the daemon watches its signals before it says READY, so
+ * the stop is graceful (exit 0), never the default action's 143. (Before, the handlers were
+ * installed after READY, and a loaded machine hit the gap.) */
+static void test_daemon_life_sigterm_right_after_ready_exits_0(void **state)
+{
+	(void)state;
+	for (int round = 0; round < 10; round++) {
+		struct fa_daemon d;
+		assert_int_equal(daemon_start(&d, NULL), 0);
+		int st = daemon_stop(&d);
+		if (st != 0) {
+			fprintf(stderr, "round %d: exit %d after SIGTERM at READY\n", round, st);
+			daemon_log_dump(&d, 20);
+		}
+		assert_int_equal(st, 0);
+		daemon_cleanup(&d);
+	}
+}
+
 static void test_daemon_life_second_daemon_on_live_socket_refuses(void **state)
 {
 	(void)state;
@@ -339,6 +358,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_daemon_life_stats_has_every_key),
 		cmocka_unit_test(test_daemon_life_ping_answers),
+		cmocka_unit_test(test_daemon_life_sigterm_right_after_ready_exits_0),
 		cmocka_unit_test(test_daemon_life_second_daemon_on_live_socket_refuses),
 		cmocka_unit_test(test_daemon_life_socket_path_of_110_bytes_is_refused),
 		cmocka_unit_test(test_daemon_life_socket_path_of_107_bytes_works),
