@@ -20,6 +20,22 @@ static inline bool proto_tensor_equal(const struct fa_proto_tensor *a,
 	       memcmp(a->stride, b->stride, sizeof a->stride) == 0;
 }
 
+/* The window and softcap keys of a forward-type request. */
+static inline bool proto_window_equal(const struct fa_proto_window *a, const struct fa_proto_window *b)
+{
+	return a->window == b->window &&
+	       (!a->window || (a->window_left == b->window_left && a->window_right == b->window_right)) &&
+	       memcmp(&a->softcap, &b->softcap, sizeof(double)) == 0;
+}
+
+/* An int32 index tensor (sequence offsets, cache lengths, a page table). */
+static inline bool proto_index_equal(const struct fa_proto_index *a, const struct fa_proto_index *b)
+{
+	return a->region == b->region && (a->region == 0 || (a->offset == b->offset &&
+	       memcmp(a->shape, b->shape, sizeof a->shape) == 0 &&
+	       memcmp(a->stride, b->stride, sizeof a->stride) == 0));
+}
+
 /* Two requests that mean the same: header, then the op's own part. */
 static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa_proto_req *b)
 {
@@ -52,6 +68,7 @@ static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa
 		return memcmp(&a->u.fwd.scale, &b->u.fwd.scale, sizeof(double)) == 0 &&
 		       a->u.fwd.mask == b->u.fwd.mask && a->u.fwd.precision == b->u.fwd.precision &&
 		       a->u.fwd.priority == b->u.fwd.priority &&
+		       proto_window_equal(&a->u.fwd.win, &b->u.fwd.win) &&
 		       a->u.fwd.words_region == b->u.fwd.words_region &&
 		       (a->u.fwd.words_region == 0 || a->u.fwd.words_seq == b->u.fwd.words_seq);
 	case FA_OP_ATTN_BWD: {
@@ -72,6 +89,21 @@ static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa
 		return memcmp(&a->u.bwd.scale, &b->u.bwd.scale, sizeof(double)) == 0 &&
 		       a->u.bwd.mask == b->u.bwd.mask && a->u.bwd.precision == b->u.bwd.precision &&
 		       a->u.bwd.flags == b->u.bwd.flags;
+	}
+	case FA_OP_ATTN_VARLEN:
+	case FA_OP_ATTN_KVCACHE: {
+		const __typeof__(a->u.infer) *x = &a->u.infer, *y = &b->u.infer;
+		if (!proto_tensor_equal(&x->q, &y->q) || !proto_tensor_equal(&x->k, &y->k) ||
+		    !proto_tensor_equal(&x->v, &y->v) || !proto_tensor_equal(&x->o, &y->o) ||
+		    x->lse.region != y->lse.region ||
+		    (x->lse.region != 0 && !proto_tensor_equal(&x->lse, &y->lse)))
+			return false;
+		return proto_index_equal(&x->cu_q, &y->cu_q) && proto_index_equal(&x->cu_k, &y->cu_k) &&
+		       proto_index_equal(&x->cache_len, &y->cache_len) &&
+		       proto_index_equal(&x->page_table, &y->page_table) && x->max_q == y->max_q &&
+		       x->max_k == y->max_k && memcmp(&x->scale, &y->scale, sizeof(double)) == 0 &&
+		       x->mask == y->mask && x->precision == y->precision &&
+		       proto_window_equal(&x->win, &y->win);
 	}
 	case FA_OP_CLIENTS:
 		return a->u.clients.after == b->u.clients.after;
@@ -98,6 +130,8 @@ static inline bool proto_rep_equal(const struct fa_proto_rep *a, const struct fa
 	case FA_OP_REGISTER:
 		return a->u.reg.region == b->u.reg.region;
 	case FA_OP_ATTN_FWD:
+	case FA_OP_ATTN_VARLEN:
+	case FA_OP_ATTN_KVCACHE:
 		return a->u.fwd.compute_ns == b->u.fwd.compute_ns;
 	case FA_OP_ATTN_BWD:
 		return a->u.fwd.compute_ns == b->u.fwd.compute_ns && a->u.fwd.async == b->u.fwd.async &&
