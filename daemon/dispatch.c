@@ -403,6 +403,70 @@ static void dispatch_request_free(struct request *r)
 	free(r);
 }
 
+/* ---- what every attention request shares (ATTN_FWD, ATTN_BWD, ATTN_VARLEN, ATTN_KVCACHE) -- */
+
+/* The session's in-flight limit, checked before anything else: FA_OK or FA_EBUSY. */
+static fa_status dispatch_inflight_ok(const struct dispatch_ctx *c)
+{
+	const struct session *s = c->session;
+
+	if (s->inflight < (unsigned)c->srv->cfg->max_inflight)
+		return FA_OK;
+	return fa_err(c->rep->detail, sizeof c->rep->detail, FA_EBUSY,
+	              "the session has %u requests in flight, its limit (--max-inflight); "
+	              "retry when one has finished",
+	              s->inflight);
+}
+
+/* The per-request work limit in GFLOP: --max-request-gflop, else the backend's default (0:
+ * none). Stride 0 lets a few bytes ask for any amount of work: it is bounded before anything
+ * runs. */
+static uint64_t dispatch_max_gflop(const struct server *srv)
+{
+	return srv->cfg->max_request_gflop != 0 ? srv->cfg->max_request_gflop
+	                                        : srv->backend->default_max_gflop;
+}
+
+/* Reference each distinct region of a request's tensors (NULL: an absent tensor) and hand the
+ * job their byte ranges (the CPU backend's SIGBUS repair needs them). */
+static void dispatch_hold_regions(struct request *r, struct region *const *regions, int n)
+{
+	for (int i = 0; i < n; i++) {
+		bool seen = regions[i] == NULL;
+		for (unsigned j = 0; j < r->nregions && !seen; j++)
+			seen = r->regions[j] == regions[i];
+		if (!seen) {
+			struct region *rg = regions[i];
+			region_ref(rg);
+			r->regions[r->nregions++] = rg;
+			r->job.ranges[r->job.nranges++] = (struct backend_range){
+			    .base = rg->base, .size = rg->size, .broken = &rg->broken};
+		}
+	}
+}
+
+/* Hand a prepared request (job, session reference, regions) to the backend; its reply goes when
+ * the backend hands it back (dispatch_fwd_done). On a refusal the request is freed. */
+static fa_status dispatch_submit(struct dispatch_ctx *c, struct request *r)
+{
+	fa_status st;
+
+	r->dd = c->dd;
+	r->hdr = *c->hdr;
+	r->seq = c->req->seq;
+	r->t_recv = c->t_recv;
+	r->pipe = c->peer->pipe;
+	if ((st = backend_submit(c->srv->backend, &r->job)) != FA_OK) {
+		dispatch_request_free(r);
+		return fa_err(c->rep->detail, sizeof c->rep->detail, st,
+		              "the backend did not take the request");
+	}
+	c->session->inflight++;
+	c->srv->inflight++;
+	c->async = true;
+	return FA_OK;
+}
+
 /* An asynchronous ATTN_FWD's completion words: a words region of the session, on the GPU
  * backend that serves them. FA_OK with *out, or the client's status with the detail. */
 static fa_status dispatch_words_region(struct dispatch_ctx *c, struct region **out)
@@ -442,12 +506,8 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	struct request *r;
 	fa_status st;
 
-	if (s->inflight >= (unsigned)srv->cfg->max_inflight)
-		return fa_err(
-		    err, errlen, FA_EBUSY,
-		    "the session has %u requests in flight, its limit (--max-inflight); "
-		    "retry when one has finished",
-		    s->inflight);
+	if ((st = dispatch_inflight_ok(c)) != FA_OK)
+		return st;
 	bool async = c->req->u.fwd.async;
 	bool words = async && c->req->u.fwd.words_region != 0;
 	/* The driver keeps IPC events in /dev/shm/cuda.shm.* files of mode 0600: an event of
@@ -470,9 +530,7 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	st = validate_attn_fwd(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
 		return st;
-	/* Stride 0 lets a few bytes ask for any amount of work: bounded before anything runs. */
-	uint64_t max_gflop = srv->cfg->max_request_gflop != 0 ? srv->cfg->max_request_gflop
-	                                                      : srv->backend->default_max_gflop;
+	uint64_t max_gflop = dispatch_max_gflop(srv);
 	if (max_gflop != 0 && (st = worklimit_check(&vr.desc, max_gflop, err, errlen)) != FA_OK)
 		return st;
 	if ((vr.desc.window || vr.desc.softcap != 0) && !srv->backend->infer)
@@ -531,35 +589,12 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	}
 	r->session = s;
 	session_ref(s);
-	for (int i = 0; i < VALIDATE_NTENSORS; i++) {
-		bool seen = vr.region[i] == NULL;
-		for (unsigned j = 0; j < r->nregions && !seen; j++)
-			seen = r->regions[j] == vr.region[i];
-		if (!seen) {
-			struct region *rg = vr.region[i];
-			region_ref(rg);
-			r->regions[r->nregions++] = rg;
-			r->job.ranges[r->job.nranges++] = (struct backend_range){
-				.base = rg->base, .size = rg->size, .broken = &rg->broken};
-		}
-	}
+	dispatch_hold_regions(r, vr.region, VALIDATE_NTENSORS);
 	if (wr != NULL) {
 		region_ref(wr); /* the stream writes the done word after the kernel */
 		r->regions[r->nregions++] = wr;
 	}
-	r->dd = c->dd;
-	r->hdr = *c->hdr;
-	r->seq = c->req->seq;
-	r->t_recv = c->t_recv;
-	r->pipe = c->peer->pipe;
-	if ((st = backend_submit(srv->backend, &r->job)) != FA_OK) {
-		dispatch_request_free(r);
-		return fa_err(err, errlen, st, "the backend did not take the request");
-	}
-	s->inflight++;
-	srv->inflight++;
-	c->async = true;
-	return FA_OK;
+	return dispatch_submit(c, r);
 }
 
 /* ATTN_BWD: as ATTN_FWD (the in-flight limit, the asynchronous mode's rules, validation, one GPU
@@ -574,12 +609,8 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 	struct request *r;
 	fa_status st;
 
-	if (s->inflight >= (unsigned)srv->cfg->max_inflight)
-		return fa_err(
-		    err, errlen, FA_EBUSY,
-		    "the session has %u requests in flight, its limit (--max-inflight); "
-		    "retry when one has finished",
-		    s->inflight);
+	if ((st = dispatch_inflight_ok(c)) != FA_OK)
+		return st;
 	bool async = c->req->u.bwd.async;
 	if (async && s->uid != (uint32_t)geteuid())
 		return fa_err(err, errlen, FA_EPERM,
@@ -595,8 +626,7 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 	st = validate_attn_bwd(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
 		return st;
-	uint64_t max_gflop = srv->cfg->max_request_gflop != 0 ? srv->cfg->max_request_gflop
-	                                                      : srv->backend->default_max_gflop;
+	uint64_t max_gflop = dispatch_max_gflop(srv);
 	if (max_gflop != 0 &&
 	    (st = worklimit_check_bwd(&vr.desc.fwd, max_gflop, err, errlen)) != FA_OK)
 		return st;
@@ -640,31 +670,8 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 	r->job.owner_state = &s->backend_state;
 	r->session = s;
 	session_ref(s);
-	for (int i = 0; i < FA_BWD_NTENSORS; i++) {
-		bool seen = false;
-		for (unsigned j = 0; j < r->nregions && !seen; j++)
-			seen = r->regions[j] == vr.region[i];
-		if (!seen) {
-			struct region *rg = vr.region[i];
-			region_ref(rg);
-			r->regions[r->nregions++] = rg;
-			r->job.ranges[r->job.nranges++] = (struct backend_range){
-				.base = rg->base, .size = rg->size, .broken = &rg->broken};
-		}
-	}
-	r->dd = c->dd;
-	r->hdr = *c->hdr;
-	r->seq = c->req->seq;
-	r->t_recv = c->t_recv;
-	r->pipe = c->peer->pipe;
-	if ((st = backend_submit(srv->backend, &r->job)) != FA_OK) {
-		dispatch_request_free(r);
-		return fa_err(err, errlen, st, "the backend did not take the request");
-	}
-	s->inflight++;
-	srv->inflight++;
-	c->async = true;
-	return FA_OK;
+	dispatch_hold_regions(r, vr.region, FA_BWD_NTENSORS);
+	return dispatch_submit(c, r);
 }
 
 /* ATTN_VARLEN, ATTN_KVCACHE: the in-flight limit, validation (the index tensors' values are
@@ -679,12 +686,8 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 	struct request *r;
 	fa_status st;
 
-	if (s->inflight >= (unsigned)srv->cfg->max_inflight)
-		return fa_err(
-		    err, errlen, FA_EBUSY,
-		    "the session has %u requests in flight, its limit (--max-inflight); "
-		    "retry when one has finished",
-		    s->inflight);
+	if ((st = dispatch_inflight_ok(c)) != FA_OK)
+		return st;
 	if (!srv->backend->infer)
 		return fa_err(err, errlen, FA_ENOTSUP, "%s is not yet on the %s backend",
 		              fa_proto_op_name(c->req->op), backend_name(srv->backend));
@@ -699,9 +702,7 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 		wd.Sk = id->fwd.Sk; /* a bound until the lengths are read (validate_infer.c) */
 		wd.B = 1;
 		wd.mask = FA_MASK_NONE;
-		uint64_t max_gflop = srv->cfg->max_request_gflop != 0
-		                         ? srv->cfg->max_request_gflop
-		                         : srv->backend->default_max_gflop;
+		uint64_t max_gflop = dispatch_max_gflop(srv);
 		if (max_gflop != 0 && wd.Sq > 0 && wd.Sk > 0 &&
 		    (st = worklimit_check(&wd, max_gflop, err, errlen)) != FA_OK) {
 			backend_infer_free(vr.bi);
@@ -724,31 +725,8 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 	r->job.owner_state = &s->backend_state;
 	r->session = s;
 	session_ref(s);
-	for (int i = 0; i < VALIDATE_INFER_N; i++) {
-		bool seen = vr.region[i] == NULL;
-		for (unsigned j = 0; j < r->nregions && !seen; j++)
-			seen = r->regions[j] == vr.region[i];
-		if (!seen) {
-			struct region *rg = vr.region[i];
-			region_ref(rg);
-			r->regions[r->nregions++] = rg;
-			r->job.ranges[r->job.nranges++] = (struct backend_range){
-				.base = rg->base, .size = rg->size, .broken = &rg->broken};
-		}
-	}
-	r->dd = c->dd;
-	r->hdr = *c->hdr;
-	r->seq = c->req->seq;
-	r->t_recv = c->t_recv;
-	r->pipe = c->peer->pipe;
-	if ((st = backend_submit(srv->backend, &r->job)) != FA_OK) {
-		dispatch_request_free(r);
-		return fa_err(err, errlen, st, "the backend did not take the request");
-	}
-	s->inflight++;
-	srv->inflight++;
-	c->async = true;
-	return FA_OK;
+	dispatch_hold_regions(r, vr.region, VALIDATE_INFER_N);
+	return dispatch_submit(c, r);
 }
 
 static const struct dispatch_op dispatch_ops[] = {
