@@ -81,6 +81,10 @@ static fa_status bwd_request(fa_client *c, const fa_attn_bwd_args *a, struct fa_
 	req->u.bwd.mask = (uint8_t)a->mask;
 	req->u.bwd.precision = (uint8_t)a->precision;
 	req->u.bwd.flags = (a->flags & FA_BWD_DETERMINISTIC) ? FA_PROTO_BWD_DETERMINISTIC : 0;
+	if ((unsigned)a->priority > FA_PRIORITY_LOW)
+		return fa__fail(FA_EINVAL, "priority %d is not a priority class (0 normal, 1 high, 2 low)",
+		                (int)a->priority);
+	req->u.bwd.priority = (uint8_t)a->priority;
 	return FA_OK;
 }
 

@@ -660,6 +660,7 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 	r->job.bwd.dk = vr.ptr[FA_BWD_DK];
 	r->job.bwd.dv = vr.ptr[FA_BWD_DV];
 	r->job.bwd.flags = c->req->u.bwd.flags;
+	r->job.priority = c->req->u.bwd.priority;
 	memcpy(r->job.on_device, vr.on_device, sizeof vr.on_device);
 	r->job.owner = s;
 	r->job.dev = dev;

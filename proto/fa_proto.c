@@ -73,7 +73,7 @@ enum key {
 	K_FL,    /* uint: FA_PROTO_BWD_* flags (ATTN_BWD) */
 	K_AFTER, /* uint64: list sessions with a larger id (CLIENTS, optional) */
 	K_CL,    /* array <= FA_PROTO_CLIENTS_MAX of client maps (CLIENTS reply) */
-	K_PRI,   /* uint: enum fa_priority (ATTN_FWD, optional; absent: normal) */
+	K_PRI,   /* uint: enum fa_priority (ATTN_FWD, ATTN_BWD, optional; absent: normal) */
 	K_WDS,   /* uint 0..1: the region holds completion words (REGISTER, CUDA_IPC, optional) */
 	K_WRG,   /* uint64 != 0: the completion words' region (async ATTN_FWD, optional) */
 	K_WQ,    /* uint64 != 0: the call's completion-word value (async ATTN_FWD, with K_WRG) */
@@ -168,7 +168,7 @@ static const struct op_info {
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_LSE) | KB(K_TDO) |
 		 KB(K_TDQ) | KB(K_TDK) | KB(K_TDV) | KB(K_SCALE) | KB(K_MASK) | KB(K_PREC) |
 		 KB(K_FL),
-	 KB(K_SLOT) | KB(K_EV), KB(K_NS), KB(K_EV)},
+	 KB(K_SLOT) | KB(K_EV) | KB(K_PRI), KB(K_NS), KB(K_EV)},
 	{FA_OP_CLIENTS, "CLIENTS", KB(K_SID), KB(K_AFTER), KB(K_CL), 0},
 };
 
@@ -424,6 +424,21 @@ static fa_status decode_settings(const msgpack_object *const *val, double *scale
 	return FA_OK;
 }
 
+/* The optional priority class ("pri", absent: normal) of ATTN_FWD and ATTN_BWD. */
+static fa_status decode_priority(const msgpack_object *const *val, uint8_t *priority, char *err,
+                                 size_t errlen)
+{
+	uint64_t u;
+
+	if (val[K_PRI] == NULL)
+		return FA_OK;
+	if (!get_uint(val[K_PRI], FA_PRIORITY_LOW, &u))
+		return fa_err(err, errlen, FA_EPROTO,
+		              "key 'pri': must be a priority 0..2 (normal, high, low)");
+	*priority = (uint8_t)u;
+	return FA_OK;
+}
+
 /* Completion words instead of events (ATTN_FWD): both keys, a slot, no event. */
 static fa_status decode_words(const msgpack_object *const *val, struct fa_proto_req *out,
                               char *err, size_t errlen)
@@ -653,13 +668,8 @@ static fa_status decode_fwd(const msgpack_object *const *val, struct fa_proto_re
 	    (st = decode_settings(val, &out->u.fwd.scale, &out->u.fwd.mask, &out->u.fwd.precision,
 	                          err, errlen)) != FA_OK)
 		return st;
-	if (val[K_PRI]) {
-		uint64_t u;
-		if (!get_uint(val[K_PRI], FA_PRIORITY_LOW, &u))
-			return fa_err(err, errlen, FA_EPROTO,
-			              "key 'pri': must be a priority 0..2 (normal, high, low)");
-		out->u.fwd.priority = (uint8_t)u;
-	}
+	if ((st = decode_priority(val, &out->u.fwd.priority, err, errlen)) != FA_OK)
+		return st;
 	if ((st = decode_async(val, &out->u.fwd.async, &out->u.fwd.slot, &out->u.fwd.has_event,
 	                       out->u.fwd.event, err, errlen)) != FA_OK)
 		return st;
@@ -696,6 +706,8 @@ static fa_status decode_bwd(const msgpack_object *const *val, struct fa_proto_re
 		              "key 'fl': must be flag bits of %u (1 = deterministic)",
 		              FA_PROTO_BWD_FLAGS);
 	out->u.bwd.flags = (uint32_t)u;
+	if ((st = decode_priority(val, &out->u.bwd.priority, err, errlen)) != FA_OK)
+		return st;
 	return decode_async(val, &out->u.bwd.async, &out->u.bwd.slot, &out->u.bwd.has_event,
 	                    out->u.bwd.event, err, errlen);
 }
@@ -1203,9 +1215,11 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 		if (!isfinite(req->u.bwd.scale) || req->u.bwd.mask > FA_MASK_CAUSAL_TOP_LEFT ||
 		    req->u.bwd.precision > FA_PREC_BF16 || (req->u.bwd.flags & ~FA_PROTO_BWD_FLAGS) ||
 		    (req->u.bwd.async && req->u.bwd.slot >= FA_PROTO_MAX_SLOTS) ||
-		    (req->u.bwd.has_event && !req->u.bwd.async))
+		    (req->u.bwd.has_event && !req->u.bwd.async) ||
+		    req->u.bwd.priority > FA_PRIORITY_LOW)
 			return FA_EINVAL;
-		*n += 13 + req->u.bwd.async + req->u.bwd.has_event;
+		*n += 13 + req->u.bwd.async + req->u.bwd.has_event +
+		      (req->u.bwd.priority != FA_PRIORITY_NORMAL);
 		return FA_OK;
 	}
 	default:
@@ -1323,6 +1337,8 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 			rc |= pk_u64(&pk, K_SLOT, req->u.bwd.slot);
 		if (req->u.bwd.has_event)
 			rc |= pk_bin(&pk, K_EV, req->u.bwd.event, FA_PROTO_IPC_HANDLE_LEN);
+		if (req->u.bwd.priority != FA_PRIORITY_NORMAL)
+			rc |= pk_u64(&pk, K_PRI, req->u.bwd.priority); /* absent: normal */
 		break;
 	case FA_OP_CLIENTS:
 		if (req->u.clients.after != 0)

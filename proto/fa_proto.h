@@ -168,6 +168,7 @@ struct fa_proto_req {
 			uint8_t mask;               /* enum fa_mask */
 			uint8_t precision;          /* enum fa_precision */
 			uint32_t flags;             /* FA_PROTO_BWD_* bits */
+			uint8_t priority;           /* enum fa_priority; key "pri", absent = normal */
 			bool async;
 			uint32_t slot;              /* < FA_PROTO_MAX_SLOTS */
 			bool has_event;

@@ -108,6 +108,7 @@ class fa_attn_bwd_args(C.Structure):
         ("mask", fa_enum),
         ("precision", fa_enum),
         ("flags", C.c_uint),
+        ("priority", fa_enum),
     ]
 
 

@@ -266,6 +266,7 @@ MUT(mut_d12)
 		t[i]->shape[3] = 12;
 }
 MUT(mut_flags) { UNUSED_MUT; a->flags = 2; }
+MUT(mut_priority) { UNUSED_MUT; a->priority = (fa_priority)3; }
 MUT(mut_mask) { UNUSED_MUT; a->mask = (fa_mask)7; }
 MUT(mut_dq_on_q) { (void)n; a->dq.offset = l->f.q_off; }
 MUT(mut_dk_on_o) { (void)n; a->dk.offset = l->f.o_off; }
@@ -293,6 +294,7 @@ static const struct bad_case bad_cases[] = {
 	{"dq's offset odd for fp16", FA_EALIGN, "dq: offset", true, mut_dq_odd_offset},
 	{"head dim 12", FA_ESHAPE, "head dim 12", true, mut_d12},
 	{"unknown flag bits", FA_EINVAL, "flags 0x2", false, mut_flags},
+	{"priority 3", FA_EINVAL, "priority 3 is not a priority class", false, mut_priority},
 	{"mask 7", FA_EINVAL, "mask 7", false, mut_mask},
 	{"dq is q", FA_EOVERLAP, "dq overlaps q", true, mut_dq_on_q},
 	{"dk on o", FA_EOVERLAP, "dk overlaps o", true, mut_dk_on_o},

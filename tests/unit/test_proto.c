@@ -860,6 +860,14 @@ static void test_proto_round_trips_attn_bwd_with_flags_and_async(void **state)
 
 	r.u.bwd.flags = FA_PROTO_BWD_DETERMINISTIC;
 	check_req_round_trip(&r);
+	/* a priority class travels as "pri" (absent: normal, so the typical size above stays) */
+	r.u.bwd.priority = FA_PRIORITY_LOW;
+	size_t pri = check_req_round_trip(&r);
+	assert_int_equal(fa_proto_decode_req(enc, pri, &out, errbuf, sizeof errbuf), FA_OK);
+	assert_int_equal(out.u.bwd.priority, FA_PRIORITY_LOW);
+	r.u.bwd.priority = 3;
+	assert_int_equal(fa_proto_encode_req(&r, enc, sizeof enc, &len), FA_EINVAL);
+	r.u.bwd.priority = FA_PRIORITY_NORMAL;
 	r.u.bwd.async = true;
 	r.u.bwd.slot = 5;
 	check_req_round_trip(&r);

@@ -244,6 +244,8 @@ typedef struct fa_attn_bwd_args {
 	fa_mask mask;           /* the forward's */
 	fa_precision precision; /* fp32 inputs only, as in the forward */
 	unsigned flags;         /* FA_BWD_* bits; 0 for none */
+	fa_priority priority;   /* the scheduling class, as fa_attn_fwd_args.priority (0: normal);
+	                         * training steps beside a latency-bound service suit LOW */
 } fa_attn_bwd_args;
 
 /* Compute the backward pass in the daemon and return when dq, dk and dv are written.
