@@ -51,6 +51,23 @@ static inline struct ipc_peer dtest_peer(uint32_t pipe)
 	return p;
 }
 
+/* A dense row-major tensor [a, b, c, d] of dtype dt at byte offset off of region r. */
+static inline void dtest_tensor(struct fa_proto_tensor *t, const struct region *r, uint64_t off,
+                                fa_dtype dt, int64_t a, int64_t b, int64_t c, int64_t d)
+{
+	t->region = r->id;
+	t->offset = off;
+	t->dtype = (uint8_t)dt;
+	t->shape[0] = a;
+	t->shape[1] = b;
+	t->shape[2] = c;
+	t->shape[3] = d;
+	t->stride[3] = 1;
+	t->stride[2] = d;
+	t->stride[1] = c * d;
+	t->stride[0] = b * c * d;
+}
+
 /* A region of `size` bytes in session s, backed by a real shm object (unlinked when the
  * session closes, like a dead client's). Returns the region or NULL. */
 static inline struct region *dtest_region(struct session *s, size_t size)

@@ -21,23 +21,6 @@ struct fixture {
 	struct fa_proto_req req;
 };
 
-static void tensor(struct fa_proto_tensor *t, struct region *r, uint64_t off, fa_dtype dt,
-                   int64_t a, int64_t b, int64_t c, int64_t d)
-{
-	t->region = r->id;
-	t->offset = off;
-	t->dtype = (uint8_t)dt;
-	t->shape[0] = a;
-	t->shape[1] = b;
-	t->shape[2] = c;
-	t->shape[3] = d;
-	/* dense, row-major */
-	t->stride[3] = 1;
-	t->stride[2] = d;
-	t->stride[1] = c * d;
-	t->stride[0] = b * c * d;
-}
-
 /* B=1, Sq=Sk=4, Hq=2, Hkv=1 (GQA 2:1), D=8, fp16; lse fp32 [1, 2, 4, 1]. */
 static int setup(void **state)
 {
@@ -57,11 +40,11 @@ static int setup(void **state)
 	f->req.v = FA_PROTO_VERSION;
 	f->req.op = FA_OP_ATTN_FWD;
 	f->req.session = f->s->id;
-	tensor(&f->req.u.fwd.q, f->r1, 0, FA_DTYPE_FP16, 1, 4, 2, 8);
-	tensor(&f->req.u.fwd.k, f->r1, 128, FA_DTYPE_FP16, 1, 4, 1, 8);
-	tensor(&f->req.u.fwd.v, f->r1, 256, FA_DTYPE_FP16, 1, 4, 1, 8);
-	tensor(&f->req.u.fwd.o, f->r1, 512, FA_DTYPE_FP16, 1, 4, 2, 8);
-	tensor(&f->req.u.fwd.lse, f->r1, 1024, FA_DTYPE_FP32, 1, 2, 4, 1);
+	dtest_tensor(&f->req.u.fwd.q, f->r1, 0, FA_DTYPE_FP16, 1, 4, 2, 8);
+	dtest_tensor(&f->req.u.fwd.k, f->r1, 128, FA_DTYPE_FP16, 1, 4, 1, 8);
+	dtest_tensor(&f->req.u.fwd.v, f->r1, 256, FA_DTYPE_FP16, 1, 4, 1, 8);
+	dtest_tensor(&f->req.u.fwd.o, f->r1, 512, FA_DTYPE_FP16, 1, 4, 2, 8);
+	dtest_tensor(&f->req.u.fwd.lse, f->r1, 1024, FA_DTYPE_FP32, 1, 2, 4, 1);
 	*state = f;
 	return 0;
 }
@@ -299,10 +282,10 @@ static void test_validate_gqa_mismatch_is_eshape(void **state)
 {
 	struct fixture *f = *state;
 
-	tensor(&f->req.u.fwd.q, f->r1, 0, FA_DTYPE_FP16, 1, 4, 3, 8);
-	tensor(&f->req.u.fwd.o, f->r1, 512, FA_DTYPE_FP16, 1, 4, 3, 8);
-	tensor(&f->req.u.fwd.k, f->r1, 2048, FA_DTYPE_FP16, 1, 4, 2, 8);
-	tensor(&f->req.u.fwd.v, f->r1, 4096, FA_DTYPE_FP16, 1, 4, 2, 8);
+	dtest_tensor(&f->req.u.fwd.q, f->r1, 0, FA_DTYPE_FP16, 1, 4, 3, 8);
+	dtest_tensor(&f->req.u.fwd.o, f->r1, 512, FA_DTYPE_FP16, 1, 4, 3, 8);
+	dtest_tensor(&f->req.u.fwd.k, f->r1, 2048, FA_DTYPE_FP16, 1, 4, 2, 8);
+	dtest_tensor(&f->req.u.fwd.v, f->r1, 4096, FA_DTYPE_FP16, 1, 4, 2, 8);
 	f->req.u.fwd.lse.region = 0;
 	expect(f, 0, FA_ESHAPE, "GQA: q has 3 heads, not a multiple of k/v's 2");
 }
@@ -335,10 +318,10 @@ static void test_validate_other_shape_errors_are_eshape(void **state)
 	expect(f, 0, FA_ESHAPE, "k: batch 2 differs from q's 1");
 	f->req.u.fwd.k.shape[0] = 1;
 	/* Head dim 12: the descriptor check (not a multiple of 8). */
-	tensor(&f->req.u.fwd.q, f->r1, 0, FA_DTYPE_FP16, 1, 4, 2, 12);
-	tensor(&f->req.u.fwd.o, f->r1, 512, FA_DTYPE_FP16, 1, 4, 2, 12);
-	tensor(&f->req.u.fwd.k, f->r1, 2048, FA_DTYPE_FP16, 1, 4, 1, 12);
-	tensor(&f->req.u.fwd.v, f->r1, 4096, FA_DTYPE_FP16, 1, 4, 1, 12);
+	dtest_tensor(&f->req.u.fwd.q, f->r1, 0, FA_DTYPE_FP16, 1, 4, 2, 12);
+	dtest_tensor(&f->req.u.fwd.o, f->r1, 512, FA_DTYPE_FP16, 1, 4, 2, 12);
+	dtest_tensor(&f->req.u.fwd.k, f->r1, 2048, FA_DTYPE_FP16, 1, 4, 1, 12);
+	dtest_tensor(&f->req.u.fwd.v, f->r1, 4096, FA_DTYPE_FP16, 1, 4, 1, 12);
 	expect(f, 0, FA_ESHAPE, "head dim 12 is not a multiple of 8");
 }
 

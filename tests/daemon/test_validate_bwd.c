@@ -24,22 +24,6 @@ struct fixture {
 	struct fa_proto_req req;
 };
 
-static void tensor(struct fa_proto_tensor *t, struct region *r, uint64_t off, fa_dtype dt,
-                   int64_t a, int64_t b, int64_t c, int64_t d)
-{
-	t->region = r->id;
-	t->offset = off;
-	t->dtype = (uint8_t)dt;
-	t->shape[0] = a;
-	t->shape[1] = b;
-	t->shape[2] = c;
-	t->shape[3] = d;
-	t->stride[3] = 1;
-	t->stride[2] = d;
-	t->stride[1] = c * d;
-	t->stride[0] = b * c * d;
-}
-
 /* B=1, Sq=4, Sk=6, Hq=2, Hkv=1, D=8, fp16: q, o, dout, dq 128 bytes each, k, v, dk, dv 96,
  * lse fp32 [1, 2, 4, 1] 32 bytes, each at its own 256-byte slot of r1. */
 static int setup(void **state)
@@ -60,15 +44,15 @@ static int setup(void **state)
 	f->req.v = FA_PROTO_VERSION;
 	f->req.op = FA_OP_ATTN_BWD;
 	f->req.session = f->s->id;
-	tensor(&f->req.u.bwd.q, f->r1, 0, FA_DTYPE_FP16, 1, 4, 2, 8);
-	tensor(&f->req.u.bwd.k, f->r1, 256, FA_DTYPE_FP16, 1, 6, 1, 8);
-	tensor(&f->req.u.bwd.v, f->r1, 512, FA_DTYPE_FP16, 1, 6, 1, 8);
-	tensor(&f->req.u.bwd.o, f->r1, 768, FA_DTYPE_FP16, 1, 4, 2, 8);
-	tensor(&f->req.u.bwd.lse, f->r1, 1024, FA_DTYPE_FP32, 1, 2, 4, 1);
-	tensor(&f->req.u.bwd.dout, f->r1, 1280, FA_DTYPE_FP16, 1, 4, 2, 8);
-	tensor(&f->req.u.bwd.dq, f->r1, 1536, FA_DTYPE_FP16, 1, 4, 2, 8);
-	tensor(&f->req.u.bwd.dk, f->r1, 1792, FA_DTYPE_FP16, 1, 6, 1, 8);
-	tensor(&f->req.u.bwd.dv, f->r1, 2048, FA_DTYPE_FP16, 1, 6, 1, 8);
+	dtest_tensor(&f->req.u.bwd.q, f->r1, 0, FA_DTYPE_FP16, 1, 4, 2, 8);
+	dtest_tensor(&f->req.u.bwd.k, f->r1, 256, FA_DTYPE_FP16, 1, 6, 1, 8);
+	dtest_tensor(&f->req.u.bwd.v, f->r1, 512, FA_DTYPE_FP16, 1, 6, 1, 8);
+	dtest_tensor(&f->req.u.bwd.o, f->r1, 768, FA_DTYPE_FP16, 1, 4, 2, 8);
+	dtest_tensor(&f->req.u.bwd.lse, f->r1, 1024, FA_DTYPE_FP32, 1, 2, 4, 1);
+	dtest_tensor(&f->req.u.bwd.dout, f->r1, 1280, FA_DTYPE_FP16, 1, 4, 2, 8);
+	dtest_tensor(&f->req.u.bwd.dq, f->r1, 1536, FA_DTYPE_FP16, 1, 4, 2, 8);
+	dtest_tensor(&f->req.u.bwd.dk, f->r1, 1792, FA_DTYPE_FP16, 1, 6, 1, 8);
+	dtest_tensor(&f->req.u.bwd.dv, f->r1, 2048, FA_DTYPE_FP16, 1, 6, 1, 8);
 	f->req.u.bwd.mask = FA_MASK_CAUSAL_BOTTOM_RIGHT;
 	*state = f;
 	return 0;
