@@ -1,0 +1,46 @@
+/* fa_gpu_infer.h - the inference shapes of fa_attn_infer.h on a GPU: variable-length batches,
+ * a contiguous KV cache with per-sequence lengths, and a paged KV cache.
+ *
+ * The index tensors reach the kernels as device copies the caller owns (struct
+ * fa_gpu_infer_index): the daemon copies the client's tables to the host, checks that copy with
+ * fa_attn_infer_check(), and uploads the checked copy to a buffer of its own, so the kernels
+ * never read memory a client can still rewrite. d's own index pointers are the host copies:
+ * the launch code reads them for planning (lengths, splits) and never dereferences ix on the
+ * host.
+ *
+ * Two layers:
+ *   fa_gpu_attn_infer  the entry the daemon and tests call (kernels/gpu_infer.c): decode shapes
+ *                      (every sequence's query count <= FA_DECODE_MAX_SQ) to the split-KV decode
+ *                      kernel, everything else to fa_gpu_fwd_infer;
+ *   fa_gpu_fwd_infer   the prefill kernel over the same layouts (kernels/gpu_fwd_infer.c).
+ */
+#ifndef FA_GPU_INFER_H
+#define FA_GPU_INFER_H
+
+#include "fa_attn_infer.h"
+#include "fa_gpu.h"
+
+/* Device copies of d's index arrays, dense int32 in the same layout as the host copies
+ * (cu_q [B + 1], cu_k [B + 1], seqlens_k [B], page_table [B][pt_cols]); 0 where d has none. */
+struct fa_gpu_infer_index {
+	CUdeviceptr cu_q, cu_k, seqlens_k, page_table;
+};
+
+/* Inference attention on the device, enqueued on stream s. d: checked (fa_attn_infer_check)
+ * with its index pointers on the host; ix: the same tables on the device. q, k, v, o, lse as
+ * fa_gpu_attn_fwd's, laid out as fa_attn_infer.h says (lse 0: not wanted). Rows of q and o
+ * outside every sequence are neither read nor written. Same requirements and statuses as
+ * fa_gpu_attn_fwd (FA_EALIGN, FA_ESHAPE, FA_ENOFIT with the planner's text, FA_EDEVICE), plus
+ * FA_ENOTSUP with the reason for a combination no kernel serves. Returns after enqueueing. */
+fa_status fa_gpu_attn_infer(struct fa_gpu *g, const struct fa_attn_infer_desc *d,
+                            const struct fa_gpu_infer_index *ix, CUdeviceptr q, CUdeviceptr k,
+                            CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
+                            char *err, size_t errlen);
+
+/* The prefill path of fa_gpu_attn_infer (any query counts), same contract. */
+fa_status fa_gpu_fwd_infer(struct fa_gpu *g, const struct fa_attn_infer_desc *d,
+                           const struct fa_gpu_infer_index *ix, CUdeviceptr q, CUdeviceptr k,
+                           CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
+                           char *err, size_t errlen);
+
+#endif /* FA_GPU_INFER_H */
