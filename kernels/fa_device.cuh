@@ -194,4 +194,23 @@ __device__ __forceinline__ void fa_st_release(int *p, int v)
 	asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+/* ---- sliding window and logit softcapping (fa_attn.h), shared by every kernel -------------- */
+
+/* A raw score x (Q already negated for a negative scale) softcapped and in the log2 domain:
+ * cap log2(e) tanh(x |scale| / cap), so the softmax runs on it with unit scale. tanhf (about 2
+ * ulp), not tanh.approx.f32 (2^-11 relative: at cap 50 a score error of 0.025, 2.5% on P). */
+__device__ __forceinline__ float fa_softcap2(float x, float scale_cap, float cap_log2)
+{
+	return cap_log2 * tanhf(x * scale_cap);
+}
+
+/* Whether key col is visible to query row under a window resolved by the host: col - row in
+ * [win_lo, win_hi] (the mask and the window folded together, fa_attn_key_range), col < Sk.
+ * The difference of two ints below 2^30 cannot overflow. */
+__device__ __forceinline__ bool fa_win_sees(int row, int col, int Sk, int win_lo, int win_hi)
+{
+	const int d = col - row;
+	return col < Sk && d >= win_lo && d <= win_hi;
+}
+
 #endif /* FA_DEVICE_CUH */
