@@ -448,7 +448,7 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 				for (int e = 0; e < 4; e++) {
 					const int col = kv0 + n * 8 + 2 * t + (e & 1);
 #if FA_SOFTCAP
-					const float x = fa_softcap2(p.neg_scale ? -s[r][n][e] : s[r][n][e],
+					const float x = fa_softcap2<(FA_IN == 3)>(p.neg_scale ? -s[r][n][e] : s[r][n][e],
 					                            p.scale_cap, p.cap_log2);
 #else
 					const float x = p.neg_scale ? -s[r][n][e] : s[r][n][e];
@@ -530,7 +530,7 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 			float x = s[r] + __shfl_xor_sync(0xffffffffu, s[r], 16);
 			x = p.neg_scale ? -x : x;
 #if FA_SOFTCAP
-			x = fa_softcap2(x, p.scale_cap, p.cap_log2);
+			x = fa_softcap2<(FA_IN == 3)>(x, p.scale_cap, p.cap_log2);
 #endif
 			x = col <= lim[r] && WIN_SEES(col, FIRST32(r)) ? x : NEG_INF;
 			float mx = x;

@@ -694,7 +694,9 @@ __device__ __forceinline__ void mask_scores_win(float (&s)[SRT][SNJ][4], const f
 #endif
 
 #if FA_SOFTCAP
-/* FA_SOFTCAP: the raw scores capped (before the mask) and taken to the log2 domain. */
+/* FA_SOFTCAP: the raw scores capped (before the mask) and taken to the log2 domain; tanhf where
+ * the tolerance is fp32's (ieee, 3xtf32), the MUFU form elsewhere (fa_device.cuh). */
+#define CAP_ACCURATE (FA_IN == 3 && FA_PREC != 3)
 __device__ __forceinline__ void softcap_scores(float (&s)[SRT][SNJ][4], const fa_kparams &p)
 {
 #pragma unroll
@@ -703,7 +705,8 @@ __device__ __forceinline__ void softcap_scores(float (&s)[SRT][SNJ][4], const fa
 		for (int n = 0; n < SNJ; n++)
 #pragma unroll
 			for (int e = 0; e < 4; e++)
-				s[r][n][e] = fa_softcap2(s[r][n][e], p.scale_cap, p.cap_log2);
+				s[r][n][e] = fa_softcap2<CAP_ACCURATE>(s[r][n][e], p.scale_cap,
+				                                        p.cap_log2);
 }
 #endif
 

@@ -519,7 +519,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NSACC], int j, int wrow0
 #if FA_SOFTCAP
 #pragma unroll
 	for (int i = 0; i < NSACC; i++)
-		s[i] = fa_softcap2(s[i], p.scale_cap, p.cap_log2);
+		s[i] = fa_softcap2<(FA_IN == 3 && FA_PREC == 2)>(s[i], p.scale_cap, p.cap_log2);
 #endif
 #if FA_WIN
 	(void)off;

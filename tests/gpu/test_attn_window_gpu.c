@@ -55,7 +55,7 @@ static char gpu_err[512];
 static uint64_t seed0 = 0x2545f4914f6cdd1dull;
 static _Thread_local uint64_t rng;
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
-static int ncases, nfail, nskipped;
+static int ncases, nfail, nskipped, npath[3];
 static double worst[6];
 
 static double tol_of(fa_dtype dt, fa_precision p)
@@ -344,6 +344,7 @@ static void run_case(const struct wcase *c, bool verbose)
 	int s = slot_of(c->dt, c->prec);
 	pthread_mutex_lock(&out_lock);
 	ncases++;
+	npath[c->path]++;
 	if (ok && (rel > worst[s]))
 		worst[s] = rel;
 	if (!ok)
@@ -577,7 +578,8 @@ static void test_attn_window_gpu_matches_the_float64_reference(void **state)
 		pthread_create(&th[i], NULL, case_worker, &r);
 	for (int i = 0; i < 8; i++)
 		pthread_join(th[i], NULL);
-	printf("%d cases, %d failed, %d not offered on their path, %.1f s\n", ncases, nfail,
+	printf("%d cases (mma.sync %d, wgmma %d, decode %d), %d failed, %d not offered on their "
+	       "path, %.1f s\n", ncases, npath[PATH_MMA], npath[PATH_WG], npath[PATH_DEC], nfail,
 	       nskipped, (fa_test_now_ms() - t0) / 1e3);
 	for (int s = 0; s < 6; s++)
 		printf("  worst relative error %-12s %.3g\n", slot_name[s], worst[s]);
