@@ -210,7 +210,8 @@ struct backend {
 	bool host_memory;     /* serves FA_REGION_HOST_SHM regions */
 	bool device_memory;   /* serves FA_REGION_CUDA_IPC regions */
 	bool async_events;    /* serves the asynchronous mode (CUDA IPC events) */
-	bool infer;           /* serves ATTN_VARLEN, ATTN_KVCACHE, and ATTN_FWD's window and softcap */
+	bool infer;           /* serves ATTN_VARLEN and ATTN_KVCACHE */
+	bool mask_ext;        /* serves ATTN_FWD's sliding window and softcap */
 	bool async_words;     /* ... and its completion words (64-bit stream memory operations on
 	                       * every device) */
 	atomic_uint running;  /* jobs started and not finished (set by the backend's threads) */

@@ -657,6 +657,7 @@ static fa_status cpu_open(struct backend **out, uv_loop_t *loop, const struct co
 	b->base.host_memory = true;
 	b->base.device_memory = false;
 	b->base.infer = true;
+	b->base.mask_ext = true;
 	b->loop = loop;
 	b->done = done;
 	b->done_arg = arg;

@@ -533,7 +533,7 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	uint64_t max_gflop = dispatch_max_gflop(srv);
 	if (max_gflop != 0 && (st = worklimit_check(&vr.desc, max_gflop, err, errlen)) != FA_OK)
 		return st;
-	if ((vr.desc.window || vr.desc.softcap != 0) && !srv->backend->infer)
+	if ((vr.desc.window || vr.desc.softcap != 0) && !srv->backend->mask_ext)
 		return fa_err(err, errlen, FA_ENOTSUP,
 		              "the sliding window and softcap are not yet on the %s backend",
 		              backend_name(srv->backend));

@@ -12,6 +12,10 @@
  * Each output is summed in one order in both schemes (dQ_i over keys ascending; dK_j, dV_j over
  * query heads, then rows, ascending), and dS is computed by the same code, so the scheme, the block
  * size and the bkv split never change a bit of the result.
+ * The sliding window and softcap as the forward's (fa_attn.h): a row sees the keys [lo, hi) of
+ * fa_attn_key_range, and with softcap c the score s = scale q.k becomes c tanh(s / c), so
+ * dS = P (dP - delta) (1 - tanh^2(s / c)) is the gradient of the raw score (then scale times
+ * K or Q, as without it).
  */
 #include <math.h>
 #include <stdint.h>
@@ -40,7 +44,7 @@ struct bwd_ctx {
 	int64_t br;        /* query rows per block */
 	int64_t kc;        /* keys per chunk */
 	bool one_chunk;    /* K, V, dK, dV of a whole (b, kv head) fit: one pass */
-	int64_t nvis;      /* keys any row can see: a prefix [0, nvis) */
+	int64_t nvis;      /* keys any row can see lie in [0, nvis) */
 	/* scratch, all float64 except n */
 	double *kd, *vd;   /* [kc][D] the chunk's K and V */
 	double *dkd, *dvd; /* [kc][D] their gradients, unscaled dK */
@@ -48,7 +52,9 @@ struct bwd_ctx {
 	double *dqd;       /* [br][D] unscaled dQ; O while delta is computed */
 	double *delta;     /* [br] */
 	double *lse;       /* [br] */
-	int64_t *n;        /* [br] visible keys of each row; 0 for a row that contributes nothing */
+	int64_t *n;        /* [br] the end of each row's keys [lo, n); 0 for a row that contributes
+	                    * nothing */
+	int64_t *lo;       /* [br] the first key each row sees */
 };
 
 /* Two accumulators in a fixed order (even and odd x, then their sum): the order is part of the
@@ -101,7 +107,9 @@ static void bwd_load_rows(struct bwd_ctx *c, int64_t b, int64_t h, int64_t i0, i
 		else
 			c->lse[r] = io->lse[f->lse_stride[0] * b + f->lse_stride[1] * h +
 			                    f->lse_stride[2] * i];
-		c->n[r] = ref_visible(f->mask, f->Sq, f->Sk, i);
+		fa_attn_key_range(f, f->Sq, f->Sk, i, &c->lo[r], &c->n[r]);
+		if (c->lo[r] == c->n[r])
+			c->n[r] = 0;
 		c->delta[r] = 0;
 		if (c->lse[r] == -INFINITY)
 			c->n[r] = 0;
@@ -127,20 +135,29 @@ static void bwd_rows(struct bwd_ctx *c, int64_t nr, int64_t j0, int64_t cn, bool
                      bool want_dkdv)
 {
 	int64_t D = c->d->fwd.D;
-	double scale = c->d->fwd.scale;
+	double scale = c->d->fwd.scale, cap = c->d->fwd.softcap;
 	for (int64_t r = 0; r < nr; r++) {
-		int64_t vis = c->n[r] - j0;
+		int64_t vis = c->n[r] - j0, first = c->lo[r] - j0;
 		if (vis <= 0)
 			continue;
 		if (vis > cn)
 			vis = cn;
+		if (first < 0)
+			first = 0;
 		const double *qr = c->qd + r * D, *dor = c->dod + r * D;
 		double *dqr = c->dqd + r * D;
 		double lse = c->lse[r], delta = c->delta[r];
-		for (int64_t j = 0; j < vis; j++) {
+		for (int64_t j = first; j < vis; j++) {
 			const double *kj = c->kd + j * D, *vj = c->vd + j * D;
-			double p = exp(scale * bwd_dot(qr, kj, D) - lse);
+			double sc = scale * bwd_dot(qr, kj, D), t = 0;
+			if (cap > 0) {
+				t = tanh(sc / cap);
+				sc = cap * t;
+			}
+			double p = exp(sc - lse);
 			double ds = p * (bwd_dot(dor, vj, D) - delta);
+			if (cap > 0)
+				ds *= 1.0 - t * t;
 			if (want_dkdv) {
 				bwd_axpy(c->dvd + j * D, p, dor, D);
 				bwd_axpy(c->dkd + j * D, ds, qr, D);
@@ -207,7 +224,7 @@ static fa_status bwd_scratch_alloc(struct bwd_ctx *c, void **mem)
 	size_t D = (size_t)f->D;
 	/* Q, dO and dQ of a block within an L1's worth or two */
 	size_t br = ref_block_rows(D, f->Sq);
-	size_t fixed = 3 * br * D + 3 * br; /* qd, dod, dqd, delta, lse, n */
+	size_t fixed = 3 * br * D + 4 * br; /* qd, dod, dqd, delta, lse, n, lo */
 	size_t per_key = 4 * D;             /* kd, vd, dkd, dvd rows */
 	size_t kc;
 
@@ -230,6 +247,7 @@ static fa_status bwd_scratch_alloc(struct bwd_ctx *c, void **mem)
 	c->delta = c->dqd + br * D;
 	c->lse = c->delta + br;
 	c->n = (int64_t *)(void *)(c->lse + br); /* malloc'd memory has no declared type */
+	c->lo = c->n + br;
 	return FA_OK;
 }
 
@@ -299,7 +317,9 @@ static fa_status bwd_run(const struct fa_attn_bwd_desc *d, const void *q, const 
 		return FA_EINVAL;
 	if (bkv_begin == bkv_end)
 		return FA_OK;
-	c.nvis = ref_visible(f->mask, f->Sq, f->Sk, f->Sq - 1); /* the last row sees the most */
+	int64_t lo_last;
+	/* the last row's keys end last */
+	fa_attn_key_range(f, f->Sq, f->Sk, f->Sq - 1, &lo_last, &c.nvis);
 	if ((st = bwd_scratch_alloc(&c, &mem)) != FA_OK)
 		return st;
 	for (int64_t bkv = bkv_begin; bkv < bkv_end; bkv++)

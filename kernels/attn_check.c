@@ -102,10 +102,6 @@ fa_status fa_attn_bwd_check(const struct fa_attn_bwd_desc *d, char *err, size_t 
 		return fa_err(err, errlen, FA_EINVAL, "no descriptor");
 	if ((st = fa_attn_fwd_check(&d->fwd, err, errlen)) != FA_OK)
 		return st;
-	/* The backward reference and kernels know neither yet: refused, never ignored. */
-	if (d->fwd.window || d->fwd.softcap != 0)
-		return fa_err(err, errlen, FA_ENOTSUP,
-		              "the backward pass takes no sliding window or softcap yet");
 	if ((st = check_strides("do", d->do_stride, seq_names, err, errlen)) != FA_OK ||
 	    (st = check_strides("dq", d->dq_stride, seq_names, err, errlen)) != FA_OK ||
 	    (st = check_strides("dk", d->dk_stride, seq_names, err, errlen)) != FA_OK ||

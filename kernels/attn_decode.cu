@@ -11,6 +11,10 @@
  *              16 (row tiles of mma.sync m16n8k16), fp32 1, 2, 4, 8 or 16
  *   FA_STAGES  K/V tiles per warp in its cp.async ring (>= 2)
  *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_fwd.cu)
+ *   FA_WIN     1: the sliding window (the mask folded in by the host: key j visible to query i
+ *              iff win_lo <= j - i <= win_hi); the splits start at the block's first window
+ *              key, so they cover only the window's keys. FA_SOFTCAP 1: logit softcapping
+ *              (scores capped after the sign, then in the log2 domain with unit scale)
  *
  * Structure (flash-decoding): grid (split, kv head x row chunk, batch). A block owns one kv head's
  * packed rows r = i * group + member (query i, query head hk * group + member), so K and V are
@@ -43,6 +47,8 @@ struct fa_dparams {
 	int neg_scale;
 	int nsplit, split_keys;               /* split_keys: a multiple of 16 */
 	int rows, nrc;                        /* rows = Sq * group; nrc = row chunks of FA_DR */
+	int win_lo, win_hi;                   /* FA_WIN (attn_fwd.cu's) */
+	float scale_cap, cap_log2;            /* FA_SOFTCAP: |scale| / cap, cap log2(e) */
 };
 
 #ifndef FA_IN
@@ -62,6 +68,18 @@ struct fa_dparams {
 #endif
 #ifndef FA_MASK
 #define FA_MASK 0
+#endif
+#ifndef FA_WIN
+#define FA_WIN 0
+#endif
+#ifndef FA_SOFTCAP
+#define FA_SOFTCAP 0
+#endif
+/* the softmax's scale: FA_SOFTCAP's scores are already in the log2 domain */
+#if FA_SOFTCAP
+#define SCALE_LOG2(p) 1.f
+#else
+#define SCALE_LOG2(p) (p).scale_log2
 #endif
 
 #define NT (FA_NW * 32)
@@ -186,17 +204,33 @@ __device__ __forceinline__ int row_limit(const fa_dparams &p, int R, int off)
 {
 	if (R >= p.rows)
 		return -1;
+#if FA_WIN
+	(void)off;
+	return (int)min((long long)p.Sk - 1, (long long)(R / p.group) + p.win_hi);
+#else
 	if (!FA_MASK)
 		return p.Sk - 1;
 	return min(p.Sk - 1, R / p.group + off);
+#endif
 }
+
+#if FA_WIN
+/* The first key packed row R sees (the window's left edge). */
+__device__ __forceinline__ int row_first(const fa_dparams &p, int R)
+{
+	return (int)max(0LL, (long long)(min(R, p.rows - 1) / p.group) + p.win_lo);
+}
+#define WIN_SEES(col, first) ((col) >= (first))
+#else
+#define WIN_SEES(col, first) true
+#endif
 
 /* The warps' states (in the merge area) combined per row, then O and lse (one split) or the
  * block's partial O and lse (several). */
 __device__ __forceinline__ void block_merge(const fa_dparams &p, const float *sM,
                                             const float *sML, int r0, int hk, int b, int split)
 {
-	const float sl = p.scale_log2;
+	const float sl = SCALE_LOG2(p);
 	for (int i = threadIdx.x; i < FA_DR * FA_D; i += NT) {
 		const int rl = i / FA_D, col = i - rl * FA_D;
 		const int R = r0 + rl;
@@ -245,15 +279,23 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 	const int b = blockIdx.z;
 	const int r0 = rc * FA_DR;
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
-	const float sl = p.scale_log2;
+	const float sl = SCALE_LOG2(p);
 
 	/* keys this block walks: its split, cut at the last key any of its rows sees */
 	int kend = p.Sk;
+#if FA_WIN
+	/* the splits start at the tile of the first key any of its rows sees */
+	const int rlast = min(r0 + FA_DR, p.rows) - 1;
+	kend = row_limit(p, rlast, off) + 1;
+	const int kbase = row_first(p, r0) / BC * BC;
+	const int k0 = kbase + split * p.split_keys;
+#else
 	if (FA_MASK) {
 		const int rlast = min(r0 + FA_DR, p.rows) - 1;
 		kend = min(kend, rlast / p.group + off + 1);
 	}
 	const int k0 = split * p.split_keys;
+#endif
 	const int k1 = min(k0 + p.split_keys, kend);
 	const int ntb = k1 > k0 ? (k1 - k0 + BC - 1) / BC : 0;
 	const int nt = ntb > warp ? (ntb - warp + FA_NW - 1) / FA_NW : 0; /* this warp's tiles */
@@ -297,6 +339,17 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 #pragma unroll
 		for (int hh = 0; hh < 2; hh++)
 			lim[r][hh] = row_limit(p, r0 + r * 16 + g + hh * 8, off);
+#if FA_WIN
+	int first[RT][2];
+#pragma unroll
+	for (int r = 0; r < RT; r++)
+#pragma unroll
+		for (int hh = 0; hh < 2; hh++)
+			first[r][hh] = row_first(p, r0 + r * 16 + g + hh * 8);
+#define FIRST16(r, hh) first[r][hh]
+#else
+#define FIRST16(r, hh) 0
+#endif
 #if QREG
 	u32 qf[RT][DP / 16][4];
 #pragma unroll
@@ -319,6 +372,15 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 #else
 	const int key = lane & 15, half = lane >> 4;
 	int lim[FA_DR];
+#if FA_WIN
+	int first[FA_DR];
+#pragma unroll
+	for (int r = 0; r < FA_DR; r++)
+		first[r] = row_first(p, r0 + r);
+#define FIRST32(r) first[r]
+#else
+#define FIRST32(r) 0
+#endif
 	float acc[FA_DR][NCHL][4];
 	float mrow[FA_DR], lrow[FA_DR];
 #pragma unroll
@@ -385,8 +447,14 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 #pragma unroll
 				for (int e = 0; e < 4; e++) {
 					const int col = kv0 + n * 8 + 2 * t + (e & 1);
+#if FA_SOFTCAP
+					const float x = fa_softcap2<(FA_IN == 3)>(p.neg_scale ? -s[r][n][e] : s[r][n][e],
+					                            p.scale_cap, p.cap_log2);
+#else
 					const float x = p.neg_scale ? -s[r][n][e] : s[r][n][e];
-					s[r][n][e] = col <= lim[r][e >> 1] ? x : NEG_INF;
+#endif
+					s[r][n][e] = col <= lim[r][e >> 1] &&
+					             WIN_SEES(col, FIRST16(r, e >> 1)) ? x : NEG_INF;
 				}
 		/* online softmax */
 #pragma unroll
@@ -461,7 +529,10 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 		for (int r = 0; r < FA_DR; r++) {
 			float x = s[r] + __shfl_xor_sync(0xffffffffu, s[r], 16);
 			x = p.neg_scale ? -x : x;
-			x = col <= lim[r] ? x : NEG_INF;
+#if FA_SOFTCAP
+			x = fa_softcap2<(FA_IN == 3)>(x, p.scale_cap, p.cap_log2);
+#endif
+			x = col <= lim[r] && WIN_SEES(col, FIRST32(r)) ? x : NEG_INF;
 			float mx = x;
 			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
 			mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));

@@ -21,6 +21,14 @@
  *              to bf16 (cvt.rn, as fa_cvt_f32_bf16 does) as it stores it into shared memory, so
  *              the host converts only K and V (before the first K/V tiles are issued: v5's main
  *              loop, instruction for instruction)
+ *   FA_WIN     1: a sliding window (fa_attn.h), the mask folded into it by the host: key j is
+ *              visible to query i iff win_lo <= j - i <= win_hi (runtime parameters); a block
+ *              walks only the key tiles its rows see and masks element-wise only on the
+ *              tiles its window's edges cross. 0 (default): FA_MASK alone, the code unchanged
+ *   FA_SOFTCAP 1: logit softcapping, s -> cap tanh(s / cap) on the scaled score before the
+ *              mask (cap a runtime parameter); the scores then live in the log2 domain with
+ *              unit scale, so the P = ex2(fma(s, scale log2 e, -m)) fold becomes ex2(s - m)
+ *              in this specialisation only. 0 (default): unchanged
  *
  * Structure (FlashAttention-2): a block owns BR query rows of one (batch, head); each warp owns
  * 16*RT rows. S = Q K^T with mma.sync, online softmax on fp32 registers (scores kept in the log2
@@ -57,6 +65,10 @@ struct fa_kparams {
 	int B, Sq, Sk, Hq, Hkv, group;        /* group = Hq / Hkv */
 	float scale_log2;                     /* |scale| * log2(e) */
 	int neg_scale;                        /* scale < 0: Q is negated in shared memory */
+	/* FA_WIN: key j visible to query i iff win_lo <= j - i <= win_hi (clamped by the host to
+	 * [-Sq - 1, Sk + 1]); FA_SOFTCAP: |scale| / cap and cap log2(e). Unused otherwise. */
+	int win_lo, win_hi;
+	float scale_cap, cap_log2;
 };
 
 #ifndef FA_IN
@@ -85,6 +97,12 @@ struct fa_kparams {
 #endif
 #ifndef FA_MASK
 #define FA_MASK 0
+#endif
+#ifndef FA_WIN
+#define FA_WIN 0
+#endif
+#ifndef FA_SOFTCAP
+#define FA_SOFTCAP 0
 #endif
 
 #define NT (FA_NW * 32)
@@ -366,7 +384,10 @@ __device__ __forceinline__ int lane_id(void)
  * Stage: loads. The K/V ring and where this thread's copies go. */
 struct kv_ring {
 	in_t *sK, *sV;              /* FA_STAGES buffers each */
-	const in_t *Kg, *Vg;        /* this (batch, kv head): key 0 */
+	const in_t *Kg, *Vg;        /* this (batch, kv head): key 0 (FA_WIN: key kvs) */
+#if FA_WIN
+	int kvs; /* the first key of the block's window tiles (a multiple of FA_BC) */
+#endif
 #if LD_FAST
 	/* This thread's chunk of every K/V tile: row lr0 (+ RSTEP i), column lcc; a padding
 	 * column (lcc >= D) zero-fills from column 0's address. Pointers to tile STAGES-1,
@@ -406,27 +427,39 @@ __device__ __forceinline__ void kv_ring_init(kv_ring &r, in_t *sK, in_t *sV, con
 #endif
 }
 
+/* The keys from the ring's key 0 to the end of the sequence (FA_WIN: the ring starts at the
+ * block's first window tile). */
+__device__ __forceinline__ int ring_keys(const kv_ring &r, const fa_kparams &p)
+{
+#if FA_WIN
+	return p.Sk - r.kvs;
+#else
+	(void)r;
+	return p.Sk;
+#endif
+}
+
 /* Tile jn of K or V into ring buffer `buf` (the fast loader when the tile is whole: its
  * pointer, kgp or vgp, must point at tile jn). */
 __device__ __forceinline__ void load_k(const kv_ring &r, const fa_kparams &p, int jn, int buf)
 {
 #if LD_FAST
-	if (p.Sk - jn * FA_BC >= FA_BC)
+	if (ring_keys(r, p) - jn * FA_BC >= FA_BC)
 		load_tile_fast<FA_BC, LDK>(r.sK0 + buf * (SMEM_K * ES), r.kgp, r.krs, r.lbytes);
 	else
 #endif
 		load_tile<FA_BC, LDK>(r.sK + buf * SMEM_K, r.Kg + (long long)jn * FA_BC * p.ks[1],
-		                      p.ks[1], p.Sk - jn * FA_BC);
+		                      p.ks[1], ring_keys(r, p) - jn * FA_BC);
 }
 __device__ __forceinline__ void load_v(const kv_ring &r, const fa_kparams &p, int jn, int buf)
 {
 #if LD_FAST
-	if (p.Sk - jn * FA_BC >= FA_BC)
+	if (ring_keys(r, p) - jn * FA_BC >= FA_BC)
 		load_tile_fast<FA_BC, LDV>(r.sV0 + buf * (SMEM_V * ES), r.vgp, r.vrs, r.lbytes);
 	else
 #endif
 		load_tile<FA_BC, LDV>(r.sV + buf * SMEM_V, r.Vg + (long long)jn * FA_BC * p.vs[1],
-		                      p.vs[1], p.Sk - jn * FA_BC);
+		                      p.vs[1], ring_keys(r, p) - jn * FA_BC);
 }
 /* The fast loader's pointers to the next tile. */
 __device__ __forceinline__ void next_k(kv_ring &r)
@@ -447,10 +480,20 @@ __device__ __forceinline__ void next_v(kv_ring &r)
 }
 
 /* Prologue: Q (converted from fp32 here, before the K/V tiles are issued, when QCVT), then
- * tiles 0 .. STAGES-2 (one commit group each for K and V). */
+ * tiles 0 .. STAGES-2 (one commit group each for K and V). FA_WIN: Kg and Vg point at key kvs,
+ * the block's first window tile. */
+__device__ __forceinline__ int keys_from(const fa_kparams &p, int kvs)
+{
+#if FA_WIN
+	return p.Sk - kvs;
+#else
+	(void)kvs;
+	return p.Sk;
+#endif
+}
 __device__ __forceinline__ void load_prologue(const fa_kparams &p, in_t *sQ, in_t *sK, in_t *sV,
                                               const qin_t *Qg, const in_t *Kg, const in_t *Vg,
-                                              int q0, int ntiles)
+                                              int q0, int ntiles, int kvs)
 {
 #if QCVT
 	load_q_f32(sQ, Qg, p.qs[1], p.Sq - q0);
@@ -462,16 +505,16 @@ __device__ __forceinline__ void load_prologue(const fa_kparams &p, in_t *sQ, in_
 	for (int s = 0; s < FA_STAGES - 1; s++) {
 		if (s < ntiles)
 			load_tile<FA_BC, LDK>(sK + s * SMEM_K, Kg + (long long)s * FA_BC * p.ks[1],
-			                      p.ks[1], p.Sk - s * FA_BC);
+			                      p.ks[1], keys_from(p, kvs) - s * FA_BC);
 		cp_async_commit();
 		if (s < ntiles)
 			load_tile<FA_BC, LDV>(sV + s * SMEM_V, Vg + (long long)s * FA_BC * p.vs[1],
-			                      p.vs[1], p.Sk - s * FA_BC);
+			                      p.vs[1], keys_from(p, kvs) - s * FA_BC);
 		cp_async_commit();
 	}
 	if (FA_STAGES == 1) { /* one buffer each: K_0 now, V_j at the top of step j */
 		if (ntiles > 0)
-			load_tile<FA_BC, LDK>(sK, Kg, p.ks[1], p.Sk);
+			load_tile<FA_BC, LDK>(sK, Kg, p.ks[1], keys_from(p, kvs));
 		cp_async_commit();
 	}
 }
@@ -624,6 +667,48 @@ __device__ __forceinline__ void mask_scores(float (&s)[SRT][SNJ][4], const fa_kp
 				}
 	}
 }
+
+#if FA_WIN
+/* FA_WIN: the window's edges (the mask folded in) and the key tail masked, only in the steps
+ * whose tile an edge crosses for some row of the block. kv0: the tile's first key (absolute). */
+__device__ __forceinline__ void mask_scores_win(float (&s)[SRT][SNJ][4], const fa_kparams &p,
+                                                int kv0, int q0, int srow, int kbase, int g,
+                                                int t)
+{
+	const bool need_mask = kv0 + FA_BC > p.Sk || kv0 - (q0 + BR - 1) < p.win_lo ||
+	                       kv0 + FA_BC - 1 - q0 > p.win_hi;
+	if (need_mask) {
+#pragma unroll
+		for (int r = 0; r < SRT; r++)
+#pragma unroll
+			for (int n = 0; n < SNJ; n++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					int row = q0 + srow + r * 16 + g + (e >> 1) * 8;
+					int col = kv0 + kbase + n * 8 + 2 * t + (e & 1);
+					if (!fa_win_sees(row, col, p.Sk, p.win_lo, p.win_hi))
+						s[r][n][e] = NEG_INF;
+				}
+	}
+}
+#endif
+
+#if FA_SOFTCAP
+/* FA_SOFTCAP: the raw scores capped (before the mask) and taken to the log2 domain; tanhf where
+ * the tolerance is fp32's (ieee, 3xtf32), the MUFU form elsewhere (fa_device.cuh). */
+#define CAP_ACCURATE (FA_IN == 3 && FA_PREC != 3)
+__device__ __forceinline__ void softcap_scores(float (&s)[SRT][SNJ][4], const fa_kparams &p)
+{
+#pragma unroll
+	for (int r = 0; r < SRT; r++)
+#pragma unroll
+		for (int n = 0; n < SNJ; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				s[r][n][e] = fa_softcap2<CAP_ACCURATE>(s[r][n][e], p.scale_cap,
+				                                        p.cap_log2);
+}
+#endif
 
 /* ---------------------------------------------------------------------------------------------
  * Stage: the online softmax on raw scores (sl > 0: a negative scale negated Q): new row max,
@@ -1000,18 +1085,35 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	const in_t *Kg = (const in_t *)p.k + b * p.ks[0] + hk * p.ks[2];
 	const in_t *Vg = (const in_t *)p.v + b * p.vs[0] + hk * p.vs[2];
 
+#if FA_WIN
+	/* The keys [klo, khi) some row of the block sees: the loop walks the tiles from the one of
+	 * klo (kvs) to the one of khi - 1, so its time is the window's, not the sequence's. */
+	(void)off;
+	const long long klo = max(0LL, (long long)q0 + p.win_lo);
+	const long long khi = min((long long)p.Sk, (long long)min(q0 + BR, p.Sq) - 1 + p.win_hi + 1);
+	const int kvs = khi > klo ? (int)(klo / FA_BC) * FA_BC : 0;
+	int ntiles = khi > klo ? (int)((khi - kvs + FA_BC - 1) / FA_BC) : 0;
+	Kg += (long long)kvs * p.ks[1];
+	Vg += (long long)kvs * p.vs[1];
+#else
+	const int kvs = 0;
 	int ntiles = (p.Sk + FA_BC - 1) / FA_BC;
 	if (FA_MASK) {
 		int lim = min(q0 + BR, p.Sq) - 1 + off; /* the last key any row of this block sees */
 		ntiles = lim < 0 ? 0 : min(ntiles, lim / FA_BC + 1);
 	}
+#endif
 
-	load_prologue(p, sQ, sK, sV, Qg, Kg, Vg, q0, ntiles);
+	load_prologue(p, sQ, sK, sV, Qg, Kg, Vg, q0, ntiles, kvs);
 
 	/* A negative scale: negate Q in shared memory (exact), so that the row max of the raw
 	 * scores is the max of the scaled ones (QREG: in its registers, below). The barrier at the
 	 * top of the first step publishes the flipped words. */
+#if FA_SOFTCAP
+	const float sl = 1.f; /* softcap_scores left the scores in the log2 domain */
+#else
 	const float sl = p.scale_log2;
+#endif
 	if (!QREG && p.neg_scale) {
 		cp_async_wait<2 * (FA_STAGES - 1)>(); /* Q has landed (this thread's part) */
 		__syncthreads();                      /* ... everyone's */
@@ -1087,6 +1189,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 #endif
 	kv_ring ring;
 	kv_ring_init(ring, sK, sV, Kg, Vg, p, tid);
+#if FA_WIN
+	ring.kvs = kvs;
+#endif
 
 	for (int j = 0; j < ntiles; j++) {
 		load_kv_step(ring, p, j, ntiles);
@@ -1121,7 +1226,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 		op32 qa[FA_RT][4];
 		qk_32(s, qa, sQ, cK, wrow, g, t);
 #endif
+#if FA_SOFTCAP
+		softcap_scores(s, p);
+#endif
+#if FA_WIN
+		mask_scores_win(s, p, kvs + j * FA_BC, q0, srow, kbase, g, t);
+#else
 		mask_scores(s, p, j * FA_BC, q0, off, srow, kbase, g, t);
+#endif
 
 		float mxp[SRT][2];
 #if PAIR

@@ -18,6 +18,8 @@
  *   FA_STAGES  K/V pipeline depth (2 or 3; 16-bit with 3 runs FA3's intra-warpgroup overlap:
  *              the softmax of tile j+1 while P_j V_j is on the tensor cores)
  *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_fwd.cu)
+ *   FA_WIN     1: the sliding window, FA_SOFTCAP 1: logit softcapping, as attn_fwd.cu (the
+ *              block walks only its window's tiles; 0, the default, changes nothing)
  *
  * Why a second kernel: mma.sync caps tf32 at 321 TFLOP/s on the H200, 3xtf32 at 107 and bf16 at
  * 642; wgmma (warpgroup MMA, operands from shared memory by descriptor) reaches 495 for tf32 and
@@ -98,6 +100,12 @@
 #ifndef FA_MASK
 #define FA_MASK 0
 #endif
+#ifndef FA_WIN
+#define FA_WIN 0
+#endif
+#ifndef FA_SOFTCAP
+#define FA_SOFTCAP 0
+#endif
 
 #define BR (64 * FA_NWG)
 #define NT (128 * FA_NWG)
@@ -149,7 +157,18 @@ struct fa_wgparams {
 	int skp;                        /* keys of one (batch, kv head) image: Sk rounded up to FA_BC */
 	float scale_log2;               /* |scale| * log2(e) */
 	int neg_scale;                  /* scale < 0: Q is negated */
+	int win_lo, win_hi;             /* FA_WIN: key j visible to query i iff win_lo <= j - i <= win_hi */
+	float scale_cap, cap_log2;      /* FA_SOFTCAP: |scale| / cap, cap log2(e) */
 };
+
+/* The window's and softcap's parameters handed to softmax_tile in their specialisations only. */
+#if FA_WIN || FA_SOFTCAP
+#define MX_ARG , p
+#define MX_PARAM , const fa_wgparams &p
+#else
+#define MX_ARG
+#define MX_PARAM
+#endif
 
 /* fa_wg_prep's parameters; mirrored by struct fa_wgprep in gpu_cuda.c. */
 struct fa_wgprep {
@@ -488,13 +507,33 @@ extern "C" __global__ void fa_wg_prep(const fa_wgprep p)
 
 /* Tile j's scores s (rows wrow0 + r0 and + 8 of the warpgroup): key tails and the causal edge
  * masked, then the online softmax: row maxima mrow and sums lrow updated, s turned into P in
- * place, alpha the factor O is to be rescaled by. Scores in raw units (sl > 0). */
+ * place, alpha the factor O is to be rescaled by. Scores in raw units (sl > 0; FA_SOFTCAP:
+ * capped first, then in the log2 domain with sl = 1). FA_WIN: j is the absolute tile, the
+ * window's edges masked where they cross the warpgroup's rows. */
 __device__ __forceinline__ void softmax_tile(float (&s)[NSACC], int j, int wrow0, int r0, int c,
                                              int Sk, int off, float sl, float (&mrow)[2],
-                                             float (&lrow)[2], float (&alpha)[2])
+                                             float (&lrow)[2], float (&alpha)[2] MX_PARAM)
 {
 	const int kv0 = j * FA_BC;
 	const int rowb = wrow0 + r0;
+#if FA_SOFTCAP
+#pragma unroll
+	for (int i = 0; i < NSACC; i++)
+		s[i] = fa_softcap2<(FA_IN == 3 && FA_PREC == 2)>(s[i], p.scale_cap, p.cap_log2);
+#endif
+#if FA_WIN
+	(void)off;
+	if (kv0 + FA_BC > Sk || kv0 - (wrow0 + 63) < p.win_lo || kv0 + FA_BC - 1 - wrow0 > p.win_hi) {
+#pragma unroll
+		for (int n = 0; n < NBLK; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const int row = rowb + (e >> 1) * 8, col = kv0 + n * 8 + 2 * c + (e & 1);
+				if (!fa_win_sees(row, col, Sk, p.win_lo, p.win_hi))
+					s[4 * n + e] = NEG_INF;
+			}
+	}
+#else
 	if (kv0 + FA_BC > Sk || (FA_MASK && kv0 + FA_BC - 1 > wrow0 + off)) {
 #pragma unroll
 		for (int n = 0; n < NBLK; n++)
@@ -505,6 +544,7 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NSACC], int j, int wrow0
 					s[4 * n + e] = NEG_INF;
 			}
 	}
+#endif
 #pragma unroll
 	for (int hh = 0; hh < 2; hh++) {
 		float mx = mrow[hh];
@@ -862,6 +902,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 	const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
 	const int q0 = mb * BR;
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
+#if FA_WIN
+	/* The tiles jt0 .. jt0 + ntiles - 1 hold the keys [klo, khi) some row of the block sees:
+	 * the images are read from tile jt0 on (img), so the time is the window's. */
+	const long long klo = max(0LL, (long long)q0 + p.win_lo);
+	const long long khi = min((long long)p.Sk, (long long)min(q0 + BR, p.Sq) - 1 + p.win_hi + 1);
+	const int jt0 = khi > klo ? (int)(klo / FA_BC) : 0;
+	int ntiles = khi > klo ? (int)((khi + FA_BC - 1) / FA_BC) - jt0 : 0;
+	const long long img = ((long long)b * p.Hkv + hk) * p.skp * DP + (long long)jt0 * TILE;
+#else
+	const int jt0 = 0;
 	const long long img = ((long long)b * p.Hkv + hk) * p.skp * DP;
 
 	int ntiles = (p.Sk + FA_BC - 1) / FA_BC;
@@ -869,6 +919,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 		int lim = min(q0 + BR, p.Sq) - 1 + off; /* the last key any row of this block sees */
 		ntiles = lim < 0 ? 0 : min(ntiles, lim / FA_BC + 1);
 	}
+#endif
 
 	load_q(p, sQ, tid, q0, b, h);
 	/* The K/V load stage bound to this block's ring. Called through this lambda, as the kernel
@@ -891,7 +942,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 	qlo_frags qlo;
 	prep_q(p, sQw, tid, r0, c, qlo);
 
+#if FA_SOFTCAP
+	const float sl = 1.f; /* softmax_tile caps the scores into the log2 domain */
+#else
 	const float sl = p.scale_log2;
+#endif
 	float acc[NOACC];
 #pragma unroll
 	for (int i = 0; i < NOACC; i++)
@@ -914,7 +969,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 		issue_s(sc, qlo, 0, qaddr, smem_u32(sKV), 0);
 		wg_wait_acc<0>(sc);
 		float alpha[2];
-		softmax_tile(sc, 0, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha);
+		softmax_tile(sc, jt0 + 0, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha MX_ARG);
 		make_p(sc, pc, pl, x);
 	}
 	/* Steps 0 .. ntiles - 2 (the S of the next tile issued unconditionally: with a branch
@@ -930,7 +985,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 		issue_pv(acc, pc, smem_u32(sKV + (j % FA_STAGES) * NT_KV * TILE + TILE));
 		wg_wait_acc<1>(sn); /* S_{j+1}; P_j V_j may still run */
 		float alpha[2];
-		softmax_tile(sn, j + 1, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha);
+		softmax_tile(sn, jt0 + j + 1, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha MX_ARG);
 		u32 pn[NSTEP_P][4];
 		make_p(sn, pn, pl, x);
 		wg_wait_acc<0>(acc); /* P_j V_j */
@@ -958,7 +1013,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 		issue_s(s, qlo, j, qaddr, kaddr, kladdr);
 		wg_wait_acc<0>(s);
 		float alpha[2];
-		softmax_tile(s, j, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha);
+		softmax_tile(s, jt0 + j, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha MX_ARG);
 		rescale_o(acc, alpha);
 		u32 ph[NSTEP_P][4];
 		plo_frags pl;

@@ -96,6 +96,15 @@ static inline bool fa_attn_allows(const struct fa_attn_fwd_desc *d, int64_t Sq, 
 	return j >= lo && j < hi;
 }
 
+/* Whether d's window bounds either side under fa_attn_key_range's rule (left >= 0 and below
+ * Sk + Sq, right >= 0 and below Sk): the GPU kernels run a window that bounds nothing (say (-1,
+ * -1)) as none. */
+static inline bool fa_attn_window_active(const struct fa_attn_fwd_desc *d)
+{
+	return d->window && ((d->window_left >= 0 && d->window_left < d->Sk + d->Sq) ||
+	                     (d->window_right >= 0 && d->window_right < d->Sk));
+}
+
 /* Check a descriptor's own consistency (not memory): dtype, mask and precision values; sizes >= 1;
  * D a multiple of 8 in [8, 256]; Hq a multiple of Hkv; strides >= 0; scale finite and nonzero;
  * softcap finite and >= 0 (any window values are valid).

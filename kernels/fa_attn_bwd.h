@@ -46,7 +46,8 @@ struct fa_attn_bwd_desc {
  * 0; truncated, always terminated). Pure; thread-safe. */
 fa_status fa_attn_bwd_check(const struct fa_attn_bwd_desc *d, char *err, size_t errlen);
 
-/* The CPU reference (the daemon's CPU backend): float64 throughout, reading O in fwd.dtype and lse
+/* The CPU reference (the daemon's CPU backend), with fwd's sliding window and softcap (dS of the
+ * capped score times 1 - tanh^2, the derivative of cap tanh(s / cap)): float64 throughout, reading O in fwd.dtype and lse
  * as fp32 [B, Hq, Sq] through fwd.o_stride and fwd.lse_stride, writing dQ, dK, dV in fwd.dtype
  * (rounded once from float64, as fa_store_elem does). Computes the (batch, kv-head) pairs bkv in
  * [bkv_begin, bkv_end) of B*Hkv: the unit that owns a dK/dV slice, so a thread pool can split the

@@ -194,4 +194,34 @@ __device__ __forceinline__ void fa_st_release(int *p, int v)
 	asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+/* ---- sliding window and logit softcapping (fa_attn.h), shared by every kernel -------------- */
+
+/* A raw score x (Q already negated for a negative scale) softcapped and in the log2 domain:
+ * cap log2(e) tanh(x |scale| / cap), so the softmax runs on it with unit scale. Not
+ * tanh.approx.f32: its 2^-11 relative error is a score error of up to 0.025 at cap 50 (2.5% on
+ * P). ACCURATE (the fp32 ieee / 3xtf32 kernels, 1e-5): tanhf, about 2 ulp. Otherwise 1 - 2 / (e^2|x|
+ * + 1) on the MUFU ex2 and rcp: an absolute error near 1e-7, a score error under 1e-5 at cap 50,
+ * far below what the 16-bit P and tf32 tolerate, and fewer instructions than tanhf's
+ * polynomial and branch. */
+template <bool ACCURATE>
+__device__ __forceinline__ float fa_softcap2(float x, float scale_cap, float cap_log2)
+{
+	const float y = x * scale_cap;
+	if (ACCURATE)
+		return cap_log2 * tanhf(y);
+	const float e = fast_exp2(fabsf(y) * 2.8853900817779268f); /* e^(2|y|); inf -> tanh 1 */
+	float r;
+	asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(e + 1.f));
+	return cap_log2 * copysignf(fmaf(-2.f, r, 1.f), y);
+}
+
+/* Whether key col is visible to query row under a window resolved by the host: col - row in
+ * [win_lo, win_hi] (the mask and the window folded together, fa_attn_key_range), col < Sk.
+ * The difference of two ints below 2^30 cannot overflow. */
+__device__ __forceinline__ bool fa_win_sees(int row, int col, int Sk, int win_lo, int win_hi)
+{
+	const int d = col - row;
+	return col < Sk && d >= win_lo && d <= win_hi;
+}
+
 #endif /* FA_DEVICE_CUH */

@@ -41,6 +41,9 @@ struct fa_kernel_spec {
 	int D;                  /* head dim */
 	fa_mask mask;
 	struct fa_tile tile;    /* path, nw, rt, bc, stages (smem is recomputed) */
+	/* fa_kernel_spec_mask_ext: the sliding window (FA_WIN) and logit softcapping (FA_SOFTCAP)
+	 * specialisations; false (fa_kernel_spec_make's zero) compiles today's kernels unchanged */
+	bool window, softcap;
 };
 
 /* The specialisation that serves (dtype, precision, D, mask) with `tile` on architecture sm.
@@ -48,6 +51,12 @@ struct fa_kernel_spec {
  * converts K and V). */
 void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_precision prec, int D,
                          fa_mask mask, const struct fa_tile *tile);
+
+/* Set s's window and softcap flags from d (fa_attn_window_active of fa_attn.h, softcap > 0), after
+ * fa_kernel_spec_make: the specialisations that serve them (the forward, wgmma, decode and
+ * backward kernels all take both). */
+void fa_kernel_spec_mask_ext(struct fa_kernel_spec *s, const struct fa_attn_fwd_desc *d);
+#define FA_KERNEL_SPEC_MASK_EXT 1 /* the fields above exist (tools/sass-dump.c builds on older trees) */
 
 /* The CUDA source a specialisation compiles: attn_fwd.cu, or attn_fwd_sm90.cu on the wgmma
  * paths (fa_kpath_is_wg). Static storage. */
@@ -88,7 +97,7 @@ fa_status fa_nvrtc_compile(struct fa_nvrtc *n, const struct fa_kernel_spec *s, v
 /* The NVRTC option list of a specialisation as n compiles it, in the order the compile passes
  * it: -arch, the -D specialisation macros, and the tokens of n's FA_NVRTC_EXTRA (experiments;
  * none when n is NULL). The disk cache hashes exactly this list (fa_diskcache.h). */
-#define FA_NVRTC_MAX_OPTS 17
+#define FA_NVRTC_MAX_OPTS 19
 struct fa_nvrtc_opts {
 	int n;
 	char v[FA_NVRTC_MAX_OPTS][48];

@@ -77,6 +77,12 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	fa_status st = fa_attn_bwd_check(d, err, errlen);
 	if (st != FA_OK)
 		return st;
+	/* the reference and the CPU backend take them; attn_bwd.cu does not yet: refused, never
+	 * ignored */
+	if (d->fwd.window || d->fwd.softcap != 0)
+		return fa_err(err, errlen, FA_ENOTSUP,
+		              "the sliding window and softcap are not yet in the GPU backward kernels "
+		              "(the CPU reference and backend take them)");
 	if (!p || !p->q || !p->k || !p->v || !p->o || !p->dout || !p->lse || !p->dq || !p->dk ||
 	    !p->dv)
 		return fa_err(err, errlen, FA_EINVAL,

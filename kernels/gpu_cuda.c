@@ -48,6 +48,15 @@ struct fa_kscale {
 	int neg_scale;    /* scale < 0: the kernel negates Q (exactly) */
 };
 
+/* The sliding window and softcap (FA_WIN, FA_SOFTCAP), at the end of every forward kernel's
+ * parameter block (ints and floats: no padding). Key j is visible to query i iff win_lo <= j - i
+ * <= win_hi. */
+struct fa_kmaskx {
+	int win_lo, win_hi;
+	float scale_cap; /* |scale| / softcap */
+	float cap_log2;  /* softcap * log2(e) */
+};
+
 /* The kernel's parameter block: the same fields, order and types as struct fa_kparams in
  * attn_fwd.cu. */
 struct fa_kparams {
@@ -55,9 +64,11 @@ struct fa_kparams {
 	long long qs[3], ks[3], vs[3], os[3], ls[3];
 	struct fa_kdims dims;
 	struct fa_kscale sc;
+	struct fa_kmaskx mx;
 };
-_Static_assert(sizeof(struct fa_kparams) == 192 && offsetof(struct fa_kparams, dims) == 160 &&
-               offsetof(struct fa_kparams, sc) == 184, "kernel parameter block layout");
+_Static_assert(sizeof(struct fa_kparams) == 208 && offsetof(struct fa_kparams, dims) == 160 &&
+               offsetof(struct fa_kparams, sc) == 184 && offsetof(struct fa_kparams, mx) == 192,
+               "kernel parameter block layout");
 
 /* attn_fwd_sm90.cu's fa_wgparams and fa_wgprep (same order, same types). */
 struct fa_wgparams {
@@ -67,10 +78,12 @@ struct fa_wgparams {
 	struct fa_kdims dims;
 	int skp;
 	struct fa_kscale sc;
+	struct fa_kmaskx mx;
 };
 _Static_assert(offsetof(struct fa_wgparams, dims) == 128 &&
                offsetof(struct fa_wgparams, skp) == 152 && offsetof(struct fa_wgparams, sc) == 156 &&
-               sizeof(struct fa_wgparams) == 168, "wgmma kernel parameter block layout");
+               offsetof(struct fa_wgparams, mx) == 164 && sizeof(struct fa_wgparams) == 184,
+               "wgmma kernel parameter block layout");
 struct fa_wgprep {
 	uint64_t k, v;
 	uint64_t kh, kl, vh, vl;
@@ -86,10 +99,11 @@ struct fa_dparams {
 	struct fa_kdims dims;
 	struct fa_kscale sc;
 	int nsplit, split_keys, rows, nrc;
+	struct fa_kmaskx mx;
 };
 _Static_assert(offsetof(struct fa_dparams, dims) == 176 && offsetof(struct fa_dparams, sc) == 200 &&
-               offsetof(struct fa_dparams, nsplit) == 208 && sizeof(struct fa_dparams) == 224,
-               "decode kernel parameter block layout");
+               offsetof(struct fa_dparams, nsplit) == 208 && offsetof(struct fa_dparams, mx) == 224 &&
+               sizeof(struct fa_dparams) == 240, "decode kernel parameter block layout");
 
 /* One compiled specialisation. */
 struct kcache_entry {
@@ -273,7 +287,8 @@ static bool spec_same(const struct fa_kernel_spec *a, const struct fa_kernel_spe
 	       a->precision == b->precision && a->D == b->D && a->mask == b->mask &&
 	       a->tile.path == b->tile.path && a->tile.nw == b->tile.nw &&
 	       a->tile.rt == b->tile.rt && a->tile.br == b->tile.br && a->tile.bc == b->tile.bc &&
-	       a->tile.stages == b->tile.stages && a->tile.smem == b->tile.smem;
+	       a->tile.stages == b->tile.stages && a->tile.smem == b->tile.smem &&
+	       a->window == b->window && a->softcap == b->softcap;
 }
 
 /* The compiled function for a specialisation: from the in-memory cache, else a cubin from
@@ -491,6 +506,36 @@ static struct fa_kscale kscale_of(const struct fa_attn_fwd_desc *d)
 	return (struct fa_kscale){(float)(fabs(d->scale) * 1.4426950408889634), d->scale < 0};
 }
 
+/* The window as the range of j - i (fa_attn_key_range's rule with the mask folded in: diagonal
+ * at j - i = a, a = 0 top-left, else Sk - Sq; a side bounds only when >= 0 and below Sk, or
+ * Sk + Sq for the left), clamped to [-Sq - 1, Sk + 1] where j - i lies in [1 - Sq, Sk - 1]:
+ * int-sized for Sq, Sk < 2^30 (the grid check). Unbounded sides get the clamp. */
+static struct fa_kmaskx kmaskx_of(const struct fa_attn_fwd_desc *d)
+{
+	const int64_t a = d->mask == FA_MASK_CAUSAL_TOP_LEFT ? 0 : d->Sk - d->Sq;
+	int64_t lo = -d->Sq - 1, hi = d->Sk + 1;
+	if (d->mask == FA_MASK_CAUSAL_BOTTOM_RIGHT || d->mask == FA_MASK_CAUSAL_TOP_LEFT)
+		hi = a;
+	if (d->window && d->window_right >= 0 && d->window_right < d->Sk && a + d->window_right < hi)
+		hi = a + d->window_right;
+	if (d->window && d->window_left >= 0 && d->window_left < d->Sk + d->Sq)
+		lo = a - d->window_left;
+	if (lo < -d->Sq - 1)
+		lo = -d->Sq - 1;
+	if (hi < -d->Sq - 1)
+		hi = -d->Sq - 1;
+	if (lo > d->Sk + 1)
+		lo = d->Sk + 1;
+	if (hi > d->Sk + 1)
+		hi = d->Sk + 1;
+	struct fa_kmaskx m = {(int)lo, (int)hi, 0.f, 0.f};
+	if (d->softcap > 0) {
+		m.scale_cap = (float)(fabs(d->scale) / d->softcap);
+		m.cap_log2 = (float)(d->softcap * 1.4426950408889634);
+	}
+	return m;
+}
+
 static fa_status launch_wg(struct fa_gpu *g, const struct kcache_entry *ke,
                            const struct fa_kernel_spec *spec, const struct fa_attn_fwd_desc *d,
                            CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
@@ -547,6 +592,7 @@ static fa_status launch_wg(struct fa_gpu *g, const struct kcache_entry *ke,
 		p.dims = kdims_of(d);
 		p.skp = (int)skp;
 		p.sc = kscale_of(d);
+		p.mx = kmaskx_of(d);
 		unsigned gx = (unsigned)((d->Sq + spec->tile.br - 1) / spec->tile.br);
 		void *args[] = {&p};
 		r = g->cu.LaunchKernel(ke->fwd, gx, (unsigned)d->Hq, (unsigned)d->B,
@@ -630,6 +676,7 @@ static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	fa_status st;
 	fa_kernel_spec_make(&spec, g->model.sm, d->dtype, d->precision, (int)d->D, d->mask,
 	                    &dp->tile);
+	fa_kernel_spec_mask_ext(&spec, d);
 	if ((st = fa_gpu_make_current(g, err, errlen)))
 		return st;
 	struct kcache_entry *ke = NULL;
@@ -655,6 +702,7 @@ static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	p.split_keys = dp->split_keys;
 	p.rows = dp->rows;
 	p.nrc = dp->row_chunks;
+	p.mx = kmaskx_of(d);
 	CUdeviceptr scratch = 0;
 	curesult r;
 	if (dp->nsplit > 1) {
@@ -688,9 +736,6 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	fa_status st = fa_attn_fwd_check(d, err, errlen);
 	if (st != FA_OK)
 		return st;
-	if (d->window || d->softcap != 0) /* the kernels know neither yet: refused, never ignored */
-		return fa_err(err, errlen, FA_ENOTSUP,
-		              "the sliding window and softcap are not yet in the GPU kernels");
 	if (d->B > 65535 || d->Hq > 65535 || d->Sq > INT32_MAX / 2 || d->Sk > INT32_MAX / 2) {
 		return fa_err(err, errlen, FA_ESHAPE,
 		              "shape too large for the kernel's grid: B=%lld (max 65535), "
@@ -723,6 +768,7 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	}
 	struct fa_kernel_spec spec;
 	fa_kernel_spec_make(&spec, g->model.sm, d->dtype, d->precision, (int)d->D, d->mask, &t);
+	fa_kernel_spec_mask_ext(&spec, d);
 	if (spec.tile.smem > g->model.smem_optin) {
 		char tb[48];
 		fa_tile_format(&spec.tile, tb, sizeof tb);
@@ -755,6 +801,7 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	}
 	p.dims = kdims_of(d);
 	p.sc = kscale_of(d);
+	p.mx = kmaskx_of(d);
 
 	/* fp32 staged as bf16 (kernels/PERF-NOTES.md, "v6: bf16 staging"): K and V converted into
 	 * bf16 scratch (stream-ordered; one flat pass keeping their strides where they fill their
@@ -823,6 +870,7 @@ fa_status fa_gpu_prepare(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
 	}
 	struct fa_kernel_spec spec;
 	fa_kernel_spec_make(&spec, g->model.sm, d->dtype, d->precision, (int)d->D, d->mask, &t);
+	fa_kernel_spec_mask_ext(&spec, d);
 	if ((st = fa_gpu_make_current(g, err, errlen)))
 		return st;
 	struct kcache_entry *ke;
@@ -875,6 +923,7 @@ fa_status fa_gpu_kernel_lookup(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 		return st;
 	struct fa_kernel_spec spec;
 	fa_kernel_spec_make(&spec, g->model.sm, d->dtype, d->precision, (int)d->D, d->mask, &t);
+	fa_kernel_spec_mask_ext(&spec, d);
 	fa_kernel_spec_name(&spec, name, namelen);
 	pthread_mutex_lock(&g->lock);
 	for (int i = 0; i < g->ncache && !*ready; i++)

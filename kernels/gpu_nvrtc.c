@@ -175,9 +175,26 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 	s->tile.smem = fa_tile_smem(&s->tile, D);
 }
 
+void fa_kernel_spec_mask_ext(struct fa_kernel_spec *s, const struct fa_attn_fwd_desc *d)
+{
+	s->window = fa_attn_window_active(d);
+	s->softcap = d->softcap > 0;
+}
+
 static const char *short_dt(fa_dtype d)
 {
 	return d == FA_DTYPE_FP16 ? "fp16" : d == FA_DTYPE_BF16 ? "bf16" : "fp32";
+}
+
+/* " win", " cap": the window and softcap specialisations (nothing for the others, so their
+ * names, hence the sass-dump files and log lines, stay as they were). */
+static void name_ext(const struct fa_kernel_spec *s, char *buf, size_t len)
+{
+	size_t n = strlen(buf);
+	if (s->window && n < len)
+		n += (size_t)snprintf(buf + n, len - n, " win");
+	if (s->softcap && n < len)
+		snprintf(buf + n, len - n, " cap");
 }
 
 void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
@@ -192,6 +209,7 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 		         s->in == FA_DTYPE_FP32 ? fa_prec_name(s->precision) : "", s->D,
 		         s->mask == FA_MASK_NONE ? "nomask" : s->mask == FA_MASK_CAUSAL_TOP_LEFT ? "causal-tl" : "causal-br",
 		         tb + 4);
+		name_ext(s, buf, len);
 		return;
 	}
 	const bool p32 = s->in == FA_DTYPE_FP32 && !fa_kpath_is_decode(s->tile.path);
@@ -199,6 +217,7 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 	         short_dt(s->out), p32 ? " " : "", p32 ? fa_prec_name(s->precision) : "", s->D,
 	         s->mask == FA_MASK_NONE ? "nomask" : s->mask == FA_MASK_CAUSAL_TOP_LEFT ? "causal-tl" : "causal-br",
 	         tb);
+	name_ext(s, buf, len);
 }
 
 /* Read "<n> bytes stack frame, <n> bytes spill stores, <n> bytes spill loads" and "Used <n>
@@ -275,7 +294,7 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
-		goto extra;
+		goto ext;
 	}
 	if (fa_kpath_is_decode(s->tile.path)) { /* attn_decode.cu's macros */
 		snprintf(o->v[k++], sizeof o->v[0], "-arch=sm_%d", s->sm);
@@ -287,7 +306,7 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_DR=%d", s->tile.br);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
-		goto extra;
+		goto ext;
 	}
 	snprintf(o->v[k++], sizeof o->v[0], wg ? "-arch=sm_%da" : "-arch=sm_%d", s->sm);
 	snprintf(o->v[k++], sizeof o->v[0], "-std=c++17");
@@ -314,10 +333,16 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 	 * keys) stay */
 	if (!wg && qin != in)
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_QIN=%d", qin);
+	/* the window and softcap specialisations: only where asked, so that the other option
+	 * lists (and cache keys) stay */
+ext:
+	if (s->window)
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_WIN=1");
+	if (s->softcap)
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_SOFTCAP=1");
 	/* Experiments only (tools/perf-variants.sh, kernels/PERF-NOTES.md): extra -D options from
 	 * the settings' FA_NVRTC_EXTRA ("-DX=1 -DY=2"), at most 4, each cut to 47 bytes. They are
 	 * part of the option list, hence of the disk cache's key. */
-extra:;
 	const char *extra = n ? n->extra : "";
 	int ne = 0;
 	if (*extra) {

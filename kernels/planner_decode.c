@@ -210,6 +210,16 @@ fa_status fa_plan_decode(const struct fa_device_model *dev, const struct fa_attn
 	int64_t keys = d->Sk;
 	if (d->mask == FA_MASK_CAUSAL_TOP_LEFT && d->Sq < keys)
 		keys = d->Sq;
+	if (fa_attn_window_active(d)) {
+		/* a window: from the tile of the first key row 0 sees to the last key the last row
+		 * sees (attn_decode.cu starts a block's splits at its first window tile) */
+		int64_t lo0, hi0, lo1, hi1;
+		fa_attn_key_range(d, d->Sq, d->Sk, 0, &lo0, &hi0);
+		fa_attn_key_range(d, d->Sq, d->Sk, d->Sq - 1, &lo1, &hi1);
+		keys = hi1 - lo0 / DEC_BC * DEC_BC;
+		if (keys < 1)
+			keys = 1;
+	}
 	const int64_t tiles = (keys + DEC_BC - 1) / DEC_BC;
 	const int64_t pairs = d->B * d->Hkv * out->row_chunks;
 	/* Waves of one block per SM: one block keeps enough K/V in flight for its SM's share of the

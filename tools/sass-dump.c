@@ -11,6 +11,8 @@
  *                                  and options for the virtual target (compute_90a for
  *                                  sm_90a), no ptxas; identical PTX means identical SASS, and
  *                                  it needs no nvdisasm (compare with cmp)
+ *   SASS_DUMP_USAGE=1 sass-dump OUTDIR [SUBSTRING]
+ *                                  cubins, and ptxas' registers, spills and stack per kernel
  *
  * The list covers every path (mma.sync fp16, bf16, fp32 ieee / 3xtf32 / tf32 / bf16 staging;
  * wgmma tf32, 3xtf32, 16-bit two-stage and overlapped), padded and unpadded head dims, the three
@@ -127,6 +129,10 @@ static fa_status ptx_compile(struct job *j, char **ptx, size_t *len)
 	return st;
 }
 
+/* The window and softcap specialisations of the next add() calls (their names end in "win",
+ * "cap"; the default ones are named as before, so trees without them compare). */
+static bool ext_win, ext_cap;
+
 static void add(int sm, fa_dtype dt, fa_precision p, int D, fa_mask m, int path, int nw, int rt,
                 int bc, int stages, const char *filter)
 {
@@ -137,9 +143,15 @@ static void add(int sm, fa_dtype dt, fa_precision p, int D, fa_mask m, int path,
 	t.rt = rt;
 	t.bc = bc;
 	t.stages = stages;
+	if (fa_kpath_is_decode(path))
+		t.br = rt; /* the decode tiles' packed rows per block */
 	struct job *j = &jobs[njobs];
 	memset(j, 0, sizeof *j);
 	fa_kernel_spec_make(&j->spec, sm, dt, p, D, m, &t);
+#ifdef FA_KERNEL_SPEC_MASK_EXT
+	j->spec.window = ext_win;
+	j->spec.softcap = ext_cap;
+#endif
 	fa_kernel_spec_name(&j->spec, j->name, sizeof j->name);
 	for (char *c = j->name; *c; c++)
 		if (*c == ' ' || *c == '>' || *c == '+')
@@ -167,7 +179,13 @@ static void *worker(void *arg)
 		if (want_ptx)
 			j->st = ptx_compile(j, (char **)&cubin, &sz);
 		else
-			j->st = fa_nvrtc_compile(nv, &j->spec, &cubin, &sz, NULL, j->err, sizeof j->err);
+		{
+			struct fa_kernel_usage u;
+			j->st = fa_nvrtc_compile(nv, &j->spec, &cubin, &sz, &u, j->err, sizeof j->err);
+			if (j->st == FA_OK && getenv("SASS_DUMP_USAGE"))
+				fprintf(stderr, "%s: %d registers, %d bytes spill stores, %d stack\n",
+				        j->name, u.regs, u.spill_stores, u.stack);
+		}
 		if (j->st != FA_OK)
 			continue;
 		char path[4096];
@@ -257,6 +275,41 @@ int main(int argc, char **argv)
 				    4 * x[0], 1, x[1], x[2], filter);
 			}
 	}
+#ifdef FA_KERNEL_SPEC_MASK_EXT
+	/* the sliding window and softcap (FA_WIN, FA_SOFTCAP): mma.sync (every kind, a pair tile),
+	 * wgmma (tf32, 3xtf32, 16-bit two-stage and overlapped) and decode, each flag alone and
+	 * both; then the decode kernels without them (their default PTX) */
+	for (int x = 1; x < 4; x++) {
+		ext_win = x & 1;
+		ext_cap = x & 2;
+		for (int d = 0; d < 6; d++) {
+			int path = fa_plan_path(kinds[d].dt, kinds[d].p);
+			add(90, kinds[d].dt, kinds[d].p, 128, (fa_mask)(x % 3), path, 4, 2, 64, 2, filter);
+			add(90, kinds[d].dt, kinds[d].p, 64, (fa_mask)((x + 1) % 3), path, 4, 1, 32, 3,
+			    filter);
+			if (kinds[d].dt != FA_DTYPE_FP32 || kinds[d].p == FA_PREC_BF16)
+				add(90, kinds[d].dt, kinds[d].p, 256, FA_MASK_NONE, FA_KPATH_16, 8, 1, 64,
+				    2, filter);
+			if (kinds[d].p != FA_PREC_IEEE) {
+				add(90, kinds[d].dt, kinds[d].p, 128, (fa_mask)(x % 3), FA_KPATH_WG16, 8,
+				    1, 64, 2, filter);
+				add(90, kinds[d].dt, kinds[d].p, 64, FA_MASK_NONE, FA_KPATH_WG16, 4, 1, 64,
+				    3, filter);
+			}
+		}
+	}
+	for (int x = 0; x < 4; x++) {
+		ext_win = x & 1;
+		ext_cap = x & 2;
+		add(90, FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, (fa_mask)(x % 3), FA_KPATH_DEC16, 4, 16,
+		    16, 3, filter);
+		add(90, FA_DTYPE_FP16, FA_PREC_DEFAULT, 64, FA_MASK_NONE, FA_KPATH_DEC16, 2, 32, 16, 2,
+		    filter);
+		add(90, FA_DTYPE_FP32, FA_PREC_DEFAULT, 128, (fa_mask)((x + 1) % 3), FA_KPATH_DEC32, 4,
+		    4, 16, 3, filter);
+	}
+	ext_win = ext_cap = false;
+#endif
 
 	/* SASS_DUMP_LIST=1: print "name<TAB>source<TAB>options" per specialisation, compile nothing */
 	const char *ls = getenv("SASS_DUMP_LIST");

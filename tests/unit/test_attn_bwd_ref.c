@@ -317,6 +317,49 @@ static void test_bwd_ref_matches_finite_differences_with_causal_top_left(void **
 	run_fd_cases(FA_MASK_CAUSAL_TOP_LEFT);
 }
 
+/* The sliding window (masks combined, (0, 0), one side unbounded) and the softcap (alone and
+ * with a window), against finite differences of the forward reference, which applies both. */
+static void test_bwd_ref_matches_finite_differences_with_windows_and_softcap(void **state)
+{
+	(void)state;
+	static const struct {
+		fa_mask mask;
+		bool window;
+		int64_t wl, wr;
+		double cap;
+	} w[] = {
+		{FA_MASK_NONE, true, 0, 0, 0},
+		{FA_MASK_NONE, true, 1, 1, 0},
+		{FA_MASK_CAUSAL_BOTTOM_RIGHT, true, 2, -1, 0},
+		{FA_MASK_CAUSAL_TOP_LEFT, true, -1, 1, 0},
+		{FA_MASK_NONE, false, 0, 0, 2.5},
+		{FA_MASK_CAUSAL_BOTTOM_RIGHT, true, 1, 0, 0.8},
+	};
+	static const struct fd_case cases[] = {
+		{1, 3, 5, 4, 2, 8, false, false, 0},
+		{2, 5, 3, 2, 2, 16, true, false, 0.7},
+		{1, 4, 4, 2, 1, 8, false, true, -0.9},
+	};
+	for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+		for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+			const struct fd_case *k = &cases[c];
+			struct bprob p;
+			bprob_init(&p, FA_DTYPE_FP32, k->B, k->Sq, k->Sk, k->Hq, k->Hkv, k->D, w[i].mask,
+			           k->bhsd, k->grad_bhsd, k->scale);
+			p.d.fwd.window = w[i].window;
+			p.d.fwd.window_left = w[i].wl;
+			p.d.fwd.window_right = w[i].wr;
+			p.d.fwd.softcap = w[i].cap;
+			bprob_fill(&p, 300 + 10 * i + c);
+			bprob_run(&p);
+			double *o64 = xcalloc(p.nq, sizeof(double));
+			for (int t = 0; t < 3; t++)
+				check_fd(&p, t, o64);
+			free(o64);
+			bprob_free(&p);
+		}
+}
+
 /* ---- masked rows and keys ---------------------------------------------------------------- */
 
 /* Only bottom-right alignment with Sq > Sk hides every key from a row (rows i < Sq - Sk); top-left
@@ -596,11 +639,11 @@ static void test_bwd_ref_bkv_split_matches_one_call(void **state)
 }
 
 /* Scratch words of a call, as attn_bwd_ref.c counts them: a block of br = min(Sq, 32) rows at
- * D <= 64 (3 br D + 3 br) plus 4 D per key. */
+ * D <= 64 (3 br D + 4 br: Q, dO, dQ, delta, lse and each row's key range) plus 4 D per key. */
 static size_t bwd_words(int64_t Sq, int64_t D, int64_t keys)
 {
 	size_t br = (size_t)(Sq < 32 ? Sq : 32);
-	return 3 * br * (size_t)D + 3 * br + 4 * (size_t)D * (size_t)keys;
+	return 3 * br * (size_t)D + 4 * br + 4 * (size_t)D * (size_t)keys;
 }
 
 /* Key chunks of 1, 2 and 3 keys (two passes) give the bits of one chunk (one pass). */
@@ -770,6 +813,7 @@ int main(void)
 		cmocka_unit_test(test_bwd_ref_matches_finite_differences_without_mask),
 		cmocka_unit_test(test_bwd_ref_matches_finite_differences_with_causal_bottom_right),
 		cmocka_unit_test(test_bwd_ref_matches_finite_differences_with_causal_top_left),
+		cmocka_unit_test(test_bwd_ref_matches_finite_differences_with_windows_and_softcap),
 		cmocka_unit_test(test_bwd_ref_fully_masked_rows_get_zero_and_give_nothing),
 		cmocka_unit_test(test_bwd_ref_rows_with_minus_inf_lse_contribute_nothing),
 		cmocka_unit_test(test_bwd_ref_keys_no_row_sees_get_zero_gradients),
