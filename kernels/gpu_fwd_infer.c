@@ -66,6 +66,37 @@ static fa_status check_index(const struct fa_attn_infer_desc *d, const struct fa
 	return FA_OK;
 }
 
+fa_status fa_plan_fwd_infer(const struct fa_device_model *dev, const struct fa_kernel_settings *ks,
+                            const struct fa_attn_fwd_desc *d, int64_t Sq, int64_t Sk, int layout,
+                            struct fa_kernel_spec *spec, char *err, size_t errlen)
+{
+	struct fa_attn_fwd_desc pd = *d;
+	pd.Sq = Sq > 0 ? Sq : 1;
+	pd.Sk = Sk > 0 ? Sk : 1;
+	struct fa_kernel_settings k = ks ? *ks : *fa_kernel_settings_default();
+	k.wgmma = false;
+	struct fa_plan_req req;
+	fa_plan_req_from_desc(&pd, &req);
+	req.ks = &k;
+	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+	int n = 0;
+	fa_status st = fa_plan(dev, &req, t, FA_PLAN_MAX_CANDIDATES, &n, err, errlen);
+	if (st != FA_OK)
+		return st;
+	int pick = 0;
+	if (layout == FA_KLAYOUT_PAGED)
+		for (int i = 0; i < n; i++)
+			if (t[i].regs < 250 && !(t[i].path == FA_KPATH_32 && t[i].bc == 128) &&
+			    t[i].smem + fa_klayout_smem(&t[i], layout) <= dev->smem_optin) {
+				pick = i;
+				break;
+			}
+	fa_kernel_spec_make(spec, dev->sm, d->dtype, d->precision, (int)d->D, d->mask, &t[pick]);
+	spec->layout = layout;
+	spec->tile.smem += fa_klayout_smem(&spec->tile, layout);
+	return FA_OK;
+}
+
 fa_status fa_gpu_fwd_infer(struct fa_gpu *g, const struct fa_attn_infer_desc *d,
                            const struct fa_gpu_infer_index *ix, CUdeviceptr q, CUdeviceptr k,
                            CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
@@ -108,23 +139,11 @@ fa_status fa_gpu_fwd_infer(struct fa_gpu *g, const struct fa_attn_infer_desc *d,
 	if (sq == 0)
 		return FA_OK; /* no sequence has a query: nothing to write */
 
-	/* The tile of the longest sequence, on mma.sync (see the head comment). */
-	struct fa_attn_fwd_desc pd = *f;
-	pd.Sq = sq;
-	pd.Sk = sk > 0 ? sk : 1;
-	struct fa_kernel_settings ks = *fa_gpu_settings(g);
-	ks.wgmma = false;
-	struct fa_plan_req req;
-	fa_plan_req_from_desc(&pd, &req);
-	req.ks = &ks;
-	struct fa_tile t;
-	int n = 0;
-	if ((st = fa_plan(fa_gpu_model(g), &req, &t, 1, &n, err, errlen)))
-		return st;
 	struct fa_kernel_spec spec;
-	fa_kernel_spec_make(&spec, fa_gpu_sm(g), f->dtype, f->precision, (int)f->D, f->mask, &t);
-	spec.layout = d->kv == FA_KV_PAGED ? FA_KLAYOUT_PAGED : FA_KLAYOUT_SEQ;
-	spec.tile.smem += fa_klayout_smem(&spec.tile, spec.layout);
+	if ((st = fa_plan_fwd_infer(fa_gpu_model(g), fa_gpu_settings(g), f, sq, sk,
+	                            d->kv == FA_KV_PAGED ? FA_KLAYOUT_PAGED : FA_KLAYOUT_SEQ, &spec,
+	                            err, errlen)))
+		return st;
 	if (spec.tile.smem > fa_gpu_smem_optin(g)) {
 		char tb[48];
 		fa_tile_format(&spec.tile, tb, sizeof tb);

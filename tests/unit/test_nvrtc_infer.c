@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "fa_gpu.h"
+#include "gpu_int.h"
 
 struct job {
 	struct fa_kernel_spec spec;
@@ -57,19 +58,31 @@ static void plan_spec(struct fa_kernel_spec *s, const char *arch, fa_dtype dt, f
 {
 	const struct fa_device_model *dev = fa_device_model_find(arch);
 	assert_non_null(dev);
-	struct fa_kernel_settings ks = FA_KERNEL_SETTINGS_INIT;
-	ks.wgmma = false;
-	struct fa_plan_req r = {.dtype = dt, .precision = p, .D = D, .mask = m, .B = B, .H = 32,
-	                        .Sq = Sq, .Sk = Sk, .ks = &ks};
-	struct fa_tile t;
-	int n = 0;
+	struct fa_attn_fwd_desc d;
+	memset(&d, 0, sizeof d);
+	d.dtype = dt;
+	d.precision = p;
+	d.D = D;
+	d.mask = m;
+	d.B = B;
+	d.Hq = d.Hkv = 32;
 	char err[512];
-	if (fa_plan(dev, &r, &t, 1, &n, err, sizeof err) != FA_OK)
+	if (layout == FA_KLAYOUT_DENSE) { /* the dense launch's first choice, for the options */
+		struct fa_kernel_settings ks = FA_KERNEL_SETTINGS_INIT;
+		ks.wgmma = false;
+		struct fa_plan_req r = {.dtype = dt, .precision = p, .D = D, .mask = m, .B = B,
+		                        .H = 32, .Sq = Sq, .Sk = Sk, .ks = &ks};
+		struct fa_tile t;
+		int n = 0;
+		if (fa_plan(dev, &r, &t, 1, &n, err, sizeof err) != FA_OK)
+			fail_msg("plan %s D=%d: %s", arch, D, err);
+		fa_kernel_spec_make(s, dev->sm, dt, p, D, m, &t);
+		return;
+	}
+	if (fa_plan_fwd_infer(dev, NULL, &d, Sq, Sk, layout, s, err, sizeof err) != FA_OK)
 		fail_msg("plan %s D=%d: %s", arch, D, err);
-	assert_false(fa_kpath_is_wg(t.path));
-	fa_kernel_spec_make(s, dev->sm, dt, p, D, m, &t);
-	s->layout = layout;
-	s->tile.smem += fa_klayout_smem(&s->tile, layout);
+	assert_false(fa_kpath_is_wg(s->tile.path));
+	assert_int_equal(s->layout, layout);
 	assert_true(s->tile.smem <= dev->smem_optin);
 }
 
