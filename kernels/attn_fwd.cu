@@ -29,6 +29,13 @@
  *              mask (cap a runtime parameter); the scores then live in the log2 domain with
  *              unit scale, so the P = ex2(fma(s, scale log2 e, -m)) fold becomes ex2(s - m)
  *              in this specialisation only. 0 (default): unchanged
+ *   FA_LAYOUT  0 (default) one dense batch; 1 sequences of their own lengths (the inference
+ *              layouts of fa_attn_infer.h: packed queries or dense ones, packed keys or a
+ *              contiguous cache with per-sequence lengths), 2 the same with the keys in a paged
+ *              cache. With a layout the kernel takes a second parameter, struct fa_lparams
+ *              (the device copies of the index tables); the grid's x covers the longest
+ *              sequence and blocks past their own sequence's queries exit. Layout 0 compiles to
+ *              the code it always did (no fa_lparams, no lookups).
  *
  * Structure (FlashAttention-2): a block owns BR query rows of one (batch, head); each warp owns
  * 16*RT rows. S = Q K^T with mma.sync, online softmax on fp32 registers (scores kept in the log2
@@ -104,6 +111,33 @@ struct fa_kparams {
 #ifndef FA_SOFTCAP
 #define FA_SOFTCAP 0
 #endif
+#ifndef FA_LAYOUT
+#define FA_LAYOUT 0
+#endif
+#define PAGED (FA_LAYOUT == 2)
+#if FA_LAYOUT && FA_WIN
+#error "FA_WIN with an inference layout: not built yet (fa_gpu_fwd_infer refuses the window)"
+#endif
+#if PAGED && FA_STAGES < 2
+#error "FA_LAYOUT 2 (paged) needs FA_STAGES >= 2: its row table is written a step ahead"
+#endif
+
+#if FA_LAYOUT
+/* The second kernel parameter of the inference layouts; mirrored by struct fa_lparams in
+ * gpu_fwd_infer.c (same order, same types). Device copies of checked index tables: every
+ * offset and page index is within its tensor (fa_attn_infer_check ran on the host copy). */
+struct fa_lparams {
+	const int *cu_q;       /* [B + 1]: sequence b's queries are rows [cu_q[b], cu_q[b+1]) of a
+	                        * packed Q, O and lse; NULL: dense queries, Sq each */
+	const int *cu_k;       /* [B + 1]: packed keys, rows [cu_k[b], cu_k[b+1]); NULL: a cache */
+	const int *seqlens_k;  /* [B]: keys of each sequence in the cache (cu_k NULL) */
+	const int *page_table; /* [B][pt_cols] (FA_LAYOUT 2): key j of sequence b is row
+	                        * j % page_size of page page_table[b][j / page_size] */
+	long long pt_cols;
+	int page_size;         /* 16 .. 256 tokens, any size */
+	unsigned page_magic;   /* floor((2^32 - 1) / page_size): j / page_size by one multiply */
+};
+#endif
 
 #define NT (FA_NW * 32)
 #define BR (FA_NW * 16 * FA_RT)
@@ -139,13 +173,14 @@ typedef u16 in_t;
  *   LD_FAST       whole K/V tiles by per-thread pointers fixed before the loop (one 64-bit add
  *                 per 16-byte copy, no predicates), the general loader for tails, where the
  *                 threads tile the chunks of a row evenly (padded D 16, 32, 64, 128, 256; +10%
- *                 d64, +4-6% d128, +2% d256)
+ *                 d64, +4-6% d128, +2% d256); never for a paged cache, whose rows are not
+ *                 evenly spaced (load_tile_paged looks each one up)
  *   QREG          Q's A fragments loaded once into registers where they take at most 32
  *                 registers (padded D x row tiles <= 128; +3.8% d64)
  *   SKIP_RESCALE  O's rescale skipped in steps where no row max of the warp grew: +2% at d128
  *                 128x64 w4r2, -7% at d64 w4r2 and d256 w8r1; fp32: the FMULs are cheap next to
  *                 3 MMAs and the registers are not */
-#define LD_FAST (FA_IN != 3 && NT % LD_CPR == 0 && (FA_BC * LD_CPR) % NT == 0)
+#define LD_FAST (FA_IN != 3 && NT % LD_CPR == 0 && (FA_BC * LD_CPR) % NT == 0 && !PAGED)
 #define QREG (FA_IN != 3 && FA_RT * DP <= 128)
 #define SKIP_RESCALE (FA_IN != 3 && FA_RT == 2 && DP == 128)
 
@@ -227,6 +262,98 @@ __device__ __forceinline__ void load_tile_fast(u32 sb, const char *gp, long long
 		gp += rstep;
 	}
 }
+
+#if PAGED
+/* The index tables reach the stages as the kernel's parameter itself (a reference to it reads
+ * the parameter space where used, as p does): copies in registers cost the tight tiles spills. */
+#define PAGES_ARG , const fa_lparams &L
+#define PAGES_PASS , L
+
+/* Key j's page slot and row inside the page: slot = j / page_size by one multiply-high (magic
+ * = floor((2^32 - 1) / size) is at most one short for j < 2^32) and one correction. */
+__device__ __forceinline__ unsigned page_slot(const fa_lparams &L, unsigned j, unsigned &row)
+{
+	const unsigned size = (unsigned)L.page_size;
+	unsigned slot = __umulhi(j, L.page_magic);
+	row = j - slot * size;
+	if (row >= size) {
+		slot++;
+		row -= size;
+	}
+	return slot;
+}
+
+/* This block's sequence's row of the page table. */
+__device__ __forceinline__ const int *page_row(const fa_lparams &L)
+{
+	return L.page_table + (long long)blockIdx.z * L.pt_cols;
+}
+
+/* Keys kv0 .. kv0 + NROWS - 1 of a paged K or V (g: this head's element 0 of page 0; ps and rs
+ * the page and row strides in elements) into shared memory with row stride LD, rows >= valid
+ * and the head-dim padding zero-filled; each row looked up (a tile of 64-128 keys spans several
+ * pages of 16). The prologue's tiles; the loop's read the row table (load_tile_ptab). Only rows
+ * below valid read the page table: the host checked exactly those entries. */
+template <int NROWS, int LD>
+__device__ __forceinline__ void load_tile_paged(in_t *s, const in_t *g, long long ps, long long rs,
+                                                const fa_lparams &L, int kv0, int valid)
+{
+	const int CPR = (DP + CPE - 1) / CPE;
+	const int TOTAL = NROWS * CPR;
+	const int *pt = page_row(L);
+#pragma unroll
+	for (int it = 0; it < (TOTAL + NT - 1) / NT; it++) {
+		int i = it * NT + (int)threadIdx.x;
+		if (TOTAL % NT == 0 || i < TOTAL) {
+			int r = i / CPR, c = i - r * CPR;
+			bool ok = r < valid && c * CPE < FA_D;
+			const in_t *src = g;
+			if (ok) {
+				unsigned row;
+				const unsigned slot = page_slot(L, (unsigned)(kv0 + r), row);
+				src = g + (long long)__ldg(pt + slot) * ps + (long long)row * rs + c * CPE;
+			}
+			cp_async16(smem_u32(s + r * LD + c * CPE), src, ok ? 16 : 0);
+		}
+	}
+}
+
+/* The row table: the element offsets of each key's row in K and V for two tiles ([tile & 1][K,
+ * V][FA_BC]), written a step before the tile is issued. Bytes after the ring and the pairs'
+ * exchange buffer; mirrored by fa_klayout_smem in fa_gpu.h. */
+#define PTAB_AT ((SMEM_Q + FA_STAGES * (SMEM_K + SMEM_V)) * ES + (PAIR ? SMEM_XP + SMEM_XR : 0))
+#define PTAB_BYTES (2 * 2 * FA_BC * 8)
+__device__ __forceinline__ long long *ptab_base(void)
+{
+	extern __shared__ __align__(16) unsigned char smem_raw[];
+	return (long long *)(smem_raw + PTAB_AT);
+}
+#else
+#define PAGES_ARG
+#define PAGES_PASS
+#endif
+
+#if PAGED
+/* A whole or tail tile of a paged K or V whose rows' element offsets (from g) the row table
+ * holds: the general loader with one shared-memory read per row instead of a stride. */
+template <int NROWS, int LD>
+__device__ __forceinline__ void load_tile_ptab(in_t *s, const in_t *g, const long long *rows,
+                                               int valid)
+{
+	const int CPR = (DP + CPE - 1) / CPE;
+	const int TOTAL = NROWS * CPR;
+#pragma unroll
+	for (int it = 0; it < (TOTAL + NT - 1) / NT; it++) {
+		int i = it * NT + (int)threadIdx.x;
+		if (TOTAL % NT == 0 || i < TOTAL) {
+			int r = i / CPR, c = i - r * CPR;
+			bool ok = r < valid && c * CPE < FA_D;
+			const in_t *src = ok ? g + rows[r] + c * CPE : g;
+			cp_async16(smem_u32(s + r * LD + c * CPE), src, ok ? 16 : 0);
+		}
+	}
+}
+#endif
 
 /* ---------------------------------------------------------------------------------------------
  * Tensor-core primitives */
@@ -384,9 +511,15 @@ __device__ __forceinline__ int lane_id(void)
  * Stage: loads. The K/V ring and where this thread's copies go. */
 struct kv_ring {
 	in_t *sK, *sV;              /* FA_STAGES buffers each */
-	const in_t *Kg, *Vg;        /* this (batch, kv head): key 0 (FA_WIN: key kvs) */
+	const in_t *Kg, *Vg;        /* this (batch, kv head): key 0 (FA_WIN: key kvs; paged: page 0) */
 #if FA_WIN
 	int kvs; /* the first key of the block's window tiles (a multiple of FA_BC) */
+#endif
+#if PAGED
+	/* this thread's page of the row-table entry it writes next: looked up at the top of a
+	 * step and stored in the middle (ptab_fetch, ptab_store), so the load's latency hides
+	 * behind Q K^T */
+	int tpage;
 #endif
 #if LD_FAST
 	/* This thread's chunk of every K/V tile: row lr0 (+ RSTEP i), column lcc; a padding
@@ -399,16 +532,50 @@ struct kv_ring {
 #endif
 };
 
+#if PAGED
+/* Thread tid < FA_BC looks up the page of its key of tile jt (keys past Sk read nothing). */
+__device__ __forceinline__ void ptab_fetch(kv_ring &r, const fa_kparams &p, const fa_lparams &L,
+                                           int jt)
+{
+	const int tid = (int)threadIdx.x, key = jt * FA_BC + tid;
+	if (tid < FA_BC && key < p.Sk) {
+		unsigned row;
+		r.tpage = __ldg(page_row(L) + page_slot(L, (unsigned)key, row));
+	}
+}
+/* ... and stores its row's offsets into tile jt's slot; a barrier before the loaders read it. */
+__device__ __forceinline__ void ptab_store(const kv_ring &r, const fa_kparams &p,
+                                           const fa_lparams &L, int jt)
+{
+	const int tid = (int)threadIdx.x, key = jt * FA_BC + tid;
+	if (tid < FA_BC && key < p.Sk) {
+		unsigned row;
+		page_slot(L, (unsigned)key, row);
+		long long *t = ptab_base() + (jt & 1) * 2 * FA_BC;
+		t[tid] = (long long)r.tpage * p.ks[0] + (long long)row * p.ks[1];
+		t[FA_BC + tid] = (long long)r.tpage * p.vs[0] + (long long)row * p.vs[1];
+	}
+}
+#endif
+
 /* After the prologue (the fast loader's first tile is STAGES-1). The parameters (lengths,
  * strides) are read where they are used: copies of them in the ring would move the parameter
  * loads, and with them the code generated. */
 __device__ __forceinline__ void kv_ring_init(kv_ring &r, in_t *sK, in_t *sV, const in_t *Kg,
-                                             const in_t *Vg, const fa_kparams &p, int tid)
+                                             const in_t *Vg, const fa_kparams &p,
+                                             int tid PAGES_ARG)
 {
 	r.sK = sK;
 	r.sV = sV;
 	r.Kg = Kg;
 	r.Vg = Vg;
+#if PAGED
+	/* tile STAGES-1's rows, the first the loop issues: the barrier at the top of step 0
+	 * publishes them */
+	r.tpage = 0;
+	ptab_fetch(r, p, L, FA_STAGES - 1);
+	ptab_store(r, p, L, FA_STAGES - 1);
+#endif
 #if LD_FAST
 	const int lr0 = tid / LD_CPR, lcc = (tid % LD_CPR) * CPE;
 	const int lcol = lcc < FA_D ? lcc : 0;
@@ -443,6 +610,10 @@ __device__ __forceinline__ int ring_keys(const kv_ring &r, const fa_kparams &p)
  * pointer, kgp or vgp, must point at tile jn). */
 __device__ __forceinline__ void load_k(const kv_ring &r, const fa_kparams &p, int jn, int buf)
 {
+#if PAGED
+	load_tile_ptab<FA_BC, LDK>(r.sK + buf * SMEM_K, r.Kg,
+	                           ptab_base() + (jn & 1) * 2 * FA_BC, p.Sk - jn * FA_BC);
+#else
 #if LD_FAST
 	if (ring_keys(r, p) - jn * FA_BC >= FA_BC)
 		load_tile_fast<FA_BC, LDK>(r.sK0 + buf * (SMEM_K * ES), r.kgp, r.krs, r.lbytes);
@@ -450,9 +621,14 @@ __device__ __forceinline__ void load_k(const kv_ring &r, const fa_kparams &p, in
 #endif
 		load_tile<FA_BC, LDK>(r.sK + buf * SMEM_K, r.Kg + (long long)jn * FA_BC * p.ks[1],
 		                      p.ks[1], ring_keys(r, p) - jn * FA_BC);
+#endif
 }
 __device__ __forceinline__ void load_v(const kv_ring &r, const fa_kparams &p, int jn, int buf)
 {
+#if PAGED
+	load_tile_ptab<FA_BC, LDV>(r.sV + buf * SMEM_V, r.Vg,
+	                           ptab_base() + (jn & 1) * 2 * FA_BC + FA_BC, p.Sk - jn * FA_BC);
+#else
 #if LD_FAST
 	if (ring_keys(r, p) - jn * FA_BC >= FA_BC)
 		load_tile_fast<FA_BC, LDV>(r.sV0 + buf * (SMEM_V * ES), r.vgp, r.vrs, r.lbytes);
@@ -460,6 +636,7 @@ __device__ __forceinline__ void load_v(const kv_ring &r, const fa_kparams &p, in
 #endif
 		load_tile<FA_BC, LDV>(r.sV + buf * SMEM_V, r.Vg + (long long)jn * FA_BC * p.vs[1],
 		                      p.vs[1], ring_keys(r, p) - jn * FA_BC);
+#endif
 }
 /* The fast loader's pointers to the next tile. */
 __device__ __forceinline__ void next_k(kv_ring &r)
@@ -493,7 +670,7 @@ __device__ __forceinline__ int keys_from(const fa_kparams &p, int kvs)
 }
 __device__ __forceinline__ void load_prologue(const fa_kparams &p, in_t *sQ, in_t *sK, in_t *sV,
                                               const qin_t *Qg, const in_t *Kg, const in_t *Vg,
-                                              int q0, int ntiles, int kvs)
+                                              int q0, int ntiles, int kvs PAGES_ARG)
 {
 #if QCVT
 	load_q_f32(sQ, Qg, p.qs[1], p.Sq - q0);
@@ -503,6 +680,16 @@ __device__ __forceinline__ void load_prologue(const fa_kparams &p, in_t *sQ, in_
 	cp_async_commit(); /* QCVT: an empty group, so that every wait below counts the same */
 #pragma unroll
 	for (int s = 0; s < FA_STAGES - 1; s++) {
+#if PAGED
+		if (s < ntiles)
+			load_tile_paged<FA_BC, LDK>(sK + s * SMEM_K, Kg, p.ks[0], p.ks[1], L, s * FA_BC,
+			                            p.Sk - s * FA_BC);
+		cp_async_commit();
+		if (s < ntiles)
+			load_tile_paged<FA_BC, LDV>(sV + s * SMEM_V, Vg, p.vs[0], p.vs[1], L, s * FA_BC,
+			                            p.Sk - s * FA_BC);
+		cp_async_commit();
+#else
 		if (s < ntiles)
 			load_tile<FA_BC, LDK>(sK + s * SMEM_K, Kg + (long long)s * FA_BC * p.ks[1],
 			                      p.ks[1], keys_from(p, kvs) - s * FA_BC);
@@ -511,16 +698,23 @@ __device__ __forceinline__ void load_prologue(const fa_kparams &p, in_t *sQ, in_
 			load_tile<FA_BC, LDV>(sV + s * SMEM_V, Vg + (long long)s * FA_BC * p.vs[1],
 			                      p.vs[1], keys_from(p, kvs) - s * FA_BC);
 		cp_async_commit();
+#endif
 	}
 	if (FA_STAGES == 1) { /* one buffer each: K_0 now, V_j at the top of step j */
+#if PAGED
+		if (ntiles > 0)
+			load_tile_paged<FA_BC, LDK>(sK, Kg, p.ks[0], p.ks[1], L, 0, p.Sk);
+#else
 		if (ntiles > 0)
 			load_tile<FA_BC, LDK>(sK, Kg, p.ks[1], keys_from(p, kvs));
+#endif
 		cp_async_commit();
 	}
 }
 
 /* The top of step j: wait for this step's tiles, then issue the next ones. */
-__device__ __forceinline__ void load_kv_step(kv_ring &r, const fa_kparams &p, int j, int ntiles)
+__device__ __forceinline__ void load_kv_step(kv_ring &r, const fa_kparams &p, int j,
+                                             int ntiles PAGES_ARG)
 {
 #if FA_STAGES == 1
 	/* FlashAttention-2's single buffers: V_j is loaded while Q K_j^T and the softmax run,
@@ -543,12 +737,17 @@ __device__ __forceinline__ void load_kv_step(kv_ring &r, const fa_kparams &p, in
 		cp_async_commit();
 		next_k(r);
 		next_v(r);
+#if PAGED
+		if (jn + 1 < ntiles)
+			ptab_fetch(r, p, L, jn + 1);
+#endif
 	}
 #endif
 }
 
 /* The middle of step j, between the softmax and P V: V_j must have landed. */
-__device__ __forceinline__ void load_kv_mid(kv_ring &r, const fa_kparams &p, int j, int ntiles)
+__device__ __forceinline__ void load_kv_mid(kv_ring &r, const fa_kparams &p, int j,
+                                            int ntiles PAGES_ARG)
 {
 #if FA_STAGES == 1
 	cp_async_wait<0>(); /* V_j has landed (this thread's part) */
@@ -564,6 +763,12 @@ __device__ __forceinline__ void load_kv_mid(kv_ring &r, const fa_kparams &p, int
 	(void)ntiles;
 	cp_async_wait<2 * FA_STAGES - 2>(); /* V_j has landed */
 	__syncthreads();
+#if PAGED
+	/* tile j + STAGES's rows into the slot of tile j + STAGES - 2, whose loads were issued
+	 * before this barrier */
+	if (j + FA_STAGES < ntiles)
+		ptab_store(r, p, L, j + FA_STAGES);
+#endif
 #endif
 }
 
@@ -1067,7 +1272,15 @@ __device__ __forceinline__ void epilogue(const fa_kparams &p, const float (&acc)
 /* ---------------------------------------------------------------------------------------------
  * The forward kernel: the prologue, then per key step load -> Q K^T -> mask -> softmax -> P V,
  * then the epilogue. */
+#if FA_LAYOUT
+/* The inference layouts: the block's sequence (blockIdx.z) as a dense problem of its own
+ * lengths, B = 1, whose pointers start at its first rows; everything below reads p, so the
+ * masks, tails and epilogue apply per sequence exactly as to a dense batch. */
+extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams pb,
+                                                                 const fa_lparams L)
+#else
 extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams p)
+#endif
 {
 	extern __shared__ __align__(16) unsigned char smem_raw[];
 	in_t *sQ = (in_t *)smem_raw;
@@ -1077,7 +1290,44 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int g = lane >> 2, t = lane & 3;
 	const int mb = FA_MASK ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+#if FA_LAYOUT
+	fa_kparams p = pb;
+	const int bs = blockIdx.z; /* the sequence */
+	{
+		if (L.cu_q) { /* packed: rows cu_q[bs] .. of Q, O and lse */
+			const int q0r = L.cu_q[bs];
+			p.Sq = L.cu_q[bs + 1] - q0r;
+			p.q = (const qin_t *)pb.q + (long long)q0r * pb.qs[1];
+			p.o = (char *)pb.o + (long long)q0r * pb.os[1] * (FA_OUT == 3 ? 4 : 2);
+			if (pb.lse)
+				p.lse = pb.lse + (long long)q0r * pb.ls[2];
+		} else { /* dense: Sq queries each */
+			p.q = (const qin_t *)pb.q + bs * pb.qs[0];
+			p.o = (char *)pb.o + bs * pb.os[0] * (FA_OUT == 3 ? 4 : 2);
+			if (pb.lse)
+				p.lse = pb.lse + bs * pb.ls[0];
+		}
+		if (mb * BR >= p.Sq)
+			return; /* past this sequence's queries (the grid covers the longest) */
+#if PAGED
+		p.Sk = L.seqlens_k[bs];
+#else
+		if (L.cu_k) {
+			const int k0 = L.cu_k[bs];
+			p.Sk = L.cu_k[bs + 1] - k0;
+			p.k = (const in_t *)pb.k + (long long)k0 * pb.ks[1];
+			p.v = (const in_t *)pb.v + (long long)k0 * pb.vs[1];
+		} else {
+			p.Sk = L.seqlens_k[bs];
+			p.k = (const in_t *)pb.k + bs * pb.ks[0];
+			p.v = (const in_t *)pb.v + bs * pb.vs[0];
+		}
+#endif
+	}
+	const int h = blockIdx.y, b = 0, hk = h / p.group; /* b: the pointers are the sequence's */
+#else
 	const int h = blockIdx.y, b = blockIdx.z, hk = h / p.group;
+#endif
 	const int q0 = mb * BR;
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
 
@@ -1104,7 +1354,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	}
 #endif
 
-	load_prologue(p, sQ, sK, sV, Qg, Kg, Vg, q0, ntiles, kvs);
+	load_prologue(p, sQ, sK, sV, Qg, Kg, Vg, q0, ntiles, kvs PAGES_PASS);
 
 	/* A negative scale: negate Q in shared memory (exact), so that the row max of the raw
 	 * scores is the max of the scaled ones (QREG: in its registers, below). The barrier at the
@@ -1188,13 +1438,22 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	const u32 qa0 = 0;
 #endif
 	kv_ring ring;
-	kv_ring_init(ring, sK, sV, Kg, Vg, p, tid);
+#if PAGED
+	{
+		/* the launch must have reserved the row table (fa_klayout_smem) */
+		u32 dyn;
+		asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+		if (dyn < PTAB_AT + PTAB_BYTES)
+			__trap();
+	}
+#endif
+	kv_ring_init(ring, sK, sV, Kg, Vg, p, tid PAGES_PASS);
 #if FA_WIN
 	ring.kvs = kvs;
 #endif
 
 	for (int j = 0; j < ntiles; j++) {
-		load_kv_step(ring, p, j, ntiles);
+		load_kv_step(ring, p, j, ntiles PAGES_PASS);
 		const in_t *cK = sK + (j % FA_STAGES) * SMEM_K;
 		const in_t *cV = sV + (j % FA_STAGES) * SMEM_V;
 #if PAIR
@@ -1246,7 +1505,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 		pair_send_p(s, pw, xp_own);
 #endif
 
-		load_kv_mid(ring, p, j, ntiles);
+		load_kv_mid(ring, p, j, ntiles PAGES_PASS);
 
 		/* O += P V */
 #if PAIR

@@ -30,6 +30,23 @@ typedef struct CUstream_st *CUstream;
 
 /* ---- compile-time specialisation --------------------------------------------------------- */
 
+/* fa_kernel_spec.layout: how the forward kernel (attn_fwd.cu, mma.sync paths) finds a batch's
+ * rows. 0 is the dense batch of fa_gpu_attn_fwd; the others are the inference layouts of
+ * fa_gpu_infer.h, launched by fa_gpu_fwd_infer only. */
+enum fa_klayout {
+	FA_KLAYOUT_DENSE = 0,
+	FA_KLAYOUT_SEQ = 1,   /* sequences of their own lengths: packed or dense queries, packed keys
+	                       * or a contiguous cache (per-sequence lengths and first rows) */
+	FA_KLAYOUT_PAGED = 2, /* the same with the keys in a paged cache (a page lookup per row) */
+};
+
+/* Bytes of shared memory a layout adds to a forward tile's (fa_tile_smem): the paged loader's
+ * row table with two stages and more (attn_fwd.cu, PTAB: two tiles x K, V x bc rows x 8). */
+static inline size_t fa_klayout_smem(const struct fa_tile *t, int layout)
+{
+	return layout == FA_KLAYOUT_PAGED && t->stages >= 2 ? (size_t)32 * (size_t)t->bc : 0;
+}
+
 /* Everything a kernel binary is specialised on. */
 struct fa_kernel_spec {
 	int sm;                 /* target architecture, e.g. 90 */
@@ -44,6 +61,7 @@ struct fa_kernel_spec {
 	/* fa_kernel_spec_mask_ext: the sliding window (FA_WIN) and logit softcapping (FA_SOFTCAP)
 	 * specialisations; false (fa_kernel_spec_make's zero) compiles today's kernels unchanged */
 	bool window, softcap;
+	int layout;             /* enum fa_klayout; fa_kernel_spec_make sets FA_KLAYOUT_DENSE */
 };
 
 /* The specialisation that serves (dtype, precision, D, mask) with `tile` on architecture sm.
@@ -97,7 +115,7 @@ fa_status fa_nvrtc_compile(struct fa_nvrtc *n, const struct fa_kernel_spec *s, v
 /* The NVRTC option list of a specialisation as n compiles it, in the order the compile passes
  * it: -arch, the -D specialisation macros, and the tokens of n's FA_NVRTC_EXTRA (experiments;
  * none when n is NULL). The disk cache hashes exactly this list (fa_diskcache.h). */
-#define FA_NVRTC_MAX_OPTS 19
+#define FA_NVRTC_MAX_OPTS 20
 struct fa_nvrtc_opts {
 	int n;
 	char v[FA_NVRTC_MAX_OPTS][48];

@@ -288,7 +288,7 @@ static bool spec_same(const struct fa_kernel_spec *a, const struct fa_kernel_spe
 	       a->tile.path == b->tile.path && a->tile.nw == b->tile.nw &&
 	       a->tile.rt == b->tile.rt && a->tile.br == b->tile.br && a->tile.bc == b->tile.bc &&
 	       a->tile.stages == b->tile.stages && a->tile.smem == b->tile.smem &&
-	       a->window == b->window && a->softcap == b->softcap;
+	       a->window == b->window && a->softcap == b->softcap && a->layout == b->layout;
 }
 
 /* The compiled function for a specialisation: from the in-memory cache, else a cubin from
@@ -725,6 +725,81 @@ static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 		g->cu.MemFreeAsync(scratch, (custream)s);
 	if (r)
 		return cu_fail(g, r, "launching fa_attn_decode / fa_decode_merge", err, errlen);
+	return FA_OK;
+}
+
+/* gpu_int.h: the inference layouts' launch (gpu_fwd_infer.c plans and checks). The parameter
+ * block is filled as fa_gpu_attn_fwd_tile fills it, from the same struct, so both kernels'
+ * blocks stay one layout; the layout's own fields travel as the kernel's second parameter. */
+fa_status fa_gpu_fwd_seq(struct fa_gpu *g, const struct fa_gpu_seq_launch *l, CUstream s,
+                         char *err, size_t errlen)
+{
+	const struct fa_attn_fwd_desc *d = l->d;
+	const struct fa_kernel_spec *spec = l->spec;
+	if (spec->layout == FA_KLAYOUT_DENSE || fa_kpath_is_wg(spec->tile.path) ||
+	    fa_kpath_is_decode(spec->tile.path) || fa_kpath_is_bwd(spec->tile.path))
+		return fa_err(err, errlen, FA_EINTERNAL,
+		              "fa_gpu_fwd_seq: not an inference-layout forward specialisation");
+	struct kcache_entry *ke = NULL;
+	fa_status st = get_kernel(g, spec, &ke, err, errlen);
+	if (st != FA_OK)
+		return st;
+	struct fa_kparams p;
+	memset(&p, 0, sizeof p);
+	p.q = l->q;
+	p.k = l->k;
+	p.v = l->v;
+	p.o = l->o;
+	p.lse = l->lse;
+	for (int i = 0; i < 3; i++) {
+		p.qs[i] = d->q_stride[i];
+		p.ks[i] = d->k_stride[i];
+		p.vs[i] = d->v_stride[i];
+		p.os[i] = d->o_stride[i];
+		p.ls[i] = d->lse_stride[i];
+	}
+	p.dims = kdims_of(d);
+	p.sc = kscale_of(d);
+	CUdeviceptr scratch = 0;
+	if (d->dtype == FA_DTYPE_FP32 && spec->in == FA_DTYPE_BF16) {
+		const int64_t *sh = l->kv_shape;
+		const bool flat = fills_range(sh, d->k_stride, d->D) && fills_range(sh, d->v_stride, d->D);
+		size_t nk = (size_t)(sh[0] * sh[1] * sh[2] * d->D);
+		size_t bk = (nk * 2 + 255) / 256 * 256;
+		curesult r = g->cu.MemAllocAsync(&scratch, 2 * bk, (custream)s);
+		if (r)
+			return cu_fail(g, r, "cuMemAllocAsync (bf16 staging)", err, errlen);
+		CUdeviceptr dk = scratch, dv = scratch + bk;
+		if (flat) {
+			st = launch_cvt_flat(g, ke->cvt_flat, l->k, dk, l->v, dv, (int64_t)nk, s, err,
+			                     errlen);
+		} else {
+			st = launch_cvt(g, ke->cvt, l->k, d->k_stride, sh[0], sh[1], sh[2], d->D, dk, s,
+			                err, errlen);
+			if (!st)
+				st = launch_cvt(g, ke->cvt, l->v, d->v_stride, sh[0], sh[1], sh[2], d->D,
+				                dv, s, err, errlen);
+		}
+		if (st) {
+			g->cu.MemFreeAsync(scratch, (custream)s);
+			return st;
+		}
+		p.k = dk;
+		p.v = dv;
+		if (!flat) {
+			p.ks[0] = p.vs[0] = sh[1] * sh[2] * d->D;
+			p.ks[1] = p.vs[1] = sh[2] * d->D;
+			p.ks[2] = p.vs[2] = d->D;
+		}
+	}
+	void *args[] = {&p, (void *)l->lparams};
+	curesult r = g->cu.LaunchKernel(ke->fwd, l->grid_x, (unsigned)d->Hq, (unsigned)d->B,
+	                                (unsigned)(32 * spec->tile.nw), 1, 1, (unsigned)spec->tile.smem,
+	                                (custream)s, args, NULL);
+	if (scratch)
+		g->cu.MemFreeAsync(scratch, (custream)s);
+	if (r)
+		return cu_fail(g, r, "launching fa_attn_fwd (inference layout)", err, errlen);
 	return FA_OK;
 }
 

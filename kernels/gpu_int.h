@@ -1,5 +1,6 @@
-/* gpu_int.h - what the backward launcher (gpu_bwd.c) uses of gpu_cuda.c's device: its kernels
- * through the same in-memory and disk caches as the forward's. Internal to kernels/.
+/* gpu_int.h - what the backward launcher (gpu_bwd.c) and the inference forward's
+ * (gpu_fwd_infer.c) use of gpu_cuda.c's device: their kernels through the same in-memory and disk
+ * caches as the forward's. Internal to kernels/.
  */
 #ifndef FA_GPU_INT_H
 #define FA_GPU_INT_H
@@ -19,5 +20,40 @@ struct fa_gpu_bwd_funcs {
  * NVRTC's log, FA_EDEVICE, FA_ENOMEM). Thread-safe. */
 fa_status fa_gpu_bwd_kernels(struct fa_gpu *g, const struct fa_kernel_spec *s,
                              struct fa_gpu_bwd_funcs *f, char *err, size_t errlen);
+
+/* The tile and specialisation fa_gpu_fwd_infer launches for the longest sequence (Sq x Sk) of
+ * a batch described by d (its B, heads, dtype, precision, mask, head dim) on dev with layout
+ * (FA_KLAYOUT_SEQ or FA_KLAYOUT_PAGED): the planner's first mma.sync candidate (ks with the
+ * wgmma paths off); for a paged cache the first whose estimate leaves registers for the page
+ * lookups (the 255-register tiles and fp32's 128-key tiles spill with them: test_nvrtc_infer).
+ * spec->tile.smem includes the layout's shared memory. ks borrowed (NULL: defaults).
+ * FA_OK, the planner's statuses and text (FA_EINVAL, FA_ENOFIT). Pure, thread-safe. */
+fa_status fa_plan_fwd_infer(const struct fa_device_model *dev, const struct fa_kernel_settings *ks,
+                            const struct fa_attn_fwd_desc *d, int64_t Sq, int64_t Sk, int layout,
+                            struct fa_kernel_spec *spec, char *err, size_t errlen);
+
+/* One launch of the forward kernel over an inference layout (attn_fwd.cu with FA_LAYOUT): the
+ * dense fields of its parameter block from d (strides, head counts, scale; d->Sq and d->Sk the
+ * longest sequence's lengths, d->B the sequences), its second parameter (struct fa_lparams:
+ * the index tables on the device) as the caller laid it out, and the grid (grid_x query tiles
+ * of the longest sequence, Hq, B). */
+struct fa_gpu_seq_launch {
+	const struct fa_kernel_spec *spec; /* a forward mma.sync spec, layout != FA_KLAYOUT_DENSE */
+	const struct fa_attn_fwd_desc *d;
+	int64_t kv_shape[3];  /* K's and V's tensor shape before the head dim (packed [1, total_k,
+	                       * Hkv], a cache [B, rows, Hkv], pools [pages, page_size, Hkv]): the
+	                       * extent the fp32 "bf16" staging converts */
+	CUdeviceptr q, k, v, o, lse;
+	const void *lparams;  /* struct fa_lparams; borrowed for the call */
+	unsigned grid_x;
+};
+
+/* Compile or load l->spec, then enqueue it on s: for fp32 with precision bf16 K and V are
+ * first staged as bf16 into stream-ordered scratch over l->kv_shape (freed in stream order, as
+ * fa_gpu_attn_fwd stages them), keeping their strides where they fill that extent. The
+ * device's context must be current. Statuses of fa_gpu_attn_fwd's launch (FA_EINTERNAL with
+ * NVRTC's log, FA_EDEVICE, FA_ENOMEM). Thread-safe. */
+fa_status fa_gpu_fwd_seq(struct fa_gpu *g, const struct fa_gpu_seq_launch *l, CUstream s,
+                         char *err, size_t errlen);
 
 #endif /* FA_GPU_INT_H */

@@ -213,10 +213,10 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 		return;
 	}
 	const bool p32 = s->in == FA_DTYPE_FP32 && !fa_kpath_is_decode(s->tile.path);
-	snprintf(buf, len, "sm%d %s%s>%s%s%s d%d %s %s", s->sm, short_dt(s->in), q32 ? "+q32" : "",
+	snprintf(buf, len, "sm%d %s%s>%s%s%s d%d %s %s%s", s->sm, short_dt(s->in), q32 ? "+q32" : "",
 	         short_dt(s->out), p32 ? " " : "", p32 ? fa_prec_name(s->precision) : "", s->D,
 	         s->mask == FA_MASK_NONE ? "nomask" : s->mask == FA_MASK_CAUSAL_TOP_LEFT ? "causal-tl" : "causal-br",
-	         tb);
+	         tb, s->layout == FA_KLAYOUT_SEQ ? " varlen" : s->layout == FA_KLAYOUT_PAGED ? " paged" : "");
 	name_ext(s, buf, len);
 }
 
@@ -333,6 +333,9 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 	 * keys) stay */
 	if (!wg && qin != in)
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_QIN=%d", qin);
+	/* the inference layouts, likewise only where set (the dense option lists stay) */
+	if (!wg && s->layout != FA_KLAYOUT_DENSE)
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_LAYOUT=%d", s->layout);
 	/* the window and softcap specialisations: only where asked, so that the other option
 	 * lists (and cache keys) stay */
 ext:

@@ -35,6 +35,7 @@ bg() {
 T=${FA_CHECK_TIMEOUT:-330}
 bg fwd-gpu "$T" build/tests/gpu/test_attn_fwd_gpu
 bg decode-gpu "$T" build/tests/gpu/test_attn_decode_gpu
+bg varlen-gpu "$T" build/tests/gpu/test_attn_varlen_gpu
 bg bwd-gpu "$T" build/tests/gpu/test_attn_bwd_gpu
 bg gpu-serving "$T" build/tests/integ/test_gpu_serving
 bg gpu-async "$T" build/tests/integ/test_gpu_async
