@@ -195,6 +195,10 @@ void region_unref(struct region *r)
 		free(r);
 		return;
 	}
+	if (r->uncounted) {
+		region_live++;
+		region_live_bytes += r->size;
+	}
 	if (munmap(r->base, (size_t)r->size) != 0)
 		log_err("region %016" PRIx64 ": munmap %s: %s", r->id, r->name, strerror(errno));
 	/* A client in another uid's sticky /dev/shm entry cannot be unlinked by us (EPERM): that
@@ -205,6 +209,16 @@ void region_unref(struct region *r)
 	region_live--;
 	region_live_bytes -= r->size;
 	free(r);
+}
+
+/* Out of the totals; see region.h. */
+void region_uncount(struct region *r)
+{
+	if (r->uncounted)
+		return;
+	r->uncounted = true;
+	region_live--;
+	region_live_bytes -= r->size;
 }
 
 /* Live mappings. */

@@ -57,6 +57,7 @@ struct region {
 	int dev;            /* CUDA IPC regions: the backend's index of their GPU; -1 otherwise */
 	struct region_mem mem; /* the memory mapped (fstat at open; the backend for CUDA IPC) */
 	uint64_t mem_at;    /* the byte of that memory at which the region's byte 0 lies */
+	bool uncounted;     /* not a buffer (a submission ring): outside region_count/bytes */
 	bool words;         /* CUDA IPC: the session's asynchronous completion words
 	                     * (FA_PROTO_WORDS_*), never a tensor's region */
 };
@@ -84,6 +85,10 @@ bool region_same_mem(const struct region *a, const struct region *b);
 /* Take / drop a reference. The last drop unmaps (and unlinks when r->unlink) and frees. */
 void region_ref(struct region *r);
 void region_unref(struct region *r);
+
+/* The mapping is not a client buffer (a submission ring, ring.c): take it out of the totals
+ * below. Once, right after the open. */
+void region_uncount(struct region *r);
 
 /* Process-wide totals of live mappings (the STATS "regions" and "region_bytes"). Loop thread. */
 unsigned region_count(void);

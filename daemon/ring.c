@@ -475,6 +475,7 @@ fa_status ring_open(struct rings *t, uint64_t session, uint32_t uid, uint32_t pi
 		              FA_RING_LAYOUT, FA_RING_BYTES, size);
 	if ((st = region_open_shm(&rg, name, size, uid, t->p.max_bytes, err, errlen)) != FA_OK)
 		return st;
+	region_uncount(rg); /* a ring, not a buffer: STATS' regions count buffers */
 	struct fa_ring_hdr *h = rg->base;
 	/* One read of each: the client may rewrite them, and they are never read again. */
 	uint32_t magic = ring_load(&h->magic), layout = ring_load(&h->layout);
