@@ -58,6 +58,7 @@ struct ring {
 	atomic_bool stop;
 	atomic_int broken;        /* the SIGBUS handler replaced the pages, or counters were bad */
 	atomic_bool queued;       /* on the table's pending list */
+	bool broken_counted;      /* the loop counted it in ring_broken */
 	struct ring *pending_next;
 	/* The thread's: entries taken (copied). Read by the loop (acquire). */
 	_Atomic uint32_t taken;
@@ -332,6 +333,11 @@ static void ring_drain(struct rings *t, struct ring *r)
 	uint32_t c = atomic_load(&r->consumed);
 	struct ipc_peer peer = {.pipe = 0, .uid = r->uid, .pid = r->pid};
 
+	if (atomic_load(&r->broken) && !r->broken_counted) {
+		r->broken_counted = true;
+		t->n.broken++;
+	}
+
 	while (c != taken && idmap_get(&t->by_id, r->id) == r) {
 		struct ring_msg *m = &r->priv[c % FA_RING_ENTRIES];
 		struct ipc_hdr hdr;
@@ -418,7 +424,7 @@ static void ring_free(struct rings *t, struct ring *r)
 	pthread_mutex_unlock(&t->mu);
 	if (!atomic_load(&r->broken))
 		ring_store(&r->hdr->dead, FA_RING_DEAD_CLOSED);
-	else
+	else if (!r->broken_counted)
 		t->n.broken++;
 	ring_sig_del(r->sig_index);
 	r->region->unlink = true;
