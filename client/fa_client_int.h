@@ -104,8 +104,8 @@ struct fa_ring;
  * so no stream waits for it for ever. A pointer, so that fa_ring.c calls nothing above it. */
 typedef void (*fa_ring_lost_fn)(void *arg, int slot, uint64_t seq);
 
-/* Create and map a new ring object (the rules of a host buffer's: "/fa.<uid>.<pid>.<hex>", mode
- * 0660, group gid when set_gid), its header filled. `path` is the daemon's socket (a vanished
+/* Create and map a new ring object (a host buffer's rules under its own name:
+ * "/faring.<uid>.<pid>.<hex>", mode 0660, group gid when set_gid), its header filled. `path` is the daemon's socket (a vanished
  * socket ends waits), tr the pool the asynchronous calls' slots go back to. FA_OK, FA_ENOMEM,
  * FA_ESYS. Any thread; the ring is then shared by every thread of the client. */
 fa_status fa__ring_create(struct fa_ring **out, const char *path, struct fa_transport *tr,

@@ -88,6 +88,8 @@ struct backend_job {
 	/* outputs, valid in done() */
 	fa_status status;
 	uint64_t compute_ns;          /* first chunk started .. last chunk finished */
+	uint64_t gpu_ns;              /* GPU backend, worker jobs: the device's time on it (0:
+	                               * not timed) */
 	char detail[FA_PROTO_DETAIL_MAX];
 	/* test-only (FA_TEST_FAULT_AFTER): fail this job as a fatal device fault when it is done;
 	 * set by backend_submit, read on the loop thread */

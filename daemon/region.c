@@ -57,16 +57,24 @@ bool region_name_valid(const char *name)
 fa_status region_open_shm(struct region **out, const char *name, uint64_t size, uint32_t peer_uid,
                           uint64_t max_bytes, char *err, size_t errlen)
 {
+	*out = NULL;
+	if (!region_name_valid(name))
+		return fa_err(
+		    err, errlen, FA_EINVAL,
+		    "shm name '%.64s' is not of the form /fa.<uid>.<pid>.<16 hex digits>", name);
+	return region_map_shm(out, name, size, peer_uid, max_bytes, err, errlen);
+}
+
+/* The checks after the name's and the mapping; see region.h. */
+fa_status region_map_shm(struct region **out, const char *name, uint64_t size, uint32_t peer_uid,
+                         uint64_t max_bytes, char *err, size_t errlen)
+{
 	struct region *r;
 	struct stat st;
 	void *base;
 	int fd;
 
 	*out = NULL;
-	if (!region_name_valid(name))
-		return fa_err(
-		    err, errlen, FA_EINVAL,
-		    "shm name '%.64s' is not of the form /fa.<uid>.<pid>.<16 hex digits>", name);
 	if (size == 0)
 		return fa_err(err, errlen, FA_EINVAL, "region size is 0");
 	if (size > max_bytes || size > (uint64_t)SIZE_MAX)

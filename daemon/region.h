@@ -72,6 +72,11 @@ bool region_name_valid(const char *name);
 fa_status region_open_shm(struct region **out, const char *name, uint64_t size, uint32_t peer_uid,
                           uint64_t max_bytes, char *err, size_t errlen);
 
+/* region_open_shm without the name's pattern check (the caller checked its own pattern: the
+ * submission rings' "/faring.<uid>.<pid>.<16 hex>", ring.c). Same statuses. */
+fa_status region_map_shm(struct region **out, const char *name, uint64_t size, uint32_t peer_uid,
+                         uint64_t max_bytes, char *err, size_t errlen);
+
 /* A CUDA IPC region of `size` bytes (the client's whole allocation), not opened yet: base is NULL
  * until the backend's region_open sets it. The reference count starts at 1. Returns FA_OK;
  * FA_EINVAL (size 0 or above max_bytes), FA_ENOMEM. */

@@ -479,7 +479,17 @@ fa_status ring_open(struct rings *t, uint64_t session, uint32_t uid, uint32_t pi
 		return fa_err(err, errlen, FA_ERANGE,
 		              "a ring of layout %d is %d bytes; RING_OPEN declares %" PRIu64,
 		              FA_RING_LAYOUT, FA_RING_BYTES, size);
-	if ((st = region_open_shm(&rg, name, size, uid, t->p.max_bytes, err, errlen)) != FA_OK)
+	/* "/faring." + a host buffer's "<uid>.<pid>.<16 hex>": not a buffer's name, so tools
+	 * and tests that count a process' buffers by name do not count its ring. */
+	char as_buffer[FA_PROTO_SHM_NAME_MAX];
+	if (strncmp(name, FA_RING_NAME_PREFIX, strlen(FA_RING_NAME_PREFIX)) != 0 ||
+	    snprintf(as_buffer, sizeof as_buffer, "/fa.%s",
+	             name + strlen(FA_RING_NAME_PREFIX)) >= (int)sizeof as_buffer ||
+	    !region_name_valid(as_buffer))
+		return fa_err(err, errlen, FA_EINVAL,
+		              "ring name '%.64s' is not of the form %s<uid>.<pid>.<16 hex digits>",
+		              name, FA_RING_NAME_PREFIX);
+	if ((st = region_map_shm(&rg, name, size, uid, t->p.max_bytes, err, errlen)) != FA_OK)
 		return st;
 	region_uncount(rg); /* a ring, not a buffer: STATS' regions count buffers */
 	struct fa_ring_hdr *h = rg->base;

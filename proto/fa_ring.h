@@ -4,8 +4,8 @@
  *
  * Why: a call through the socket costs a nanomsg round trip (44-95 us measured on the H200, most
  * of an asynchronous call's host time and of a tiny request's latency). A ring is a POSIX shm
- * object the client creates ("/fa.<uid>.<pid>.<16 hex>", mode 0660, the socket's group: the
- * rules of a host buffer) and hands to the daemon once with RING_OPEN; after that a request is
+ * object the client creates ("/faring.<uid>.<pid>.<16 hex>", mode 0660, the socket's group:
+ * the rules of a host buffer, under a name of its own) and hands to the daemon once with RING_OPEN; after that a request is
  * the same msgpack bytes the socket carries, written into a submission entry, published by one
  * release store, and woken with FUTEX_WAKE only when the daemon's ring thread sleeps (io_uring's
  * need_wakeup). Replies come back as completion entries holding the encoded reply, and the
@@ -27,6 +27,7 @@
 
 #include <stdint.h>
 
+#define FA_RING_NAME_PREFIX "/faring." /* then "<uid>.<pid>.<16 hex>", as a host buffer's */
 #define FA_RING_MAGIC 0x474e4952u /* "RING" */
 #define FA_RING_LAYOUT 1          /* this layout; a different one is refused at RING_OPEN */
 #define FA_RING_ENTRIES 64        /* a power of two, <= FA_PROTO_MAX_SLOTS */

@@ -46,6 +46,24 @@ static int teardown(void **state)
 	return daemon_finish(&g_d);
 }
 
+/* fa_raw_shm_create under a ring's name. */
+static int ring_shm_create(struct fa_raw_shm *m, uint64_t *rng)
+{
+	memset(m, 0, sizeof *m);
+	snprintf(m->name, sizeof m->name, FA_RING_NAME_PREFIX "%u.%d.%016llx", (unsigned)getuid(),
+	         (int)getpid(), (unsigned long long)fa_rand_next(rng));
+	m->fd = shm_open(m->name, O_RDWR | O_CREAT | O_EXCL, 0660);
+	if (m->fd < 0 || ftruncate(m->fd, FA_RING_BYTES) != 0)
+		return -1;
+	m->map = mmap(NULL, FA_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
+	if (m->map == MAP_FAILED) {
+		m->map = NULL;
+		return -1;
+	}
+	m->size = FA_RING_BYTES;
+	return 0;
+}
+
 /* A ring made by hand, opened by RING_OPEN on a raw session. */
 struct raw_ring {
 	int s;
@@ -65,7 +83,7 @@ static void raw_ring_open(struct raw_ring *r, uint64_t *rng, int want)
 	assert_true(r->s >= 0);
 	r->sid = fa_raw_hello(r->s, ++r->seq, &rep);
 	assert_true(r->sid != 0);
-	assert_int_equal(fa_raw_shm_create(&r->m, FA_RING_BYTES, rng), 0);
+	assert_int_equal(ring_shm_create(&r->m, rng), 0);
 	r->h = r->m.map;
 	r->h->magic = FA_RING_MAGIC;
 	r->h->layout = FA_RING_LAYOUT;
@@ -236,7 +254,7 @@ static void test_ring_refuses_a_wrong_layout(void **state)
 	uint64_t sid = fa_raw_hello(s, 1, &rep);
 
 	assert_true(sid != 0);
-	assert_int_equal(fa_raw_shm_create(&m, FA_RING_BYTES, &rng), 0);
+	assert_int_equal(ring_shm_create(&m, &rng), 0);
 	memset(&req, 0, sizeof req);
 	req.op = FA_OP_RING_OPEN;
 	req.session = sid;
@@ -252,7 +270,12 @@ static void test_ring_refuses_a_wrong_layout(void **state)
 	req.u.reg.size = FA_RING_BYTES;
 	snprintf(req.u.reg.shm_name, sizeof req.u.reg.shm_name, "/not-ours");
 	assert_int_equal(fa_raw_call(s, &req, &rep), FA_EINVAL);
-	fa_raw_simple(s, FA_OP_BYE, sid, 5, &rep);
+	req.seq = 5; /* a buffer's name is not a ring's */
+	snprintf(req.u.reg.shm_name, sizeof req.u.reg.shm_name, "/fa.%u.%d.0123456789abcdef",
+	         (unsigned)getuid(), (int)getpid());
+	assert_int_equal(fa_raw_call(s, &req, &rep), FA_EINVAL);
+	printf("  %s\n", rep.detail);
+	fa_raw_simple(s, FA_OP_BYE, sid, 6, &rep);
 	nn_close(s);
 	fa_raw_shm_destroy(&m);
 }
@@ -336,12 +359,12 @@ static void test_ring_limit_falls_back_to_the_socket(void **state)
 	fa_client_close(c[0]);
 }
 
-/* No shm object of pid left in /dev/shm. */
+/* No ring object of pid left in /dev/shm. */
 static bool no_objects_of(pid_t pid)
 {
 	char pat[96];
 	glob_t g;
-	snprintf(pat, sizeof pat, "/dev/shm/fa.%u.%d.*", (unsigned)getuid(), (int)pid);
+	snprintf(pat, sizeof pat, "/dev/shm/faring.%u.%d.*", (unsigned)getuid(), (int)pid);
 	int rc = glob(pat, 0, NULL, &g);
 	size_t n = rc == 0 ? g.gl_pathc : 0;
 	globfree(&g);
