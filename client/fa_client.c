@@ -786,11 +786,16 @@ FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, v
 		return st;
 	}
 	int64_t deadline = fa__deadline(atomic_load(&c->timeout_ms));
+	bool ring = w != NULL && w->buf->region != 0 && fa__ring_live(c->ring);
+	if (ring && (st = fa__ring_async_room(c->ring, deadline)) != FA_OK) {
+		free(rep);
+		return st;
+	}
 	if ((st = fa_transport_acquire(c->tr, deadline, &s)) != FA_OK) {
 		free(rep);
 		return st;
 	}
-	if (w != NULL && w->buf->region != 0 && fa__ring_live(c->ring)) {
+	if (ring && fa__ring_live(c->ring)) {
 		bool taken = false;
 		st = ring_words_call(c, w, s, stream, &req, deadline, &taken);
 		if (taken || st != FA_OK) {

@@ -128,6 +128,12 @@ fa_status fa__ring_call(struct fa_ring *r, const struct fa_proto_req *req,
 fa_status fa__ring_submit_async(struct fa_ring *r, const struct fa_proto_req *req,
                                 struct fa_tslot *slot, fa_ring_lost_fn lost, void *lost_arg,
                                 int lost_slot, uint64_t lost_seq, int64_t deadline, bool *taken);
+/* Asynchronous ring calls out at once, at most: each holds a socket slot (its words slot) until
+ * its completion is read, and the pool must keep some for synchronous calls. */
+#define FA_RING_ASYNC_MAX (FA_TRANSPORT_MAX_SOCKETS - 8)
+/* Wait (reading completions) until fewer than FA_RING_ASYNC_MAX asynchronous calls are out, so
+ * that the next one finds a socket slot. FA_OK (also when the ring died), FA_ETIMEDOUT. */
+fa_status fa__ring_async_room(struct fa_ring *r, int64_t deadline);
 /* The sticky error: the first failed asynchronous call's status since the last time it was
  * returned (with its detail), then cleared; FA_OK when none. */
 fa_status fa__ring_sticky(struct fa_ring *r);

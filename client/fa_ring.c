@@ -310,6 +310,26 @@ static bool ring_done(struct fa_ring *r, int tag)
 	return r->w[tag].done;
 }
 
+static bool ring_async_below(struct fa_ring *r, int cap)
+{
+	return r->async_outstanding < (unsigned)cap;
+}
+
+fa_status fa__ring_async_room(struct fa_ring *r, int64_t deadline)
+{
+	fa_status st;
+
+	pthread_mutex_lock(&r->mu);
+	st = ring_wait(r, ring_async_below, FA_RING_ASYNC_MAX, deadline);
+	pthread_mutex_unlock(&r->mu);
+	if (st == FA_ECLOSED)
+		st = FA_OK; /* dead: the call goes by the socket */
+	if (st == FA_ETIMEDOUT)
+		return fa__fail(FA_ETIMEDOUT, "%d asynchronous calls still unfinished at the "
+		                "timeout", FA_RING_ASYNC_MAX);
+	return st;
+}
+
 static bool ring_idle(struct fa_ring *r, int arg)
 {
 	(void)arg;

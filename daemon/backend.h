@@ -70,6 +70,10 @@ struct backend_job {
 	 * (enqueued = false: dispatch frees it). A job that fails before its enqueue is handed back
 	 * once, with its status, like a synchronous one. */
 	bool async;
+	/* Asynchronous, completion words, nothing to compute: write done[slot] = words_seq on the
+	 * session's stream after its earlier work, so a refused call from a submission ring (whose
+	 * client's stream already waits for that word) holds nobody (dispatch.c, ring.h). */
+	bool words_release;
 	uint32_t slot;                /* the client's socket slot: one daemon event per slot */
 	bool has_wait_event;
 	uint8_t wait_event[FA_PROTO_IPC_HANDLE_LEN]; /* the client's cuIpcGetEventHandle */

@@ -40,6 +40,11 @@ struct request {
 	uint64_t t_recv;
 	uint32_t pipe;                    /* the connection it arrived on, for the log */
 	bool replied;                     /* asynchronous: answered at the enqueue */
+	/* A refused asynchronous call from a ring, its done word released by the backend first
+	 * (backend_job.words_release): answered with this status and detail. */
+	bool release;
+	fa_status refused;
+	char refused_detail[FA_PROTO_DETAIL_MAX];
 };
 
 struct dispatch_ctx {
@@ -490,6 +495,73 @@ static fa_status dispatch_submit(struct dispatch_ctx *c, struct request *r)
 	return FA_OK;
 }
 
+/* Make r (a request holding its session and regions) a words release for status st and its
+ * detail, and hand it to the backend: a ring's client already made its stream wait for the done
+ * word, so a refusal must still write it (backend.h, words_release). False: the backend did not
+ * take it (answer the refusal as it is). */
+static bool dispatch_release_submit(struct server *srv, struct request *r, fa_status st,
+                                    const char *detail)
+{
+	r->release = true;
+	r->refused = st;
+	snprintf(r->refused_detail, sizeof r->refused_detail, "%s", detail);
+	r->job.words_release = true;
+	r->job.async = true;
+	r->job.is_bwd = false;
+	r->job.infer = NULL;
+	/* Harmless figures for the backend's bookkeeping (nothing is launched). */
+	memset(&r->job.desc, 0, sizeof r->job.desc);
+	r->job.desc.B = r->job.desc.Sq = r->job.desc.Sk = r->job.desc.Hq = r->job.desc.Hkv = 1;
+	r->job.desc.D = 64;
+	r->job.desc.dtype = FA_DTYPE_FP16;
+	return backend_submit(srv->backend, &r->job) == FA_OK;
+}
+
+/* A refused asynchronous ATTN_FWD from a ring, with completion words: release its done word
+ * (the session's words region, if it really is one) and answer once that is enqueued. True
+ * when handed to the backend (the reply then comes from dispatch_fwd_done). */
+static bool dispatch_words_refused(struct dispatch_ctx *c, fa_status st)
+{
+	struct server *srv = c->srv;
+	const struct fa_proto_req *q = c->req;
+	struct session *s = c->session;
+
+	if (!ring_hdr_is(c->hdr) || q->op != FA_OP_ATTN_FWD || !q->u.fwd.async || s == NULL ||
+	    q->u.fwd.words_region == 0 || q->u.fwd.words_seq == 0 ||
+	    q->u.fwd.slot >= FA_PROTO_MAX_SLOTS || !srv->backend->async_words ||
+	    st == FA_ESESSION)
+		return false;
+	struct region *wr = session_region_find(s, q->u.fwd.words_region);
+	if (wr == NULL || !wr->words || wr->dev < 0)
+		return false;
+	struct request *r = calloc(1, sizeof *r);
+	if (r == NULL)
+		return false;
+	r->job.words = wr->base;
+	r->job.words_seq = q->u.fwd.words_seq;
+	r->job.slot = q->u.fwd.slot;
+	r->job.dev = wr->dev;
+	r->job.owner = s;
+	r->job.owner_state = &s->backend_state;
+	r->session = s;
+	session_ref(s);
+	region_ref(wr);
+	r->regions[r->nregions++] = wr;
+	r->dd = c->dd;
+	r->hdr = *c->hdr;
+	r->seq = q->seq;
+	r->t_recv = c->t_recv;
+	r->pipe = c->peer->pipe;
+	if (!dispatch_release_submit(srv, r, st, c->rep->detail)) {
+		dispatch_request_free(r);
+		return false;
+	}
+	s->inflight++;
+	srv->inflight++;
+	c->async = true;
+	return true;
+}
+
 /* An asynchronous ATTN_FWD's completion words: a words region of the session, on the GPU
  * backend that serves them. FA_OK with *out, or the client's status with the detail. */
 static fa_status dispatch_words_region(struct dispatch_ctx *c, struct region **out)
@@ -915,6 +987,8 @@ void dispatch_request(struct server *srv, const struct ipc_peer *peer, const str
 		.t_recv = t_recv,
 	};
 	st = op->fn(&c);
+	if (!c.async && st != FA_OK)
+		dispatch_words_refused(&c, st);
 	if (!c.async) {
 		rep->status = st;
 		if (st == FA_OK)
@@ -950,6 +1024,30 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 	              : job->is_bwd    ? FA_OP_ATTN_BWD
 	                               : FA_OP_ATTN_FWD;
 
+	if (r->release) {
+		/* A refused ring call whose done word is now released: its refusal. */
+		dispatch_rep_reset(rep, op, r->seq);
+		rep->status = r->refused;
+		snprintf(rep->detail, sizeof rep->detail, "%s", r->refused_detail);
+		s->inflight--;
+		srv->inflight--;
+		dispatch_log_reply(srv, s, rep, r->pipe, r->t_recv);
+		dispatch_send(srv, s, r->dd, &r->hdr, rep);
+		dispatch_request_free(r);
+		return;
+	}
+	if (!r->replied && !job->enqueued && job->status != FA_OK && job->async &&
+	    job->words != NULL && ring_hdr_is(&r->hdr) && srv->state == SERVER_RUNNING) {
+		/* Failed before its kernel was enqueued: its client's stream waits for the done
+		 * word all the same. The regions stay held until the release is answered. */
+		char detail[FA_PROTO_DETAIL_MAX];
+		snprintf(detail, sizeof detail, "%s", job->detail);
+		if (dispatch_release_submit(srv, r, job->status, detail))
+			return;
+		r->release = false;
+		job->status = r->refused;
+		snprintf(job->detail, sizeof job->detail, "%s", detail);
+	}
 	if (r->replied && ring_hdr_is(&r->hdr)) {
 		/* An asynchronous call from a ring: its completion is posted now, with the kernel's
 		 * status (the client's sticky error), so a words slot is reused only after its done

@@ -285,6 +285,16 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	*sticky = false;
 	job->status = FA_OK;
 	job->detail[0] = '\0';
+	if (job->words_release) {
+		/* Fenced like a kernel's done word: after everything earlier on the stream. */
+		r = cu->StreamWriteValue64(od->stream,
+		                           (fa_cu_ptr)(uintptr_t)job->words +
+		                               FA_PROTO_WORDS_DONE(job->slot),
+		                           job->words_seq, FA_CU_STREAM_WRITE_VALUE_DEFAULT);
+		if (r != 0)
+			gpu_job_cuerr(d, job, r, "releasing a refused call's done word", sticky);
+		return FA_ECLOSED; /* handed back once: nothing else was enqueued */
+	}
 	__typeof__(od->slot[0]) *sl = &od->slot[job->slot];
 	bool words = job->words != NULL;
 	if (words) {
