@@ -151,6 +151,13 @@ struct gpu_owner_dev {
 	volatile uint64_t *passed;               /* owner (the GPU writes it) */
 	fa_cu_ptr passed_dev;                    /* owner */
 	fa_cu_stream release_stream;             /* owner: the releases (the stream may wait) */
+	/* The host functions, on a stream of their own behind an event of the kernel's stream: a
+	 * host function blocks its stream until the driver's thread has run it, and on the
+	 * kernel's stream that GPU -> host -> GPU trip stood between two calls' kernels. NULL:
+	 * on the kernel's stream (creation failed). */
+	fa_cu_stream hostfn_stream;              /* owner */
+	fa_cu_event hostfn_ev;                   /* owner */
+	bool hostfn_tried;                       /* owner */
 	uint64_t nwords;                         /* owner: words tickets so far */
 	struct gpu_ticket *wq_head, *wq_tail;    /* mu: words tickets not finished, in order */
 	uint64_t wq_since;                       /* mu: when wq_head became the head */

@@ -47,12 +47,14 @@ struct mode_res {
 	double gap_us;              /* mean short gap between the large sync requests */
 	double gap_max_us;
 	uint64_t gaps;
+	double pick_us, loop_us;    /* per large sync job: submit -> worker's pick, done -> loop */
 	int ok;
 };
 
 struct board {
 	char why[256];
 	double in_tiny50, in_tiny99, in_kernel_ms, in_tflops;
+	double in_launch_us;          /* host time of one large fa_gpu_attn_fwd call (the launch) */
 	int in_ok;
 	struct mode_res m[2]; /* 0 socket, 1 ring */
 };
@@ -151,6 +153,10 @@ static int child_inproc(void)
 		kms += ms / 5.0;
 	}
 	B->in_kernel_ms = kms;
+	uint64_t tl = fa_test_now_us();
+	CHECK(launch(g, &d, m, &l, s, err, sizeof err) == FA_OK, "large: %s", err);
+	B->in_launch_us = (double)(fa_test_now_us() - tl);
+	CHECK(cu.StreamSynchronize(s) == 0, "sync");
 	uint64_t t0 = fa_test_now_us();
 	for (int i = 0; i < g_large; i++)
 		CHECK(launch(g, &d, m, &l, s, err, sizeof err) == FA_OK, "large: %s", err);
@@ -238,6 +244,8 @@ static int child_daemon(int mode)
 		CHECK(fa_attn_fwd(c, &a) == FA_OK, "large warm-up: %s", fa_last_error_detail());
 	uint64_t busy0 = stat_get(c, "gpu_busy_us"), jobs0 = stat_get(c, "gpu_timed_jobs");
 	uint64_t gap0 = stat_get(c, "gpu_gap_short_us"), gaps0 = stat_get(c, "gpu_gaps_short");
+	uint64_t wj0 = stat_get(c, "gpu_worker_jobs"), pick0 = stat_get(c, "gpu_worker_us_to_pick");
+	uint64_t loop0 = stat_get(c, "gpu_worker_us_to_loop");
 	uint64_t t0 = fa_test_now_us();
 	for (int i = 0; i < g_large; i++)
 		CHECK(fa_attn_fwd(c, &a) == FA_OK, "large: %s", fa_last_error_detail());
@@ -245,6 +253,12 @@ static int child_daemon(int mode)
 	r->sync_tflops = flop(&large) * g_large / secs / 1e12;
 	uint64_t busy1 = stat_get(c, "gpu_busy_us"), jobs1 = stat_get(c, "gpu_timed_jobs");
 	uint64_t gap1 = stat_get(c, "gpu_gap_short_us"), gaps1 = stat_get(c, "gpu_gaps_short");
+	uint64_t wj1 = stat_get(c, "gpu_worker_jobs"), pick1 = stat_get(c, "gpu_worker_us_to_pick");
+	uint64_t loop1 = stat_get(c, "gpu_worker_us_to_loop");
+	if (wj1 > wj0) {
+		r->pick_us = (double)(pick1 - pick0) / (double)(wj1 - wj0);
+		r->loop_us = (double)(loop1 - loop0) / (double)(wj1 - wj0);
+	}
 	r->gpu_ms = jobs1 > jobs0 ? (double)(busy1 - busy0) / 1e3 / (double)(jobs1 - jobs0) : 0;
 	r->gaps = gaps1 - gaps0;
 	r->gap_us = r->gaps ? (double)(gap1 - gap0) / (double)r->gaps : 0;
@@ -349,9 +363,12 @@ int main(int argc, char **argv)
 	       so->sync_tflops, so->sync_tflops / in, so->async_tflops, so->async_tflops / in);
 	for (int k = 1; k >= 0; k--)
 		printf("    %s sync: daemon GPU time %.3f ms per request (%.3fx the in-process "
-		       "kernel), %" PRIu64 " gaps of %.1f us mean (max %.1f us since start)\n",
+		       "kernel), %" PRIu64 " gaps of %.1f us mean (max %.1f us since start); per job "
+		       "submit->worker pick %.1f us, done->loop %.1f us; in-process launch call "
+		       "%.1f us\n",
 		       k ? "ring" : "socket", B->m[k].gpu_ms,
 		       B->in_kernel_ms > 0 ? B->m[k].gpu_ms / B->in_kernel_ms : 0, B->m[k].gaps,
-		       B->m[k].gap_us, B->m[k].gap_max_us);
+		       B->m[k].gap_us, B->m[k].gap_max_us, B->m[k].pick_us, B->m[k].loop_us,
+		       B->in_launch_us);
 	return rc || !B->in_ok || !so->ok || !ri->ok;
 }
