@@ -94,9 +94,10 @@ fa_status fa__ring_create(struct fa_ring **out, const char *path, struct fa_tran
 	snprintf(r->path, sizeof r->path, "%s", path);
 	r->tr = tr;
 	const char *e = getenv("FA_RING_SPIN_US");
-	/* Poll before sleeping only where a core is likely free for the daemon meanwhile: on 2
-	 * busy cores polling for 50 us tripled a PING (measured; daemon/RESULTS.md). */
-	unsigned long spin = sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 20 : 0;
+	/* Poll before sleeping (a tiny request's whole round trip, about 60 us on the H200 host)
+	 * only where a core is likely free for the daemon meanwhile: on 2 busy cores polling for
+	 * 50 us tripled a PING (measured; daemon/RESULTS.md). FA_RING_SPIN_US overrides. */
+	unsigned long spin = sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 100 : 0;
 	if (e != NULL && e[0] != '\0')
 		spin = strtoul(e, NULL, 10);
 	r->spin_ns = (uint64_t)(spin > 100000 ? 100000 : spin) * 1000u;

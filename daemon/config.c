@@ -169,7 +169,7 @@ static const struct config_option config_options[] = {
 	{.name = "ring-spin-us", .type = CONFIG_INT, .def = "-1", .min = -1, .max = 100000,
 	 .env = "FA_RING_SPIN_US", .metavar = "US",
 	 .help = "a ring's thread polls this long after its last entry before it sleeps (a "
-	         "client then pays a FUTEX_WAKE per call); -1: 20 on 4 or more CPUs, else 0 "
+	         "client then pays a FUTEX_WAKE per call); -1: 200 on 4 or more CPUs, else 0 "
 	         "(polling on 2 busy cores costs more than the wake)",
 	 FIELD(ring_spin_us)},
 	/* The kernels' settings (kernels/fa_settings.h parses and checks them; fa-ctl and the tests

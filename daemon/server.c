@@ -257,7 +257,7 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 		.arg = srv,
 		.max_rings = (unsigned)cfg->max_rings,
 		.spin_us = cfg->ring_spin_us >= 0 ? (unsigned)cfg->ring_spin_us
-		           : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 20u : 0u,
+		           : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 200u : 0u,
 		.max_bytes = cfg->max_region_bytes,
 	};
 	if (cfg->max_rings > 0 && rings_open(&srv->rings, &rp, desc, sizeof desc) != FA_OK) {
