@@ -184,6 +184,7 @@ static void ring_async_done(struct fa_ring *r, struct fa_ring_wait *w, fa_status
 static void ring_reap(struct fa_ring *r)
 {
 	uint32_t tail = ld(&r->hdr->cq_tail);
+	bool woke = false;
 
 	while (r->cq_head != tail) {
 		const struct fa_ring_cqe *e = fa_ring_cqe_at(r->hdr, r->cq_head);
@@ -214,8 +215,11 @@ static void ring_reap(struct fa_ring *r)
 			w->used = false; /* its caller timed out and left */
 		} else {
 			w->done = true;
+			woke = true;
 		}
 	}
+	if (woke)
+		pthread_cond_broadcast(&r->cv); /* its caller may wait on cv, not on the futex */
 }
 
 /* The daemon stopped serving the ring, or is gone (mu held): every asynchronous call still out

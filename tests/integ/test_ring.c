@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
+#include <pthread.h>
 #include <linux/futex.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -187,6 +188,59 @@ static void test_ring_serves_calls_with_the_sockets_results(void **state)
 	fa_buffer_free(buf);
 	fa_buffer_free(buf2);
 	fa_client_close(plain);
+	fa_client_close(c);
+}
+
+/* Threads of one client share its ring: each its own buffer and cases, every result right. */
+struct mt_arg {
+	fa_client *c;
+	int idx, bad;
+};
+
+static void *mt_thread(void *p)
+{
+	struct mt_arg *a = p;
+	fa_buffer *buf = NULL;
+	uint64_t rng = 100 + (uint64_t)a->idx;
+	char why[256];
+	struct fa_case cs = {.dtype = FA_DTYPE_FP32, .B = 1, .Sq = 17 + a->idx, .Sk = 29, .Hq = 2,
+	                     .Hkv = 1, .D = 32, .precision = FA_PREC_IEEE};
+	for (int i = 0; i < 150; i++) {
+		if (fa_ping(a->c) != FA_OK)
+			a->bad++;
+		if (i % 10 == 0 && !fa_integ_run_case(a->c, &buf, &cs, &rng, NULL, NULL, why,
+		                                      sizeof why)) {
+			printf("  thread %d: %s\n", a->idx, why);
+			a->bad++;
+		}
+	}
+	fa_buffer_free(buf);
+	return NULL;
+}
+
+static void test_ring_serves_threads_of_one_client_at_once(void **state)
+{
+	(void)state;
+	fa_client *c = NULL;
+	pthread_t th[8];
+	struct mt_arg args[8];
+
+	assert_int_equal(fa_client_open(&c, g_d.url), FA_OK);
+	uint64_t before = fa_integ_stat(c, "ring_entries");
+	for (int i = 0; i < 8; i++) {
+		args[i] = (struct mt_arg){c, i, 0};
+		assert_int_equal(pthread_create(&th[i], NULL, mt_thread, &args[i]), 0);
+	}
+	int bad = 0;
+	for (int i = 0; i < 8; i++) {
+		pthread_join(th[i], NULL);
+		bad += args[i].bad;
+	}
+	uint64_t after = fa_integ_stat(c, "ring_entries");
+	printf("  8 threads: %d failures, ring entries +%llu\n", bad,
+	       (unsigned long long)(after - before));
+	assert_int_equal(bad, 0);
+	assert_true(after - before >= 8 * 165);
 	fa_client_close(c);
 }
 
@@ -406,6 +460,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_ring_serves_calls_with_the_sockets_results),
+		cmocka_unit_test(test_ring_serves_threads_of_one_client_at_once),
 		cmocka_unit_test(test_ring_answers_garbage_and_other_sessions),
 		cmocka_unit_test(test_ring_refuses_a_wrong_layout),
 		cmocka_unit_test(test_ring_impossible_tail_closes_the_ring_not_the_session),
