@@ -44,6 +44,13 @@ bool fa__socket_file_gone(const fa_client *c)
 	return stat(c->path, &sb) != 0 && (errno == ENOENT || errno == ENOTDIR);
 }
 
+/* Ops the ring carries (the daemon's dispatch_ring_op): small replies, no connection needed. */
+bool fa__ring_op(uint32_t op)
+{
+	return op == FA_OP_PING || op == FA_OP_ATTN_FWD || op == FA_OP_ATTN_BWD ||
+	       op == FA_OP_ATTN_VARLEN || op == FA_OP_ATTN_KVCACHE;
+}
+
 /* One call on a pooled socket: returns the daemon's status or a transport status; the reply is in
  * *rep when the status is the daemon's. */
 fa_status fa__call(fa_client *c, struct fa_proto_req *req, struct fa_proto_rep *rep,
@@ -57,6 +64,12 @@ fa_status fa__call(fa_client *c, struct fa_proto_req *req, struct fa_proto_rep *
 	 * for its whole timeout (nanomsg just keeps trying to reconnect). */
 	if (fa__socket_file_gone(c))
 		return fa__fail(FA_EUNAVAIL, "no daemon socket at %s: the daemon stopped", c->path);
+	if (fa__ring_live(c->ring) && fa__ring_op(req->op)) {
+		bool taken = false;
+		st = fa__ring_call(c->ring, req, rep, deadline, &taken);
+		if (taken)
+			return st != FA_OK ? st : fa__reply_status(c, rep);
+	}
 	st = fa_transport_acquire(c->tr, deadline, &s);
 	if (st != FA_OK)
 		return st;

@@ -25,6 +25,7 @@
 #include "fa_check_infer.h"
 #include "fa_client_int.h"
 #include "fa_infer_int.h"
+#include "fa_ring.h"
 
 /* The detail text of the last failed call on this thread; see fa_client.h. */
 FA_API const char *fa_last_error_detail(void)
@@ -165,6 +166,46 @@ static fa_status hello(fa_client *c)
 	return st;
 }
 
+/* The session's submission ring: made and handed over with RING_OPEN (on the socket), or none
+ * (FA_RING=0; a daemon without rings answers FA_EPROTO or FA_ENOTSUP): the calls then go by the
+ * socket, as before. Never fails the session. */
+static void ring_start(fa_client *c)
+{
+	const char *e = getenv("FA_RING");
+	struct fa_proto_req req;
+	struct fa_proto_rep *rep;
+	struct fa_ring *r = NULL;
+	gid_t gid = 0;
+	fa_status st;
+
+	if (e != NULL && strcmp(e, "0") == 0)
+		return;
+	bool set_gid = fa__socket_gid(c, &gid) && gid != getegid();
+	if (fa__ring_create(&r, c->path, c->tr, set_gid, gid) != FA_OK)
+		return;
+	if ((rep = fa__rep_alloc()) == NULL) {
+		fa__ring_free(r);
+		return;
+	}
+	fa__req_init(c, &req, FA_OP_RING_OPEN);
+	req.u.reg.kind = FA_REGION_HOST_SHM;
+	req.u.reg.size = FA_RING_BYTES;
+	snprintf(req.u.reg.shm_name, sizeof req.u.reg.shm_name, "%s", fa__ring_name(r));
+	st = fa__call(c, &req, rep, c->connect_timeout_ms);
+	if (st == FA_OK && rep->u.reg.region != 0) {
+		fa__ring_set_id(r, rep->u.reg.region);
+		c->ring = r;
+		fa__debug("fa: session %016" PRIx64 ": ring %016" PRIx64, c->session,
+		          rep->u.reg.region);
+	} else {
+		fa__debug("fa: no submission ring (%s: %s); calls go by the socket",
+		          fa_status_name(st), fa_last_error_detail());
+		fa__ring_free(r);
+	}
+	free(rep);
+	fa__detail_clear();
+}
+
 /* End the session: BYE on the anchor (briefly: closing the anchor ends the session anyway once
  * no other socket is open) and give the anchor back. */
 static void bye(fa_client *c)
@@ -234,6 +275,7 @@ FA_API fa_status fa_client_open(fa_client **out, const char *addr)
 		free(c);
 		return st;
 	}
+	ring_start(c);
 	*out = c;
 	return FA_OK;
 }
@@ -253,7 +295,9 @@ FA_API void fa_client_close(fa_client *c)
 
 	if (c == NULL)
 		return;
-	bye(c); /* the daemon drops the session's regions: no UNREGISTER per buffer */
+	bye(c); /* the daemon drops the session's regions (and its ring): no UNREGISTER per buffer */
+	fa__ring_free(c->ring); /* before the words: a failed call's done word is written */
+	c->ring = NULL;
 	pthread_mutex_lock(&c->lock);
 	b = c->buffers;
 	c->buffers = NULL;
@@ -270,6 +314,17 @@ FA_API void fa_client_close(fa_client *c)
 	fa_transport_close(c->tr);
 	pthread_mutex_destroy(&c->lock);
 	free(c);
+}
+
+/* Wait for every asynchronous call's completion; see fa_client.h. */
+FA_API fa_status fa_client_flush(fa_client *c)
+{
+	fa__detail_clear();
+	if (c == NULL)
+		return fa__fail(FA_EINVAL, "fa_client_flush: client is NULL");
+	if (c->ring == NULL)
+		return FA_OK;
+	return fa__ring_flush(c->ring, fa__deadline(atomic_load(&c->timeout_ms)));
 }
 
 /* Set the timeout of later calls; see fa_client.h. */
@@ -342,9 +397,12 @@ FA_API fa_status fa_client_reconnect(fa_client *c)
 	/* End the old session if the same daemon still has it (after a restart BYE gets
 	 * FA_ESESSION), and close its connections: nothing is in flight, by the contract. */
 	bye(c);
+	fa__ring_free(c->ring); /* the old session's: the daemon closed it with the session */
+	c->ring = NULL;
 	fa_transport_drop_idle(c->tr);
 	if ((st = hello(c)) != FA_OK)
 		return st;
+	ring_start(c);
 	fa__detail_clear();
 	pthread_mutex_lock(&c->lock);
 	for (fa_buffer *b = c->buffers; b != NULL; b = b->next) {
@@ -648,6 +706,50 @@ static fa_status words_call(fa_client *c, struct fa_words *w, struct fa_tslot *s
 	return fa_cuda_words_wait(w, slot, stream, seq);
 }
 
+/* fa_ring_lost_fn for completion words: a failed ring call's done word, written here. */
+static void ring_words_lost(void *arg, int slot, uint64_t seq)
+{
+	fa_cuda_words_lost(arg, slot, seq);
+}
+
+/* The completion-word path through the submission ring: the ready word, the entry published,
+ * the stream's wait for the done word, and back; no reply is waited for. The socket slot s is
+ * held until the call's completion is read (its id is the words slot), then released by the
+ * ring. *taken false: nothing was published (s still held, the ready word unused). */
+static fa_status ring_words_call(fa_client *c, struct fa_words *w, struct fa_tslot *s,
+                                 void *stream, struct fa_proto_req *req, int64_t deadline,
+                                 bool *taken)
+{
+	int slot = fa_transport_slot_id(s);
+	uint64_t seq = 0;
+	fa_status st;
+
+	*taken = true; /* from here on this path answers, unless the ring turns the entry down */
+	if ((st = fa__ring_sticky(c->ring)) != FA_OK) {
+		fa_transport_release(c->tr, s);
+		return st;
+	}
+	req->u.fwd.async = true;
+	req->u.fwd.slot = (uint32_t)slot;
+	req->u.fwd.words_region = w->buf->region;
+	if ((st = fa_cuda_words_ready(w, slot, stream, &seq)) != FA_OK) {
+		fa_transport_release(c->tr, s);
+		return st;
+	}
+	req->u.fwd.words_seq = seq;
+	/* The stream's wait first: once published, the slot may be released (and taken by another
+	 * thread) as soon as the kernel is done. */
+	if ((st = fa_cuda_words_wait(w, slot, stream, seq)) != FA_OK) {
+		fa_cuda_words_lost(w, slot, seq);
+		fa_transport_release(c->tr, s);
+		return st;
+	}
+	st = fa__ring_submit_async(c->ring, req, s, ring_words_lost, w, slot, seq, deadline, taken);
+	if (!*taken)
+		fa_cuda_words_lost(w, slot, seq); /* nothing published: the socket call takes over */
+	return st;
+}
+
 /* Forward attention ordered on the caller's CUDA stream; see fa_client.h. The socket's slot id
  * names the pair of events: ours, recorded on the stream before the request (the daemon's stream
  * waits on it), and the daemon's, recorded after the kernel (the stream waits on it before the
@@ -684,9 +786,24 @@ FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, v
 		return st;
 	}
 	int64_t deadline = fa__deadline(atomic_load(&c->timeout_ms));
+	bool ring = w != NULL && w->buf->region != 0 && fa__ring_live(c->ring);
+	if (ring && (st = fa__ring_async_room(c->ring, deadline)) != FA_OK) {
+		free(rep);
+		return st;
+	}
 	if ((st = fa_transport_acquire(c->tr, deadline, &s)) != FA_OK) {
 		free(rep);
 		return st;
+	}
+	if (ring && fa__ring_live(c->ring)) {
+		bool taken = false;
+		st = ring_words_call(c, w, s, stream, &req, deadline, &taken);
+		if (taken || st != FA_OK) {
+			if (!taken)
+				fa_transport_release(c->tr, s);
+			free(rep);
+			return st;
+		}
 	}
 	if (w != NULL && w->buf->region != 0) {
 		st = words_call(c, w, s, stream, &req, rep, deadline);

@@ -5,6 +5,8 @@
  *   fa_sockcheck.c  the socket file: missing, stale, forbidden (the group by name), at once
  *   fa_transport.c  nanomsg REQ sockets: a pool, one socket per in-flight call (the only file that
  *                   includes <nanomsg/nn.h>, so the transport can change without touching the rest)
+ *   fa_ring.c       the session's submission ring in shared memory: calls without a socket round
+ *                   trip (proto/fa_ring.h)
  *   fa_call.c       one call on the session: request header, reply status, buffer registration
  *   fa_shm.c        host buffers in POSIX shared memory (one kind of buffer)
  *   fa_cuda.c       device buffers: the caller's cudaMalloc memory, exported as a CUDA IPC handle
@@ -94,6 +96,52 @@ void fa_transport_release(struct fa_transport *t, struct fa_tslot *s);
 fa_status fa_transport_roundtrip(struct fa_transport *t, struct fa_tslot *s,
                                  const struct fa_proto_req *req, struct fa_proto_rep *rep,
                                  int64_t deadline_ns);
+
+/* ---- the submission ring (fa_ring.c) ---------------------------------------------------------- */
+
+struct fa_ring;
+/* An asynchronous call's completion said it failed: write its done word (fa_cuda_words_lost),
+ * so no stream waits for it for ever. A pointer, so that fa_ring.c calls nothing above it. */
+typedef void (*fa_ring_lost_fn)(void *arg, int slot, uint64_t seq);
+
+/* Create and map a new ring object (a host buffer's rules under its own name:
+ * "/faring.<uid>.<pid>.<hex>", mode 0660, group gid when set_gid), its header filled. `path` is the daemon's socket (a vanished
+ * socket ends waits), tr the pool the asynchronous calls' slots go back to. FA_OK, FA_ENOMEM,
+ * FA_ESYS. Any thread; the ring is then shared by every thread of the client. */
+fa_status fa__ring_create(struct fa_ring **out, const char *path, struct fa_transport *tr,
+                          bool set_gid, gid_t gid);
+/* The object's name, for RING_OPEN; and the id the daemon gave it. */
+const char *fa__ring_name(const struct fa_ring *r);
+void fa__ring_set_id(struct fa_ring *r, uint64_t id);
+/* Is the ring served (not NULL, not dead on either side)? */
+bool fa__ring_live(struct fa_ring *r);
+/* One call through the ring until deadline_ns (0: forever). *taken false: the request did not
+ * go (too large for an entry, or the ring is dead): send it on the socket. Otherwise as
+ * fa_transport_roundtrip: FA_OK when rep holds the reply, or FA_ETIMEDOUT, FA_ECLOSED (the
+ * daemon closed the ring under the call), FA_EUNAVAIL (the daemon is gone), FA_EPROTO,
+ * FA_EVERSION, with the detail set. Thread-safe. */
+fa_status fa__ring_call(struct fa_ring *r, const struct fa_proto_req *req,
+                        struct fa_proto_rep *rep, int64_t deadline, bool *taken);
+/* Publish an asynchronous call and return; slot (held by the caller until now) is released,
+ * and lost(lost_arg, lost_slot, lost_seq) called on a failure, when its completion is read.
+ * *taken as in fa__ring_call (on false the caller still holds slot). */
+fa_status fa__ring_submit_async(struct fa_ring *r, const struct fa_proto_req *req,
+                                struct fa_tslot *slot, fa_ring_lost_fn lost, void *lost_arg,
+                                int lost_slot, uint64_t lost_seq, int64_t deadline, bool *taken);
+/* Asynchronous ring calls out at once, at most: each holds a socket slot (its words slot) until
+ * its completion is read, and the pool must keep some for synchronous calls. */
+#define FA_RING_ASYNC_MAX (FA_TRANSPORT_MAX_SOCKETS - 8)
+/* Wait (reading completions) until fewer than FA_RING_ASYNC_MAX asynchronous calls are out, so
+ * that the next one finds a socket slot. FA_OK (also when the ring died), FA_ETIMEDOUT. */
+fa_status fa__ring_async_room(struct fa_ring *r, int64_t deadline);
+/* The sticky error: the first failed asynchronous call's status since the last time it was
+ * returned (with its detail), then cleared; FA_OK when none. */
+fa_status fa__ring_sticky(struct fa_ring *r);
+/* Wait until every asynchronous call's completion is read, then as fa__ring_sticky. */
+fa_status fa__ring_flush(struct fa_ring *r, int64_t deadline);
+/* Fail what is still out (asynchronous calls: their done words written), unmap, unlink, free.
+ * No call may be using it. Safe on NULL. */
+void fa__ring_free(struct fa_ring *r);
 
 /* ---- client and buffers ------------------------------------------------------------ */
 
@@ -209,6 +257,8 @@ struct fa_client {
 	struct fa_async_slot async[FA_TRANSPORT_MAX_SOCKETS]; /* per socket slot (fa_cuda.c) */
 	struct fa_words words[FA_WORDS_MAX_CTX]; /* per CUDA context (fa_cuda.c) */
 	bool force_events;       /* FA_ASYNC_EVENTS=1 at open: the IPC-event path only */
+	struct fa_ring *ring;    /* the session's submission ring, or NULL (FA_RING=0, an old
+	                          * daemon, or none to spare): calls then go by the socket */
 };
 
 /* ---- one call on the session (fa_call.c) ----------------------------------------------------- */
@@ -220,7 +270,10 @@ void fa__req_init(fa_client *c, struct fa_proto_req *req, uint32_t op);
 fa_status fa__reply_status(const fa_client *c, const struct fa_proto_rep *rep);
 /* Is the daemon's socket file gone? (A daemon that stopped removes it.) */
 bool fa__socket_file_gone(const fa_client *c);
-/* One call on a pooled socket within timeout_ms: returns the daemon's status or a transport
+/* Does this op go through the submission ring when the client has one? */
+bool fa__ring_op(uint32_t op);
+/* One call within timeout_ms, through the ring when the client has one and the op goes there,
+ * else on a pooled socket: returns the daemon's status or a transport
  * status (FA_EUNAVAIL when the socket file is gone); the reply is in *rep when the status is the
  * daemon's. */
 fa_status fa__call(fa_client *c, struct fa_proto_req *req, struct fa_proto_rep *rep,

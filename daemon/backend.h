@@ -70,6 +70,10 @@ struct backend_job {
 	 * (enqueued = false: dispatch frees it). A job that fails before its enqueue is handed back
 	 * once, with its status, like a synchronous one. */
 	bool async;
+	/* Asynchronous, completion words, nothing to compute: write done[slot] = words_seq on the
+	 * session's stream after its earlier work, so a refused call from a submission ring (whose
+	 * client's stream already waits for that word) holds nobody (dispatch.c, ring.h). */
+	bool words_release;
 	uint32_t slot;                /* the client's socket slot: one daemon event per slot */
 	bool has_wait_event;
 	uint8_t wait_event[FA_PROTO_IPC_HANDLE_LEN]; /* the client's cuIpcGetEventHandle */
@@ -88,6 +92,8 @@ struct backend_job {
 	/* outputs, valid in done() */
 	fa_status status;
 	uint64_t compute_ns;          /* first chunk started .. last chunk finished */
+	uint64_t gpu_ns;              /* GPU backend, worker jobs: the device's time on it (0:
+	                               * not timed) */
 	char detail[FA_PROTO_DETAIL_MAX];
 	/* test-only (FA_TEST_FAULT_AFTER): fail this job as a fatal device fault when it is done;
 	 * set by backend_submit, read on the loop thread */

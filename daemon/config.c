@@ -160,6 +160,18 @@ static const struct config_option config_options[] = {
 	         "word unwritten) this long after the daemon's stream reached it fails and its "
 	         "stream is released",
 	 FIELD(async_wait_ms)},
+	/* Submission rings (ring.h): a thread each, so they are counted apart from sessions. */
+	{.name = "max-rings", .type = CONFIG_INT, .def = "256", .min = 0, .max = 1024,
+	 .env = "FA_MAX_RINGS", .metavar = "N",
+	 .help = "submission rings (one per session at most; a thread each); more sessions call "
+	         "through the socket; 0: no rings",
+	 FIELD(max_rings)},
+	{.name = "ring-spin-us", .type = CONFIG_INT, .def = "-1", .min = -1, .max = 100000,
+	 .env = "FA_RING_SPIN_US", .metavar = "US",
+	 .help = "a ring's thread polls this long after its last entry before it sleeps (a "
+	         "client then pays a FUTEX_WAKE per call); -1: 200 on 4 or more CPUs, else 0 "
+	         "(polling on 2 busy cores costs more than the wake)",
+	 FIELD(ring_spin_us)},
 	/* The kernels' settings (kernels/fa_settings.h parses and checks them; fa-ctl and the tests
 	 * read the same environment variables). */
 	{.name = "wgmma", .type = CONFIG_KERNEL, .def = "1", .env = "FA_WGMMA", .metavar = "0|1",

@@ -44,6 +44,8 @@ struct config {
 	int metrics_interval_ms;          /* how often it is written */
 	int async_wait_ms;                /* gpu backend: an asynchronous call's inputs not ready
 	                                   * after this long: its stream is released, it fails */
+	int max_rings;                    /* submission rings open at once (ring.h) */
+	int ring_spin_us;                 /* a ring thread's poll before it sleeps */
 	struct fa_kernel_settings kernels; /* gpu backend: planner, NVRTC, kernel cache (wgmma...) */
 };
 

@@ -19,6 +19,7 @@
 #include "log.h"
 #include "metrics_export.h"
 #include "region.h"
+#include "ring.h"
 #include "session.h"
 #include "util.h"
 #include "validate.h"
@@ -39,6 +40,11 @@ struct request {
 	uint64_t t_recv;
 	uint32_t pipe;                    /* the connection it arrived on, for the log */
 	bool replied;                     /* asynchronous: answered at the enqueue */
+	/* A refused asynchronous call from a ring, its done word released by the backend first
+	 * (backend_job.words_release): answered with this status and detail. */
+	bool release;
+	fa_status refused;
+	char refused_detail[FA_PROTO_DETAIL_MAX];
 };
 
 struct dispatch_ctx {
@@ -116,6 +122,16 @@ static void dispatch_log_reply(struct server *srv, struct session *s,
 	}
 }
 
+/* Send encoded reply bytes where the request came from: its connection, or its ring. */
+static void dispatch_route(struct server *srv, const struct ipc_hdr *to, const void *buf,
+                           size_t len)
+{
+	if (ring_hdr_is(to))
+		ring_reply(srv->rings, to, buf, len);
+	else if (srv->ipc != NULL && ipc_reply(srv->ipc, to, buf, len) != FA_OK)
+		log_err("dispatch: out of memory sending a reply");
+}
+
 /* Encode rep, count it, remember it for duplicates, send it. */
 static void dispatch_send(struct server *srv, struct session *s, struct dedupe_entry *dd,
                           const struct ipc_hdr *hdr, struct fa_proto_rep *rep)
@@ -152,8 +168,7 @@ static void dispatch_send(struct server *srv, struct session *s, struct dedupe_e
 		else
 			dedupe_finish(&s->dedupe, dd, srv->rep_buf, len);
 	}
-	if (srv->ipc != NULL && ipc_reply(srv->ipc, &to, srv->rep_buf, len) != FA_OK)
-		log_err("dispatch: out of memory sending a reply");
+	dispatch_route(srv, &to, srv->rep_buf, len);
 }
 
 /* Clear the reply scratch for a new reply (the STATS text is written whole by its handler). */
@@ -272,6 +287,19 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 	extra[0] = '\0';
 	if (srv->backend != NULL && srv->backend->ops->stats != NULL)
 		srv->backend->ops->stats(srv->backend, extra, sizeof extra);
+	if (srv->rings != NULL) {
+		struct ring_counters rc;
+		size_t el = strlen(extra);
+		ring_counters(srv->rings, &rc);
+		snprintf(extra + el, sizeof extra - el,
+		         "# ring\nring_open:%u\nring_opened:%" PRIu64 "\nring_entries:%" PRIu64
+		         "\nring_completions:%" PRIu64 "\nring_dropped:%" PRIu64
+		         "\nring_sleeps:%" PRIu64 "\nring_client_wakes:%" PRIu64
+		         "\nring_broken:%" PRIu64 "\nring_hop_us_mean:%.2f\n",
+		         rc.open, rc.opened, rc.entries, rc.completions, rc.dropped, rc.sleeps,
+		         rc.client_wakes, rc.broken,
+		         rc.entries ? (double)rc.hop_ns / 1e3 / (double)rc.entries : 0.0);
+	}
 	in.backend_text = extra;
 	stats_format(&srv->stats, &in, c->rep->u.stats.text, sizeof c->rep->u.stats.text);
 	return FA_OK;
@@ -465,6 +493,73 @@ static fa_status dispatch_submit(struct dispatch_ctx *c, struct request *r)
 	c->srv->inflight++;
 	c->async = true;
 	return FA_OK;
+}
+
+/* Make r (a request holding its session and regions) a words release for status st and its
+ * detail, and hand it to the backend: a ring's client already made its stream wait for the done
+ * word, so a refusal must still write it (backend.h, words_release). False: the backend did not
+ * take it (answer the refusal as it is). */
+static bool dispatch_release_submit(struct server *srv, struct request *r, fa_status st,
+                                    const char *detail)
+{
+	r->release = true;
+	r->refused = st;
+	snprintf(r->refused_detail, sizeof r->refused_detail, "%s", detail);
+	r->job.words_release = true;
+	r->job.async = true;
+	r->job.is_bwd = false;
+	r->job.infer = NULL;
+	/* Harmless figures for the backend's bookkeeping (nothing is launched). */
+	memset(&r->job.desc, 0, sizeof r->job.desc);
+	r->job.desc.B = r->job.desc.Sq = r->job.desc.Sk = r->job.desc.Hq = r->job.desc.Hkv = 1;
+	r->job.desc.D = 64;
+	r->job.desc.dtype = FA_DTYPE_FP16;
+	return backend_submit(srv->backend, &r->job) == FA_OK;
+}
+
+/* A refused asynchronous ATTN_FWD from a ring, with completion words: release its done word
+ * (the session's words region, if it really is one) and answer once that is enqueued. True
+ * when handed to the backend (the reply then comes from dispatch_fwd_done). */
+static bool dispatch_words_refused(struct dispatch_ctx *c, fa_status st)
+{
+	struct server *srv = c->srv;
+	const struct fa_proto_req *q = c->req;
+	struct session *s = c->session;
+
+	if (!ring_hdr_is(c->hdr) || q->op != FA_OP_ATTN_FWD || !q->u.fwd.async || s == NULL ||
+	    q->u.fwd.words_region == 0 || q->u.fwd.words_seq == 0 ||
+	    q->u.fwd.slot >= FA_PROTO_MAX_SLOTS || !srv->backend->async_words ||
+	    st == FA_ESESSION)
+		return false;
+	struct region *wr = session_region_find(s, q->u.fwd.words_region);
+	if (wr == NULL || !wr->words || wr->dev < 0)
+		return false;
+	struct request *r = calloc(1, sizeof *r);
+	if (r == NULL)
+		return false;
+	r->job.words = wr->base;
+	r->job.words_seq = q->u.fwd.words_seq;
+	r->job.slot = q->u.fwd.slot;
+	r->job.dev = wr->dev;
+	r->job.owner = s;
+	r->job.owner_state = &s->backend_state;
+	r->session = s;
+	session_ref(s);
+	region_ref(wr);
+	r->regions[r->nregions++] = wr;
+	r->dd = c->dd;
+	r->hdr = *c->hdr;
+	r->seq = q->seq;
+	r->t_recv = c->t_recv;
+	r->pipe = c->peer->pipe;
+	if (!dispatch_release_submit(srv, r, st, c->rep->detail)) {
+		dispatch_request_free(r);
+		return false;
+	}
+	s->inflight++;
+	srv->inflight++;
+	c->async = true;
+	return true;
 }
 
 /* An asynchronous ATTN_FWD's completion words: a words region of the session, on the GPU
@@ -730,6 +825,20 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 	return dispatch_submit(c, r);
 }
 
+/* RING_OPEN: map the session's submission ring (ring.h). */
+static fa_status dispatch_ring_open(struct dispatch_ctx *c)
+{
+	struct server *srv = c->srv;
+
+	if (srv->rings == NULL)
+		return fa_err(c->rep->detail, sizeof c->rep->detail, FA_ENOTSUP,
+		              "this daemon serves no submission rings (--max-rings 0): use the "
+		              "socket");
+	return ring_open(srv->rings, c->session->id, c->session->uid, c->session->pid,
+	                 c->req->u.reg.shm_name, c->req->u.reg.size, &c->rep->u.reg.region,
+	                 c->rep->detail, sizeof c->rep->detail);
+}
+
 static const struct dispatch_op dispatch_ops[] = {
 	{FA_OP_HELLO, false, false, dispatch_hello},
 	{FA_OP_BYE, true, false, dispatch_bye},
@@ -742,7 +851,24 @@ static const struct dispatch_op dispatch_ops[] = {
 	{FA_OP_CLIENTS, true, false, dispatch_clients},
 	{FA_OP_ATTN_VARLEN, true, true, dispatch_attn_infer},
 	{FA_OP_ATTN_KVCACHE, true, true, dispatch_attn_infer},
+	{FA_OP_RING_OPEN, true, false, dispatch_ring_open},
 };
+
+/* Ops a ring carries: the calls whose replies are small (a completion entry holds them) and
+ * that need no connection of their own. */
+static bool dispatch_ring_op(uint32_t op)
+{
+	switch (op) {
+	case FA_OP_PING:
+	case FA_OP_ATTN_FWD:
+	case FA_OP_ATTN_BWD:
+	case FA_OP_ATTN_VARLEN:
+	case FA_OP_ATTN_KVCACHE:
+		return true;
+	default:
+		return false;
+	}
+}
 
 /* The table entry of an op, or NULL. */
 static const struct dispatch_op *dispatch_find(uint32_t op)
@@ -782,12 +908,21 @@ void dispatch_request(struct server *srv, const struct ipc_peer *peer, const str
 		dispatch_fail(srv, NULL, NULL, peer, hdr, req.op, req.seq, FA_ENOTSUP, err);
 		return;
 	}
+	if (ring_hdr_is(hdr) && !dispatch_ring_op(req.op)) {
+		snprintf(err, sizeof err, "op %s is not served through the submission ring: send "
+		         "it on the socket", fa_proto_op_name(req.op));
+		dispatch_fail(srv, NULL, NULL, peer, hdr, req.op, req.seq, FA_ENOTSUP, err);
+		return;
+	}
 
 	struct session *s = NULL;
 	struct dedupe_entry *dd = NULL;
 	if (op->needs_session) {
 		s = session_find(&srv->sessions, req.session);
-		if (s == NULL || session_attach(s, peer) != FA_OK) {
+		/* A ring is bound to its session: its entries name no other (ring.h). */
+		bool ring = ring_hdr_is(hdr);
+		if (s == NULL || (ring ? ring_hdr_session(hdr) != s->id
+		                       : session_attach(s, peer) != FA_OK)) {
 			snprintf(err, sizeof err,
 			         "session %016" PRIx64
 			         " is not open on this daemon (epoch %016" PRIx64
@@ -814,8 +949,7 @@ void dispatch_request(struct server *srv, const struct ipc_peer *peer, const str
 				log_info("request %s session %016" PRIx64 " seq %" PRIu64
 				         ": repeated; answered from the cache",
 				         fa_proto_op_name(req.op), s->id, req.seq);
-				if (srv->ipc != NULL)
-					ipc_reply(srv->ipc, hdr, dd->reply, dd->reply_len);
+				dispatch_route(srv, hdr, dd->reply, dd->reply_len);
 				session_unref(s);
 				return;
 			case DEDUPE_CONFLICT:
@@ -853,6 +987,8 @@ void dispatch_request(struct server *srv, const struct ipc_peer *peer, const str
 		.t_recv = t_recv,
 	};
 	st = op->fn(&c);
+	if (!c.async && st != FA_OK)
+		dispatch_words_refused(&c, st);
 	if (!c.async) {
 		rep->status = st;
 		if (st == FA_OK)
@@ -888,6 +1024,47 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 	              : job->is_bwd    ? FA_OP_ATTN_BWD
 	                               : FA_OP_ATTN_FWD;
 
+	if (r->release) {
+		/* A refused ring call whose done word is now released: its refusal. */
+		dispatch_rep_reset(rep, op, r->seq);
+		rep->status = r->refused;
+		snprintf(rep->detail, sizeof rep->detail, "%s", r->refused_detail);
+		s->inflight--;
+		srv->inflight--;
+		dispatch_log_reply(srv, s, rep, r->pipe, r->t_recv);
+		dispatch_send(srv, s, r->dd, &r->hdr, rep);
+		dispatch_request_free(r);
+		return;
+	}
+	if (!r->replied && !job->enqueued && job->status != FA_OK && job->async &&
+	    job->words != NULL && ring_hdr_is(&r->hdr) && srv->state == SERVER_RUNNING) {
+		/* Failed before its kernel was enqueued: its client's stream waits for the done
+		 * word all the same. The regions stay held until the release is answered. */
+		char detail[FA_PROTO_DETAIL_MAX];
+		snprintf(detail, sizeof detail, "%s", job->detail);
+		if (dispatch_release_submit(srv, r, job->status, detail))
+			return;
+		r->release = false;
+		job->status = r->refused;
+		snprintf(job->detail, sizeof job->detail, "%s", detail);
+	}
+	if (r->replied && ring_hdr_is(&r->hdr)) {
+		/* An asynchronous call from a ring: its completion is posted now, with the kernel's
+		 * status (the client's sticky error), so a words slot is reused only after its done
+		 * word was written. */
+		dispatch_rep_reset(rep, op, r->seq);
+		rep->status = job->status;
+		if (job->status == FA_OK)
+			dispatch_count_done(srv, job, r->t_recv);
+		else
+			snprintf(rep->detail, sizeof rep->detail, "%s", job->detail);
+		s->inflight--;
+		srv->inflight--;
+		dispatch_log_reply(srv, s, rep, r->pipe, r->t_recv);
+		dispatch_send(srv, s, r->dd, &r->hdr, rep);
+		dispatch_request_free(r);
+		return;
+	}
 	if (r->replied) {
 		/* An asynchronous job's kernel finished; its reply went at the enqueue. */
 		if (job->status == FA_OK) {
@@ -910,6 +1087,8 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 		 * the event recorded after it. The request (and its regions) live until the
 		 * backend hands the job back again, finished. */
 		r->replied = true;
+		if (ring_hdr_is(&r->hdr))
+			return; /* a ring's call is answered when its kernel finished (above) */
 		rep->u.fwd.async = job->words == NULL; /* the event; words need nothing back */
 		memcpy(rep->u.fwd.event, job->done_event, sizeof rep->u.fwd.event);
 		dispatch_log_reply(srv, s, rep, r->pipe, r->t_recv);

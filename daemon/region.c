@@ -57,16 +57,24 @@ bool region_name_valid(const char *name)
 fa_status region_open_shm(struct region **out, const char *name, uint64_t size, uint32_t peer_uid,
                           uint64_t max_bytes, char *err, size_t errlen)
 {
+	*out = NULL;
+	if (!region_name_valid(name))
+		return fa_err(
+		    err, errlen, FA_EINVAL,
+		    "shm name '%.64s' is not of the form /fa.<uid>.<pid>.<16 hex digits>", name);
+	return region_map_shm(out, name, size, peer_uid, max_bytes, err, errlen);
+}
+
+/* The checks after the name's and the mapping; see region.h. */
+fa_status region_map_shm(struct region **out, const char *name, uint64_t size, uint32_t peer_uid,
+                         uint64_t max_bytes, char *err, size_t errlen)
+{
 	struct region *r;
 	struct stat st;
 	void *base;
 	int fd;
 
 	*out = NULL;
-	if (!region_name_valid(name))
-		return fa_err(
-		    err, errlen, FA_EINVAL,
-		    "shm name '%.64s' is not of the form /fa.<uid>.<pid>.<16 hex digits>", name);
 	if (size == 0)
 		return fa_err(err, errlen, FA_EINVAL, "region size is 0");
 	if (size > max_bytes || size > (uint64_t)SIZE_MAX)
@@ -195,6 +203,10 @@ void region_unref(struct region *r)
 		free(r);
 		return;
 	}
+	if (r->uncounted) {
+		region_live++;
+		region_live_bytes += r->size;
+	}
 	if (munmap(r->base, (size_t)r->size) != 0)
 		log_err("region %016" PRIx64 ": munmap %s: %s", r->id, r->name, strerror(errno));
 	/* A client in another uid's sticky /dev/shm entry cannot be unlinked by us (EPERM): that
@@ -205,6 +217,16 @@ void region_unref(struct region *r)
 	region_live--;
 	region_live_bytes -= r->size;
 	free(r);
+}
+
+/* Out of the totals; see region.h. */
+void region_uncount(struct region *r)
+{
+	if (r->uncounted)
+		return;
+	r->uncounted = true;
+	region_live--;
+	region_live_bytes -= r->size;
 }
 
 /* Live mappings. */

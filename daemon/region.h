@@ -57,6 +57,7 @@ struct region {
 	int dev;            /* CUDA IPC regions: the backend's index of their GPU; -1 otherwise */
 	struct region_mem mem; /* the memory mapped (fstat at open; the backend for CUDA IPC) */
 	uint64_t mem_at;    /* the byte of that memory at which the region's byte 0 lies */
+	bool uncounted;     /* not a buffer (a submission ring): outside region_count/bytes */
 	bool words;         /* CUDA IPC: the session's asynchronous completion words
 	                     * (FA_PROTO_WORDS_*), never a tensor's region */
 };
@@ -71,6 +72,11 @@ bool region_name_valid(const char *name);
 fa_status region_open_shm(struct region **out, const char *name, uint64_t size, uint32_t peer_uid,
                           uint64_t max_bytes, char *err, size_t errlen);
 
+/* region_open_shm without the name's pattern check (the caller checked its own pattern: the
+ * submission rings' "/faring.<uid>.<pid>.<16 hex>", ring.c). Same statuses. */
+fa_status region_map_shm(struct region **out, const char *name, uint64_t size, uint32_t peer_uid,
+                         uint64_t max_bytes, char *err, size_t errlen);
+
 /* A CUDA IPC region of `size` bytes (the client's whole allocation), not opened yet: base is NULL
  * until the backend's region_open sets it. The reference count starts at 1. Returns FA_OK;
  * FA_EINVAL (size 0 or above max_bytes), FA_ENOMEM. */
@@ -84,6 +90,10 @@ bool region_same_mem(const struct region *a, const struct region *b);
 /* Take / drop a reference. The last drop unmaps (and unlinks when r->unlink) and frees. */
 void region_ref(struct region *r);
 void region_unref(struct region *r);
+
+/* The mapping is not a client buffer (a submission ring, ring.c): take it out of the totals
+ * below. Once, right after the open. */
+void region_uncount(struct region *r);
 
 /* Process-wide totals of live mappings (the STATS "regions" and "region_bytes"). Loop thread. */
 unsigned region_count(void);

@@ -100,6 +100,7 @@ static void server_on_session_close(struct session *s, void *arg)
 {
 	struct server *srv = arg;
 
+	ring_close_session(srv->rings, s->id); /* its thread stops; late replies are dropped */
 	/* The client is gone (or said BYE): nothing it asked for is wanted any more. Started
 	 * requests stop after the piece they are running (backend.h, ops.stop). */
 	if (srv->backend != NULL && s->inflight > 0)
@@ -250,6 +251,19 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 		srv->backend = NULL;
 		return st;
 	}
+	struct ring_params rp = {
+		.loop = loop,
+		.on_recv = server_on_recv,
+		.arg = srv,
+		.max_rings = (unsigned)cfg->max_rings,
+		.spin_us = cfg->ring_spin_us >= 0 ? (unsigned)cfg->ring_spin_us
+		           : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 200u : 0u,
+		.max_bytes = cfg->max_region_bytes,
+	};
+	if (cfg->max_rings > 0 && rings_open(&srv->rings, &rp, desc, sizeof desc) != FA_OK) {
+		log_warn("server: no submission rings (calls go by the socket): %s", desc);
+		srv->rings = NULL;
+	}
 	log_notice("server: ready on %s (mode %04o), backend %s with %u threads, epoch %016" PRIx64,
 	           cfg->socket, cfg->socket_mode, backend_name(srv->backend), srv->backend->threads,
 	           srv->epoch);
@@ -308,6 +322,11 @@ static void server_teardown(struct server *srv)
 		srv->closing++;
 		ipc_close(srv->ipc, server_part_closed, srv);
 		srv->ipc = NULL;
+	}
+	if (srv->rings != NULL) {
+		srv->closing++;
+		rings_close(srv->rings, server_part_closed, srv);
+		srv->rings = NULL;
 	}
 	/* Unmap only: a clean restart keeps the clients' shm objects for the next daemon. */
 	session_table_fini(&srv->sessions, false);

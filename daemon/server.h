@@ -22,6 +22,7 @@
 #include "fa_proto.h"
 #include "ipc.h"
 #include "metrics.h"
+#include "ring.h"
 #include "metrics_file.h"
 #include "session.h"
 #include "stats.h"
@@ -39,6 +40,7 @@ struct server {
 	const struct config *cfg;
 	uv_loop_t *loop;
 	struct ipc *ipc;          /* NULL once closed */
+	struct rings *rings;      /* the submission rings (ring.h); NULL once closed or none */
 	struct backend *backend;  /* NULL once closed */
 	struct session_table sessions;
 	struct stats stats;

@@ -170,6 +170,7 @@ static const struct op_info {
 		 KB(K_FL),
 	 KB(K_SLOT) | KB(K_EV) | KB(K_PRI), KB(K_NS), KB(K_EV)},
 	{FA_OP_CLIENTS, "CLIENTS", KB(K_SID), KB(K_AFTER), KB(K_CL), 0},
+	{FA_OP_RING_OPEN, "RING_OPEN", KB(K_SID) | KB(K_SHM) | KB(K_SIZE), 0, KB(K_RID), 0},
 };
 
 /* The table entry of an op, or NULL when the number is not an op of this version. */
@@ -782,6 +783,13 @@ static fa_status decode_req_map(const msgpack_object_map *m, struct fa_proto_req
 		if (val[K_AFTER] && !get_uint(val[K_AFTER], UINT64_MAX, &out->u.clients.after))
 			return fa_err(err, errlen, FA_EPROTO, "key 'after': want an unsigned integer");
 		return FA_OK;
+	case FA_OP_RING_OPEN:
+		if (!get_uint(val[K_SIZE], UINT64_MAX, &u))
+			return fa_err(err, errlen, FA_EPROTO, "key 'size': want an unsigned integer");
+		out->u.reg.kind = FA_REGION_HOST_SHM;
+		out->u.reg.size = u;
+		return get_str(val[K_SHM], "shm", out->u.reg.shm_name, FA_PROTO_SHM_NAME_MAX, err,
+		               errlen);
 	default:
 		return FA_OK; /* BYE, PING, STATS: nothing more */
 	}
@@ -941,6 +949,7 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 		out->u.hello.backend = (uint8_t)u;
 		return FA_OK;
 	case FA_OP_REGISTER:
+	case FA_OP_RING_OPEN:
 		if (!get_uint(val[K_RID], UINT64_MAX, &u) || u == 0)
 			return fa_err(err, errlen, FA_EPROTO, "key 'rid': must be a region id > 0");
 		out->u.reg.region = u;
@@ -1166,6 +1175,11 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 	case FA_OP_UNREGISTER:
 		*n += 1;
 		return req->u.unreg.region != 0 ? FA_OK : FA_EINVAL;
+	case FA_OP_RING_OPEN:
+		if (!str_fits(req->u.reg.shm_name, FA_PROTO_SHM_NAME_MAX))
+			return FA_EINVAL;
+		*n += 2;
+		return FA_OK;
 	case FA_OP_CLIENTS:
 		*n += req->u.clients.after != 0; /* 0 is the default: not written */
 		return FA_OK;
@@ -1269,6 +1283,10 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 		break;
 	case FA_OP_UNREGISTER:
 		rc |= pk_u64(&pk, K_RID, req->u.unreg.region);
+		break;
+	case FA_OP_RING_OPEN:
+		rc |= pk_u64(&pk, K_SIZE, req->u.reg.size);
+		rc |= pk_str(&pk, K_SHM, req->u.reg.shm_name);
 		break;
 	case FA_OP_ATTN_FWD:
 		rc |= pk_tensor(&pk, K_TQ, &req->u.fwd.q);
@@ -1378,6 +1396,7 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 			n += 5;
 			break;
 		case FA_OP_REGISTER:
+		case FA_OP_RING_OPEN:
 			if (rep->u.reg.region == 0)
 				return FA_EINVAL;
 			n += 1;
@@ -1428,6 +1447,7 @@ fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t 
 			rc |= pk_u64(&pk, K_BE, rep->u.hello.backend);
 			break;
 		case FA_OP_REGISTER:
+		case FA_OP_RING_OPEN:
 			rc |= pk_u64(&pk, K_RID, rep->u.reg.region);
 			break;
 		case FA_OP_ATTN_FWD:

@@ -56,6 +56,9 @@ enum fa_op {
 	FA_OP_ATTN_KVCACHE = 24, /* forward against a KV cache, contiguous or paged */
 	/* 25 is reserved for the inference ops */
 	FA_OP_CLIENTS = 30,    /* the sessions, one entry each (fa-ctl clients) */
+	/* 50-54: the submission ring (fa_ring.h) */
+	FA_OP_RING_OPEN = 50,  /* map the session's submission ring: u.reg's shm_name and size
+	                        * (kind unused); the reply's u.reg.region is the ring's id */
 };
 
 /* Bits of the ATTN_BWD request's flags ("fl"); any other bit is FA_EPROTO. */

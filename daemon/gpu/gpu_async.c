@@ -265,6 +265,30 @@ static fa_status gpu_words_wait(struct gpu_owner_dev *od, struct backend_job *jo
 	return FA_OK;
 }
 
+/* Where the host function of the job just enqueued on od->stream goes (od's thread): the side
+ * stream, made to wait for everything enqueued so far (the kernel, its done word), so the
+ * kernel's stream goes on to the next call while the driver runs the function; od->stream
+ * itself when the side stream is missing or the wait cannot be enqueued. */
+static fa_cu_stream gpu_hostfn_stream(struct gpu_owner_dev *od)
+{
+	const struct fa_cu_api *cu = fa_cu;
+
+	if (!od->hostfn_tried) {
+		od->hostfn_tried = true;
+		if (cu->StreamCreate(&od->hostfn_stream, FA_CU_STREAM_NON_BLOCKING) != 0)
+			od->hostfn_stream = NULL;
+		else if (cu->EventCreate(&od->hostfn_ev, FA_CU_EVENT_DISABLE_TIMING) != 0) {
+			cu->StreamDestroy(od->hostfn_stream);
+			od->hostfn_stream = NULL;
+			od->hostfn_ev = NULL;
+		}
+	}
+	if (od->hostfn_stream == NULL || cu->EventRecord(od->hostfn_ev, od->stream) != 0 ||
+	    cu->StreamWaitEvent(od->hostfn_stream, od->hostfn_ev, 0) != 0)
+		return od->stream;
+	return od->hostfn_stream;
+}
+
 /* Run an asynchronous job: wait for the client's ready word (or event) on the session's stream,
  * launch, write the done word (or record the daemon's event), queue the host function. FA_OK:
  * enqueued (the caller hands it back for the reply); else the job failed before its kernel was
@@ -285,6 +309,16 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	*sticky = false;
 	job->status = FA_OK;
 	job->detail[0] = '\0';
+	if (job->words_release) {
+		/* Fenced like a kernel's done word: after everything earlier on the stream. */
+		r = cu->StreamWriteValue64(od->stream,
+		                           (fa_cu_ptr)(uintptr_t)job->words +
+		                               FA_PROTO_WORDS_DONE(job->slot),
+		                           job->words_seq, FA_CU_STREAM_WRITE_VALUE_DEFAULT);
+		if (r != 0)
+			gpu_job_cuerr(d, job, r, "releasing a refused call's done word", sticky);
+		return FA_ECLOSED; /* handed back once: nothing else was enqueued */
+	}
 	__typeof__(od->slot[0]) *sl = &od->slot[job->slot];
 	bool words = job->words != NULL;
 	if (words) {
@@ -422,7 +456,7 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	backend_done_push(&b->done_list, job); /* the reply */
 	pthread_mutex_unlock(&b->mu);
 	uint64_t th = fa_now_ns();
-	r = cu->LaunchHostFunc(od->stream, gpu_async_done, t);
+	r = cu->LaunchHostFunc(gpu_hostfn_stream(od), gpu_async_done, t);
 	th = fa_now_ns() - th;
 	pthread_mutex_lock(&b->mu);
 	b->async_ns[3] += th;
@@ -648,6 +682,10 @@ void gpu_owner_free(struct backend *base, void *state)
 		}
 		if (od->release_stream != NULL)
 			fa_cu->StreamDestroy(od->release_stream);
+		if (od->hostfn_stream != NULL)
+			fa_cu->StreamDestroy(od->hostfn_stream);
+		if (od->hostfn_ev != NULL)
+			fa_cu->EventDestroy(od->hostfn_ev);
 		if (od->passed != NULL)
 			fa_cu->MemFreeHost((void *)(uintptr_t)od->passed);
 		free(od);

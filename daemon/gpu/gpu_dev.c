@@ -22,6 +22,7 @@ void gpu_dev_fini(struct gpu_dev *d)
 		for (int i = 0; i < GPU_PIPE; i++)
 			if (d->pipe_ev[i] != NULL)
 				fa_cu->EventDestroy(d->pipe_ev[i]);
+		gpu_timing_fini(d);
 		for (int i = 0; i < 2; i++)
 			if (d->piece_ev[i] != NULL)
 				fa_cu->EventDestroy(d->piece_ev[i]);

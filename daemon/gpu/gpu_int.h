@@ -151,6 +151,13 @@ struct gpu_owner_dev {
 	volatile uint64_t *passed;               /* owner (the GPU writes it) */
 	fa_cu_ptr passed_dev;                    /* owner */
 	fa_cu_stream release_stream;             /* owner: the releases (the stream may wait) */
+	/* The host functions, on a stream of their own behind an event of the kernel's stream: a
+	 * host function blocks its stream until the driver's thread has run it, and on the
+	 * kernel's stream that GPU -> host -> GPU trip stood between two calls' kernels. NULL:
+	 * on the kernel's stream (creation failed). */
+	fa_cu_stream hostfn_stream;              /* owner */
+	fa_cu_event hostfn_ev;                   /* owner */
+	bool hostfn_tried;                       /* owner */
 	uint64_t nwords;                         /* owner: words tickets so far */
 	struct gpu_ticket *wq_head, *wq_tail;    /* mu: words tickets not finished, in order */
 	uint64_t wq_since;                       /* mu: when wq_head became the head */
@@ -185,6 +192,18 @@ struct gpu_ticket {
 };
 
 /* One device and its worker. */
+/* A device's timing of its worker's jobs (gpu_timing.c). Events: the worker's; counters: mu. */
+struct gpu_timing {
+	int state;                     /* worker: 0 not made yet, 1 on, -1 off (no events) */
+	fa_cu_event start[GPU_PIPE], end[GPU_PIPE], tail[2];
+	bool ok[GPU_PIPE];             /* worker: job i's two events were recorded */
+	unsigned cur, prev;            /* worker: the tail of the batch now / the one before */
+	bool cur_valid, prev_valid;
+	uint64_t busy_ns, jobs;        /* mu: GPU time of the timed jobs */
+	uint64_t gap_short_ns, gaps_short, gap_short_max_ns; /* mu: gaps under 2 ms */
+	uint64_t gap_long_ns, gaps_long;                     /* mu: longer (an idle device) */
+};
+
 struct gpu_dev {
 	struct gpu_backend *b;                   /* open */
 	struct fa_gpu *g;                        /* open */
@@ -203,6 +222,7 @@ struct gpu_dev {
 	fa_cu_ptr scratch;                         /* worker (inline runs never stage) */
 	size_t scratch_size;                     /* worker */
 	fa_cu_event pipe_ev[GPU_PIPE];             /* worker: one per job in flight */
+	struct gpu_timing tm;                    /* GPU busy time and gaps (gpu_timing.c) */
 	atomic_uint pushes;                      /* atomic: jobs queued so far, the idle worker
 	                                          * spins on it */
 	bool busy;                               /* mu: the worker runs a batch */
@@ -511,5 +531,15 @@ void gpu_dev_fini(struct gpu_dev *d);
 
 /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints a device's UUID. */
 void gpu_uuid_text(const uint8_t u[16], char out[48]);
+
+/* gpu_timing.c: job i of the worker's batch starts / ends on stream s (worker thread); the
+ * batch of n jobs is enqueued; job i completed (its event waited for): its GPU time into
+ * job->gpu_ns and the device's counters, with the gap before it. fini: the events (the worker
+ * has stopped). */
+void gpu_timing_start(struct gpu_dev *d, unsigned i, fa_cu_stream s);
+void gpu_timing_end(struct gpu_dev *d, unsigned i, fa_cu_stream s);
+void gpu_timing_batch_end(struct gpu_dev *d, unsigned n, fa_cu_stream s);
+void gpu_timing_read(struct gpu_dev *d, unsigned i, struct backend_job *job);
+void gpu_timing_fini(struct gpu_dev *d);
 
 #endif /* FA_DAEMON_GPU_INT_H */

@@ -118,7 +118,7 @@ fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	char key[COMPILE_KEY_MAX], why[FA_PROTO_DETAIL_MAX];
 	int kl = snprintf(key, sizeof key, "g%d/", job->dev);
 	/* (The backward's kernels compile on the worker, at their first use: no lookup here.) */
-	if (b->ncompile > 0 && !fault_marked(&b->base) && !job->is_bwd) {
+	if (b->ncompile > 0 && !fault_marked(&b->base) && !job->is_bwd && !job->words_release) {
 		known = fa_gpu_kernel_lookup(d->g, &job->desc, &ready, key + kl,
 		                             sizeof key - (size_t)kl, why, sizeof why) == FA_OK;
 		if (!known)

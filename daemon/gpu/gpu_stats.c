@@ -112,6 +112,24 @@ void gpu_stats(struct backend *base, char *buf, size_t cap)
 	if (m < 0 || (size_t)m >= cap - (size_t)n)
 		return;
 	n += m;
+	/* Each device's GPU time and idle gaps (gpu_timing.c); GPU 0 without a number. */
+	for (unsigned i = 0; i < b->ndevs; i++) {
+		char pre[16];
+		snprintf(pre, sizeof pre, i == 0 ? "gpu_" : "gpu%u_", i);
+		pthread_mutex_lock(&b->mu);
+		struct gpu_timing tm = b->devs[i].tm;
+		pthread_mutex_unlock(&b->mu);
+		m = snprintf(buf + n, cap - (size_t)n,
+		             "%sbusy_us:%" PRIu64 "\n%stimed_jobs:%" PRIu64 "\n%sgap_short_us:%" PRIu64
+		             "\n%sgaps_short:%" PRIu64 "\n%sgap_short_max_us:%" PRIu64
+		             "\n%sgap_long_us:%" PRIu64 "\n%sgaps_long:%" PRIu64 "\n",
+		             pre, tm.busy_ns / 1000, pre, tm.jobs, pre, tm.gap_short_ns / 1000, pre,
+		             tm.gaps_short, pre, tm.gap_short_max_ns / 1000, pre,
+		             tm.gap_long_ns / 1000, pre, tm.gaps_long);
+		if (m < 0 || (size_t)m >= cap - (size_t)n)
+			return;
+		n += m;
+	}
 	for (unsigned i = 1; i < b->ndevs; i++) { /* GPU 0 is described above */
 		char u[48];
 		gpu_uuid_text(b->devs[i].uuid, u);

@@ -81,15 +81,20 @@ void *gpu_worker(void *arg)
 			bool s1 = false;
 			t0[i] = fa_now_ns();
 			batch[i]->t_pick = t0[i];
+			gpu_timing_start(d, i, d->stream);
 			if (batch[i]->is_bwd)
 				gpu_enqueue_bwd(d, batch[i], d->stream, d->pipe_ev[i], &s1);
 			else
 				gpu_enqueue(d, batch[i], d->stream, d->pipe_ev[i], &s1);
+			gpu_timing_end(d, i, d->stream);
 			sticky |= s1;
 		}
+		gpu_timing_batch_end(d, n, d->stream);
 		for (unsigned i = 0; i < n; i++) {
 			bool s1 = false;
 			gpu_complete(d, batch[i], d->pipe_ev[i], &s1);
+			if (!s1)
+				gpu_timing_read(d, i, batch[i]);
 			if (i + 1 == n) {
 				pthread_mutex_lock(&b->mu);
 				d->busy = false;

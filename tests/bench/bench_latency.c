@@ -9,6 +9,8 @@
  *   fa_ping     fa_ping() through libfaclient
  *   echo/attn   the echo with a message the size of the attention request below
  *   fa_attn     fa_attn_fwd() of a tiny problem: B=1, H=1 and 2, S=16, D=64, fp16
+ *   ... ring    fa_ping and fa_attn again through the session's submission ring (the default
+ *               client; the rows above are FA_RING=0, the socket), each against its socket row
  * Figures only (p50, p99, mean in microseconds, and each against the echo of the same size); it
  * is not a timed test and always exits 0 unless something fails outright.
  */
@@ -156,9 +158,13 @@ int main(int argc, char **argv)
 	struct series echo_ping = {"echo/ping", calloc((size_t)n, sizeof(double)), n, 0, 0, 0};
 	struct series raw_ping = {"raw ping", calloc((size_t)n, sizeof(double)), n, 0, 0, 0};
 	struct series fa_ping_s = {"fa_ping", calloc((size_t)n, sizeof(double)), n, 0, 0, 0};
+	struct series ring_ping = {"fa_ping ring", calloc((size_t)n, sizeof(double)), n, 0, 0, 0};
 	struct series echo_attn = {"echo/attn", calloc((size_t)n, sizeof(double)), n, 0, 0, 0};
 	struct series attn[2] = {{"fa_attn H=1", calloc((size_t)n, sizeof(double)), n, 0, 0, 0},
 	                         {"fa_attn H=2", calloc((size_t)n, sizeof(double)), n, 0, 0, 0}};
+	struct series ring_attn[2] = {
+	    {"fa_attn ring H=1", calloc((size_t)n, sizeof(double)), n, 0, 0, 0},
+	    {"fa_attn ring H=2", calloc((size_t)n, sizeof(double)), n, 0, 0, 0}};
 	int rc = 0;
 
 	/* The echo, at both sizes. */
@@ -192,10 +198,18 @@ int main(int argc, char **argv)
 	fa_raw_simple(rs, FA_OP_BYE, sid, 5, &rep);
 	nn_close(rs);
 
-	/* Through libfaclient. */
+	/* Through libfaclient: by the socket (FA_RING=0), then through the submission ring. */
+	char text[16384], backend[32] = "?";
+	for (int mode = 0; mode < 2 && rc == 0; mode++) {
+	struct series *ps = mode ? &ring_ping : &fa_ping_s;
+	struct series *as = mode ? ring_attn : attn;
 	fa_client *c = NULL;
 	fa_buffer *buf = NULL;
-	if (fa_client_open(&c, d.url) != FA_OK) {
+	if (mode == 0)
+		setenv("FA_RING", "0", 1);
+	fa_status ost = fa_client_open(&c, d.url);
+	unsetenv("FA_RING");
+	if (ost != FA_OK) {
 		rc = 1;
 		goto out;
 	}
@@ -206,7 +220,7 @@ int main(int argc, char **argv)
 			break;
 		}
 		if (i >= 0)
-			fa_ping_s.v[i] = (double)(fa_test_now_us() - t0);
+			ps->v[i] = (double)(fa_test_now_us() - t0);
 	}
 	uint64_t rng = 3;
 	for (int k = 0; k < 2 && rc == 0; k++) {
@@ -230,24 +244,27 @@ int main(int argc, char **argv)
 				break;
 			}
 			if (i >= 0)
-				attn[k].v[i] = us;
+				as[k].v[i] = us;
 		}
 		if (rc == 0 && !fa_case_check(&tiny[k], &l, fa_buffer_data(buf), NULL, why, sizeof why)) {
 			fprintf(stderr, "fa_attn_fwd result wrong: %s\n", why);
 			rc = 1;
 		}
 	}
-	char text[16384], backend[32] = "?";
 	if (fa_stats(c, text, sizeof text) == FA_OK)
 		fa_stats_get(text, "backend", backend, sizeof backend);
 	fa_buffer_free(buf);
 	fa_client_close(c);
+	}
 	if (rc != 0)
 		goto out;
 
 	series_finish(&echo_ping);
 	series_finish(&raw_ping);
 	series_finish(&fa_ping_s);
+	series_finish(&ring_ping);
+	series_finish(&ring_attn[0]);
+	series_finish(&ring_attn[1]);
 	series_finish(&echo_attn);
 	series_finish(&attn[0]);
 	series_finish(&attn[1]);
@@ -262,6 +279,14 @@ int main(int argc, char **argv)
 	print_row(&echo_attn, NULL, asize);
 	print_row(&attn[0], &echo_attn, asize);
 	print_row(&attn[1], &echo_attn, asize);
+	printf("  the submission ring (each against the socket's call above):\n");
+	print_row(&ring_ping, &fa_ping_s, psize);
+	print_row(&ring_attn[0], &attn[0], asize);
+	print_row(&ring_attn[1], &attn[1], asize);
+	printf("ring: fa_ping p50 %.1f us vs socket %.1f us (x%.2f); tiny fa_attn_fwd p50 %.1f us vs "
+	       "%.1f us (x%.2f), p99 %.1f vs %.1f us\n", ring_ping.p50, fa_ping_s.p50,
+	       fa_ping_s.p50 > 0 ? ring_ping.p50 / fa_ping_s.p50 : 0, ring_attn[0].p50, attn[0].p50,
+	       attn[0].p50 > 0 ? ring_attn[0].p50 / attn[0].p50 : 0, ring_attn[0].p99, attn[0].p99);
 	printf("(the echo server is nanomsg REP; the daemon answers through its own SP transport on\n"
 	       " its libuv loop: the ratio is its decode, dispatch and reply work, and that transport\n"
 	       " against nanomsg's)\n");
@@ -281,6 +306,9 @@ out:
 	free(echo_ping.v);
 	free(raw_ping.v);
 	free(fa_ping_s.v);
+	free(ring_ping.v);
+	free(ring_attn[0].v);
+	free(ring_attn[1].v);
 	free(echo_attn.v);
 	free(attn[0].v);
 	free(attn[1].v);

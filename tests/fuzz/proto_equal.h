@@ -55,6 +55,9 @@ static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa
 		       a->u.reg.words == b->u.reg.words;
 	case FA_OP_UNREGISTER:
 		return a->u.unreg.region == b->u.unreg.region;
+	case FA_OP_RING_OPEN:
+		return a->u.reg.size == b->u.reg.size &&
+		       strcmp(a->u.reg.shm_name, b->u.reg.shm_name) == 0;
 	case FA_OP_ATTN_FWD:
 		if (!proto_tensor_equal(&a->u.fwd.q, &b->u.fwd.q) ||
 		    !proto_tensor_equal(&a->u.fwd.k, &b->u.fwd.k) ||
@@ -128,6 +131,7 @@ static inline bool proto_rep_equal(const struct fa_proto_rep *a, const struct fa
 		       a->u.hello.max_regions == b->u.hello.max_regions &&
 		       a->u.hello.backend == b->u.hello.backend;
 	case FA_OP_REGISTER:
+	case FA_OP_RING_OPEN:
 		return a->u.reg.region == b->u.reg.region;
 	case FA_OP_ATTN_FWD:
 	case FA_OP_ATTN_VARLEN:

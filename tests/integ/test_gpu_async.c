@@ -728,29 +728,95 @@ static int child_enqueue_cost(void *arg)
 	const int n = 1000;
 	fa_client *cw = NULL, *ce = NULL;
 	void *stream = NULL;
-	double w50 = 0, w99 = 0, e50 = 0, e99 = 0;
+	double w50 = 0, w99 = 0, e50 = 0, e99 = 0, s50 = 0, s99 = 0;
+	fa_client *cs = NULL;
 
 	CHECK(cu_start(0) == 0, "no CUDA");
 	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
 	CHECK(fa_client_open(&cw, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	setenv("FA_RING", "0", 1); /* completion words on the socket: the round trip per call */
+	CHECK(fa_client_open(&cs, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	unsetenv("FA_RING");
 	setenv("FA_ASYNC_EVENTS", "1", 1);
 	CHECK(fa_client_open(&ce, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
 	unsetenv("FA_ASYNC_EVENTS");
 	CHECK(time_enqueues(cw, stream, n, &w50, &w99) == 0, "completion words");
 	CHECK(time_enqueues(ce, stream, n, &e50, &e99) == 0, "IPC events");
+	CHECK(time_enqueues(cs, stream, n, &s50, &s99) == 0, "completion words, socket");
+	CHECK(fa_client_flush(cw) == FA_OK, "flush: %s", fa_last_error_detail());
 	static char text[16384];
 	uint64_t calls = 0, on = 0;
 	CHECK(fa_stats(cw, text, sizeof text) == FA_OK, "stats");
 	fa_stats_u64(text, "gpu_async_words", &on);
 	fa_stats_u64(text, "gpu_async_words_calls", &calls);
-	fprintf(stderr, "async enqueue: fp16 B1 S128 H4 D64, %d calls each: completion words p50 "
+	uint64_t ring_entries = 0;
+	fa_stats_u64(text, "ring_entries", &ring_entries);
+	fprintf(stderr, "async enqueue: fp16 B1 S128 H4 D64, %d calls each: completion words "
+	        "through the ring p50 %.1f us p99 %.1f us; completion words by the socket p50 "
 	        "%.1f us p99 %.1f us; IPC events p50 %.1f us p99 %.1f us (%.1fx); daemon: "
-	        "gpu_async_words %llu, %llu words calls\n", n, w50, w99, e50, e99,
-	        w50 > 0 ? e50 / w50 : 0.0, (unsigned long long)on, (unsigned long long)calls);
+	        "gpu_async_words %llu, %llu words calls, ring_entries %llu\n", n, w50, w99, s50,
+	        s99, e50, e99, w50 > 0 ? e50 / w50 : 0.0, (unsigned long long)on,
+	        (unsigned long long)calls, (unsigned long long)ring_entries);
 	CHECK(on == 1 && calls >= (uint64_t)n, "the words path was not taken");
 	fa_client_close(cw);
 	fa_client_close(ce);
+	fa_client_close(cs);
 	cu.StreamDestroy(stream);
+	return 0;
+}
+
+/* A call the daemon refuses after the client's ring call returned (O over Q: only the daemon
+ * sees overlaps): the stream is not held (the daemon writes the done word of the refused call),
+ * the refusal comes back once, from fa_client_flush, and the next call is served. */
+static int child_ring_refusal_is_sticky(void *arg)
+{
+	(void)arg;
+	struct fa_case cs = {.dtype = FA_DTYPE_FP16, .B = 1, .Sq = 128, .Sk = 128, .Hq = 4,
+	                     .Hkv = 4, .D = 64};
+	struct fa_case_layout l;
+	fa_client *c = NULL;
+	fa_buffer *b = NULL;
+	fa_attn_fwd_args a, bad;
+	cu_ptr dmem = 0;
+	void *stream = NULL, *pinned = NULL;
+	uint64_t rng = 9;
+	char why[256];
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	fa_case_layout(&cs, &l);
+	CHECK(cu.MemAlloc(&dmem, l.total) == 0, "cuMemAlloc");
+	CHECK(cu.MemHostAlloc(&pinned, l.total, 0) == 0, "cuMemHostAlloc");
+	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
+	fa_case_fill(&cs, &l, pinned, &rng);
+	CHECK(cu.MemcpyHtoDAsync(dmem, pinned, l.total, stream) == 0 &&
+	      cu.StreamSynchronize(stream) == 0, "upload");
+	CHECK(fa_client_open(&c, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)dmem, l.total, &b) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_case_args(&cs, &l, b, &a);
+	CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK && cu.StreamSynchronize(stream) == 0 &&
+	      fa_client_flush(c) == FA_OK, "warm-up: %s", fa_last_error_detail());
+	bad = a;
+	bad.o = a.q; /* O over Q */
+	fa_status st = fa_attn_fwd_async(c, &bad, stream);
+	uint64_t t0 = fa_test_now_ms();
+	CHECK(cu.StreamSynchronize(stream) == 0, "the stream after the refused call");
+	uint64_t held = fa_test_now_ms() - t0;
+	fa_status fl = st == FA_OK ? fa_client_flush(c) : st;
+	fprintf(stderr, "ring refusal: the call %s, the stream held %llu ms, then %s (%s)\n",
+	        fa_status_name(st), (unsigned long long)held, fa_status_name(fl),
+	        fa_last_error_detail());
+	CHECK(fl == FA_EOVERLAP, "the refusal: %s", fa_status_name(fl));
+	CHECK(fa_client_flush(c) == FA_OK, "reported once");
+	CHECK(cu.MemsetD8Async(dmem + l.o_off, 0xff, (size_t)l.o_span * 2, stream) == 0, "poison");
+	CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK, "after: %s", fa_last_error_detail());
+	CHECK(cu.MemcpyDtoHAsync(pinned, dmem, l.total, stream) == 0 &&
+	      cu.StreamSynchronize(stream) == 0, "download");
+	CHECK(fa_case_check(&cs, &l, pinned, NULL, why, sizeof why), "after the refusal: %s", why);
+	fa_buffer_free(b);
+	fa_client_close(c);
+	cu.MemFree(dmem);
+	cu.MemFreeHost(pinned);
 	return 0;
 }
 
@@ -846,6 +912,13 @@ static int child_stuck_words_time_out(void *arg)
 	CHECK(seen, "no timeout counted within 20 s");
 	*flag = 1;
 	CHECK(cu.StreamSynchronize(stream) == 0, "the client's stream after the release");
+	/* Through the submission ring the released call's failure is the client's sticky error,
+	 * reported once (fa_client.h); by the socket it was logged by the daemon only. */
+	fa_status fl = fa_client_flush(c);
+	fprintf(stderr, "stuck client: fa_client_flush: %s (%s)\n", fa_status_name(fl),
+	        fa_last_error_detail());
+	CHECK(fl == FA_ETIMEDOUT || fl == FA_OK, "flush: %s", fa_status_name(fl));
+	CHECK(fa_client_flush(c) == FA_OK, "the sticky error is reported once");
 	CHECK(cu.MemsetD8Async(dmem + l.o_off, 0xff, (size_t)l.o_span * 2, stream) == 0, "poison");
 	CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK, "again: %s", fa_last_error_detail());
 	CHECK(cu.MemcpyDtoHAsync(pinned, dmem, l.total, stream) == 0 &&
@@ -962,6 +1035,13 @@ static void test_gpu_async_words_enqueue_costs_against_ipc_events(void **state)
 	assert_int_equal(in_child(child_enqueue_cost, NULL, 120000), 0);
 }
 
+static void test_gpu_async_ring_refusal_is_sticky_and_holds_no_stream(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_ring_refusal_is_sticky, NULL, 120000), 0);
+}
+
 static void test_gpu_async_killed_client_is_released_and_others_served(void **state)
 {
 	(void)state;
@@ -1071,6 +1151,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_gpu_async_returns_before_the_kernel_finishes),
 		cmocka_unit_test(test_gpu_async_client_with_a_stuck_event_stalls_only_itself),
 		cmocka_unit_test(test_gpu_async_words_enqueue_costs_against_ipc_events),
+		cmocka_unit_test(test_gpu_async_ring_refusal_is_sticky_and_holds_no_stream),
 		cmocka_unit_test(test_gpu_async_stuck_client_times_out_and_is_served_after),
 		cmocka_unit_test(test_gpu_async_killed_client_is_released_and_others_served),
 		cmocka_unit_test(test_gpu_second_device_serves_and_mixed_requests_are_refused),

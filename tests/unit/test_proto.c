@@ -2292,12 +2292,53 @@ static void test_proto_round_trips_completion_words_and_refuses_bad_combinations
 	assert_false(q.u.fwd.async);
 }
 
+/* RING_OPEN (op 50): the shm name and size there and back, the ring id in the reply; a request
+ * without its name, or a reply without its id, does not decode. */
+static void test_proto_ring_open_round_trips_and_needs_its_keys(void **state)
+{
+	(void)state;
+	struct fa_proto_req q, d;
+	struct fa_proto_rep r, rd;
+	unsigned char buf[1024];
+	char err[256];
+	size_t len;
+
+	memset(&q, 0, sizeof q);
+	q.op = FA_OP_RING_OPEN;
+	q.session = 5;
+	q.seq = 9;
+	q.u.reg.size = 266240;
+	strcpy(q.u.reg.shm_name, "/faring.1000.42.0123456789abcdef");
+	assert_int_equal(fa_proto_encode_req(&q, buf, sizeof buf, &len), FA_OK);
+	assert_int_equal(fa_proto_decode_req(buf, len, &d, err, sizeof err), FA_OK);
+	assert_int_equal(d.op, FA_OP_RING_OPEN);
+	assert_int_equal(d.u.reg.size, 266240);
+	assert_string_equal(d.u.reg.shm_name, q.u.reg.shm_name);
+	assert_string_equal(fa_proto_op_name(FA_OP_RING_OPEN), "RING_OPEN");
+	q.u.reg.shm_name[0] = '\0'; /* encoded, but the daemon judges names */
+	assert_int_equal(fa_proto_encode_req(&q, buf, sizeof buf, &len), FA_OK);
+	/* no "shm": a map of v, op, seq, sid, size only */
+	unsigned char nos[] = {0x85, 0xa1, 'v', 0x01, 0xa2, 'o', 'p', 0x32, 0xa3, 's', 'e', 'q',
+	                       0x01, 0xa3, 's', 'i', 'd', 0x05, 0xa4, 's', 'i', 'z', 'e', 0x01};
+	assert_int_equal(fa_proto_decode_req(nos, sizeof nos, &d, err, sizeof err), FA_EPROTO);
+	memset(&r, 0, sizeof r);
+	r.op = FA_OP_RING_OPEN;
+	r.seq = 9;
+	r.u.reg.region = 77;
+	assert_int_equal(fa_proto_encode_rep(&r, buf, sizeof buf, &len), FA_OK);
+	assert_int_equal(fa_proto_decode_rep(buf, len, &rd, err, sizeof err), FA_OK);
+	assert_int_equal(rd.u.reg.region, 77);
+	r.u.reg.region = 0;
+	assert_int_equal(fa_proto_encode_rep(&r, buf, sizeof buf, &len), FA_EINVAL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_proto_round_trips_every_request_op),
 		cmocka_unit_test(test_proto_round_trips_requests_with_all_fields_max),
 		cmocka_unit_test(test_proto_round_trips_requests_with_all_fields_min),
+		cmocka_unit_test(test_proto_ring_open_round_trips_and_needs_its_keys),
 		cmocka_unit_test(test_proto_round_trips_attn_fwd_with_and_without_lse),
 		cmocka_unit_test(test_proto_round_trips_async_attn_fwd_and_refuses_bad_slots),
 		cmocka_unit_test(test_proto_round_trips_attn_bwd_with_flags_and_async),

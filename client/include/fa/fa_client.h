@@ -215,8 +215,24 @@ FA_API fa_status fa_attn_fwd(fa_client *c, const fa_attn_fwd_args *args);
  * FA_ENOTSUP (the daemon has no GPU backend), FA_EINVAL (a host buffer, or `stream` is not a
  * stream of a live context), FA_ENOGPU (no CUDA driver here). On FA_EDEVICE after the enqueue
  * (the wait on the daemon's word or event could not be enqueued) the kernel still runs:
- * synchronise the device before reading O. */
+ * synchronise the device before reading O.
+ * Through the submission ring (the default when the daemon serves rings; FA_RING=0 at
+ * fa_client_open turns it off) the call does not wait for the daemon at all: it returns once
+ * the request is in the ring and `stream` waits for the done word (a few microseconds). The
+ * daemon checks the request afterwards, so, like CUDA's asynchronous errors, a refusal or a
+ * failed kernel is reported later: by the next fa_attn_fwd_async() of this client, or by
+ * fa_client_flush(), as that call's status with the failed call's detail (then cleared). The
+ * failed call's done word is written all the same, so `stream` is not held; its O is
+ * undefined. */
 FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, void *stream);
+
+/* Wait until the daemon has finished every asynchronous call of this client that went through
+ * the submission ring (their kernels are done), within the client's timeout, and return the
+ * first failure among them since the last one reported (the sticky error, then cleared).
+ * Without a ring (FA_RING=0, an older daemon) there is nothing to wait for: FA_OK.
+ * Thread-safe. Returns FA_OK, a failed call's status (its detail as this thread's detail),
+ * FA_ETIMEDOUT, FA_EUNAVAIL (the daemon stopped: the calls still out failed), FA_EINVAL. */
+FA_API fa_status fa_client_flush(fa_client *c);
 
 /* Flags of fa_attn_bwd_args.flags. */
 enum {
