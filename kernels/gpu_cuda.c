@@ -86,9 +86,14 @@ struct fa_dparams {
 	struct fa_kdims dims;
 	struct fa_kscale sc;
 	int nsplit, split_keys, rows, nrc;
+	uint64_t cu_q, cu_k, seqlens_k, page_table; /* inference layouts (gpu_infer.c); 0: none */
+	long long pt_cols;
+	int kv, page_size; /* kv 0: dense */
 };
 _Static_assert(offsetof(struct fa_dparams, dims) == 176 && offsetof(struct fa_dparams, sc) == 200 &&
-               offsetof(struct fa_dparams, nsplit) == 208 && sizeof(struct fa_dparams) == 224,
+               offsetof(struct fa_dparams, nsplit) == 208 &&
+               offsetof(struct fa_dparams, cu_q) == 224 &&
+               offsetof(struct fa_dparams, kv) == 264 && sizeof(struct fa_dparams) == 272,
                "decode kernel parameter block layout");
 
 /* One compiled specialisation. */
@@ -622,9 +627,10 @@ static fa_status launch_cvt_flat(struct fa_gpu *g, cufunc f, CUdeviceptr k, CUde
  * threshold, so repeated decodes reuse the same memory) merged by fa_decode_merge, one warp per
  * output row; the scratch is freed in stream order after the merge. */
 static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
-                               const struct fa_decode_plan *dp, CUdeviceptr q, CUdeviceptr k,
-                               CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
-                               char *err, size_t errlen)
+                               const struct fa_decode_plan *dp,
+                               const struct fa_gpu_decode_layout *lay, CUdeviceptr q,
+                               CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse,
+                               CUstream s, char *err, size_t errlen)
 {
 	struct fa_kernel_spec spec;
 	fa_status st;
@@ -655,6 +661,15 @@ static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	p.split_keys = dp->split_keys;
 	p.rows = dp->rows;
 	p.nrc = dp->row_chunks;
+	if (lay) {
+		p.cu_q = lay->cu_q;
+		p.cu_k = lay->cu_k;
+		p.seqlens_k = lay->seqlens_k;
+		p.page_table = lay->page_table;
+		p.pt_cols = lay->pt_cols;
+		p.kv = lay->kv;
+		p.page_size = lay->page_size;
+	}
 	CUdeviceptr scratch = 0;
 	curesult r;
 	if (dp->nsplit > 1) {
@@ -678,6 +693,16 @@ static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	if (r)
 		return cu_fail(g, r, "launching fa_attn_decode / fa_decode_merge", err, errlen);
 	return FA_OK;
+}
+
+/* gpu_int.h: a decode launch over an inference layout (gpu_infer.c). */
+fa_status fa_gpu_decode_launch(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                               const struct fa_decode_plan *dp,
+                               const struct fa_gpu_decode_layout *lay, CUdeviceptr q,
+                               CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse,
+                               CUstream s, char *err, size_t errlen)
+{
+	return launch_decode(g, d, dp, lay, q, k, v, o, lse, s, err, errlen);
 }
 
 fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
@@ -711,7 +736,7 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 		struct fa_decode_plan dp;
 		if ((st = fa_plan_decode(&g->model, d, &g->ks, tile, &dp, err, errlen)))
 			return st;
-		return launch_decode(g, d, &dp, q, k, v, o, lse, s, err, errlen);
+		return launch_decode(g, d, &dp, NULL, q, k, v, o, lse, s, err, errlen);
 	}
 	struct fa_tile t;
 	if (tile) {
