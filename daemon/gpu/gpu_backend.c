@@ -130,6 +130,7 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 	b->base.align = 16; /* fa_gpu.h: 16-byte pointers and batch/seq/head strides */
 	b->base.host_memory = true;
 	b->base.device_memory = true;
+	b->base.infer = true; /* ATTN_VARLEN, ATTN_KVCACHE: gpu_exec_infer.c */
 	b->loop = loop;
 	b->done = done;
 	b->done_arg = arg;

@@ -83,6 +83,8 @@ void *gpu_worker(void *arg)
 			batch[i]->t_pick = t0[i];
 			if (batch[i]->is_bwd)
 				gpu_enqueue_bwd(d, batch[i], d->stream, d->pipe_ev[i], &s1);
+			else if (batch[i]->infer)
+				gpu_enqueue_infer(d, batch[i], d->stream, d->pipe_ev[i], &s1);
 			else
 				gpu_enqueue(d, batch[i], d->stream, d->pipe_ev[i], &s1);
 			sticky |= s1;
