@@ -26,7 +26,10 @@ bool fa_infer_decode_wanted(const struct fa_device_model *dev, const struct fa_a
 
 /* The decode plan for d on dev: fa_plan_decode over the dense descriptor of the longest sequence
  * (*pd: d->fwd with Sq and Sk the longest, each at least 1), so the grid and the split cover
- * every sequence and the blocks of shorter ones exit early. Returns fa_plan_decode's statuses,
+ * every sequence and the blocks of shorter ones exit early. A ragged batch (key lengths not all
+ * equal) gets its split from a cost model over the real lengths instead (planner_infer.c: the
+ * longest block against every block's keys over the SMs, plus the merge pass), unless
+ * ks->decode_splits forces one. Returns fa_plan_decode's statuses,
  * plus FA_ESHAPE for a batch, head count or length over the kernel's grid (the text says which).
  * Pure, thread-safe. */
 fa_status fa_infer_plan_decode(const struct fa_device_model *dev,

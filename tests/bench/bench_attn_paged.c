@@ -10,8 +10,9 @@
  * Timing as bench_attn_decode.c: CUDA events around 20 back-to-back launches, the median of 5,
  * launches rotated over enough K/V copies that L2 never holds the next one's inputs.
  * FA_BENCH_SWEEP=1 also times forced splits (FA_DECODE_SPLITS 1..64, a device handle each,
- * kernels through a disk cache in $TMPDIR) of the dense and paged-16 layouts on the three shapes:
- * the planner's split rule against the measured best. FA_BENCH_TSV=path appends one
+ * kernels through a disk cache in $TMPDIR) of the dense and paged-16 layouts on the three shapes
+ * and of the cache and paged-16 layouts on the ragged batch: the planner's split rules against
+ * the measured best. FA_BENCH_TSV=path appends one
  * tab-separated line per measurement. Prints "no GPU: skipped" and exits 0 without a GPU.
  */
 #include <math.h>
@@ -247,7 +248,7 @@ static void bench(struct fa_gpu *h, const struct shape *sh, const char *tag, boo
 	for (int l = 0; l < NLAY; l++) {
 		if (sh->ragged && (l == DENSE_BHSD || l == DENSE_BSHD))
 			continue;
-		if (only_sweep && l != DENSE_BHSD && l != PAGED16)
+		if (only_sweep && l != (sh->ragged ? CACHE : DENSE_BHSD) && l != PAGED16)
 			continue;
 		struct set sets[MAXSETS];
 		int made = 0;
@@ -285,7 +286,8 @@ static void bench(struct fa_gpu *h, const struct shape *sh, const char *tag, boo
 	free(lens);
 }
 
-/* FA_BENCH_SWEEP=1: forced splits on the shapes (dense BHSD and paged 16). */
+/* FA_BENCH_SWEEP=1: forced splits on the issue's shapes (dense BHSD and paged 16) and the ragged
+ * batch (cache and paged 16): the planner's and the ragged rule's picks against the best. */
 static void sweep(const struct fa_kernel_settings *base)
 {
 	static const int splits[] = {1, 2, 4, 8, 16, 32, 64};
@@ -304,7 +306,7 @@ static void sweep(const struct fa_kernel_settings *base)
 		}
 		fa_gpu_set_cache_dir(h, dir, err, sizeof err);
 		snprintf(tag, sizeof tag, "s%-2d ", splits[si]);
-		for (int k = 0; k < 3; k++)
+		for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++)
 			bench(h, &shapes[k], tag, true);
 		fa_gpu_close(h);
 	}

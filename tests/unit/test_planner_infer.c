@@ -110,12 +110,13 @@ static void test_infer_route_plans_for_the_longest_sequence(void **state)
 	const struct fa_device_model *dev = fa_device_model_find("h200");
 	struct fa_attn_infer_desc d;
 	int32_t lens[16];
-	for (int b = 0; b < 16; b++)
-		lens[b] = b == 5 ? 8192 : 1 + 37 * b;
-	paged(&d, 16, 1, lens);
 	struct fa_attn_fwd_desc pd, dense;
 	struct fa_decode_plan p, q;
 	char err[256];
+	/* uniform lengths: exactly the dense plan (the split the sweep measured best) */
+	for (int b = 0; b < 16; b++)
+		lens[b] = 8192;
+	paged(&d, 16, 1, lens);
 	assert_int_equal(fa_infer_plan_decode(dev, &d, NULL, &pd, &p, err, sizeof err), FA_OK);
 	assert_int_equal(pd.Sq, 1);
 	assert_int_equal(pd.Sk, 8192);
@@ -125,7 +126,23 @@ static void test_infer_route_plans_for_the_longest_sequence(void **state)
 	assert_int_equal(p.nsplit, q.nsplit);
 	assert_int_equal(p.split_keys, q.split_keys);
 	assert_int_equal(p.tile.br, q.tile.br);
-	assert_true(p.split_keys * p.nsplit >= 8192);
+	/* one long sequence among short ones: the dense plan's one split would leave its blocks
+	 * the critical path; the ragged rule splits it, covering every key */
+	for (int b = 0; b < 16; b++)
+		lens[b] = b == 5 ? 8192 : 1 + 37 * b;
+	paged(&d, 16, 1, lens);
+	assert_int_equal(fa_infer_plan_decode(dev, &d, NULL, &pd, &p, err, sizeof err), FA_OK);
+	assert_int_equal(pd.Sk, 8192);
+	printf("one 8k sequence among 15 short ones: %d splits of %d keys (dense plan: %d)\n",
+	       p.nsplit, p.split_keys, q.nsplit);
+	assert_true(p.nsplit > q.nsplit);
+	assert_true((int64_t)p.split_keys * p.nsplit >= 8192);
+	assert_true(p.scratch > 0);
+	/* ... unless the settings force a split */
+	struct fa_kernel_settings ks = *fa_kernel_settings_default();
+	assert_int_equal(fa_kernel_settings_set(&ks, "FA_DECODE_SPLITS", "1", err, sizeof err), FA_OK);
+	assert_int_equal(fa_infer_plan_decode(dev, &d, &ks, &pd, &p, err, sizeof err), FA_OK);
+	assert_int_equal(p.nsplit, 1);
 	/* every sequence empty: still a plan (its blocks all exit), of one split */
 	memset(lens, 0, sizeof lens);
 	paged(&d, 16, 1, lens);
