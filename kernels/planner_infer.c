@@ -32,12 +32,13 @@ bool fa_infer_decode_wanted(const struct fa_device_model *dev, const struct fa_a
 /* The split of a ragged batch. The dense plan of the longest sequence gives each (sequence, kv
  * head, row chunk) the longest one's split: with one split and a wave of blocks, the longest
  * sequences' blocks are the critical path while the SMs that ran short ones idle (H200,
- * kernels/RESULTS.md: 16 sequences of 1..8k keys took 95 us, 0.72x the time of 16 x 8k for half
- * the keys). So for a ragged batch a cost model over the real lengths picks the split: time ~
- * max(the longest block, every block's keys / the SMs) + the merge pass when split, in keys of
- * one kv head, with a block's fixed cost ~1 us and the merge pass ~10 us at ~30 GB/s per SM
- * (the H200's, from bench_attn_paged's split sweep, which this model reproduces on the issue's
- * three shapes). Uniform batches, forced splits (FA_DECODE_SPLITS), top-left masks and batches of
+ * kernels/RESULTS.md: 16 sequences of 1..8k keys took 89-95 us with 1 split, 69-70 us with 4 or
+ * 8). So for a ragged batch a cost model over the real lengths picks the split: time ~
+ * max(the longest block, every block's keys / the SMs) + a quarter of the longest block (the
+ * packing's tail) + the merge pass when split, in keys of one kv head, with a block's fixed cost
+ * ~1 us and the merge pass ~10 us at ~30 GB/s per SM (the H200's, from bench_attn_paged's split
+ * sweeps; on that ragged batch the model picks 8 splits, measured 1.4% from the best). Uniform
+ * batches, forced splits (FA_DECODE_SPLITS), top-left masks and batches of
  * many waves keep the dense plan. Returns the number of splits. */
 enum {
 	RAGGED_BLOCK_BYTES = 30000,  /* a block's fixed cost, in bytes of K/V at one SM's rate */
@@ -45,6 +46,7 @@ enum {
 	RAGGED_MAX_SPLITS = 64,
 	RAGGED_MAX_WAVES = 16,       /* more (sequence, kv head) pairs: throughput-bound */
 };
+#define RAGGED_TAIL 0.25
 static int ragged_splits(const struct fa_device_model *dev, const struct fa_attn_infer_desc *d,
                          const struct fa_kernel_settings *ks, const struct fa_attn_fwd_desc *pd,
                          const struct fa_decode_plan *dp)
@@ -82,8 +84,12 @@ static int ragged_splits(const struct fa_device_model *dev, const struct fa_attn
 			const int64_t rc = (q * group + br - 1) / br, ns = k > 0 ? (k + keys - 1) / keys : 1;
 			work += (double)(rc * d->fwd.Hkv) * ((double)k + (double)ns * cblock);
 		}
+		/* the longest block, or every block's keys spread over the SMs; plus the tail of the
+		 * block scheduler's packing (the last blocks to start end after the others by about a
+		 * quarter of the longest: fitted to the ragged sweep) and the merge pass */
 		const double path = (double)keys + cblock, spread = work / (double)resident;
-		cost[n] = (path > spread ? path : spread) + (nn[n] > 1 ? cmerge : 0);
+		cost[n] = (path > spread ? path : spread) + RAGGED_TAIL * path +
+		          (nn[n] > 1 ? cmerge : 0);
 		if (n == 1 || cost[n] < best)
 			best = cost[n];
 	}
