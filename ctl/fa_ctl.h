@@ -2,6 +2,8 @@
 #ifndef FA_CTL_H
 #define FA_CTL_H
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 
 /* fa-ctl's exit statuses, the same in every subcommand (`fa-ctl --help`, ctl/README.md). */
@@ -38,6 +40,17 @@ int fa_ctl_tune_main(int argc, char **argv);
 int fa_ctl_clients_main(const char *socket, int timeout_ms, int argc, char **argv);
 
 struct fa_kernel_settings;
+struct fa_device_model;
+struct fa_plan_req;
+
+/* `fa-ctl plan --decode` (fa_ctl_plan_infer.c): the decode kernel's plan on model for r's dtype,
+ * head dim, mask, B, H (query heads), Sq, Sk, with hkv kv heads (0: H) and, when cache_lens is
+ * given ("a,b,c": one length per sequence), over a KV cache of those lengths (paged when
+ * page_size > 0). Text or one JSON object on stdout; the status on stderr when it fails.
+ * Returns the process exit status (FA_CTL_EXIT_*). */
+int fa_ctl_plan_decode(const struct fa_device_model *model, bool real,
+                       const struct fa_plan_req *r, int64_t hkv, const char *cache_lens,
+                       int64_t page_size, bool json);
 
 /* The kernel settings of the GPU subcommands (plan, tune): the defaults, then the environment
  * variables the daemon reads for the same settings (FA_WGMMA, FA_WGMMA16, FA_NVRTC_EXTRA, ...,

@@ -26,12 +26,17 @@ static void usage(FILE *f)
 	        "                   --dtype fp16|bf16|fp32 --head-dim D [--precision P]\n"
 	        "                   [--causal|--causal-top-left] [--batch B --heads H --seq-q S\n"
 	        "                   --seq-k S] [--backward] [--all] [--json]\n"
+	        "       fa-ctl plan ... --decode [--batch B] [--heads H] [--kv-heads H] [--seq-q S]\n"
+	        "                   [--seq-k S | --cache-lens L,L,... [--page-size P]] [--json]\n"
 	        "  precision (fp32): 3xtf32 (default), ieee, tf32, bf16\n"
 	        "  --causal is bottom-right aligned (FlashAttention >= 2.1); --causal-top-left is\n"
 	        "  PyTorch's is_causal. Shape arguments, when given, let the ranking account for waves.\n"
 	        "  --backward plans the backward pass (dQ, dK, dV): keys per block, query rows per\n"
 	        "  step, warps, stages; its shared memory against the same opt-in limit.\n"
 	        "  --all prints every fitting candidate (default: the best 10).\n"
+	        "  --decode plans the split-KV decode kernel (few queries, long caches): its tile,\n"
+	        "  the split of the keys and the grid; with --cache-lens, over a KV cache of those\n"
+	        "  lengths (one a sequence; pages of --page-size tokens), ragged split included.\n"
 	        "  --json prints the plan as one JSON object on stdout (when nothing fits: the\n"
 	        "  status and its detail, exit status 1 as without --json).\n"
 	        "  Without --arch the real device is planned for (fa-ctl loads the CUDA driver).\n"
@@ -186,11 +191,17 @@ int fa_ctl_plan_main(int argc, char **argv)
 		{"all", no_argument, NULL, 'A'},
 		{"json", no_argument, NULL, 'j'},
 		{"backward", no_argument, NULL, 'b'},
+		{"decode", no_argument, NULL, 'D'},
+		{"kv-heads", required_argument, NULL, 'K'},
+		{"cache-lens", required_argument, NULL, 'L'},
+		{"page-size", required_argument, NULL, 'P'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
 	const char *arch = NULL;
-	int device = -1, bad = 0, all = 0, json = 0, backward = 0;
+	int device = -1, bad = 0, all = 0, json = 0, backward = 0, decode = 0;
+	int64_t hkv = 0, page_size = 0;
+	const char *cache_lens = NULL;
 	struct fa_kernel_settings ks;
 	if (fa_ctl_kernel_settings(&ks, "plan") != 0)
 		return 2;
@@ -202,7 +213,7 @@ int fa_ctl_plan_main(int argc, char **argv)
 	optind = 1;
 	opterr = 0; /* our own messages, with fa-ctl's prefix */
 	int c;
-	while ((c = getopt_long(argc, argv, ":a:g:t:d:p:cCB:H:q:k:Ajbh", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":a:g:t:d:p:cCB:H:q:k:AjbhDK:L:P:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'a': arch = optarg; break;
 		case 'g': device = (int)parse_long(optarg, "device", &bad); break;
@@ -236,6 +247,10 @@ int fa_ctl_plan_main(int argc, char **argv)
 		case 'A': all = 1; break;
 		case 'j': json = 1; break;
 		case 'b': backward = 1; break;
+		case 'D': decode = 1; break;
+		case 'K': hkv = parse_long(optarg, "kv-heads", &bad); break;
+		case 'L': cache_lens = optarg; break;
+		case 'P': page_size = parse_long(optarg, "page-size", &bad); break;
 		case 'h': usage(stdout); return FA_CTL_EXIT_OK;
 		case ':':
 			fa_ctl_usage_error("plan", "option '%s' needs a value", argv[optind - 1]);
@@ -282,6 +297,11 @@ int fa_ctl_plan_main(int argc, char **argv)
 		model = *fa_gpu_model(g);
 	}
 
+	if (decode) {
+		int drc = fa_ctl_plan_decode(&model, g != NULL, &r, hkv, cache_lens, page_size, json);
+		fa_gpu_close(g);
+		return drc;
+	}
 	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
 	int n = 0;
 	/* the rule every request meets first (the client library and the daemon check it before any

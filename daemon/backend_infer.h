@@ -7,9 +7,10 @@
  * fa_attn_infer_check, and computes from the copy only, so what was checked is what is read.
  * The copy runs on a backend thread, not the loop: a client that shrinks its shm object makes the
  * read fault, and only the CPU backend's workers turn that fault into FA_ERANGE (backend_cpu.c).
- * A GPU backend must do the same for device regions: copy the tables to the host (cuMemcpyDtoH
- * on its stream), check the host copy, and upload that copy to a buffer of its own for the kernel
- * to read, never the client's (not built yet: the GPU backend answers these ops FA_ENOTSUP).
+ * The GPU backend does the same for device regions (gpu/gpu_exec_infer.c): it copies the tables
+ * to the host (cuMemcpyDtoH on its stream; host tables by DMA too), checks that copy with
+ * backend_infer_prepare, and uploads it to a buffer of its own for the kernel to read, never the
+ * client's.
  */
 #ifndef FA_DAEMON_BACKEND_INFER_H
 #define FA_DAEMON_BACKEND_INFER_H

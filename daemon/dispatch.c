@@ -809,6 +809,22 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 		backend_infer_free(vr.bi);
 		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	}
+	/* One GPU per request, as ATTN_FWD's (index tensors included; host buffers go anywhere). */
+	int dev = -1;
+	for (int i = 0; i < VALIDATE_INFER_N; i++) {
+		if (vr.region[i] == NULL || !vr.on_device[i])
+			continue;
+		if (dev >= 0 && vr.region[i]->dev != dev) {
+			backend_infer_free(vr.bi);
+			free(r);
+			return fa_err(err, errlen, FA_EINVAL,
+			              "tensor %d of the request is on the daemon's GPU %d, an earlier one "
+			              "on GPU %d: one request's buffers must be on one GPU", i,
+			              vr.region[i]->dev, dev);
+		}
+		dev = vr.region[i]->dev;
+	}
+	memcpy(r->job.on_device, vr.on_device, sizeof vr.on_device);
 	r->job.infer = vr.bi;
 	r->job.desc = vr.bi->desc.fwd;
 	r->job.q = vr.q;
@@ -817,7 +833,7 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 	r->job.o = vr.o;
 	r->job.lse = vr.lse;
 	r->job.owner = s;
-	r->job.dev = -1;
+	r->job.dev = dev;
 	r->job.owner_state = &s->backend_state;
 	r->session = s;
 	session_ref(s);

@@ -109,10 +109,9 @@ fa_status validate_attn_infer(const struct session *s, const struct fa_proto_req
 			return fa_err(err, errlen, FA_ERANGE,
 			              "%s: region %016" PRIx64 " lost pages while in use (its shm object "
 			              "shrank); unregister it", infer_name(i), id);
-		if (i >= FA_FWD_NTENSORS && out->region[i]->kind == FA_REGION_CUDA_IPC)
-			return fa_err(err, errlen, FA_ENOTSUP,
-			              "%s: index tensors in device memory are not yet served (put them "
-			              "in a host buffer)", infer_name(i));
+		/* device index tensors: only a backend with device memory has such regions, and it
+		 * copies them out before checking (backend_infer.h) */
+		out->on_device[i] = out->region[i]->kind == FA_REGION_CUDA_IPC;
 	}
 
 	/* Types and each tensor's own sizes and strides. */

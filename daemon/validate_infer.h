@@ -8,6 +8,7 @@
 #ifndef FA_DAEMON_VALIDATE_INFER_H
 #define FA_DAEMON_VALIDATE_INFER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "backend_infer.h"
@@ -26,11 +27,12 @@ struct validate_infer_result {
 	const void *q, *k, *v;
 	void *o;
 	float *lse;                              /* NULL when not wanted */
+	bool on_device[VALIDATE_INFER_N];        /* the tensor is in a CUDA IPC region */
 };
 
 /* Validate req (op ATTN_VARLEN or ATTN_KVCACHE) against session s; `align` as
- * validate_attn_fwd's. Index tensors must be in host memory (device ones: FA_ENOTSUP, the GPU
- * backend's copy is not built). Returns FA_OK, FA_EREGION, FA_EDTYPE, FA_ESHAPE, FA_EINVAL,
+ * validate_attn_fwd's. Index tensors may be in host or device memory (on_device says which).
+ * Returns FA_OK, FA_EREGION, FA_EDTYPE, FA_ESHAPE, FA_EINVAL,
  * FA_ERANGE, FA_EALIGN, FA_EOVERLAP, FA_ENOTSUP or FA_ENOMEM, with the detail in err. Loop
  * thread. */
 fa_status validate_attn_infer(const struct session *s, const struct fa_proto_req *req,

@@ -30,6 +30,16 @@
  * fp32 path: FFMA; two lanes per key for S (each half the head dim, one shuffle), P through a
  * small per-warp buffer, each lane owning 4-column chunks of O for P V.
  * A negative scale negates the raw scores (exact), so the row max is the max of scaled scores.
+ *
+ * Inference layouts (fa_attn_infer.h, launched by gpu_infer.c; kv 0 is the dense forward's): each
+ * block takes its sequence's own query and key counts (fa_dseq: packed queries through cu_q, keys
+ * through cu_k, or a cache's seqlens_k) and exits at once when its row chunk or split lies past
+ * them; the merge pass combines only the splits the sequence has. The grid and the partials are
+ * planned for the longest sequence. A paged cache: key j is row j % page_size of page
+ * page_table[b * pt_cols + j / page_size]; each warp reads a tile's page index one tile ahead
+ * (the load's latency hides behind the current tile) and skips the read while its tiles stay in
+ * one page; a tile that straddles two pages (page sizes that are not a multiple of 16) loads its
+ * rows from both. The index tables are the launcher's own checked copies, never a client's.
  */
 
 #include "fa_device.cuh"
@@ -49,7 +59,59 @@ struct fa_dparams {
 	int rows, nrc;                        /* rows = Sq * group; nrc = row chunks of FA_DR */
 	int win_lo, win_hi;                   /* FA_WIN (attn_fwd.cu's) */
 	float scale_cap, cap_log2;            /* FA_SOFTCAP: |scale| / cap, cap log2(e) */
+	/* inference layouts (fa_attn_infer.h): the device copies of the index tables (NULL: none),
+	 * kv 0 dense (fa_gpu_attn_fwd), else enum fa_kv_layout; Sq and Sk above are the longest */
+	const int *cu_q, *cu_k, *seqlens_k, *page_table;
+	long long pt_cols;
+	int kv, page_size;
 };
+
+enum { KV_DENSE = 0, KV_PACKED = 1, KV_CACHE = 2, KV_PAGED = 3 }; /* fa_attn_infer.h's values */
+
+/* One sequence's lengths and where its rows start (element offsets). */
+struct fa_dseq {
+	int sq, sk, rows;             /* queries, keys, packed rows (sq * group) */
+	long long qb, ob, lb, kb, vb; /* q, o, lse, k, v of its first row (paged: k, v 0) */
+};
+
+__device__ __forceinline__ fa_dseq seq_of(const fa_dparams &p, int b)
+{
+	fa_dseq s;
+	s.sq = p.Sq;
+	s.sk = p.Sk;
+	s.qb = b * p.qs[0];
+	s.ob = b * p.os[0];
+	s.lb = b * p.ls[0];
+	s.kb = b * p.ks[0];
+	s.vb = b * p.vs[0];
+	if (p.cu_q) {
+		const int c0 = p.cu_q[b];
+		s.sq = p.cu_q[b + 1] - c0;
+		s.qb = c0 * p.qs[1];
+		s.ob = c0 * p.os[1];
+		s.lb = c0 * p.ls[2];
+	}
+	if (p.kv == KV_PACKED) {
+		const int c0 = p.cu_k[b];
+		s.sk = p.cu_k[b + 1] - c0;
+		s.kb = c0 * p.ks[1];
+		s.vb = c0 * p.vs[1];
+	} else if (p.kv == KV_CACHE || p.kv == KV_PAGED) {
+		s.sk = p.seqlens_k[b];
+		if (p.kv == KV_PAGED)
+			s.kb = s.vb = 0;
+	}
+	s.rows = s.sq * p.group;
+	return s;
+}
+
+/* The splits sequence s has: those that start inside its keys (at least one, which writes the
+ * rows that see no key). */
+__device__ __forceinline__ int seq_splits(const fa_dparams &p, const fa_dseq &s)
+{
+	const int n = (s.sk + p.split_keys - 1) / p.split_keys;
+	return max(1, min(p.nsplit, n));
+}
 
 #ifndef FA_IN
 #define FA_IN 2
@@ -133,12 +195,22 @@ __device__ __forceinline__ void store_o1(void *o, long long i, float x)
 }
 
 /* BC rows of K or V (row stride rs elements) into a warp's buffer; rows >= valid and the head-dim
- * padding zero-filled (a key past Sk must not put garbage, maybe NaN, into 0 * V). */
+ * padding zero-filled (a key past Sk must not put garbage, maybe NaN, into 0 * V). Rows from na
+ * on come from gb (the next page of a paged cache; na >= BC: one source). */
 template <int LD>
 __device__ __forceinline__ void warp_load_tile(in_t *s, const in_t *g, long long rs, int valid,
-                                               int lane)
+                                               int lane, const in_t *gb = 0, int na = BC)
 {
-	if (CPR <= 32 && 32 % CPR == 0) {
+	if (na < BC) {
+		const int TOTAL = BC * CPR;
+#pragma unroll 1
+		for (int i = lane; i < TOTAL; i += 32) {
+			const int r = i / CPR, c = i - r * CPR;
+			const bool ok = r < valid && c * CPE < FA_D;
+			const in_t *src = !ok ? g : r < na ? g + r * rs + c * CPE : gb + (r - na) * rs + c * CPE;
+			cp_async16(smem_u32(s + r * LD + c * CPE), src, ok ? 16 : 0);
+		}
+	} else if (CPR <= 32 && 32 % CPR == 0) {
 		/* a fixed column per lane, rows 32 / CPR apart: one pointer, advanced by a stride (the
 		 * general loop's per-chunk offsets were hoisted out of the key loop by ptxas: 40+
 		 * registers at d128, spills at d160) */
@@ -199,19 +271,37 @@ __device__ __forceinline__ u32 pack_in(float lo, float hi)
 }
 #endif
 
-/* The last key packed row R sees (Sk - 1 without a mask), -1 for a padding row. */
-__device__ __forceinline__ int row_limit(const fa_dparams &p, int R, int off)
+/* The last key packed row R of sequence sd sees (its last key without a mask), -1 for a padding
+ * row. */
+__device__ __forceinline__ int row_limit(const fa_dparams &p, const fa_dseq &sd, int R, int off)
 {
-	if (R >= p.rows)
+	if (R >= sd.rows)
 		return -1;
 #if FA_WIN
 	(void)off;
-	return (int)min((long long)p.Sk - 1, (long long)(R / p.group) + p.win_hi);
+	return (int)min((long long)sd.sk - 1, (long long)(R / p.group) + p.win_hi);
 #else
 	if (!FA_MASK)
-		return p.Sk - 1;
-	return min(p.Sk - 1, R / p.group + off);
+		return sd.sk - 1;
+	return min(sd.sk - 1, R / p.group + off);
 #endif
+}
+
+/* Where a paged cache's tile of keys kv0.. lies: page pa from row pw on (na rows of it), then
+ * page pb (only when the tile's keys reach it). *last holds the page number read before, so a
+ * warp whose tiles stay in one page reads its index once. */
+__device__ __forceinline__ void tile_pages(const fa_dparams &p, const int *ptrow, int kv0, int sk,
+                                           int *last, int *pa, int *pb, int *pw, int *na)
+{
+	const int pg = kv0 / p.page_size;
+	*pw = kv0 - pg * p.page_size;
+	*na = p.page_size - *pw;
+	if (pg != *last) {
+		*pa = ptrow[pg];
+		*last = pg;
+	}
+	if (*na < BC && kv0 + *na < sk)
+		*pb = ptrow[pg + 1];
 }
 
 #if FA_WIN
@@ -227,14 +317,14 @@ __device__ __forceinline__ int row_first(const fa_dparams &p, int R)
 
 /* The warps' states (in the merge area) combined per row, then O and lse (one split) or the
  * block's partial O and lse (several). */
-__device__ __forceinline__ void block_merge(const fa_dparams &p, const float *sM,
+__device__ __forceinline__ void block_merge(const fa_dparams &p, const fa_dseq &sd, const float *sM,
                                             const float *sML, int r0, int hk, int b, int split)
 {
 	const float sl = SCALE_LOG2(p);
 	for (int i = threadIdx.x; i < FA_DR * FA_D; i += NT) {
 		const int rl = i / FA_D, col = i - rl * FA_D;
 		const int R = r0 + rl;
-		if (R >= p.rows)
+		if (R >= sd.rows)
 			continue;
 		float M = NEG_INF;
 #pragma unroll
@@ -256,9 +346,9 @@ __device__ __forceinline__ void block_merge(const fa_dparams &p, const float *sM
 		                          : NEG_INF;
 		const float o = L > 0.f ? x / L : 0.f;
 		if (p.nsplit == 1) {
-			store_o1(p.o, b * p.os[0] + qi * p.os[1] + h * p.os[2] + col, o);
+			store_o1(p.o, sd.ob + qi * p.os[1] + h * p.os[2] + col, o);
 			if (col == 0 && p.lse)
-				p.lse[b * p.ls[0] + h * p.ls[1] + qi * p.ls[2]] = lse;
+				p.lse[sd.lb + h * p.ls[1] + qi * p.ls[2]] = lse;
 		} else {
 			const long long pr = (((long long)split * p.B + b) * p.Hq + h) * p.Sq + qi;
 			p.po[pr * FA_D + col] = o;
@@ -266,6 +356,23 @@ __device__ __forceinline__ void block_merge(const fa_dparams &p, const float *sM
 				p.pl[pr] = lse;
 		}
 	}
+}
+
+/* One tile of K and V, keys kv0.. of a sequence of sk keys: from the sequence's contiguous rows
+ * (Kg, Vg: its first row of this kv head), or from its pages (pa from row pw, na rows, then pb). */
+__device__ __forceinline__ void load_kv_tile(const fa_dparams &p, in_t *sk_, in_t *sv_,
+                                             const in_t *Kg, const in_t *Vg, int kv0, int sk,
+                                             bool paged, int pa, int pb, int pw, int na, int lane)
+{
+	if (!paged) {
+		warp_load_tile<LDK>(sk_, Kg + kv0 * p.ks[1], p.ks[1], sk - kv0, lane);
+		warp_load_tile<LDV>(sv_, Vg + kv0 * p.vs[1], p.vs[1], sk - kv0, lane);
+		return;
+	}
+	warp_load_tile<LDK>(sk_, Kg + pa * p.ks[0] + pw * p.ks[1], p.ks[1], sk - kv0, lane,
+	                    Kg + pb * p.ks[0], na);
+	warp_load_tile<LDV>(sv_, Vg + pa * p.vs[0] + pw * p.vs[1], p.vs[1], sk - kv0, lane,
+	                    Vg + pb * p.vs[0], na);
 }
 
 extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams p)
@@ -278,20 +385,24 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 	const int split = blockIdx.x, rc = blockIdx.y % p.nrc, hk = blockIdx.y / p.nrc;
 	const int b = blockIdx.z;
 	const int r0 = rc * FA_DR;
-	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
+	const fa_dseq sd = seq_of(p, b);
+	if (r0 >= sd.rows || split >= seq_splits(p, sd))
+		return; /* past this sequence's rows or keys (planned for the longest) */
+	const int off = FA_MASK == 1 ? sd.sk - sd.sq : 0; /* query i sees keys j <= i + off */
 	const float sl = SCALE_LOG2(p);
 
 	/* keys this block walks: its split, cut at the last key any of its rows sees */
-	int kend = p.Sk;
+	int kend = sd.sk;
 #if FA_WIN
-	/* the splits start at the tile of the first key any of its rows sees */
-	const int rlast = min(r0 + FA_DR, p.rows) - 1;
-	kend = row_limit(p, rlast, off) + 1;
+	/* the splits start at the tile of the first key any of its rows sees (dense layout only:
+	 * the host refuses a window over an inference layout) */
+	const int rlast = min(r0 + FA_DR, sd.rows) - 1;
+	kend = row_limit(p, sd, rlast, off) + 1;
 	const int kbase = row_first(p, r0) / BC * BC;
 	const int k0 = kbase + split * p.split_keys;
 #else
 	if (FA_MASK) {
-		const int rlast = min(r0 + FA_DR, p.rows) - 1;
+		const int rlast = min(r0 + FA_DR, sd.rows) - 1;
 		kend = min(kend, rlast / p.group + off + 1);
 	}
 	const int k0 = split * p.split_keys;
@@ -301,8 +412,14 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 	const int nt = ntb > warp ? (ntb - warp + FA_NW - 1) / FA_NW : 0; /* this warp's tiles */
 	const int tw0 = k0 / BC + warp; /* its first tile; then every FA_NW-th */
 
-	const in_t *Kg = (const in_t *)p.k + b * p.ks[0] + hk * p.ks[2];
-	const in_t *Vg = (const in_t *)p.v + b * p.vs[0] + hk * p.vs[2];
+	const in_t *Kg = (const in_t *)p.k + sd.kb + hk * p.ks[2];
+	const in_t *Vg = (const in_t *)p.v + sd.vb + hk * p.vs[2];
+	/* paged: the sequence's row of the page table, and the pages of the next tile to load */
+	const bool paged = p.kv == KV_PAGED;
+	const int *ptrow = paged ? p.page_table + b * p.pt_cols : 0;
+	int pg_last = -1, pa = 0, pb = 0, pw = 0, na = BC;
+	if (paged && nt > 0)
+		tile_pages(p, ptrow, tw0 * BC, sd.sk, &pg_last, &pa, &pb, &pw, &na);
 	in_t *wK = (in_t *)ring + warp * FA_STAGES * (SMEM_K + SMEM_V);
 	in_t *wV = wK + FA_STAGES * SMEM_K;
 
@@ -310,11 +427,11 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 	for (int i = tid; i < FA_DR * CPR; i += NT) {
 		const int r = i / CPR, c = i - r * CPR;
 		const int R = r0 + r;
-		const bool ok = R < p.rows && c * CPE < FA_D;
+		const bool ok = R < sd.rows && c * CPE < FA_D;
 		const in_t *src = (const in_t *)p.q;
 		if (ok) {
 			const int qi = R / p.group, h = hk * p.group + (R - qi * p.group);
-			src += b * p.qs[0] + qi * p.qs[1] + h * p.qs[2] + c * CPE;
+			src += sd.qb + qi * p.qs[1] + h * p.qs[2] + c * CPE;
 		}
 		cp_async16(smem_u32(sQ + r * LDQ + c * CPE), src, ok ? 16 : 0);
 	}
@@ -323,8 +440,10 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 	for (int s = 0; s < FA_STAGES - 1; s++) {
 		if (s < nt) {
 			const int kv0 = (tw0 + FA_NW * s) * BC;
-			warp_load_tile<LDK>(wK + s * SMEM_K, Kg + kv0 * p.ks[1], p.ks[1], p.Sk - kv0, lane);
-			warp_load_tile<LDV>(wV + s * SMEM_V, Vg + kv0 * p.vs[1], p.vs[1], p.Sk - kv0, lane);
+			load_kv_tile(p, wK + s * SMEM_K, wV + s * SMEM_V, Kg, Vg, kv0, sd.sk, paged, pa, pb,
+			             pw, na, lane);
+			if (paged && s + 1 < nt)
+				tile_pages(p, ptrow, kv0 + FA_NW * BC, sd.sk, &pg_last, &pa, &pb, &pw, &na);
 		}
 		cp_async_commit();
 	}
@@ -338,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 	for (int r = 0; r < RT; r++)
 #pragma unroll
 		for (int hh = 0; hh < 2; hh++)
-			lim[r][hh] = row_limit(p, r0 + r * 16 + g + hh * 8, off);
+			lim[r][hh] = row_limit(p, sd, r0 + r * 16 + g + hh * 8, off);
 #if FA_WIN
 	int first[RT][2];
 #pragma unroll
@@ -385,7 +504,7 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 	float mrow[FA_DR], lrow[FA_DR];
 #pragma unroll
 	for (int r = 0; r < FA_DR; r++) {
-		lim[r] = row_limit(p, r0 + r, off);
+		lim[r] = row_limit(p, sd, r0 + r, off);
 #pragma unroll
 		for (int c = 0; c < NCHL; c++)
 			acc[r][c][0] = acc[r][c][1] = acc[r][c][2] = acc[r][c][3] = 0.f;
@@ -402,10 +521,10 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 			const int jn = j + FA_STAGES - 1, bn = jn % FA_STAGES;
 			if (jn < nt) {
 				const int kvn = (tw0 + FA_NW * jn) * BC;
-				warp_load_tile<LDK>(wK + bn * SMEM_K, Kg + kvn * p.ks[1], p.ks[1], p.Sk - kvn,
-				                    lane);
-				warp_load_tile<LDV>(wV + bn * SMEM_V, Vg + kvn * p.vs[1], p.vs[1], p.Sk - kvn,
-				                    lane);
+				load_kv_tile(p, wK + bn * SMEM_K, wV + bn * SMEM_V, Kg, Vg, kvn, sd.sk, paged, pa,
+				             pb, pw, na, lane);
+				if (paged && jn + 1 < nt) /* the next tile's pages, read a tile ahead */
+					tile_pages(p, ptrow, kvn + FA_NW * BC, sd.sk, &pg_last, &pa, &pb, &pw, &na);
 			}
 			cp_async_commit();
 		}
@@ -637,7 +756,7 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 	}
 #endif
 	__syncthreads();
-	block_merge(p, sM, sML, r0, hk, b, split);
+	block_merge(p, sd, sM, sML, r0, hk, b, split);
 }
 
 /* The splits of each row combined: weights exp(lse_s - max), O = sum w_s O_s / sum w_s, lse =
@@ -660,7 +779,10 @@ extern "C" __global__ void __launch_bounds__(32 * MERGE_WARPS) fa_decode_merge(c
 	const int qi = (int)(row % p.Sq);
 	const long long bh = row / p.Sq;
 	const int h = (int)(bh % p.Hq), b = (int)(bh / p.Hq);
-	const int ns = min(p.nsplit, MERGE_MAX_SPLITS);
+	const fa_dseq sd = seq_of(p, b);
+	if (qi >= sd.sq)
+		return; /* a query row this sequence does not have */
+	const int ns = min(seq_splits(p, sd), MERGE_MAX_SPLITS);
 	float M = NEG_INF;
 	for (int s = lane; s < ns; s += 32)
 		M = fmaxf(M, p.pl[s * nrows + row]);
@@ -692,12 +814,12 @@ extern "C" __global__ void __launch_bounds__(32 * MERGE_WARPS) fa_decode_merge(c
 			if (lane + 32 * c < FA_D)
 				x[c] += w * po[s * sstride + 32 * c];
 	}
-	const long long ob = b * p.os[0] + qi * p.os[1] + h * p.os[2];
+	const long long ob = sd.ob + qi * p.os[1] + h * p.os[2];
 	const float inv = L > 0.f ? 1.f / L : 0.f;
 #pragma unroll
 	for (int c = 0; c < MERGE_CPL; c++)
 		if (lane + 32 * c < FA_D)
 			store_o1(p.o, ob + lane + 32 * c, x[c] * inv);
 	if (lane == 0 && p.lse)
-		p.lse[b * p.ls[0] + h * p.ls[1] + qi * p.ls[2]] = L > 0.f ? M + logf(L) : NEG_INF;
+		p.lse[sd.lb + h * p.ls[1] + qi * p.ls[2]] = L > 0.f ? M + logf(L) : NEG_INF;
 }

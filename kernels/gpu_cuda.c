@@ -100,10 +100,15 @@ struct fa_dparams {
 	struct fa_kscale sc;
 	int nsplit, split_keys, rows, nrc;
 	struct fa_kmaskx mx;
+	uint64_t cu_q, cu_k, seqlens_k, page_table; /* inference layouts (gpu_infer.c); 0: none */
+	long long pt_cols;
+	int kv, page_size; /* kv 0: dense */
 };
 _Static_assert(offsetof(struct fa_dparams, dims) == 176 && offsetof(struct fa_dparams, sc) == 200 &&
                offsetof(struct fa_dparams, nsplit) == 208 && offsetof(struct fa_dparams, mx) == 224 &&
-               sizeof(struct fa_dparams) == 240, "decode kernel parameter block layout");
+               offsetof(struct fa_dparams, cu_q) == 240 &&
+               offsetof(struct fa_dparams, kv) == 280 && sizeof(struct fa_dparams) == 288,
+               "decode kernel parameter block layout");
 
 /* One compiled specialisation. */
 struct kcache_entry {
@@ -668,9 +673,10 @@ static fa_status launch_cvt_flat(struct fa_gpu *g, cufunc f, CUdeviceptr k, CUde
  * threshold, so repeated decodes reuse the same memory) merged by fa_decode_merge, one warp per
  * output row; the scratch is freed in stream order after the merge. */
 static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
-                               const struct fa_decode_plan *dp, CUdeviceptr q, CUdeviceptr k,
-                               CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
-                               char *err, size_t errlen)
+                               const struct fa_decode_plan *dp,
+                               const struct fa_gpu_decode_layout *lay, CUdeviceptr q,
+                               CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse,
+                               CUstream s, char *err, size_t errlen)
 {
 	struct fa_kernel_spec spec;
 	fa_status st;
@@ -703,6 +709,15 @@ static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	p.rows = dp->rows;
 	p.nrc = dp->row_chunks;
 	p.mx = kmaskx_of(d);
+	if (lay) {
+		p.cu_q = lay->cu_q;
+		p.cu_k = lay->cu_k;
+		p.seqlens_k = lay->seqlens_k;
+		p.page_table = lay->page_table;
+		p.pt_cols = lay->pt_cols;
+		p.kv = lay->kv;
+		p.page_size = lay->page_size;
+	}
 	CUdeviceptr scratch = 0;
 	curesult r;
 	if (dp->nsplit > 1) {
@@ -803,6 +818,16 @@ fa_status fa_gpu_fwd_seq(struct fa_gpu *g, const struct fa_gpu_seq_launch *l, CU
 	return FA_OK;
 }
 
+/* gpu_int.h: a decode launch over an inference layout (gpu_infer.c). */
+fa_status fa_gpu_decode_launch(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                               const struct fa_decode_plan *dp,
+                               const struct fa_gpu_decode_layout *lay, CUdeviceptr q,
+                               CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse,
+                               CUstream s, char *err, size_t errlen)
+{
+	return launch_decode(g, d, dp, lay, q, k, v, o, lse, s, err, errlen);
+}
+
 fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
                                const struct fa_tile *tile, CUdeviceptr q, CUdeviceptr k,
                                CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
@@ -831,7 +856,7 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 		struct fa_decode_plan dp;
 		if ((st = fa_plan_decode(&g->model, d, &g->ks, tile, &dp, err, errlen)))
 			return st;
-		return launch_decode(g, d, &dp, q, k, v, o, lse, s, err, errlen);
+		return launch_decode(g, d, &dp, NULL, q, k, v, o, lse, s, err, errlen);
 	}
 	struct fa_tile t;
 	if (tile) {

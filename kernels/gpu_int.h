@@ -1,12 +1,14 @@
-/* gpu_int.h - what the backward launcher (gpu_bwd.c) and the inference forward's
- * (gpu_fwd_infer.c) use of gpu_cuda.c's device: their kernels through the same in-memory and disk
- * caches as the forward's. Internal to kernels/.
+/* gpu_int.h - what the backward launcher (gpu_bwd.c), the inference router (gpu_infer.c) and
+ * the inference forward (gpu_fwd_infer.c) use of gpu_cuda.c's device: kernels through the same
+ * in-memory and disk caches as the forward's, and the decode launch over an inference layout.
+ * Internal to kernels/.
  */
 #ifndef FA_GPU_INT_H
 #define FA_GPU_INT_H
 
 #include "fa_cu.h"
 #include "fa_gpu.h"
+#include "fa_planner.h"
 
 /* The three functions of one backward module (attn_bwd.cu), owned by the device's cache (valid
  * until fa_gpu_close). */
@@ -55,5 +57,25 @@ struct fa_gpu_seq_launch {
  * NVRTC's log, FA_EDEVICE, FA_ENOMEM). Thread-safe. */
 fa_status fa_gpu_fwd_seq(struct fa_gpu *g, const struct fa_gpu_seq_launch *l, CUstream s,
                          char *err, size_t errlen);
+
+/* The inference layout of a decode launch (attn_decode.cu's fa_dparams tail): the device copies
+ * of the index tables (0: none; the caller's, checked, alive until the launch finished), the page
+ * table's row length and the pages' size. kv: enum fa_kv_layout, 0 for dense queries and keys. */
+struct fa_gpu_decode_layout {
+	CUdeviceptr cu_q, cu_k, seqlens_k, page_table;
+	int64_t pt_cols;
+	int kv, page_size;
+};
+
+/* Launch the decode kernels of plan dp (fa_plan_decode for d, whose Sq and Sk are the longest
+ * sequence's) over layout lay (NULL: dense, as fa_gpu_attn_fwd), enqueued on s. d is checked by
+ * the caller (shapes, alignment); the partials' scratch comes from the device's pool in stream
+ * order. Statuses of fa_gpu_attn_fwd's launch (FA_EDEVICE, FA_ENOMEM, FA_EINTERNAL with NVRTC's
+ * log). Thread-safe. */
+fa_status fa_gpu_decode_launch(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                               const struct fa_decode_plan *dp,
+                               const struct fa_gpu_decode_layout *lay, CUdeviceptr q,
+                               CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse,
+                               CUstream s, char *err, size_t errlen);
 
 #endif /* FA_GPU_INT_H */

@@ -131,6 +131,7 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 	b->base.host_memory = true;
 	b->base.device_memory = true;
 	b->base.mask_ext = true; /* the forward, wgmma and decode kernels' FA_WIN / FA_SOFTCAP */
+	b->base.infer = true; /* ATTN_VARLEN, ATTN_KVCACHE: gpu_exec_infer.c */
 	b->loop = loop;
 	b->done = done;
 	b->done_arg = arg;

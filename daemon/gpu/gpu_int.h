@@ -48,9 +48,11 @@
  *   gpu_backend.c  open, close, the ops table  -> dev, tune, loop, worker, compile, queue
  *   gpu_dev.c      one device opened / released -> canary
  *   gpu_loop.c     the loop's side: submit, inline runs, the done drain -> exec, queue
- *   gpu_worker.c   a device's worker thread     -> canary, tune, async, exec, exec_bwd, queue
+ *   gpu_worker.c   a device's worker thread     -> canary, tune, async, exec, exec_bwd,
+ *                                                  exec_infer, queue
  *   gpu_exec.c     one synchronous job, host staging
  *   gpu_exec_bwd.c one backward job, host staging -> exec
+ *   gpu_exec_infer.c one varlen / KV-cache job: index snapshot, host staging -> exec
  *   gpu_async.c    the asynchronous mode        -> exec, exec_bwd, queue
  *   gpu_compile.c  the compile threads          -> queue
  *   gpu_tune.c     background tuning            -> queue
@@ -441,6 +443,17 @@ void gpu_enqueue_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream st
 /* Launch a backward job whose every tensor is on the device on `stream` (the asynchronous mode).
  * Returns fa_gpu_attn_bwd's status with job->detail. */
 fa_status gpu_launch_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream);
+
+/* ---- gpu_exec_infer.c: one ATTN_VARLEN / ATTN_KVCACHE job (d's worker; never inline) ------- */
+
+/* gpu_enqueue for an inference job (job->infer): the index snapshot (the client's tables copied
+ * to the daemon, checked there by backend_infer_prepare, the checked copy uploaded to a device
+ * buffer of the daemon's for the kernel; a bad entry fails the job with the entry named and
+ * nothing written), host tensors staged through d's scratch (outputs copied in too: rows outside
+ * the sequences stay as they were), fa_gpu_attn_infer, ev recorded after, also after a failure.
+ * Synchronises the stream once for the snapshot. Same contract as gpu_enqueue. */
+void gpu_enqueue_infer(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream,
+                       fa_cu_event ev, bool *sticky);
 
 /* ---- gpu_worker.c --------------------------------------------------------------------------- */
 

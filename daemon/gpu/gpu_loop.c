@@ -58,7 +58,7 @@ void gpu_async_cb(uv_async_t *h)
  * latency). Returns whether it ran (then it is on the done list, answered this loop turn). */
 static bool gpu_try_inline(struct gpu_backend *b, struct gpu_dev *d, struct backend_job *job)
 {
-	if (job->async || job->is_bwd || d->inline_stream == NULL ||
+	if (job->async || job->is_bwd || job->infer || d->inline_stream == NULL ||
 	    gpu_job_flop(job) > GPU_INLINE_MAX_FLOP ||
 	    job->fault_injected || fault_marked(&b->base) || gpu_job_stages_host(job))
 		return false;
@@ -117,8 +117,10 @@ fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	bool ready = true, known = false;
 	char key[COMPILE_KEY_MAX], why[FA_PROTO_DETAIL_MAX];
 	int kl = snprintf(key, sizeof key, "g%d/", job->dev);
-	/* (The backward's kernels compile on the worker, at their first use: no lookup here.) */
-	if (b->ncompile > 0 && !fault_marked(&b->base) && !job->is_bwd && !job->words_release) {
+	/* (The backward's and the inference ops' kernels compile on the worker, at their first
+	 * use: no lookup here.) */
+	if (b->ncompile > 0 && !fault_marked(&b->base) && !job->is_bwd && !job->infer &&
+	    !job->words_release) {
 		known = fa_gpu_kernel_lookup(d->g, &job->desc, &ready, key + kl,
 		                             sizeof key - (size_t)kl, why, sizeof why) == FA_OK;
 		if (!known)

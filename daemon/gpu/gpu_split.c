@@ -20,7 +20,8 @@ void gpu_split_plan(struct backend_job *job)
 
 	job->piece_rows = 0;
 	job->piece_row_blocks = 1;
-	if (per_batch * (double)d->B <= GPU_PIECE_FLOP || job->async) {
+	/* an inference job runs whole: its sequences' work is only known after its snapshot */
+	if (per_batch * (double)d->B <= GPU_PIECE_FLOP || job->async || job->infer) {
 		job->piece_bh = d->B; /* one launch: the common case */
 		job->piece_total = 1;
 		return;

@@ -84,6 +84,8 @@ void *gpu_worker(void *arg)
 			gpu_timing_start(d, i, d->stream);
 			if (batch[i]->is_bwd)
 				gpu_enqueue_bwd(d, batch[i], d->stream, d->pipe_ev[i], &s1);
+			else if (batch[i]->infer)
+				gpu_enqueue_infer(d, batch[i], d->stream, d->pipe_ev[i], &s1);
 			else
 				gpu_enqueue(d, batch[i], d->stream, d->pipe_ev[i], &s1);
 			gpu_timing_end(d, i, d->stream);

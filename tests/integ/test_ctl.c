@@ -234,6 +234,31 @@ static void test_ctl_plan_json(void **state)
 	free(out);
 }
 
+/* plan --decode: the decode kernel's tile and split for the issue's shape (one split at B=16 x
+ * 8k, as the H200 sweep measured best), and over a ragged paged cache the lengths' own split
+ * (more than the longest sequence's one); a bad length list is a usage error. */
+static void test_ctl_plan_decode(void **state)
+{
+	(void)state;
+	char *out, *err;
+	assert_int_equal(ctl("plan --arch h200 --dtype bf16 --head-dim 128 --decode --batch 16 "
+	                     "--heads 32 --kv-heads 8 --seq-k 8192", &out, NULL), 0);
+	assert_non_null(strstr(out, "splits:    1 x 8192 keys, grid 1 x 8 x 16"));
+	free(out);
+	assert_int_equal(ctl("plan --arch h200 --dtype bf16 --head-dim 128 --decode --heads 32 "
+	                     "--kv-heads 8 --cache-lens 8192,1,37,74,111,148,185,222,259,296,333,"
+	                     "370,407,444,481,518 --page-size 16 --json", &out, NULL), 0);
+	assert_json(out);
+	assert_non_null(strstr(out, "\"layout\": \"paged\""));
+	assert_non_null(strstr(out, "\"longest_sequence_splits\": 1"));
+	assert_null(strstr(out, "\"splits\": 1,"));
+	free(out);
+	assert_int_equal(ctl("plan --arch h200 --dtype bf16 --head-dim 128 --decode --cache-lens 5,x",
+	                     NULL, &err), 2);
+	assert_non_null(strstr(err, "bad --cache-lens"));
+	free(err);
+}
+
 /* plan --backward: the backward's own planner; fp32 head dim 128 causal fits a 99 KiB card, and
  * a device too small for any backward tile gets FA_ENOFIT with the bytes (exit 1). */
 static void test_ctl_plan_backward(void **state)
@@ -313,6 +338,7 @@ int main(void)
 		cmocka_unit_test(test_ctl_stats_and_ping_against_the_daemon),
 		cmocka_unit_test(test_ctl_plan_json),
 		cmocka_unit_test(test_ctl_plan_backward),
+		cmocka_unit_test(test_ctl_plan_decode),
 		cmocka_unit_test(test_ctl_plan_head_dim_512_as_the_daemon),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -334,7 +334,8 @@ typedef struct fa_attn_varlen_args {
  * statuses of fa_attn_fwd() (not the asynchronous mode's); a bad offset is FA_EINVAL with the
  * entry in the detail ("cu_seqlens_q[3] = 17 is below cu_seqlens_q[2] = 20: offsets must not
  * decrease"), and nothing is written. FA_ENOTSUP: the daemon's backend does not serve it (the GPU
- * backend does not yet). */
+ * backend serves decode shapes, at most 16 queries per sequence, where its build has no prefill
+ * kernel over these layouts). The index tensors may be in host or device buffers. */
 FA_API fa_status fa_attn_varlen(fa_client *c, const fa_attn_varlen_args *args);
 
 /* Attention against a KV cache (FlashAttention's flash_attn_with_kvcache without appending new

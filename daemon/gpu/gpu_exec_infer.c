@@ -1,0 +1,247 @@
+/* gpu_exec_infer.c - one ATTN_VARLEN or ATTN_KVCACHE job on a stream: the index snapshot, then
+ * fa_gpu_attn_infer (kernels/fa_gpu_infer.h) on the job's device pointers, or for host memory
+ * on slices of the worker's scratch with the copies around it, as gpu_exec.c does for the
+ * forward.
+ *
+ * The snapshot (backend_infer.h says why): each index tensor's extent is copied into memory the
+ * daemon owns (device tables by cuMemcpyDtoH on the job's stream; host tables by DMA through a
+ * device buffer, so no thread of the daemon touches the client's shared memory, which can fault
+ * when the client shrinks it), checked there by backend_infer_prepare (fa_attn_infer_check: a
+ * bad entry fails the job with the entry named before anything is written or launched), and
+ * the checked dense copy is uploaded to a stream-ordered buffer of the daemon's that the kernel
+ * reads, freed in stream order after it. The kernel never reads the client's tables.
+ *
+ * Outputs in host memory are copied in before the kernel (whole extents, not only when strided
+ * as the forward's): the kernel writes only the rows of sequences, and the copy back must leave
+ * the other rows as the client had them.
+ */
+#include "gpu_int.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_infer.h"
+#include "fa_check.h"
+#include "fa_gpu_infer.h"
+
+/* The most bytes the index tensors' extents may span together (their strides can spread a few
+ * entries far apart; the entries themselves are bounded by validation). */
+#define GPU_INFER_MAX_INDEX_BYTES (256u << 20)
+
+/* The shapes of q (and o), k (and v) and lse of an inference job (fa_attn_infer.h's layouts). */
+static void infer_shapes(const struct fa_attn_infer_desc *d, int64_t shape[5][4])
+{
+	const struct fa_attn_fwd_desc *f = &d->fwd;
+	int64_t q0 = d->cu_q ? 1 : f->B, q1 = d->cu_q ? d->total_q : f->Sq, k0, k1;
+	switch (d->kv) {
+	case FA_KV_PACKED:
+		k0 = 1, k1 = d->total_k;
+		break;
+	case FA_KV_PAGED:
+		k0 = d->pages, k1 = d->page_size;
+		break;
+	default:
+		k0 = f->B, k1 = d->cache_rows;
+		break;
+	}
+	const int64_t s[5][4] = {{q0, q1, f->Hq, f->D},
+	                         {k0, k1, f->Hkv, f->D},
+	                         {k0, k1, f->Hkv, f->D},
+	                         {q0, q1, f->Hq, f->D},
+	                         {q0, f->Hq, q1, 1}};
+	memcpy(shape, s, sizeof s);
+}
+
+/* Elements an index tensor spans from its first entry (strides >= 0: validation). */
+static int64_t index_span(const struct backend_index_src *s)
+{
+	return (s->n0 - 1) * s->s0 + (s->n1 - 1) * s->s1 + 1;
+}
+
+/* Copy the index tensors into host memory of the daemon's (*host, the caller frees), check them
+ * there (backend_infer_prepare: the checked dense copy is bi->copy), and upload that copy to a
+ * stream-ordered device buffer (*dev; ix points into it). FA_OK, or the job's status with its
+ * detail (a bad entry: backend_infer_prepare's text). */
+static fa_status infer_snapshot(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream,
+                                int32_t **host, fa_cu_ptr *dev, struct fa_gpu_infer_index *ix,
+                                bool *sticky)
+{
+	const struct fa_cu_api *cu = fa_cu;
+	struct backend_infer *bi = job->infer;
+	uint64_t at[INFER_NINDEX] = {0}, total = 0, host_bytes = 0;
+	fa_cu_ptr stage = 0;
+	fa_cu_res r;
+	fa_status st;
+
+	*host = NULL;
+	*dev = 0;
+	for (int i = 0; i < INFER_NINDEX; i++) {
+		if (bi->src[i].base == NULL)
+			continue;
+		at[i] = total;
+		total += (uint64_t)index_span(&bi->src[i]) * 4;
+		if (!job->on_device[FA_FWD_NTENSORS + i])
+			host_bytes += (uint64_t)index_span(&bi->src[i]) * 4;
+	}
+	if (total > GPU_INFER_MAX_INDEX_BYTES) {
+		snprintf(job->detail, sizeof job->detail,
+		         "the index tensors span %" PRIu64 " bytes with their strides (at most %u on "
+		         "the GPU backend): pass them dense", total, GPU_INFER_MAX_INDEX_BYTES);
+		return FA_ENOTSUP;
+	}
+	if ((*host = malloc(total > 0 ? total : 4)) == NULL) {
+		snprintf(job->detail, sizeof job->detail,
+		         "the daemon ran out of memory copying the index tensors");
+		return FA_ENOMEM;
+	}
+	if (host_bytes > 0 && (r = cu->MemAllocAsync(&stage, host_bytes, stream)) != 0)
+		return gpu_job_cuerr(d, job, r, "allocating device memory for the index tensors",
+		                     sticky);
+	uint64_t soff = 0;
+	for (int i = 0; i < INFER_NINDEX; i++) {
+		struct backend_index_src *s = &bi->src[i];
+		if (s->base == NULL)
+			continue;
+		uint64_t bytes = (uint64_t)index_span(s) * 4;
+		char *dst = (char *)*host + at[i];
+		if (job->on_device[FA_FWD_NTENSORS + i]) {
+			r = cu->MemcpyDtoHAsync(dst, (fa_cu_ptr)(uintptr_t)s->base, bytes, stream);
+		} else {
+			/* pinned at registration: the DMA engine reads it, not a CPU thread */
+			r = cu->MemcpyHtoDAsync(stage + soff, s->base, bytes, stream);
+			if (r == 0)
+				r = cu->MemcpyDtoHAsync(dst, stage + soff, bytes, stream);
+			soff += bytes;
+		}
+		if (r != 0) {
+			if (stage)
+				cu->MemFreeAsync(stage, stream);
+			return gpu_job_cuerr(d, job, r, "copying an index tensor", sticky);
+		}
+	}
+	if (stage)
+		cu->MemFreeAsync(stage, stream);
+	if ((r = cu->StreamSynchronize(stream)) != 0)
+		return gpu_job_cuerr(d, job, r, "copying the index tensors", sticky);
+	/* from here on the tables are the daemon's own bytes */
+	for (int i = 0; i < INFER_NINDEX; i++)
+		if (bi->src[i].base != NULL)
+			bi->src[i].base = (const int32_t *)(const void *)((char *)*host + at[i]);
+	if ((st = backend_infer_prepare(bi)) != FA_OK) {
+		snprintf(job->detail, sizeof job->detail, "%s", bi->detail);
+		return st;
+	}
+	/* the checked copies are one dense allocation: upload it whole */
+	size_t dense = 0;
+	for (int i = 0; i < INFER_NINDEX; i++)
+		if (bi->src[i].base != NULL)
+			dense += (size_t)(bi->src[i].n0 * bi->src[i].n1) * 4;
+	if ((r = cu->MemAllocAsync(dev, dense > 0 ? dense : 4, stream)) != 0) {
+		*dev = 0;
+		return gpu_job_cuerr(d, job, r, "allocating device memory for the index tensors",
+		                     sticky);
+	}
+	if (dense > 0 && (r = cu->MemcpyHtoDAsync(*dev, bi->copy, dense, stream)) != 0)
+		return gpu_job_cuerr(d, job, r, "uploading the checked index tensors", sticky);
+	const struct fa_attn_infer_desc *id = &bi->desc;
+#define AT(p) ((p) ? *dev + (fa_cu_ptr)((const int32_t *)(p) - bi->copy) * 4 : 0)
+	ix->cu_q = AT(id->cu_q);
+	ix->cu_k = AT(id->cu_k);
+	ix->seqlens_k = AT(id->seqlens_k);
+	ix->page_table = AT(id->page_table);
+#undef AT
+	return FA_OK;
+}
+
+void gpu_enqueue_infer(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream,
+                       fa_cu_event ev, bool *sticky)
+{
+	const struct fa_cu_api *cu = fa_cu;
+	struct backend_infer *bi = job->infer;
+	const void *ptr[5] = {job->q, job->k, job->v, job->o, job->lse};
+	int n = job->lse != NULL ? 5 : 4;
+	int64_t shape[5][4], stride[5][4];
+	uint64_t ext[5] = {0}, off[5] = {0}, total = 0;
+	fa_cu_ptr dp[5] = {0}, dix = 0;
+	struct fa_gpu_infer_index ix = {0};
+	int32_t *host = NULL;
+	size_t bytes_in = 0, bytes_out = 0;
+	fa_cu_res r;
+	fa_status st;
+
+	*sticky = false;
+	job->status = FA_OK;
+	job->detail[0] = '\0';
+	if ((st = infer_snapshot(d, job, stream, &host, &dix, &ix, sticky)) != FA_OK) {
+		job->status = st;
+		goto sync;
+	}
+	/* the descriptor now has the lengths found and the checked tables */
+	const struct fa_attn_infer_desc *id = &bi->desc;
+	const struct fa_attn_fwd_desc *ds = &id->fwd;
+	size_t es = fa_dtype_size(ds->dtype);
+	const int64_t *st3[5] = {ds->q_stride, ds->k_stride, ds->v_stride, ds->o_stride,
+	                         ds->lse_stride};
+	infer_shapes(id, shape);
+	for (int i = 0; i < n; i++) {
+		memcpy(stride[i], st3[i], 3 * sizeof(int64_t));
+		stride[i][3] = 1;
+		if (job->on_device[i]) {
+			dp[i] = (fa_cu_ptr)(uintptr_t)ptr[i];
+			continue;
+		}
+		fa_tensor_extent(4, shape[i], stride[i], i == 4 ? sizeof(float) : es, NULL,
+		                 &ext[i]); /* validated: cannot overflow */
+		off[i] = total;
+		total += (ext[i] + GPU_SCRATCH_ALIGN - 1) / GPU_SCRATCH_ALIGN * GPU_SCRATCH_ALIGN;
+	}
+	if (total > 0) {
+		if ((r = gpu_scratch_reserve(d, (size_t)total)) != 0) {
+			job->status = gpu_job_cuerr(d, job, r, "allocating device scratch for host "
+			                            "buffers", sticky);
+			goto sync;
+		}
+		for (int i = 0; i < n; i++)
+			if (!job->on_device[i])
+				dp[i] = d->scratch + off[i];
+	}
+	/* every host tensor in, the outputs too (rows outside the sequences stay the client's) */
+	for (int i = 0; i < n; i++) {
+		if (job->on_device[i])
+			continue;
+		if ((r = cu->MemcpyHtoDAsync(dp[i], ptr[i], ext[i], stream)) != 0) {
+			job->status = gpu_job_cuerr(d, job, r, "copying a host tensor to the GPU",
+			                            sticky);
+			goto sync;
+		}
+		bytes_in += ext[i];
+	}
+	st = fa_gpu_attn_infer(d->g, id, &ix, (CUdeviceptr)dp[0], (CUdeviceptr)dp[1],
+	                       (CUdeviceptr)dp[2], (CUdeviceptr)dp[3],
+	                       n == 5 ? (CUdeviceptr)dp[4] : 0, (CUstream)stream, job->detail,
+	                       sizeof job->detail);
+	if (st != FA_OK) {
+		job->status = st;
+		goto sync;
+	}
+	for (int i = 3; i < n; i++) {
+		if (job->on_device[i])
+			continue;
+		if ((r = cu->MemcpyDtoHAsync((void *)(uintptr_t)ptr[i], dp[i], ext[i], stream)) != 0) {
+			job->status = gpu_job_cuerr(d, job, r, "copying a result to host memory",
+			                            sticky);
+			goto sync;
+		}
+		bytes_out += ext[i];
+	}
+sync:
+	if (dix)
+		cu->MemFreeAsync(dix, stream); /* after the kernel, in stream order */
+	free(host);
+	if ((r = cu->EventRecord(ev, stream)) != 0 && job->status == FA_OK)
+		job->status = gpu_job_cuerr(d, job, r, "recording the job's event", sticky);
+	job->bytes_in = bytes_in;
+	job->bytes_out = bytes_out;
+}
