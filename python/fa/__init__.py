@@ -158,7 +158,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     the same bits on every run."""
     if dropout_p:
         raise _usage("FA_ENOTSUP", "dropout_p=%r: fa has no dropout" % dropout_p)
-    if tuple(window_size) != (-1, -1):
+    if window_size != (-1, -1) and tuple(window_size) != (-1, -1):
         raise _usage("FA_ENOTSUP", "window_size=%r: sliding-window attention is not in this "
                      "version of fa" % (tuple(window_size),))
     if softcap:

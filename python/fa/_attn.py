@@ -10,10 +10,10 @@ import sys
 import threading
 import warnings
 
-from . import _abi, _arrays, _cuda
+from . import _abi, _arrays, _cuda, _devstage, _fast
 from ._arrays import CUDA, HOST
 from ._client import default_client
-from ._errors import usage
+from ._errors import FaError, usage
 
 
 class FaCopyWarning(UserWarning):
@@ -129,9 +129,25 @@ def _resolve_host(c, views, names, outputs):
     return res, back
 
 
-def _resolve_cuda(c, views):
+def _resolve_cuda(c, views, tnames, outputs, vq):
+    """(buf, offset) of every device View, and the staging (a _devstage.Staged, or ()) of
+    those whose memory CUDA IPC cannot export: copied, said once per cause in a warning."""
     drv = _cuda_driver()
-    return [c._device_find(v.ptr, drv) for v in views]
+    res, bad = [], []
+    for i, v in enumerate(views):
+        try:
+            res.append(c._device_find(v.ptr, drv))
+        except FaError as e:
+            if e.status != "FA_EIPC":
+                raise
+            res.append(None)
+            bad.append(i)
+    if not bad:
+        return res, ()
+    if vq.lib != "torch":  # the copies run on the default stream: the producer first
+        _sync_producer(vq)
+    return res, _devstage.stage(c, drv, views, tnames, outputs, res, bad,
+                                _producer_stream(vq), _warn_once)
 
 
 def _cuda_driver():
@@ -151,9 +167,27 @@ def _fa_dims(v, bhsd):
 def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, client=None,
             precision=_abi.FA_PREC_DEFAULT, gqa=True, stream=None):
     """O (and lse [B, Hq, Sq] fp32 when want_lse) for q, k, v in BHSD (bhsd) or BSHD layout.
-    stream: None (synchronous: wait for the producer's stream first), or "current" (PyTorch's
-    current stream, asynchronous mode). Raises FaError."""
+    stream: None (synchronous: wait for the producer's stream first), "current" (PyTorch's
+    current stream, asynchronous mode), or "auto" (the asynchronous mode on PyTorch's current
+    stream for CUDA tensors when the daemon serves it, else synchronous: what autograd uses).
+    Raises FaError."""
     c = client if client is not None else default_client()
+    k_fast = None
+    if _fast.enabled:
+        if out is None:
+            out = alloc_like(q, v)
+        if want_lse and lse_out is None and out is not None:
+            lse_out = alloc_lse(q, bhsd)
+        if out is not None and (lse_out is not None or not want_lse):
+            meta = (bhsd, mask, float(scale) if scale else 0.0, precision, gqa)
+            k_fast, ptrs, kind = _fast.key(_fast.FWD, meta, (q, k, v, out, lse_out)
+                                           if want_lse else (q, k, v, out))
+            if k_fast is not None:
+                p = _fast.plan(c, k_fast)
+                if p is not None and _fast.patch(c, p, ptrs):
+                    run(c, p.addr, kind, stream, q, ptrs[0], c._lib.fa_attn_fwd,
+                        c._lib.fa_attn_fwd_async)
+                    return out, lse_out
     names = ("q", "k", "v")
     ins = [_arrays.view_of(x, n) for x, n in zip((q, k, v), names)]
     for vw, n in zip(ins, names):
@@ -197,20 +231,117 @@ def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, cli
 
     res, back, keep = resolve(c, views, tnames, ("out", "lse"), kind, stream, vq)
     a = _args_block()
+    fields = [_OFF["o" if n == "out" else n] for n in tnames]
     for i, (vw, n) in enumerate(zip(views, tnames)):
-        pack_tensor(a, _OFF["o" if n == "out" else n], vw, res[i], bhsd, n == "lse")
+        pack_tensor(a, fields[i], vw, res[i], bhsd, n == "lse")
     _DOUBLE.pack_into(a, _SCALE, float(scale) if scale else 0.0)
     _INT.pack_into(a, _MASK, mask)
     _INT.pack_into(a, _PREC, precision)
     lib = c._lib
-    if stream is None:
-        c._call(lib.fa_attn_fwd, C.addressof(a), what=None)
-    else:
-        c._call(lib.fa_attn_fwd_async, C.addressof(a), C.c_void_p(_stream_handle(vq, stream)),
-                what=None)
+    if k_fast is not None and not back and len(res) == len(views):
+        _fast.store(c, k_fast, a, _ARGS_BYTES, fields, views, kind)
+    call(c, C.addressof(a), kind, stream, vq, lib.fa_attn_fwd, lib.fa_attn_fwd_async, back)
     copy_back(back)
     del keep
     return out, lse
+
+
+def alloc_like(q, v):
+    """out for q and v when both are PyTorch tensors or NumPy arrays (allocated as the full
+    path allocates it), else None (the full path allocates it)."""
+    tq = type(q)
+    if tq is not type(v):
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and tq is torch.Tensor:
+        if q.dim() == 4 and v.dim() == 4 and q.shape[3] == v.shape[3] and q.dtype == v.dtype:
+            return torch.empty_like(q)
+        return None
+    np = sys.modules.get("numpy")
+    if np is not None and tq is np.ndarray:
+        if q.ndim == 4 and v.ndim == 4 and q.shape[3] == v.shape[3] and q.dtype == v.dtype:
+            return np.empty_like(q)
+    return None
+
+
+def alloc_lse(q, bhsd):
+    """lse float32 [B, Hq, Sq] like the full path's, for a q alloc_like took."""
+    B, Hq, Sq = (q.shape[0], q.shape[1], q.shape[2]) if bhsd else (q.shape[0], q.shape[2],
+                                                                    q.shape[1])
+    torch = sys.modules.get("torch")
+    if torch is not None and type(q) is torch.Tensor:
+        return torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    np = sys.modules["numpy"]
+    return np.empty((B, Hq, Sq), dtype=np.float32)
+
+
+def run(c, addr, kind, stream, q, qptr, fn, fn_async):
+    """A prebuilt block's call (_fast.py): q's allocation gives the device to synchronise."""
+    if kind is CUDA and type(q) is sys.modules["torch"].Tensor and stream in (None, "auto",
+                                                                             "current"):
+        ordinal = c._dev_ptr[qptr].ordinal
+        if ordinal >= 0:
+            h = _fast.current_stream(ordinal)
+            if stream is not None and _async_ok(c, stream, fn_async):
+                try:
+                    c._call(fn_async, addr, h, what=None)
+                    return
+                except FaError as e:
+                    if stream == "current" or not _async_refused(c, e):
+                        raise
+            r = _cuda._cu.stream_synchronize(h)
+            if r != 0:
+                raise usage("FA_EDEVICE", "synchronising PyTorch's current stream failed "
+                            "with CUresult %d" % r)
+            c._call(fn, addr, what=None)
+            return
+    call(c, addr, kind, stream, q, fn, fn_async, ())
+
+
+def call(c, addr, kind, stream, vq, fn, fn_async, back):
+    """The library's call on a built block: synchronous (the producer waited for in resolve),
+    or asynchronous on the stream `stream` names; "auto" takes the asynchronous mode for
+    PyTorch CUDA tensors while this client's daemon serves it (see forward). back: resolve's
+    copies to make afterwards (a staged call is synchronous under "auto")."""
+    if stream == "auto":
+        if kind == CUDA and vq.lib == "torch" and not back and _async_ok(c, stream, fn_async):
+            try:
+                c._call(fn_async, addr, C.c_void_p(_stream_handle(vq, "current")), what=None)
+                return
+            except FaError as e:
+                if not _async_refused(c, e):
+                    raise
+        if kind == CUDA:
+            _sync_producer(vq)
+        c._call(fn, addr, what=None)
+    elif stream is None:
+        c._call(fn, addr, what=None)
+    else:
+        c._call(fn_async, addr, C.c_void_p(_stream_handle(vq, stream)), what=None)
+
+
+def _async_ok(c, stream, fn_async):
+    """Whether to try the asynchronous mode: asked for ("current"), or "auto" while the
+    daemon has not refused it to this client and no CUDA graph is being captured (a capture
+    fails in either mode; the synchronous one says why)."""
+    if stream != "auto":
+        return True
+    if fn_async is None or c._async_refused is not None:
+        return False
+    torch = sys.modules.get("torch")
+    return not (torch is not None and torch.cuda.is_current_stream_capturing())
+
+
+# The statuses with which a daemon refuses the asynchronous mode itself (another user's daemon
+# on the IPC-event path, no GPU backend): "auto" then calls synchronously from there on.
+_ASYNC_REFUSALS = ("FA_EPERM", "FA_ENOTSUP")
+
+
+def _async_refused(c, e):
+    if e.status in _ASYNC_REFUSALS:
+        c._async_refused = e
+        return True
+    return False
 
 
 def resolve(c, views, tnames, outputs, kind, stream, vq):
@@ -218,17 +349,19 @@ def resolve(c, views, tnames, outputs, kind, stream, vq):
     memory; in synchronous mode the producer of CUDA inputs is waited for first. Returns
     (res, back, keep): back goes to copy_back after the call, keep must live until then."""
     if kind == CUDA:
-        res = _resolve_cuda(c, views)
-        if stream is None:
+        res, back = _resolve_cuda(c, views, tnames, outputs, vq)
+        if stream is None and not back:  # (staging waited for the producer already)
             _sync_producer(vq)
-        return res, (), None
+        return res, back, back or None
     res, back = _resolve_host(c, views, tnames, outputs)
     return res, back, res
 
 
 def copy_back(back):
     """Staged outputs to the caller's arrays (see resolve)."""
-    if back:
+    if isinstance(back, _devstage.Staged):
+        back.finish()
+    elif back:
         np = _np()
         for staged, ptr, shape, strides, itemsize in back:
             np.copyto(_raw(np, ptr, shape, strides, itemsize), staged)
@@ -244,6 +377,15 @@ def pack_tensor(a, offset, vw, where, bhsd, is_lse):
     else:
         sh, st = _fa_dims(vw, bhsd)
     _TENSOR.pack_into(a, offset, buf, off, vw.dtype, *sh, *st)
+
+
+def _producer_stream(v):
+    """The CUstream handle the work writing v runs on (0: the default stream)."""
+    if v.lib == "torch":
+        return _fast.current_stream(v.obj.get_device())
+    if v.stream and v.stream not in (1, 2):
+        return v.stream
+    return 0
 
 
 def _sync_producer(v):

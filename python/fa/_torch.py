@@ -45,7 +45,9 @@ if _is_compiling is None:  # PyTorch < 2.3
 def needs_op(q, k, v):
     """True when a call on these tensors must go through autograd or is being traced by
     torch.compile (the plain call would be opaque to both)."""
-    if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+    if torch.is_grad_enabled() and (getattr(q, "requires_grad", False) or
+                                    getattr(k, "requires_grad", False) or
+                                    getattr(v, "requires_grad", False)):
         return True
     return _is_compiling()
 
