@@ -167,11 +167,14 @@ def _fa_dims(v, bhsd):
 def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, client=None,
             precision=_abi.FA_PREC_DEFAULT, gqa=True, stream=None):
     """O (and lse [B, Hq, Sq] fp32 when want_lse) for q, k, v in BHSD (bhsd) or BSHD layout.
-    stream: None (synchronous: wait for the producer's stream first), "current" (PyTorch's
-    current stream, asynchronous mode), or "auto" (the asynchronous mode on PyTorch's current
-    stream for CUDA tensors when the daemon serves it, else synchronous: what autograd uses).
+    stream: None or "sync" (synchronous: wait for the producer's stream first), "current"
+    (PyTorch's current stream, asynchronous mode), or "auto" (the asynchronous mode on
+    PyTorch's current stream for CUDA tensors while the daemon serves it, else synchronous:
+    what autograd uses by default, see _ordered).
     Raises FaError."""
     c = client if client is not None else default_client()
+    if stream == "sync":
+        stream = None
     k_fast = None
     if _fast.enabled:
         if out is None:
@@ -276,48 +279,64 @@ def alloc_lse(q, bhsd):
 
 
 def run(c, addr, kind, stream, q, qptr, fn, fn_async):
-    """A prebuilt block's call (_fast.py): q's allocation gives the device to synchronise."""
-    if kind is CUDA and type(q) is sys.modules["torch"].Tensor and stream in (None, "auto",
-                                                                             "current"):
+    """A prebuilt block's call (_fast.py): q's allocation gives the device whose PyTorch stream
+    orders the call."""
+    torch = sys.modules.get("torch")
+    if kind is CUDA and torch is not None and type(q) is torch.Tensor and \
+            stream in (None, "auto", "current"):
         ordinal = c._dev_ptr[qptr].ordinal
         if ordinal >= 0:
             h = _fast.current_stream(ordinal)
-            if stream is not None and _async_ok(c, stream, fn_async):
-                try:
-                    c._call(fn_async, addr, h, what=None)
-                    return
-                except FaError as e:
-                    if stream == "current" or not _async_refused(c, e):
-                        raise
-            r = _cuda._cu.stream_synchronize(h)
-            if r != 0:
-                raise usage("FA_EDEVICE", "synchronising PyTorch's current stream failed "
-                            "with CUresult %d" % r)
-            c._call(fn, addr, what=None)
+
+            def sync():
+                r = _cuda._cu.stream_synchronize(h)
+                if r != 0:
+                    raise usage("FA_EDEVICE", "synchronising PyTorch's current stream "
+                                "failed with CUresult %d" % r)
+            _ordered(c, addr, stream, fn, fn_async, h, sync)
             return
-    call(c, addr, kind, stream, q, fn, fn_async, ())
+    call(c, addr, kind, stream, _arrays.view_of(q, "q"), fn, fn_async, ())
 
 
 def call(c, addr, kind, stream, vq, fn, fn_async, back):
     """The library's call on a built block: synchronous (the producer waited for in resolve),
-    or asynchronous on the stream `stream` names; "auto" takes the asynchronous mode for
-    PyTorch CUDA tensors while this client's daemon serves it (see forward). back: resolve's
-    copies to make afterwards (a staged call is synchronous under "auto")."""
+    or asynchronous on the stream `stream` names; "auto": see _ordered. back: resolve's copies
+    to make afterwards (a staged call is synchronous under "auto")."""
     if stream == "auto":
-        if kind == CUDA and vq.lib == "torch" and not back and _async_ok(c, stream, fn_async):
-            try:
-                c._call(fn_async, addr, C.c_void_p(_stream_handle(vq, "current")), what=None)
-                return
-            except FaError as e:
-                if not _async_refused(c, e):
-                    raise
-        if kind == CUDA:
+        if kind == CUDA and vq.lib == "torch" and not back:
+            _ordered(c, addr, stream, fn, fn_async, _stream_handle(vq, "current"),
+                     lambda: _sync_producer(vq))
+            return
+        if kind == CUDA and not back:
             _sync_producer(vq)
         c._call(fn, addr, what=None)
     elif stream is None:
         c._call(fn, addr, what=None)
     else:
         c._call(fn_async, addr, C.c_void_p(_stream_handle(vq, stream)), what=None)
+
+
+def _ordered(c, addr, stream, fn, fn_async, handle, sync):
+    """A PyTorch CUDA call: stream None waits for the stream (sync()) and calls synchronously;
+    "current" calls asynchronously on it; "auto" calls asynchronously while this client's
+    daemon serves that and no CUDA graph is being captured, else as None. A daemon refusing
+    the asynchronous mode itself (FA_EPERM: another user's daemon on the IPC-event path;
+    FA_ENOTSUP: no GPU backend) is remembered once the synchronous retry succeeds, so "auto"
+    stops trying; a refusal the synchronous call shares is the call's error."""
+    if stream is not None and _async_ok(c, stream, fn_async):
+        try:
+            c._call(fn_async, addr, handle, what=None)
+            return
+        except FaError as e:
+            if stream != "auto" or e.status not in _ASYNC_REFUSALS:
+                raise
+            refusal = e
+    else:
+        refusal = None
+    sync()
+    c._call(fn, addr, what=None)
+    if refusal is not None:
+        c._async_refused = refusal
 
 
 def _async_ok(c, stream, fn_async):
@@ -329,19 +348,11 @@ def _async_ok(c, stream, fn_async):
     if fn_async is None or c._async_refused is not None:
         return False
     torch = sys.modules.get("torch")
-    return not (torch is not None and torch.cuda.is_current_stream_capturing())
+    return not (torch is not None and torch.cuda.is_initialized() and
+                torch.cuda.is_current_stream_capturing())
 
 
-# The statuses with which a daemon refuses the asynchronous mode itself (another user's daemon
-# on the IPC-event path, no GPU backend): "auto" then calls synchronously from there on.
 _ASYNC_REFUSALS = ("FA_EPERM", "FA_ENOTSUP")
-
-
-def _async_refused(c, e):
-    if e.status in _ASYNC_REFUSALS:
-        c._async_refused = e
-        return True
-    return False
 
 
 def resolve(c, views, tnames, outputs, kind, stream, vq):

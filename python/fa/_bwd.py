@@ -36,6 +36,8 @@ def backward(q, k, v, o, dout, lse, *, bhsd, mask, scale, deterministic=False, d
     dq, dk, dv: written when given, else allocated like q, k and v. stream: as in the forward.
     Raises FaError."""
     c = client if client is not None else default_client()
+    if stream == "sync":
+        stream = None
     lib = c._lib
     if getattr(lib, "fa_attn_bwd", None) is None:
         raise usage("FA_ENOTSUP", "the loaded libfaclient (%s, %s) has no fa_attn_bwd: it "
