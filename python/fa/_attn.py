@@ -173,7 +173,7 @@ def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, cli
     what autograd uses by default, see _ordered).
     Raises FaError."""
     c = client if client is not None else default_client()
-    if stream == "sync":
+    if stream == "sync" or (stream == "auto" and small_for_async(q, k, bhsd)):
         stream = None
     k_fast = None
     if _fast.enabled:
@@ -337,6 +337,24 @@ def _ordered(c, addr, stream, fn, fn_async, handle, sync):
     c._call(fn, addr, what=None)
     if refusal is not None:
         c._async_refused = refusal
+
+
+# "auto" calls work below this (B * Hq * Sq * Sk * D) synchronously. Measured on the H200
+# (daemon/RESULTS.md): at B1 H16 S128 D64 (1.7e7) a forward+backward through autograd took 1.17
+# ms per step asynchronously against about 0.5 ms synchronously; at B2 H16 S4096 D128 causal
+# (6.9e10) 3.35 ms against 4.80 ms. The bound lies between the two, not tuned further.
+AUTO_ASYNC_MIN_WORK = 1 << 30
+
+
+def small_for_async(q, k, bhsd):
+    """Whether a call on q and k is below AUTO_ASYNC_MIN_WORK (False when the shapes are not
+    4-dimensional: the full path says what is wrong)."""
+    sq, sk = getattr(q, "shape", ()), getattr(k, "shape", ())
+    if len(sq) != 4 or len(sk) != 4:
+        return False
+    if bhsd:
+        return sq[0] * sq[1] * sq[2] * sk[2] * sq[3] < AUTO_ASYNC_MIN_WORK
+    return sq[0] * sq[2] * sq[1] * sk[1] * sq[3] < AUTO_ASYNC_MIN_WORK
 
 
 def _async_ok(c, stream, fn_async):

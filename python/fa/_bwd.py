@@ -36,7 +36,7 @@ def backward(q, k, v, o, dout, lse, *, bhsd, mask, scale, deterministic=False, d
     dq, dk, dv: written when given, else allocated like q, k and v. stream: as in the forward.
     Raises FaError."""
     c = client if client is not None else default_client()
-    if stream == "sync":
+    if stream == "sync" or (stream == "auto" and _attn.small_for_async(q, k, bhsd)):
         stream = None
     lib = c._lib
     if getattr(lib, "fa_attn_bwd", None) is None:

@@ -20,6 +20,7 @@ from ._errors import usage
 
 ALIGN = 256
 _lock = threading.Lock()
+_contexts = {}  # device ordinal -> the context staging allocates and copies in
 
 
 class _Buffer:
@@ -112,10 +113,12 @@ def stage(c, drv, views, tnames, outputs, res, bad, stream, warn_once):
                   "with plain cudaMalloc memory (PyTorch's default allocator) to avoid the "
                   "copies" % (tnames[i], cause))
     ordinal = drv.range_of(views[bad[0]].ptr)[3]
-    try:
-        ctx = drv.context_of(views[bad[0]].ptr, ordinal)
-    except OSError as e:
-        raise usage("FA_EDEVICE", "staging %s: %s" % (tnames[bad[0]], e)) from None
+    ctx = _contexts.get(ordinal)
+    if ctx is None:  # (a primary context is retained once per device, not per call)
+        try:
+            ctx = _contexts[ordinal] = drv.context_of(views[bad[0]].ptr, ordinal)
+        except OSError as e:
+            raise usage("FA_EDEVICE", "staging %s: %s" % (tnames[bad[0]], e)) from None
     b = _buffer(c, drv, ordinal, ctx, max(total, 1))
     st = Staged(drv, ctx, stream)
     try:

@@ -557,6 +557,14 @@ class AutoStreamDecision(unittest.TestCase):
             self.run_once(c, "current")
         self.assertEqual(c.calls, ["async"])
 
+    def test_small_calls_under_auto_are_synchronous(self):
+        small, big = np.empty((1, 128, 16, 64)), np.empty((2, 4096, 16, 128))
+        self.assertTrue(fa._attn.small_for_async(small, small, False))
+        self.assertFalse(fa._attn.small_for_async(big, big, False))
+        self.assertFalse(fa._attn.small_for_async(big.transpose(0, 2, 1, 3),
+                                                  big.transpose(0, 2, 1, 3), True))
+        self.assertFalse(fa._attn.small_for_async(np.empty(3), small, False))
+
     def test_stream_none_is_synchronous(self):
         c = _StubClient()
         self.assertEqual(self.run_once(c, None), [1])
