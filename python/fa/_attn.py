@@ -284,7 +284,8 @@ def run(c, addr, kind, stream, q, qptr, fn, fn_async):
     torch = sys.modules.get("torch")
     if kind is CUDA and torch is not None and type(q) is torch.Tensor and \
             stream in (None, "auto", "current"):
-        ordinal = c._dev_ptr[qptr].ordinal
+        r = c._dev_ptr.get(qptr)  # (None only when another thread just renewed the table)
+        ordinal = r.ordinal if r is not None else -1
         if ordinal >= 0:
             h = _fast.current_stream(ordinal)
 
@@ -295,7 +296,10 @@ def run(c, addr, kind, stream, q, qptr, fn, fn_async):
                                 "failed with CUresult %d" % r)
             _ordered(c, addr, stream, fn, fn_async, h, sync)
             return
-    call(c, addr, kind, stream, _arrays.view_of(q, "q"), fn, fn_async, ())
+    vq = _arrays.view_of(q, "q")
+    if kind is CUDA and stream is None:  # what resolve does on the full path
+        _sync_producer(vq)
+    call(c, addr, kind, stream, vq, fn, fn_async, ())
 
 
 def call(c, addr, kind, stream, vq, fn, fn_async, back):

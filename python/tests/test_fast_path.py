@@ -230,6 +230,7 @@ class FakeDriver:
         self.mem = []
         self.copies = 0
         self.id_queries = 0
+        self.syncs = 0
 
     def alloc(self, size, cause=None, at=None):
         if at is None:
@@ -278,7 +279,7 @@ class FakeDriver:
         pass
 
     def synchronize(self, stream=None):
-        pass
+        self.syncs += 1
 
 
 class FakeLib:
@@ -378,6 +379,7 @@ class FastPathOnFakeDeviceMemory(unittest.TestCase):
         q, o = self.arr((1, 4, 2, 8)), self.arr((1, 4, 2, 8))
         self.fwd(q, o)
         made, hits, ids = self.c.device_registrations_made, fa._fast.hits, self.drv.id_queries
+        syncs = self.drv.syncs
         for _ in range(10):
             o.numpy()[...] = 0
             self.fwd(q, o)
@@ -385,6 +387,8 @@ class FastPathOnFakeDeviceMemory(unittest.TestCase):
         self.assertEqual(self.c.device_registrations_made, made)
         self.assertEqual(fa._fast.hits, hits + 10)
         self.assertEqual(self.drv.id_queries, ids + 20, "q (three times) and o: two ids")
+        self.assertEqual(self.drv.syncs, syncs + 10, "a synchronous call waits for the "
+                         "producer on the fast path too")
         fast, full = sent(self.c, lambda: self.fwd(q, o))
         self.assertEqual(fast, full)
 
