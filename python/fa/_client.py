@@ -197,7 +197,7 @@ class Client:
             self._active += 1
 
     def _leave(self):
-        with self._cv:
+        with self._cv_lock:  # (the Condition's own lock, taken without its Python wrapper)
             self._active -= 1
             if self._reconnecting and self._active == 0:
                 self._cv.notify_all()

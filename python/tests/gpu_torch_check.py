@@ -7,14 +7,21 @@ Checks, printing a line per case: fa.scaled_dot_product_attention and fa.flash_a
 tensors (fp16, bf16, fp32; odd shapes, GQA, causal both ways, BHSD and BSHD strides) against a
 float64 reference, with torch.nn.functional.scaled_dot_product_attention's own error beside it;
 the logsumexp; CPU tensors (staged, and in place from fa.empty_host); the asynchronous mode; that
-a loop re-registers nothing (the registration cache); and the overhead of one Python call over
-the bare C call (p50 of 1000, target <= 10 us). Then training: gradients through loss.backward()
+a loop re-registers nothing (the registration cache); the overhead of one Python call over
+the bare C call (p50 of 1000, target <= 10 us) and its parts (fresh outputs, the stream sync,
+the buffer-id query, the Python side alone on the fast and the full path); the copy of memory
+CUDA IPC cannot export, in child processes (expandable_segments, cudaMallocAsync, managed:
+what cuIpcGetMemHandle says, forward and gradients through the copy, one warning). Then
+training: gradients through loss.backward()
 (fp16, bf16, fp32 up to head dim 256; odd shapes, Sq != Sk, GQA/MQA, both causal alignments)
 against float64 autograd with torch SDPA's own gradient error beside them, the fp32 precisions,
 packed qkv, upstream gradients of other strides, the deterministic flag bit for bit, the
 asynchronous mode, torch.compile(fullgraph=True) of a block forward and backward, and figures:
-the autograd path's cost per call and a training step against torch's SDPA. While the daemon's
-GPU backend has no backward kernels the training part says so and is skipped.
+the autograd path's cost per call and a training step against torch's SDPA (the default
+asynchronous ordering and stream="sync", the daemon's time per call, registrations and
+prebuilt blocks per step, each call alone, the host side with the attention calls stubbed).
+FA_TORCH_CHECK_PARTS / FA_TORCH_TRAINING_PARTS (comma lists of part names) pick parts.
+While the daemon's GPU backend has no backward kernels the training part says so and is skipped.
 Exit 1 on any correctness failure, 0 otherwise (overheads and ratios are reported, not
 enforced); exit 0 with SKIP when torch or CUDA is missing.
 """
