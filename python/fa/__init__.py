@@ -105,10 +105,13 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     the head counts must match, as in PyTorch). scale: default 1/sqrt(D).
     precision (fp32 inputs): None/"default" (3xtf32), "ieee", "3xtf32", "tf32", "bf16".
     stream: None waits for PyTorch's current stream and returns when out is written; "current"
-    (or a stream) orders the call on that stream instead (fa's asynchronous mode: daemon of the
-    same user only). client: a fa.Client (default: the process-wide one).
-    Differentiable for PyTorch tensors that require grad (out= is refused then); the backward
-    is deterministic under torch.use_deterministic_algorithms(True)."""
+    (or a stream) orders the call on that stream instead (fa's asynchronous mode).
+    client: a fa.Client (default: the process-wide one).
+    Differentiable for PyTorch tensors that require grad (out= is refused then): then stream
+    None orders forward and backward on PyTorch's current stream (the asynchronous mode, as
+    PyTorch's own ops are ordered) while the daemon serves that, synchronously otherwise;
+    stream="sync" keeps both synchronous. The backward is deterministic under
+    torch.use_deterministic_algorithms(True)."""
     mask = _abi.FA_MASK_CAUSAL_TOP_LEFT if is_causal else _abi.FA_MASK_NONE
     if attn_mask is not None:
         m = _causal_bias(attn_mask)
@@ -158,7 +161,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     the same bits on every run."""
     if dropout_p:
         raise _usage("FA_ENOTSUP", "dropout_p=%r: fa has no dropout" % dropout_p)
-    if tuple(window_size) != (-1, -1):
+    if window_size != (-1, -1) and tuple(window_size) != (-1, -1):
         raise _usage("FA_ENOTSUP", "window_size=%r: sliding-window attention is not in this "
                      "version of fa" % (tuple(window_size),))
     if softcap:

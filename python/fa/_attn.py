@@ -10,10 +10,10 @@ import sys
 import threading
 import warnings
 
-from . import _abi, _arrays, _cuda
+from . import _abi, _arrays, _cuda, _devstage, _fast
 from ._arrays import CUDA, HOST
 from ._client import default_client
-from ._errors import usage
+from ._errors import FaError, usage
 
 
 class FaCopyWarning(UserWarning):
@@ -129,9 +129,25 @@ def _resolve_host(c, views, names, outputs):
     return res, back
 
 
-def _resolve_cuda(c, views):
+def _resolve_cuda(c, views, tnames, outputs, vq):
+    """(buf, offset) of every device View, and the staging (a _devstage.Staged, or ()) of
+    those whose memory CUDA IPC cannot export: copied, said once per cause in a warning."""
     drv = _cuda_driver()
-    return [c._device_find(v.ptr, drv) for v in views]
+    res, bad = [], []
+    for i, v in enumerate(views):
+        try:
+            res.append(c._device_find(v.ptr, drv))
+        except FaError as e:
+            if e.status != "FA_EIPC":
+                raise
+            res.append(None)
+            bad.append(i)
+    if not bad:
+        return res, ()
+    if vq.lib != "torch":  # the copies run on the default stream: the producer first
+        _sync_producer(vq)
+    return res, _devstage.stage(c, drv, views, tnames, outputs, res, bad,
+                                _producer_stream(vq), _warn_once)
 
 
 def _cuda_driver():
@@ -151,9 +167,30 @@ def _fa_dims(v, bhsd):
 def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, client=None,
             precision=_abi.FA_PREC_DEFAULT, gqa=True, stream=None):
     """O (and lse [B, Hq, Sq] fp32 when want_lse) for q, k, v in BHSD (bhsd) or BSHD layout.
-    stream: None (synchronous: wait for the producer's stream first), or "current" (PyTorch's
-    current stream, asynchronous mode). Raises FaError."""
+    stream: None or "sync" (synchronous: wait for the producer's stream first), "current"
+    (PyTorch's current stream, asynchronous mode), or "auto" (the asynchronous mode on
+    PyTorch's current stream for CUDA tensors while the daemon serves it, else synchronous:
+    what autograd uses by default, see _ordered).
+    Raises FaError."""
     c = client if client is not None else default_client()
+    if stream == "sync" or (stream == "auto" and small_for_async(q, k, bhsd)):
+        stream = None
+    k_fast = None
+    if _fast.enabled:
+        if out is None:
+            out = alloc_like(q, v)
+        if want_lse and lse_out is None and out is not None:
+            lse_out = alloc_lse(q, bhsd)
+        if out is not None and (lse_out is not None or not want_lse):
+            meta = (bhsd, mask, float(scale) if scale else 0.0, precision, gqa)
+            k_fast, ptrs, kind = _fast.key(_fast.FWD, meta, (q, k, v, out, lse_out)
+                                           if want_lse else (q, k, v, out))
+            if k_fast is not None:
+                p = _fast.plan(c, k_fast)
+                if p is not None and _fast.patch(c, p, ptrs):
+                    run(c, p.addr, kind, stream, q, ptrs[0], c._lib.fa_attn_fwd,
+                        c._lib.fa_attn_fwd_async)
+                    return out, lse_out
     names = ("q", "k", "v")
     ins = [_arrays.view_of(x, n) for x, n in zip((q, k, v), names)]
     for vw, n in zip(ins, names):
@@ -197,20 +234,147 @@ def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, cli
 
     res, back, keep = resolve(c, views, tnames, ("out", "lse"), kind, stream, vq)
     a = _args_block()
+    fields = [_OFF["o" if n == "out" else n] for n in tnames]
     for i, (vw, n) in enumerate(zip(views, tnames)):
-        pack_tensor(a, _OFF["o" if n == "out" else n], vw, res[i], bhsd, n == "lse")
+        pack_tensor(a, fields[i], vw, res[i], bhsd, n == "lse")
     _DOUBLE.pack_into(a, _SCALE, float(scale) if scale else 0.0)
     _INT.pack_into(a, _MASK, mask)
     _INT.pack_into(a, _PREC, precision)
     lib = c._lib
-    if stream is None:
-        c._call(lib.fa_attn_fwd, C.addressof(a), what=None)
-    else:
-        c._call(lib.fa_attn_fwd_async, C.addressof(a), C.c_void_p(_stream_handle(vq, stream)),
-                what=None)
+    if k_fast is not None and not back and len(res) == len(views):
+        _fast.store(c, k_fast, a, _ARGS_BYTES, fields, views, kind)
+    call(c, C.addressof(a), kind, stream, vq, lib.fa_attn_fwd, lib.fa_attn_fwd_async, back)
     copy_back(back)
     del keep
     return out, lse
+
+
+def alloc_like(q, v):
+    """out for q and v when both are PyTorch tensors or NumPy arrays (allocated as the full
+    path allocates it), else None (the full path allocates it)."""
+    tq = type(q)
+    if tq is not type(v):
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and tq is torch.Tensor:
+        if q.dim() == 4 and v.dim() == 4 and q.shape[3] == v.shape[3] and q.dtype == v.dtype:
+            return torch.empty_like(q)
+        return None
+    np = sys.modules.get("numpy")
+    if np is not None and tq is np.ndarray:
+        if q.ndim == 4 and v.ndim == 4 and q.shape[3] == v.shape[3] and q.dtype == v.dtype:
+            return np.empty_like(q)
+    return None
+
+
+def alloc_lse(q, bhsd):
+    """lse float32 [B, Hq, Sq] like the full path's, for a q alloc_like took."""
+    B, Hq, Sq = (q.shape[0], q.shape[1], q.shape[2]) if bhsd else (q.shape[0], q.shape[2],
+                                                                    q.shape[1])
+    torch = sys.modules.get("torch")
+    if torch is not None and type(q) is torch.Tensor:
+        return torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
+    np = sys.modules["numpy"]
+    return np.empty((B, Hq, Sq), dtype=np.float32)
+
+
+def run(c, addr, kind, stream, q, qptr, fn, fn_async):
+    """A prebuilt block's call (_fast.py): q's allocation gives the device whose PyTorch stream
+    orders the call."""
+    torch = sys.modules.get("torch")
+    if kind is CUDA and torch is not None and type(q) is torch.Tensor and \
+            stream in (None, "auto", "current"):
+        r = c._dev_ptr.get(qptr)  # (None only when another thread just renewed the table)
+        ordinal = r.ordinal if r is not None else -1
+        if ordinal >= 0:
+            h = _fast.current_stream(ordinal)
+
+            def sync():
+                r = _cuda._cu.stream_synchronize(h)
+                if r != 0:
+                    raise usage("FA_EDEVICE", "synchronising PyTorch's current stream "
+                                "failed with CUresult %d" % r)
+            _ordered(c, addr, stream, fn, fn_async, h, sync)
+            return
+    vq = _arrays.view_of(q, "q")
+    if kind is CUDA and stream is None:  # what resolve does on the full path
+        _sync_producer(vq)
+    call(c, addr, kind, stream, vq, fn, fn_async, ())
+
+
+def call(c, addr, kind, stream, vq, fn, fn_async, back):
+    """The library's call on a built block: synchronous (the producer waited for in resolve),
+    or asynchronous on the stream `stream` names; "auto": see _ordered. back: resolve's copies
+    to make afterwards (a staged call is synchronous under "auto")."""
+    if stream == "auto":
+        if kind == CUDA and vq.lib == "torch" and not back:
+            _ordered(c, addr, stream, fn, fn_async, _stream_handle(vq, "current"),
+                     lambda: _sync_producer(vq))
+            return
+        if kind == CUDA and not back:
+            _sync_producer(vq)
+        c._call(fn, addr, what=None)
+    elif stream is None:
+        c._call(fn, addr, what=None)
+    else:
+        c._call(fn_async, addr, C.c_void_p(_stream_handle(vq, stream)), what=None)
+
+
+def _ordered(c, addr, stream, fn, fn_async, handle, sync):
+    """A PyTorch CUDA call: stream None waits for the stream (sync()) and calls synchronously;
+    "current" calls asynchronously on it; "auto" calls asynchronously while this client's
+    daemon serves that and no CUDA graph is being captured, else as None. A daemon refusing
+    the asynchronous mode itself (FA_EPERM: another user's daemon on the IPC-event path;
+    FA_ENOTSUP: no GPU backend) is remembered once the synchronous retry succeeds, so "auto"
+    stops trying; a refusal the synchronous call shares is the call's error."""
+    if stream is not None and _async_ok(c, stream, fn_async):
+        try:
+            c._call(fn_async, addr, handle, what=None)
+            return
+        except FaError as e:
+            if stream != "auto" or e.status not in _ASYNC_REFUSALS:
+                raise
+            refusal = e
+    else:
+        refusal = None
+    sync()
+    c._call(fn, addr, what=None)
+    if refusal is not None:
+        c._async_refused = refusal
+
+
+# "auto" calls work below this (B * Hq * Sq * Sk * D) synchronously. Measured on the H200
+# (daemon/RESULTS.md): at B1 H16 S128 D64 (1.7e7) a forward+backward through autograd took 1.17
+# ms per step asynchronously against about 0.5 ms synchronously; at B2 H16 S4096 D128 causal
+# (6.9e10) 3.35 ms against 4.80 ms. The bound lies between the two, not tuned further.
+AUTO_ASYNC_MIN_WORK = 1 << 30
+
+
+def small_for_async(q, k, bhsd):
+    """Whether a call on q and k is below AUTO_ASYNC_MIN_WORK (False when the shapes are not
+    4-dimensional: the full path says what is wrong)."""
+    sq, sk = getattr(q, "shape", ()), getattr(k, "shape", ())
+    if len(sq) != 4 or len(sk) != 4:
+        return False
+    if bhsd:
+        return sq[0] * sq[1] * sq[2] * sk[2] * sq[3] < AUTO_ASYNC_MIN_WORK
+    return sq[0] * sq[2] * sq[1] * sk[1] * sq[3] < AUTO_ASYNC_MIN_WORK
+
+
+def _async_ok(c, stream, fn_async):
+    """Whether to try the asynchronous mode: asked for ("current"), or "auto" while the
+    daemon has not refused it to this client and no CUDA graph is being captured (a capture
+    fails in either mode; the synchronous one says why)."""
+    if stream != "auto":
+        return True
+    if fn_async is None or c._async_refused is not None:
+        return False
+    torch = sys.modules.get("torch")
+    return not (torch is not None and torch.cuda.is_initialized() and
+                torch.cuda.is_current_stream_capturing())
+
+
+_ASYNC_REFUSALS = ("FA_EPERM", "FA_ENOTSUP")
 
 
 def resolve(c, views, tnames, outputs, kind, stream, vq):
@@ -218,17 +382,19 @@ def resolve(c, views, tnames, outputs, kind, stream, vq):
     memory; in synchronous mode the producer of CUDA inputs is waited for first. Returns
     (res, back, keep): back goes to copy_back after the call, keep must live until then."""
     if kind == CUDA:
-        res = _resolve_cuda(c, views)
-        if stream is None:
+        res, back = _resolve_cuda(c, views, tnames, outputs, vq)
+        if stream is None and not back:  # (staging waited for the producer already)
             _sync_producer(vq)
-        return res, (), None
+        return res, back, back or None
     res, back = _resolve_host(c, views, tnames, outputs)
     return res, back, res
 
 
 def copy_back(back):
     """Staged outputs to the caller's arrays (see resolve)."""
-    if back:
+    if isinstance(back, _devstage.Staged):
+        back.finish()
+    elif back:
         np = _np()
         for staged, ptr, shape, strides, itemsize in back:
             np.copyto(_raw(np, ptr, shape, strides, itemsize), staged)
@@ -244,6 +410,15 @@ def pack_tensor(a, offset, vw, where, bhsd, is_lse):
     else:
         sh, st = _fa_dims(vw, bhsd)
     _TENSOR.pack_into(a, offset, buf, off, vw.dtype, *sh, *st)
+
+
+def _producer_stream(v):
+    """The CUstream handle the work writing v runs on (0: the default stream)."""
+    if v.lib == "torch":
+        return _fast.current_stream(v.obj.get_device())
+    if v.stream and v.stream not in (1, 2):
+        return v.stream
+    return 0
 
 
 def _sync_producer(v):

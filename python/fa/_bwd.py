@@ -7,7 +7,9 @@ library's and the daemon's, so their statuses and detail texts are the C API's.
 """
 import ctypes as C
 
-from . import _abi, _arrays, _attn, _lib
+import sys
+
+from . import _abi, _arrays, _attn, _fast, _lib
 from ._client import default_client
 from ._errors import usage
 
@@ -34,6 +36,8 @@ def backward(q, k, v, o, dout, lse, *, bhsd, mask, scale, deterministic=False, d
     dq, dk, dv: written when given, else allocated like q, k and v. stream: as in the forward.
     Raises FaError."""
     c = client if client is not None else default_client()
+    if stream == "sync" or (stream == "auto" and _attn.small_for_async(q, k, bhsd)):
+        stream = None
     lib = c._lib
     if getattr(lib, "fa_attn_bwd", None) is None:
         raise usage("FA_ENOTSUP", "the loaded libfaclient (%s, %s) has no fa_attn_bwd: it "
@@ -41,6 +45,21 @@ def backward(q, k, v, o, dout, lse, *, bhsd, mask, scale, deterministic=False, d
                     % (lib.fa_version_string().decode(), _lib.path()))
     if lse is None:
         raise usage("FA_EINVAL", MISSING_LSE)
+    k_fast = None
+    if _fast.enabled:
+        dq = _alloc(dq, q)
+        dk = _alloc(dk, k)
+        dv = _alloc(dv, v)
+        if dq is not None and dk is not None and dv is not None:
+            meta = (bhsd, mask, float(scale) if scale else 0.0, precision, gqa,
+                    bool(deterministic))
+            k_fast, ptrs, kind = _fast.key(_fast.BWD, meta, (q, k, v, o, dout, lse, dq, dk, dv))
+            if k_fast is not None:
+                p = _fast.plan(c, k_fast)
+                if p is not None and _fast.patch(c, p, ptrs):
+                    _attn.run(c, p.addr, kind, stream, q, ptrs[0], lib.fa_attn_bwd,
+                              lib.fa_attn_bwd_async)
+                    return dq, dk, dv
     ins = [_arrays.view_of(x, n) for x, n in zip((q, k, v, o, dout, lse), _NAMES)]
     for vw, n in zip(ins, _NAMES):
         want = 3 if n == "lse" else 4
@@ -77,17 +96,32 @@ def backward(q, k, v, o, dout, lse, *, bhsd, mask, scale, deterministic=False, d
 
     res, back, keep = _attn.resolve(c, ins, tnames, ("dq", "dk", "dv"), kind, stream, vq)
     a = _attn._args_block(_ARGS_BYTES)
+    fields = [_OFF[_ARG.get(n, n)] for n in tnames]
     for i, (vw, n) in enumerate(zip(ins, tnames)):
-        _attn.pack_tensor(a, _OFF[_ARG.get(n, n)], vw, res[i], bhsd, n == "lse")
+        _attn.pack_tensor(a, fields[i], vw, res[i], bhsd, n == "lse")
     _attn._DOUBLE.pack_into(a, _SCALE, float(scale) if scale else 0.0)
     _attn._INT.pack_into(a, _MASK, mask)
     _attn._INT.pack_into(a, _PREC, precision)
     _attn._INT.pack_into(a, _FLAGS, _abi.FA_BWD_DETERMINISTIC if deterministic else 0)
-    if stream is None:
-        c._call(lib.fa_attn_bwd, C.addressof(a), what=None)
-    else:
-        c._call(lib.fa_attn_bwd_async, C.addressof(a),
-                C.c_void_p(_attn._stream_handle(vq, stream)), what=None)
+    if k_fast is not None and not back and len(res) == len(ins):
+        _fast.store(c, k_fast, a, _ARGS_BYTES, fields, ins, kind)
+    _attn.call(c, C.addressof(a), kind, stream, vq, lib.fa_attn_bwd, lib.fa_attn_bwd_async,
+               back)
     _attn.copy_back(back)
     del keep
     return tuple(outs)
+
+
+def _alloc(g, like):
+    """A gradient output like `like` (as the full path allocates it) when it is a PyTorch
+    tensor or NumPy array, g when given, None when the full path must allocate it."""
+    if g is not None:
+        return g
+    t = type(like)
+    torch = sys.modules.get("torch")
+    if torch is not None and t is torch.Tensor:
+        return torch.empty_like(like)
+    np = sys.modules.get("numpy")
+    if np is not None and t is np.ndarray:
+        return np.empty_like(like)
+    return None

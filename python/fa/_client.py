@@ -89,10 +89,11 @@ class _ArrayOwner:
 
 
 class _DeviceReg:
-    __slots__ = ("buf", "base", "size", "bufid", "used")
+    __slots__ = ("buf", "base", "size", "bufid", "used", "ordinal")
 
-    def __init__(self, buf, base, size, bufid):
+    def __init__(self, buf, base, size, bufid, ordinal=-1):
         self.buf, self.base, self.size, self.bufid, self.used = buf, base, size, bufid, 0
+        self.ordinal = ordinal
 
 
 class Client:
@@ -120,7 +121,8 @@ class Client:
         self._pid = os.getpid()
         if timeout_ms is not None:
             self.set_timeout(timeout_ms)
-        self._cv = threading.Condition(threading.Lock())
+        self._cv_lock = threading.Lock()  # taken directly on the hot path (no Condition call)
+        self._cv = threading.Condition(self._cv_lock)
         self._active = 0
         self._reconnecting = False
         self._host_lock = threading.Lock()
@@ -128,7 +130,11 @@ class Client:
         self._host_bufs = []     # weakrefs to _HostBuffer, same order
         self._dev_lock = threading.Lock()
         self._dev = {}           # allocation base -> _DeviceReg
+        self._dev_ptr = {}       # device address last resolved -> its _DeviceReg (_fast.py)
+        self._dev_bad = {}       # allocation base -> (buffer id, cause): not exportable
         self._dev_clock = 0
+        self._dev_stages = []    # device staging buffers (_devstage.py), every thread's
+        self._async_refused = None  # the FaError with which the daemon refused async mode
         self._tls = threading.local()
         _clients.add(self)
         self._op_id = next(_op_ids)
@@ -145,6 +151,9 @@ class Client:
             self._c = None
             return
         self._closing = True
+        if self._dev_stages:
+            from . import _cuda, _devstage
+            _devstage.release_all(self, _cuda.driver())
         with self._dev_lock:
             regs, self._dev = list(self._dev.values()), {}
         for r in regs:
@@ -188,7 +197,7 @@ class Client:
             self._active += 1
 
     def _leave(self):
-        with self._cv:
+        with self._cv_lock:  # (the Condition's own lock, taken without its Python wrapper)
             self._active -= 1
             if self._reconnecting and self._active == 0:
                 self._cv.notify_all()
@@ -219,8 +228,17 @@ class Client:
     def _call(self, fn, *args, what=None):
         """fn(client, *args) with FA_ESESSION handled: reconnect (re-registering every buffer)
         and retry once. Raises FaError."""
-        c = self._handle()
-        self._enter()
+        c = self._c
+        if not c or self._closing or _forked_dirty:
+            c = self._handle()
+        lk = self._cv_lock
+        lk.acquire()
+        try:
+            while self._reconnecting:
+                self._cv.wait()
+            self._active += 1
+        finally:
+            lk.release()
         try:
             epoch = self._lib.fa_client_epoch(c)
             st = fn(c, *args)
@@ -322,7 +340,14 @@ class Client:
     def _device_find(self, ptr, drv):
         """(fa_buffer, byte offset of ptr) for device memory at ptr: the registration of its
         allocation, made now if there is none or the allocation changed. Raises FaError."""
-        base, size, bufid, _ = drv.range_of(ptr)
+        r = self._device_reg(ptr, drv)
+        return r.buf, ptr - r.base
+
+    def _device_reg(self, ptr, drv):
+        """The _DeviceReg of the allocation holding device address ptr (see _device_find).
+        Memory CUDA IPC cannot export raises FaError FA_EIPC, remembered per allocation so a
+        loop does not try again on every call (_devstage.py copies such arrays)."""
+        base, size, bufid, ordinal = drv.range_of(ptr)
         if not base:
             raise usage("FA_EINVAL", "0x%x is not CUDA device memory the driver knows" % ptr)
         with self._dev_lock:
@@ -330,21 +355,40 @@ class Client:
             r = self._dev.get(base)
             if r is not None and r.size == size and r.bufid == bufid:
                 r.used = self._dev_clock
-                return r.buf, ptr - base
+                self._remember_ptr(ptr, r)
+                return r
             stale = self._dev.pop(base, None)
+            bad = self._dev_bad.get(base)
+        if bad is not None and bad[0] == bufid:
+            raise usage("FA_EIPC", bad[1])
         if stale is not None:  # freed and reused at the same address: the old one is gone
             self._lib.fa_buffer_free(stale.buf)
-        buf = self._register_device(base, size)
+        try:
+            buf = self._register_device(base, size)
+        except Exception as e:
+            if getattr(e, "status", None) == "FA_EIPC":
+                with self._dev_lock:
+                    if len(self._dev_bad) >= 1024:
+                        self._dev_bad.clear()
+                    self._dev_bad[base] = (bufid, e.detail)
+            raise
         with self._dev_lock:
             self._dev_clock += 1
-            r = _DeviceReg(buf, base, size, bufid)
+            r = _DeviceReg(buf, base, size, bufid, ordinal)
             r.used = self._dev_clock
             old = self._dev.get(base)
             self._dev[base] = r
+            self._remember_ptr(ptr, r)
         if old is not None:  # another thread registered it meanwhile
             self._lib.fa_buffer_free(old.buf)
         self.device_registrations_made += 1
-        return buf, ptr - base
+        return r
+
+    def _remember_ptr(self, ptr, r):
+        """Under _dev_lock: ptr was found in r (what _fast.patch looks up first)."""
+        if len(self._dev_ptr) >= 8192:
+            self._dev_ptr = {}
+        self._dev_ptr[ptr] = r
 
     device_registrations_made = 0  # counter for tests: registrations this client made
 

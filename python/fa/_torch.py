@@ -15,7 +15,7 @@ Two ways in, one implementation (_fwd_impl, _bwd_impl):
 The forward saves q, k, v, out and lse (the daemon computes lse whenever a gradient may be
 needed); lse is returned but not differentiable, as in FlashAttention. The op arguments carry
 no Python objects: the client is its small integer (0: the default client) and the stream a code
-(STREAM_SYNC, STREAM_CURRENT, or a CUstream handle).
+(STREAM_AUTO, STREAM_SYNC, STREAM_CURRENT, or a CUstream handle).
 """
 from typing import Tuple
 
@@ -24,8 +24,11 @@ import torch
 from . import _attn, _bwd, _client
 from ._errors import usage
 
-STREAM_SYNC = -1     # synchronous mode (the default): wait for the producer, return when done
+STREAM_SYNC = -1     # synchronous mode: wait for the producer, return when done
 STREAM_CURRENT = -2  # fa's asynchronous mode on PyTorch's current stream
+STREAM_AUTO = -3     # the default: CUDA tensors asynchronously on PyTorch's current stream
+                     # while the daemon serves that (as every PyTorch op is ordered), else
+                     # synchronous (CPU tensors, a refusing daemon, CUDA graph capture)
 
 HAVE_CUSTOM_OP = (hasattr(torch.library, "custom_op") and hasattr(torch.library,
                                                                   "register_autograd"))
@@ -45,7 +48,9 @@ if _is_compiling is None:  # PyTorch < 2.3
 def needs_op(q, k, v):
     """True when a call on these tensors must go through autograd or is being traced by
     torch.compile (the plain call would be opaque to both)."""
-    if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in (q, k, v)):
+    if torch.is_grad_enabled() and (getattr(q, "requires_grad", False) or
+                                    getattr(k, "requires_grad", False) or
+                                    getattr(v, "requires_grad", False)):
         return True
     return _is_compiling()
 
@@ -66,11 +71,13 @@ def _client_of(cid):
 
 def stream_code(stream):
     if stream is None:
-        return STREAM_SYNC
+        return STREAM_AUTO
     if isinstance(stream, str):
+        if stream == "sync":
+            return STREAM_SYNC
         if stream != "current":
-            raise usage("FA_EINVAL", "stream=%r; None, 'current', a torch.cuda.Stream or a "
-                        "CUstream handle" % stream)
+            raise usage("FA_EINVAL", "stream=%r; None, 'current', 'sync', a torch.cuda.Stream "
+                        "or a CUstream handle" % stream)
         return STREAM_CURRENT
     if hasattr(stream, "cuda_stream"):
         return int(stream.cuda_stream)
@@ -78,7 +85,7 @@ def stream_code(stream):
 
 
 def _stream_of(code):
-    return None if code == STREAM_SYNC else "current" if code == STREAM_CURRENT else code
+    return {STREAM_SYNC: None, STREAM_CURRENT: "current", STREAM_AUTO: "auto"}.get(code, code)
 
 
 def _lse_empty(q, bhsd, want_lse):

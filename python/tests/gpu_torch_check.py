@@ -7,14 +7,21 @@ Checks, printing a line per case: fa.scaled_dot_product_attention and fa.flash_a
 tensors (fp16, bf16, fp32; odd shapes, GQA, causal both ways, BHSD and BSHD strides) against a
 float64 reference, with torch.nn.functional.scaled_dot_product_attention's own error beside it;
 the logsumexp; CPU tensors (staged, and in place from fa.empty_host); the asynchronous mode; that
-a loop re-registers nothing (the registration cache); and the overhead of one Python call over
-the bare C call (p50 of 1000, target <= 10 us). Then training: gradients through loss.backward()
+a loop re-registers nothing (the registration cache); the overhead of one Python call over
+the bare C call (p50 of 1000, target <= 10 us) and its parts (fresh outputs, the stream sync,
+the buffer-id query, the Python side alone on the fast and the full path); the copy of memory
+CUDA IPC cannot export, in child processes (expandable_segments, cudaMallocAsync, managed:
+what cuIpcGetMemHandle says, forward and gradients through the copy, one warning). Then
+training: gradients through loss.backward()
 (fp16, bf16, fp32 up to head dim 256; odd shapes, Sq != Sk, GQA/MQA, both causal alignments)
 against float64 autograd with torch SDPA's own gradient error beside them, the fp32 precisions,
 packed qkv, upstream gradients of other strides, the deterministic flag bit for bit, the
 asynchronous mode, torch.compile(fullgraph=True) of a block forward and backward, and figures:
-the autograd path's cost per call and a training step against torch's SDPA. While the daemon's
-GPU backend has no backward kernels the training part says so and is skipped.
+the autograd path's cost per call and a training step against torch's SDPA (the default
+asynchronous ordering and stream="sync", the daemon's time per call, registrations and
+prebuilt blocks per step, each call alone, the host side with the attention calls stubbed).
+FA_TORCH_CHECK_PARTS / FA_TORCH_TRAINING_PARTS (comma lists of part names) pick parts.
+While the daemon's GPU backend has no backward kernels the training part says so and is skipped.
 Exit 1 on any correctness failure, 0 otherwise (overheads and ratios are reported, not
 enforced); exit 0 with SKIP when torch or CUDA is missing.
 """
@@ -42,6 +49,7 @@ if not CPU_DRY_RUN and not torch.cuda.is_available():
 
 import fa  # noqa: E402
 import fa._attn  # noqa: E402
+import fa._fast  # noqa: E402
 from fa_daemon import Daemon  # noqa: E402
 from torch_ref import ref, ref_grads, rel  # noqa: E402
 
@@ -181,13 +189,156 @@ def overhead(c):
             raise RuntimeError("bare fa_attn_fwd failed")
 
     py = lambda: fa.flash_attn_func(q, q, q, out=o, client=c)  # noqa: E731
+    fresh = lambda: fa.flash_attn_func(q, q, q, client=c)  # noqa: E731
     stream = torch.cuda.current_stream()
+    drv = fa._cuda.driver()
+    raw = fa._fast.current_stream(q.get_device())
+    hits = fa._fast.hits
+    best = {}
     for _ in range(3):  # interleaved, best of three rounds
-        tc, tp, ts = p50(bare), p50(py), p50(stream.synchronize)
+        for name, fn in (("c", bare), ("py", py), ("fresh", fresh), ("sync", stream.synchronize),
+                         ("rawsync", lambda: drv.stream_synchronize(raw)),
+                         ("id", lambda: drv.buffer_id(q.data_ptr())),
+                         ("range", lambda: drv.range_of(q.data_ptr()))):
+            best[name] = min(best.get(name, math.inf), p50(fn))
+    served = fa._fast.hits - hits
+    tc, tp = best["c"], best["py"]
     d = tp - tc
     print("  overhead: C call p50 %.1f us, fa.flash_attn_func p50 %.1f us: +%.1f us per call "
-          "(of which the producer-stream sync %.1f us); target <= 10 us: %s"
-          % (tc, tp, d, ts, "met" if d <= 10 else "MISSED"))
+          "(of which the producer-stream sync %.1f us, through the driver %.1f us); target "
+          "<= 10 us: %s" % (tc, tp, d, best["sync"], best["rawsync"],
+                            "met" if d <= 10 else "MISSED"))
+    print("  overhead: fresh outputs (torch.empty_like each call) p50 %.1f us (+%.1f us); "
+          "%d of %d timed calls served by a prebuilt block; one buffer-id query %.2f us, the "
+          "full pointer query %.2f us" % (best["fresh"], best["fresh"] - tc, served,
+                                          6000, best["id"], best["range"]))
+    stub_attention(c)
+    try:
+        side = {}
+        for _ in range(3):
+            for on in (True, False):
+                fa._fast.enabled = on
+                side[on] = min(side.get(on, math.inf), p50(py))
+        fa._fast.enabled = True
+    finally:
+        del c._call
+        fa._fast.enabled = True
+    print("  overhead: the Python side alone (C call stubbed, sync included): fast path %.1f "
+          "us, full path (every check, fa._fast off) %.1f us" % (side[True], side[False]))
+
+
+def stub_attention(c):
+    """c's attention calls become no-ops (the host side alone); registrations still happen
+    (`del c._call` undoes it)."""
+    real = c._call
+
+    def stub(fn, *args, what=None):
+        if getattr(fn, "__name__", "").startswith("fa_attn_"):
+            return None
+        return real(fn, *args, what=what)
+    c._call = stub
+
+
+FALLBACK_MODES = {
+    # PyTorch's caching allocator on cuMemCreate/cuMemMap segments (VMM)
+    "expandable_segments": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    # PyTorch on cudaMallocAsync's stream-ordered pool
+    "cudaMallocAsync": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+    # cuMemAllocManaged memory wrapped as a tensor (__cuda_array_interface__)
+    "managed": {},
+}
+
+
+def fallback_child(mode):
+    """In a process of its own (the allocator is chosen at CUDA's start): what CUDA IPC says of
+    this memory, then fa's copy through an exportable staging buffer, its one warning, the
+    results against float64, a backward through it, and the cost of the copy."""
+    c = fa.Client(os.environ["FA_SOCKET"])
+    drv = fa._cuda.driver()
+    g = torch.Generator(device="cuda").manual_seed(5)
+    shape = (2, 77, 4, 64)
+    if mode == "managed":
+        n = 4 * 2 * 77 * 4 * 64 * 2
+        drv.lib.cuMemAllocManaged.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
+        p = ctypes.c_uint64(0)
+        torch.zeros(1, device="cuda")  # the primary context current on this thread
+        r = drv.lib.cuMemAllocManaged(ctypes.addressof(p), n, 1)
+        assert r == 0, "cuMemAllocManaged: %d" % r
+
+        class Managed:
+            __cuda_array_interface__ = {"data": (p.value, False), "shape": (4,) + shape,
+                                        "typestr": "<f2", "version": 3}
+        mem = torch.as_tensor(Managed(), device="cuda")
+        mem.copy_(torch.randn((4,) + shape, device="cuda", dtype=torch.float16, generator=g))
+        q, k, v, o = mem.unbind(0)
+    else:
+        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.float16, generator=g)
+                   for _ in range(3))
+        o = torch.empty_like(q)
+    ptr = q.data_ptr()
+    base = drv.range_of(ptr)[0]
+    drv.lib.cuIpcGetMemHandle.argtypes = [ctypes.c_void_p, ctypes.c_uint64]
+    handle = (ctypes.c_char * 64)()
+    ipc = drv.lib.cuIpcGetMemHandle(ctypes.addressof(handle), base)
+    print("  note %s: cuIpcGetMemHandle says CUresult %d, IS_LEGACY_CUDA_IPC_CAPABLE %d, "
+          "cause: %s" % (mode, ipc, drv.exportable(ptr),
+                         drv.not_exportable_cause(ptr) if not drv.exportable(ptr) else "-"))
+    ok = True
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            fa.flash_attn_func(q, k, v, causal=True, out=o, client=c)
+    said = [str(x.message) for x in w if issubclass(x.category, fa.FaCopyWarning)]
+    err = rel(o, ref(q, k, v, "br")[0])
+    good = err <= 2e-3 and (len(said) == 1 or (ipc == 0 and not said))
+    ok &= good
+    print("  %-4s %s: forward through the staging copy, err %.2e, %d copy warning(s) in 3 "
+          "calls%s" % ("ok" if good else "FAIL", mode, err, len(said),
+                       (": " + said[0][:150]) if said else ""))
+    x = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    gout = torch.randn(shape, device="cuda", dtype=torch.float16, generator=g)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", fa.FaCopyWarning)
+            fa.flash_attn_func(*x, causal=True, client=c).backward(gout)
+        want = ref_grads(q, k, v, gout, "br")
+        e = max(rel(a.grad, b) for a, b in zip(x, want[1:]))
+        good = e <= 5e-3
+        ok &= good
+        print("  %-4s %s: gradients through the staging copy, worst err %.2e"
+              % ("ok" if good else "FAIL", mode, e))
+    except fa.FaNotSupportedError as e:
+        print("  note %s: no backward here: %s" % (mode, e))
+
+    def p50(fn, n=200):
+        ts = []
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            fn()
+            ts.append(time.perf_counter_ns() - t0)
+        return statistics.median(ts) / 1000.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", fa.FaCopyWarning)
+        t = p50(lambda: fa.flash_attn_func(q, k, v, causal=True, out=o, client=c))
+    print("  note %s: one staged call B2 S77 H4 D64 fp16 p50 %.1f us" % (mode, t))
+    c.close()
+    return 0 if ok else 1
+
+
+def fallback(url):
+    import subprocess
+    for mode, env in FALLBACK_MODES.items():
+        e = dict(os.environ, FA_SOCKET=url, **env)
+        try:
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--fallback-child",
+                                mode], env=e, capture_output=True, text=True, timeout=120)
+            out, rc = r.stdout + r.stderr, r.returncode
+        except subprocess.TimeoutExpired as t:
+            out, rc = (t.stdout or "") if isinstance(t.stdout, str) else "", "timeout"
+        sys.stdout.write(out if out.endswith("\n") or not out else out + "\n")
+        if rc != 0:
+            print("  FAIL fallback %s: exit %s" % (mode, rc))
+            failures.append("fallback " + mode)
 
 
 # ---- training: the backward through autograd ------------------------------------------------
@@ -423,20 +574,74 @@ def training_overhead(c):
          for _ in range(3)]
     gout = torch.randn(B, H, S, D, device=DEV, dtype=torch.bfloat16)
     flops = 4 * B * H * S * S * D / 2 * 3.5  # causal forward + 2.5x backward
-    for name, fn in (("fa", lambda: fa.scaled_dot_product_attention(*x, is_causal=True,
-                                                                     client=c)),
-                     ("torch sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(
-                         *x, is_causal=True))):
+    steps = 10
+
+    def timed(fn):
         for _ in range(3):
             fn().backward(gout)
         sync()
         t0 = time.perf_counter()
-        for _ in range(10):
+        for _ in range(steps):
             fn().backward(gout)
         sync()
-        ms = (time.perf_counter() - t0) / 10 * 1e3
-        print("  training step B%d S%d H%d D%d bf16 causal, %s: %.2f ms (%.0f TFLOP/s, "
-              "backward counted 2.5x)" % (B, S, H, D, name, ms, flops / ms / 1e9))
+        return (time.perf_counter() - t0) / steps * 1e3
+
+    def compute_us():
+        r = c.stats().get("requests", {})
+        return r.get("fwd_compute_us_total", 0), r.get("bwd_compute_us_total", 0)
+    shape = "B%d S%d H%d D%d bf16 causal" % (B, S, H, D)
+    for name, fn in (("fa (default: async on the current stream)",
+                      lambda: fa.scaled_dot_product_attention(*x, is_causal=True, client=c)),
+                     ("fa stream='sync'",
+                      lambda: fa.scaled_dot_product_attention(*x, is_causal=True, client=c,
+                                                              stream="sync")),
+                     ("torch sdpa", lambda: torch.nn.functional.scaled_dot_product_attention(
+                         *x, is_causal=True))):
+        made, hits, cu = c.device_registrations_made, fa._fast.hits, compute_us()
+        ms = timed(fn)
+        cu2 = compute_us()
+        extra = ""
+        if name.startswith("fa"):
+            extra = ("; in the daemon per step: forward %.2f ms, backward %.2f ms (enqueue to "
+                     "completion); %d registrations and %d of %d calls through a prebuilt "
+                     "block over the 13 steps" % (
+                         (cu2[0] - cu[0]) / 13e3, (cu2[1] - cu[1]) / 13e3,
+                         c.device_registrations_made - made, fa._fast.hits - hits, 26))
+        print("  training step %s, %s: %.2f ms (%.0f TFLOP/s, backward counted 2.5x)%s" % (
+            shape, name, ms, flops / ms / 1e9, extra))
+    # the parts: one forward and one backward call alone (synchronous, outputs given: the
+    # round trip and the kernel), and the host side of a step with the daemon calls stubbed
+    q, k, v = (t.detach() for t in x)
+    o = torch.empty_like(q)
+    lse = torch.empty(B, H, S, device=DEV)
+    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+
+    def per_call(fn, n=10):
+        for _ in range(2):
+            fn()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        sync()
+        return (time.perf_counter() - t0) / n * 1e3
+    tf = per_call(lambda: fa.attn_fwd(q, k, v, layout="bhsd", mask=fa.MASK_CAUSAL_TOP_LEFT,
+                                      out=o, lse=lse, client=c))
+    tb = per_call(lambda: fa.attn_bwd(q, k, v, o, gout, lse, layout="bhsd",
+                                      mask=fa.MASK_CAUSAL_TOP_LEFT, dq=dq, dk=dk, dv=dv,
+                                      client=c))
+    tsf = per_call(lambda: torch.nn.functional.scaled_dot_product_attention(
+        *x, is_causal=True).detach())
+    stub_attention(c)
+    try:
+        host = per_call(lambda: fa.scaled_dot_product_attention(
+            *x, is_causal=True, client=c).backward(gout), 30)
+    finally:
+        del c._call
+    print("  training step parts: fa forward call %.2f ms, fa backward call %.2f ms "
+          "(synchronous, each the round trip and the kernel); torch sdpa forward %.2f ms; "
+          "the host side of an fa step (daemon calls stubbed: Python, autograd, the .grad "
+          "sums) %.2f ms" % (tf, tb, tsf, host))
 
 
 def training(c):
@@ -444,7 +649,10 @@ def training(c):
         return
     if DEV != "cuda":
         TRAIN_SHAPES[:] = [s for s in TRAIN_SHAPES if s[1] * s[2] <= 40000]
-    for part in (gradients, training_layouts_and_modes, training_compile, training_overhead):
+    tparts = os.environ.get("FA_TORCH_TRAINING_PARTS", "").split(",")
+    for part in (training_overhead, gradients, training_layouts_and_modes, training_compile):
+        if tparts != [""] and part.__name__ not in tparts:
+            continue
         try:
             part(c)
         except Exception as e:  # one part failing must not hide the others' figures
@@ -477,6 +685,8 @@ def dry_run():
 def main():
     if CPU_DRY_RUN:
         return dry_run()
+    if "--fallback-child" in sys.argv[1:]:
+        return fallback_child(sys.argv[sys.argv.index("--fallback-child") + 1])
     d = None
     url = os.environ.get("FA_SOCKET")
     if not url:
@@ -488,11 +698,20 @@ def main():
         print("fa %s, libfaclient %s from %s, torch %s, %s" % (
             fa.__version__, fa.library_version(), fa.library_path(), torch.__version__,
             torch.cuda.get_device_name()))
-        correctness(c)
-        host_and_async(c)
-        cache(c)
-        overhead(c)
-        training(c)
+        parts = os.environ.get("FA_TORCH_CHECK_PARTS", "").split(",")
+        for name, fn in (("overhead", overhead), ("cache", cache),
+                         ("fallback", lambda c: fallback(url)), ("correctness", correctness),
+                         ("host", host_and_async), ("training", training)):
+            if parts != [""] and name not in parts:
+                continue
+            try:
+                fn(c)
+            except Exception as e:  # one part failing must not hide the others' figures
+                import traceback
+                traceback.print_exc()
+                print("  FAIL %s: %s: %s" % (name, type(e).__name__, e))
+                failures.append(name)
+            sys.stdout.flush()
         c.close()
     finally:
         if d is not None:
