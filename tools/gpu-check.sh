@@ -1,7 +1,8 @@
 #!/bin/sh
 # gpu-check.sh - every check that needs the GPU host, in one call (a device lease is short): build,
-# then at once the kernel tests (forward sample, decode, backward sample), the serving tests
-# through the real daemon (device and host buffers, asynchronous mode, backward included) and the
+# then at once the kernel tests (forward sample, decode, varlen/paged, window/softcap, backward
+# sample), the serving tests
+# through the real daemon (device and host buffers, asynchronous mode, backward included, the inference ops) and the
 # PyTorch check of the Python package; then, alone so that nothing disturbs its timings,
 # bench_hostile on the GPU backend (a dead client's cancellation, the drain on SIGTERM, memory).
 # Correctness checks run side by side: they share the GPU but compare against float64, not time.
@@ -36,9 +37,12 @@ T=${FA_CHECK_TIMEOUT:-330}
 bg fwd-gpu "$T" build/tests/gpu/test_attn_fwd_gpu
 bg decode-gpu "$T" build/tests/gpu/test_attn_decode_gpu
 bg varlen-gpu "$T" build/tests/gpu/test_attn_varlen_gpu
+bg infer-gpu "$T" build/tests/gpu/test_attn_infer_gpu
+bg window-gpu "$T" build/tests/gpu/test_attn_window_gpu
 bg bwd-gpu "$T" build/tests/gpu/test_attn_bwd_gpu
 bg gpu-serving "$T" build/tests/integ/test_gpu_serving
 bg gpu-async "$T" build/tests/integ/test_gpu_async
+bg gpu-infer "$T" build/tests/integ/test_gpu_infer
 bg torch "$T" python3 python/tests/gpu_torch_check.py
 wait
 rc=0
