@@ -136,6 +136,14 @@ FA_API fa_status fa_attn_bwd_async(fa_client *c, const fa_attn_bwd_args *args, v
 	if ((rep = fa__rep_alloc()) == NULL)
 		return FA_ENOMEM;
 	int64_t deadline = fa__deadline(atomic_load(&c->timeout_ms));
+	/* The backward goes by the socket (IPC events, not completion words): the daemon must
+	 * see every earlier ring call of this session first, or its stream would wait for this
+	 * call's event ahead of the forward kernel that event waits for (a GPU deadlock). So the
+	 * ring's asynchronous calls finish first; that costs one wait for the forward kernel. */
+	if (fa__ring_live(c->ring) && (st = fa__ring_flush(c->ring, deadline)) != FA_OK) {
+		free(rep);
+		return st;
+	}
 	if ((st = fa_transport_acquire(c->tr, deadline, &s)) != FA_OK) {
 		free(rep);
 		return st;

@@ -1064,7 +1064,7 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 		job->status = r->refused;
 		snprintf(job->detail, sizeof job->detail, "%s", detail);
 	}
-	if (r->replied && ring_hdr_is(&r->hdr)) {
+	if (r->replied && ring_hdr_is(&r->hdr) && job->words != NULL) {
 		/* An asynchronous call from a ring: its completion is posted now, with the kernel's
 		 * status (the client's sticky error), so a words slot is reused only after its done
 		 * word was written. */
@@ -1103,8 +1103,9 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 		 * the event recorded after it. The request (and its regions) live until the
 		 * backend hands the job back again, finished. */
 		r->replied = true;
-		if (ring_hdr_is(&r->hdr))
-			return; /* a ring's call is answered when its kernel finished (above) */
+		if (ring_hdr_is(&r->hdr) && job->words != NULL)
+			return; /* a ring's call is answered when its kernel finished (above); one
+			         * with IPC events needs the daemon's event now, as by the socket */
 		rep->u.fwd.async = job->words == NULL; /* the event; words need nothing back */
 		memcpy(rep->u.fwd.event, job->done_event, sizeof rep->u.fwd.event);
 		dispatch_log_reply(srv, s, rep, r->pipe, r->t_recv);
