@@ -92,6 +92,31 @@ typedef u16 in_t;
 #define LDP (FA_BQ + 8)
 #define KK 16
 #endif
+/* fp32 ieee and 3xtf32: P = exp(s scale - lse) with the exponent's roundings compensated
+ * (p_exp_comp): the plain exp2(s scale log2e - lse2) loses |lse2| ~ 10 ulps of fp32 in the
+ * exponent, measured as most of these precisions' gradient error (PERF-NOTES.md, backward).
+ * lse2 then holds the natural lse (a large finite sentinel, not +inf, for rows that give
+ * P = 0). tf32 and the 16-bit kernels keep the plain exponent (their operands' rounding is
+ * larger than its error). */
+#if FA_IN == 3 && FA_PREC != 3
+#define FA_XEXP 1
+#else
+#define FA_XEXP 0
+#endif
+/* 3xtf32: every k step's big*big product starts from zero and is added with an IEEE add, the
+ * two small cross products go to their own accumulator (FA_X3SPLIT 1); the tensor cores
+ * truncate as they accumulate, so chaining the three products of every k step into one
+ * accumulator (0, before) biased S, dP and the dQ step toward zero by about 48 truncations. */
+#ifndef FA_X3SPLIT
+#define FA_X3SPLIT 0
+#endif
+/* The deterministic dQ: 2 (default) each warp adds its part with reductions in key-block order
+ * (its own turn counter, released one step later, so that nothing waits on the adds'
+ * latency); 1 the block's plain load-add-store under one turn per query block (before). */
+#ifndef FA_DETV
+#define FA_DETV 2
+#endif
+
 #if FA_GIN == 3
 typedef float gin_t;
 #else
@@ -130,14 +155,14 @@ struct fa_bwd_params {
 	float *dqacc;       /* [B*Hq][sqp][DP] */
 	const float *lse2;  /* [B*Hq][sqp] */
 	const float *delta; /* [B*Hq][sqp] */
-	int *turn;          /* [B*Hq][nq]: deterministic mode */
+	int *turn;          /* [B*Hq][nq][NW]: deterministic mode */
 	long long qs[3], ks[3], vs[3], dos[3], dks[3], dvs[3]; /* batch, seq, head */
 	int B, Sq, Sk, Hq, Hkv, group;
 	int sqp, nq; /* Sq rounded up to BQ, and its query blocks */
 	float sl;    /* scale * log2(e), signed */
 	float scale;
 	int det;
-	int pad_;
+	float scale_lo; /* scale - (float)scale: the compensated exponent (FA_XEXP) */
 };
 
 struct fa_bwd_pre_params {
@@ -258,14 +283,24 @@ __device__ __forceinline__ void wgemm(float (&acc)[MT][NTN][4], const in_t *A, c
 	}
 }
 #else
-template <int MT, int NTN, int KS, bool AT, bool BT, int LDA, int LDB>
-__device__ __forceinline__ void wgemm(float (&acc)[MT][NTN][4], const in_t *A, const in_t *B,
-                                      int m0, int n0)
+/* fp32: acc[mt][noff + nt] for nt in [0, NTN) (noff a constant once unrolled: the dK, dV chunks
+ * of wgemm_acc). */
+template <int MT, int NTN, int KS, bool AT, bool BT, int LDA, int LDB, int NACC>
+__device__ __forceinline__ void wgemm32(float (&acc)[MT][NACC][4], const in_t *A, const in_t *B,
+                                        int m0, int n0, int noff)
 {
 	const int lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	/* ieee: each product is 32 shuffles and 32 FFMA already; unrolled its compile took 90 s
 	 * (a constant: nvcc does not macro-expand pragma arguments, NVRTC does) */
 	constexpr int KUNROLL = FA_PREC == 1 ? 1 : 4;
+#if FA_PREC == 2 && FA_X3SPLIT == 1
+	float cs[MT][NTN][4]; /* the small cross products, over all k */
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+		for (int nt = 0; nt < NTN; nt++)
+			cs[mt][nt][0] = cs[mt][nt][1] = cs[mt][nt][2] = cs[mt][nt][3] = 0.f;
+#endif
 #pragma unroll KUNROLL
 	for (int kk = 0; kk < KS; kk++) {
 		const int k0 = kk * 8 + t, k1 = k0 + 4;
@@ -284,10 +319,48 @@ __device__ __forceinline__ void wgemm(float (&acc)[MT][NTN][4], const in_t *A, c
 			const fa_op32 b0 = fa_make_op<FA_PREC>(BT ? B[k0 * LDB + n] : B[n * LDB + k0]);
 			const fa_op32 b1 = fa_make_op<FA_PREC>(BT ? B[k1 * LDB + n] : B[n * LDB + k1]);
 #pragma unroll
-			for (int mt = 0; mt < MT; mt++)
-				fa_mma32<FA_PREC>(acc[mt][nt], a[mt], b0, b1);
+			for (int mt = 0; mt < MT; mt++) {
+#if FA_PREC == 2 && FA_X3SPLIT
+				const u32 ab[4] = {a[mt][0].big, a[mt][1].big, a[mt][2].big, a[mt][3].big};
+				const u32 as[4] = {a[mt][0].small, a[mt][1].small, a[mt][2].small,
+				                   a[mt][3].small};
+				float tb[4] = {0.f, 0.f, 0.f, 0.f};
+				fa_mma_tf32(tb, ab, b0.big, b1.big);
+#if FA_X3SPLIT == 1
+				fa_mma_tf32(cs[mt][nt], as, b0.big, b1.big);
+				fa_mma_tf32(cs[mt][nt], ab, b0.small, b1.small);
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					acc[mt][noff + nt][e] += tb[e];
+#else
+				float ts[4] = {0.f, 0.f, 0.f, 0.f};
+				fa_mma_tf32(ts, as, b0.big, b1.big);
+				fa_mma_tf32(ts, ab, b0.small, b1.small);
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					acc[mt][noff + nt][e] += tb[e] + ts[e];
+#endif
+#else
+				fa_mma32<FA_PREC>(acc[mt][noff + nt], a[mt], b0, b1);
+#endif
+			}
 		}
 	}
+#if FA_PREC == 2 && FA_X3SPLIT == 1
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+		for (int nt = 0; nt < NTN; nt++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				acc[mt][noff + nt][e] += cs[mt][nt][e];
+#endif
+}
+template <int MT, int NTN, int KS, bool AT, bool BT, int LDA, int LDB>
+__device__ __forceinline__ void wgemm(float (&acc)[MT][NTN][4], const in_t *A, const in_t *B,
+                                      int m0, int n0)
+{
+	wgemm32<MT, NTN, KS, AT, BT, LDA, LDB, NTN>(acc, A, B, m0, n0, 0);
 }
 #endif
 
@@ -297,7 +370,15 @@ template <int MT, int NTN, int KS, bool AT, bool BT, int LDA, int LDB>
 __device__ __forceinline__ void wgemm_acc(float (&acc)[MT][NTN][4], const in_t *A,
                                           const in_t *B, int m0, int n0)
 {
-#if FA_IN == 3 && FA_PREC == 2
+#if FA_IN == 3 && FA_PREC == 2 && FA_X3SPLIT
+	/* every k step is added with IEEE adds already; in chunks of up to 4 n8 tiles, so that the
+	 * small products' accumulator takes 16 registers per row tile (A's fragments are loaded
+	 * once per chunk) */
+	constexpr int NCH = NTN % 4 == 0 ? 4 : NTN % 2 == 0 ? 2 : 1;
+#pragma unroll
+	for (int c = 0; c < NTN / NCH; c++)
+		wgemm32<MT, NCH, KS, AT, BT, LDA, LDB, NTN>(acc, A, B, m0, n0 + c * NCH * 8, c * NCH);
+#elif FA_IN == 3 && FA_PREC == 2
 	/* in chunks of up to 4 n8 tiles: the partial sums take 16 registers per row tile, not a
 	 * second copy of the accumulator (A's fragments are loaded once per chunk) */
 	constexpr int NCH = NTN % 4 == 0 ? 4 : NTN % 2 == 0 ? 2 : 1;
@@ -332,6 +413,28 @@ template <int MT, int NTN> __device__ __forceinline__ void zero_acc(float (&acc)
 			acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
 }
 
+#if FA_XEXP
+/* exp(s sc - L) for fp32 s, sc + sc_lo the scale, L the row's natural lse: the product's and
+ * the difference's rounding errors (Dekker's product residual, Knuth's two-sum) and that of the
+ * change to base 2 are added back as a first-order factor (1 + err); the exponent is then exact
+ * to a few units of 2^-24 relative, and P to ex2.approx's own error. The _rn intrinsics keep the
+ * compiler from contracting the terms whose roundings are being measured. */
+__device__ __forceinline__ float p_exp_comp(float s, float sc, float sc_lo, float L)
+{
+	const float L2E = 1.44269502162933349609375f, L2E_LO = 1.925963033500011e-8f;
+	const float hi = __fmul_rn(s, sc);
+	const float lo = fmaf(s, sc_lo, fmaf(s, sc, -hi));  /* s sc = hi + lo */
+	const float d = __fadd_rn(hi, -L);                   /* two-sum: hi - L = d + e */
+	const float bb = __fadd_rn(d, -hi);
+	const float e = __fadd_rn(__fadd_rn(hi, -__fadd_rn(d, -bb)), __fadd_rn(-L, -bb));
+	const float x = __fmul_rn(d, L2E);
+	const float r = fmaf(d, L2E_LO, fmaf(d, L2E, -x)); /* d log2(e) = x + r */
+	const float corr = fmaf(r, 0.693147182464599609375f, __fadd_rn(e, lo));
+	const float p = fast_exp2(x);
+	return fmaf(p, corr, p);
+}
+#endif
+
 /* Two adjacent fp32 values added to the dQ accumulator (no return value: a reduction). */
 __device__ __forceinline__ void red_add2(float *p, float x0, float x1)
 {
@@ -364,14 +467,24 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_pre(const fa_bwd_pre_pa
 		for (int s = 16; s > 0; s >>= 1)
 			sum += __shfl_xor_sync(0xffffffffu, sum, s);
 		const float l = p.lse[b * p.ls[0] + h * p.ls[1] + i * p.ls[2]];
+#if FA_XEXP
+		l2 = l != NEG_INF ? l : 0x1p100f; /* natural; P = exp(-2^100) = 0, no inf - inf */
+#else
 		if (l != NEG_INF)
 			l2 = l * 1.4426950408889634f;
+#endif
 	}
+#if FA_XEXP
+	else
+		l2 = 0x1p100f;
+#endif
 	if (lane == 0) {
 		p.delta[row] = sum;
 		p.lse2[row] = l2;
 		if (i % FA_BQ == 0)
-			p.turn[bh * p.nq + i / FA_BQ] = 0;
+#pragma unroll
+			for (int w = 0; w < FA_NW; w++) /* a counter per warp of the main pass */
+				p.turn[(bh * p.nq + i / FA_BQ) * FA_NW + w] = 0;
 	}
 	float *acc = p.dqacc + row * DP;
 	for (int x = lane; x < DP; x += 32)
@@ -406,6 +519,16 @@ __device__ __forceinline__ void load_step(const fa_bwd_params &p, in_t *sQ, in_t
 	}
 }
 
+/* The deterministic mode's hand-over (FA_DETV 2): this warp's reductions of its last step are
+ * made visible at GPU scope, then its turn counter passes to key block n + 1. */
+__device__ __forceinline__ void release_turn(int *turn, int n)
+{
+	asm volatile("fence.acq_rel.gpu;" ::: "memory");
+	__syncwarp();
+	if (((int)threadIdx.x & 31) == 0)
+		fa_st_release(turn, n + 1);
+}
+
 /* One step: S^T, dP^T, P^T and dS^T to shared memory, dV and dK accumulated, the step's dQ
  * added (reduction, or in key-block order in the deterministic mode). sQ, sdO, sL, sDl: this
  * step's buffers. */
@@ -414,7 +537,7 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
                                          const float *sL, const float *sDl,
                                          float (&dk)[MT_S][NT_KV][4], float (&dv)[MT_S][NT_KV][4],
                                          int kv0, int off, int n, int iq, long long bh, int ms0,
-                                         int ns0, int nkv0, int mq0, int nq0)
+                                         int ns0, int nkv0, int mq0, int nq0, int iq0, int hh)
 {
 	const int tid = (int)threadIdx.x, lane = tid & 31;
 	const int g = lane >> 2, t = lane & 3;
@@ -437,7 +560,11 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 			for (int e = 0; e < 4; e++) {
 				const int jl = ms0 + mt * 16 + g + (e >> 1) * 8;
 				const int il = ns0 + nt * 8 + 2 * t + (e & 1);
+#if FA_XEXP
+				float pv = p_exp_comp(s[mt][nt][e], p.scale, p.scale_lo, sL[il]);
+#else
 				float pv = fast_exp2(fmaf(s[mt][nt][e], p.sl, -sL[il]));
+#endif
 				if (need_mask) {
 					const int j = kv0 + jl;
 					if (!(j < p.Sk && (!FA_MASK || j <= q0 + il + off)))
@@ -474,7 +601,23 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 	zero_acc(dq);
 	wgemm<MT_Q, NT_Q, FA_BKV / KK, true, true, LDP, LDS>(dq, sdS, sK, mq0, nq0);
 	float *acc = p.dqacc + (bh * p.sqp + q0) * DP;
+#if FA_DETV == 2
+	if (p.det) {
+		/* release the previous step's turn (its reductions were issued a whole step ago: the
+		 * fence finds them performed), then wait for this one: warp w of key block n - 1 has
+		 * added the same part of these rows */
+		int *mine = p.turn + (bh * p.nq + iq) * FA_NW + (tid >> 5);
+		if (iq > iq0 || hh > 0) /* the step before: (bh, iq - 1), or the last of bh - 1 */
+			release_turn(mine - FA_NW * (iq > iq0 ? 1 : iq + 1), n);
+		if (lane == 0)
+			while (fa_ld_acquire(mine) != n)
+				__nanosleep(32);
+		__syncwarp();
+	}
+	{
+#else
 	if (!p.det) {
+#endif
 #pragma unroll
 		for (int mt = 0; mt < MT_Q; mt++)
 #pragma unroll
@@ -486,8 +629,10 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 						red_add2(acc + il * DP + nq0 + nt * 8 + 2 * t,
 						         dq[mt][nt][2 * hf], dq[mt][nt][2 * hf + 1]);
 				}
-	} else {
-		int *turn = p.turn + bh * p.nq + iq;
+	}
+#if FA_DETV == 1
+	else {
+		int *turn = p.turn + (bh * p.nq + iq) * FA_NW;
 		if (tid == 0)
 			while (fa_ld_acquire(turn) != n)
 				__nanosleep(64);
@@ -510,6 +655,7 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 		if (tid == 0)
 			fa_st_release(turn, n + 1);
 	}
+#endif
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -574,7 +720,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			cp_async_wait<0>();
 			__syncthreads();
 			bwd_step(p, sK, sV, sQ0, sdO0, sP, sdS, sL0, sDl0, dk, dv, kv0, off, n, iq, bh, ms0,
-			         ns0, nkv0, mq0, nq0);
+			         ns0, nkv0, mq0, nq0, iq0, hh);
 			__syncthreads(); /* Q, dO, P, dS, lse2, delta are free for the next step */
 		}
 	}
@@ -597,11 +743,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		cp_async_wait<1>();
 		__syncthreads();
 		bwd_step(p, sK, sV, sQ0 + buf * SM_Q, sdO0 + buf * SM_Q, sP, sdS, sL0 + buf * FA_BQ,
-		         sDl0 + buf * FA_BQ, dk, dv, kv0, off, n, iq, bh, ms0, ns0, nkv0, mq0, nq0);
+		         sDl0 + buf * FA_BQ, dk, dv, kv0, off, n, iq, bh, ms0, ns0, nkv0, mq0, nq0, iq0,
+		         hh);
 		__syncthreads(); /* Q, dO, P, dS, lse2, delta are free for the step after next */
 	}
 #endif
 	cp_async_wait<0>(); /* K and V landed even when no step ran */
+#if FA_DETV == 2
+	if (p.det && iq0 < p.nq) /* the last step's turn: (last query head of the group, nq - 1) */
+		release_turn(p.turn + (((long long)b * p.Hq + hk * p.group + p.group - 1) * p.nq + p.nq -
+		                       1) * FA_NW + warp, n);
+#endif
 
 	/* dK = scale dS^T Q, dV, in their dtype; keys past Sk are not written */
 	gin_t *dKg = (gin_t *)p.dk + b * p.dks[0] + hk * p.dks[2];

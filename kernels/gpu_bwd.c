@@ -5,7 +5,7 @@
  * pool keeps it, gpu_cuda.c sets its release threshold to the maximum, so repeated calls reuse
  * the same memory without a synchronisation and calls on different streams never share it):
  * lse2 and delta (fp32 [B*Hq][sqp]), the fp32 dQ accumulator ([B*Hq][sqp][padded D]) and the
- * deterministic mode's turn counters ([B*Hq][sqp / BQ] ints), sqp = Sq rounded up to the
+ * deterministic mode's turn counters ([B*Hq][sqp / BQ][warps] ints), sqp = Sq rounded up to the
  * tile's query rows.
  */
 #include "fa_gpu_bwd.h"
@@ -26,7 +26,8 @@ struct bwd_params {
 	int B, Sq, Sk, Hq, Hkv, group;
 	int sqp, nq;
 	float sl, scale;
-	int det, pad_;
+	int det;
+	float scale_lo;
 };
 _Static_assert(offsetof(struct bwd_params, B) == 224 && sizeof(struct bwd_params) == 272,
                "backward parameter block layout");
@@ -139,7 +140,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	const int64_t nq = (f->Sq + bq - 1) / bq, sqp = nq * bq;
 	const int64_t rows = f->B * f->Hq * sqp;
 	const size_t b_row = (size_t)rows * 4, b_acc = (size_t)(rows * dp) * 4;
-	const size_t b_turn = (size_t)(f->B * f->Hq * nq) * 4;
+	const size_t b_turn = (size_t)(f->B * f->Hq * nq * spec.tile.nw) * 4; /* one per warp */
 	const size_t a_row = (b_row + 255) / 256 * 256, a_acc = (b_acc + 255) / 256 * 256;
 	const size_t total = 2 * a_row + a_acc + (b_turn + 255) / 256 * 256;
 	CUdeviceptr scratch = 0;
@@ -207,6 +208,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		mp.nq = (int)nq;
 		mp.sl = (float)(f->scale * 1.4426950408889634);
 		mp.scale = (float)f->scale;
+		mp.scale_lo = (float)(f->scale - (double)mp.scale);
 		mp.det = (flags & FA_GPU_BWD_DETERMINISTIC) ? 1 : 0;
 		void *a2[] = {&mp};
 		/* deterministic: (kv head, batch, key block), the key block slowest (attn_bwd.cu) */
