@@ -98,10 +98,12 @@ typedef u16 in_t;
  * lse2 then holds the natural lse (a large finite sentinel, not +inf, for rows that give
  * P = 0). tf32 and the 16-bit kernels keep the plain exponent (their operands' rounding is
  * larger than its error). */
+#ifndef FA_XEXP /* -DFA_XEXP=0: the plain exponent everywhere (the comparison of PERF-NOTES.md) */
 #if FA_IN == 3 && FA_PREC != 3
 #define FA_XEXP 1
 #else
 #define FA_XEXP 0
+#endif
 #endif
 /* 3xtf32: every k step's big*big product starts from zero and is added with an IEEE add, the
  * two small cross products go to their own accumulator (FA_X3SPLIT 1); the tensor cores

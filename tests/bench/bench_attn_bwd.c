@@ -14,7 +14,8 @@
  *                      wrote there (FA_ERR_DUMP): dir/cases.txt lists "name dtype D S causal B H",
  *                      dir/name.{q,k,v,g}.f32 the inputs (BHSD, fp32 values of the dtype),
  *                      dir/name.{dq,dk,dv}.f64 the float64 gradients; one "err" line per case
- *                      and precision, beside the anchors' SDPA errors on the same inputs
+ *                      and precision, beside the anchors' SDPA errors on the same inputs;
+ *                      FA_BENCH_ERR_ONLY=substring keeps the cases whose name contains it
  */
 #include <math.h>
 #include <stdint.h>
@@ -334,6 +335,9 @@ static void err_cases(const char *dir)
 		char name[128], dts[16];
 		int D, S, causal, B, H;
 		if (sscanf(line, "%127s %15s %d %d %d %d %d", name, dts, &D, &S, &causal, &B, &H) != 7)
+			continue;
+		const char *only = getenv("FA_BENCH_ERR_ONLY");
+		if (only && *only && !strstr(name, only))
 			continue;
 		if (strcmp(dts, "fp32") == 0) {
 			err_case(dir, name, FA_DTYPE_FP32, FA_PREC_IEEE, D, S, causal, B, H);
