@@ -19,6 +19,9 @@
 #include <stdio.h>
 #include <string.h>
 
+/* log2 of the consecutive key blocks the deterministic mode runs as one group (attn_bwd.cu). */
+#define FA_BWD_DET_GROUP_LG 3
+
 /* attn_bwd.cu's fa_bwd_params, fa_bwd_pre_params, fa_bwd_dq_params (same order, same types). */
 struct bwd_params {
 	uint64_t q, k, v, dout, dk, dv, dqacc, lse2, delta, turn;
@@ -26,7 +29,7 @@ struct bwd_params {
 	int B, Sq, Sk, Hq, Hkv, group;
 	int sqp, nq;
 	float sl, scale;
-	int det;
+	int dgrp_lg;
 	float scale_lo;
 };
 _Static_assert(offsetof(struct bwd_params, B) == 224 && sizeof(struct bwd_params) == 272,
@@ -116,6 +119,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 			return st;
 	}
 	struct fa_kernel_spec spec;
+	const bool det = (flags & FA_GPU_BWD_DETERMINISTIC) != 0;
+	t.rt = det ? 2 : 1; /* the deterministic dQ is its own specialisation (attn_bwd.cu, FA_DET) */
 	fa_kernel_spec_make(&spec, fa_gpu_sm(g), f->dtype, f->precision, (int)f->D, f->mask, &t);
 	if (spec.tile.smem > fa_gpu_smem_optin(g)) {
 		char tb[48];
@@ -131,11 +136,23 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		return st;
 
 	const int bq = spec.tile.br, bkv = spec.tile.bc;
-	if ((flags & FA_GPU_BWD_DETERMINISTIC) && (f->Sk + bkv - 1) / bkv > 65535)
+	/* deterministic: groups of FA_BWD_DET_GROUP consecutive key blocks run together
+	 * (attn_bwd.cu, det_member); a group's members wait on each other, so a group may not be
+	 * larger than the blocks that can be resident at once (else groups of one) */
+	int dgrp_lg = FA_BWD_DET_GROUP_LG;
+	{
+		const struct fa_device_model *m = fa_gpu_model(g);
+		const int bps = spec.tile.blocks_per_sm > 0 ? spec.tile.blocks_per_sm : 1;
+		if ((int64_t)m->sm_count * bps < (1 << dgrp_lg))
+			dgrp_lg = 0;
+	}
+	const int64_t nkv64 = (f->Sk + bkv - 1) / bkv;
+	const int64_t ngroups = (nkv64 + (1 << dgrp_lg) - 1) >> dgrp_lg;
+	if ((flags & FA_GPU_BWD_DETERMINISTIC) && ngroups > 65535)
 		return fa_err(err, errlen, FA_ESHAPE,
-		              "deterministic backward: Sk=%lld makes %lld key blocks of %d, the grid's "
-		              "third dimension takes 65535", (long long)f->Sk,
-		              (long long)((f->Sk + bkv - 1) / bkv), bkv);
+		              "deterministic backward: Sk=%lld makes %lld groups of %d key blocks of %d, "
+		              "the grid's third dimension takes 65535", (long long)f->Sk,
+		              (long long)ngroups, 1 << dgrp_lg, bkv);
 	const int64_t dp = fa_bwd_padded_d(spec.tile.path, (int)f->D);
 	const int64_t nq = (f->Sq + bq - 1) / bq, sqp = nq * bq;
 	const int64_t rows = f->B * f->Hq * sqp;
@@ -209,12 +226,14 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		mp.sl = (float)(f->scale * 1.4426950408889634);
 		mp.scale = (float)f->scale;
 		mp.scale_lo = (float)(f->scale - (double)mp.scale);
-		mp.det = (flags & FA_GPU_BWD_DETERMINISTIC) ? 1 : 0;
+		mp.dgrp_lg = dgrp_lg;
 		void *a2[] = {&mp};
-		/* deterministic: (kv head, batch, key block), the key block slowest (attn_bwd.cu) */
-		const unsigned nkv = (unsigned)((f->Sk + bkv - 1) / bkv);
+		/* atomic: (key block, kv head, batch); deterministic: (group member + kv head x group
+		 * size, batch, group), the members fastest (those past the last key block return) */
+		const unsigned nkv = (unsigned)nkv64;
 		const unsigned hkv = (unsigned)f->Hkv, nb = (unsigned)f->B;
-		r = fa_cu->LaunchKernel(fn.main, mp.det ? hkv : nkv, mp.det ? nb : hkv, mp.det ? nkv : nb,
+		r = fa_cu->LaunchKernel(fn.main, det ? hkv << dgrp_lg : nkv,
+		                        det ? nb : hkv, det ? (unsigned)ngroups : nb,
 		                        (unsigned)(32 * spec.tile.nw), 1, 1, (unsigned)spec.tile.smem,
 		                        (fa_cu_stream)s, a2, NULL);
 		what = "launching fa_bwd_main";

@@ -233,8 +233,8 @@ static void *read_file(const char *dir, const char *name, const char *ext, size_
 
 /* One dumped case at one precision: our forward + backward, the relative Frobenius error of
  * dQ, dK, dV against the float64 gradients (all elements). */
-static void err_case(const char *dir, const char *name, fa_dtype dt, fa_precision prec, int D,
-                     int S, int causal, int B, int H)
+static void err_case(const char *dir, const char *name, fa_dtype dt, fa_precision prec,
+                     fa_precision fwd_prec, int D, int S, int causal, int B, int H)
 {
 	struct fa_attn_bwd_desc d;
 	memset(&d, 0, sizeof d);
@@ -286,7 +286,9 @@ static void err_case(const char *dir, const char *name, fa_dtype dt, fa_precisio
 			goto fail;
 	}
 	struct fa_gpu_bwd_ptrs p = {b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]};
-	if (fa_gpu_attn_fwd(g, f, p.q, p.k, p.v, p.o, p.lse, NULL, err, sizeof err) ||
+	struct fa_attn_fwd_desc ff = *f; /* the forward's own precision (fwd_prec) */
+	ff.precision = fwd_prec;
+	if (fa_gpu_attn_fwd(g, &ff, p.q, p.k, p.v, p.o, p.lse, NULL, err, sizeof err) ||
 	    fa_gpu_attn_bwd(g, &d, &p, 0, NULL, err, sizeof err) || fa_gpu_sync(g, err, sizeof err))
 		goto fail;
 	double rel[3];
@@ -301,13 +303,13 @@ static void err_case(const char *dir, const char *name, fa_dtype dt, fa_precisio
 		}
 		rel[w] = den > 0 ? sqrt(num / den) : 0;
 	}
-	printf("err %-22s %-7s ours  dQ %.3g dK %.3g dV %.3g\n", name,
-	       dt == FA_DTYPE_FP32 ? fa_prec_name(fa_prec_resolve(dt, prec)) : "-", rel[0], rel[1],
-	       rel[2]);
+	char pn[40];
+	const bool f32 = dt == FA_DTYPE_FP32, other = fwd_prec != prec;
+	snprintf(pn, sizeof pn, "%s%s%s", f32 ? fa_prec_name(fa_prec_resolve(dt, prec)) : "-",
+	         other ? "/fwd-" : "", other ? fa_prec_name(fa_prec_resolve(dt, fwd_prec)) : "");
+	printf("err %-22s %-16s ours  dQ %.3g dK %.3g dV %.3g\n", name, pn, rel[0], rel[1], rel[2]);
 	if (tsv)
-		fprintf(tsv, "err\t%s\t%s\t%.4g\t%.4g\t%.4g\n", name,
-		        dt == FA_DTYPE_FP32 ? fa_prec_name(fa_prec_resolve(dt, prec)) : "-", rel[0],
-		        rel[1], rel[2]);
+		fprintf(tsv, "err\t%s\t%s\t%.4g\t%.4g\t%.4g\n", name, pn, rel[0], rel[1], rel[2]);
 	goto out;
 fail:
 	printf("err %s: %s\n", name, err);
@@ -340,11 +342,14 @@ static void err_cases(const char *dir)
 		if (only && *only && !strstr(name, only))
 			continue;
 		if (strcmp(dts, "fp32") == 0) {
-			err_case(dir, name, FA_DTYPE_FP32, FA_PREC_IEEE, D, S, causal, B, H);
-			err_case(dir, name, FA_DTYPE_FP32, FA_PREC_3XTF32, D, S, causal, B, H);
+			err_case(dir, name, FA_DTYPE_FP32, FA_PREC_IEEE, FA_PREC_IEEE, D, S, causal, B, H);
+			err_case(dir, name, FA_DTYPE_FP32, FA_PREC_3XTF32, FA_PREC_3XTF32, D, S, causal, B,
+			         H);
+			/* the backward's own share: the same backward after an ieee forward */
+			err_case(dir, name, FA_DTYPE_FP32, FA_PREC_3XTF32, FA_PREC_IEEE, D, S, causal, B, H);
 		} else {
 			err_case(dir, name, strcmp(dts, "bf16") == 0 ? FA_DTYPE_BF16 : FA_DTYPE_FP16,
-			         FA_PREC_DEFAULT, D, S, causal, B, H);
+			         FA_PREC_DEFAULT, FA_PREC_DEFAULT, D, S, causal, B, H);
 		}
 	}
 	fclose(f);
