@@ -20,29 +20,34 @@
  * Three kernels, one module:
  *   fa_bwd_pre   per query row (warp per row): delta = rowsum(dO * O) in fp32, lse2 = lse *
  *                log2(e) (+inf where lse is -inf or past Sq: such rows give P = 0, so they
- *                contribute nothing), the row of the fp32 dQ accumulator zeroed, the
- *                deterministic mode's turn counters zeroed.
+ *                contribute nothing; FA_XEXP: the natural lse, a large finite sentinel), the
+ *                row of the fp32 dQ accumulator zeroed, the deterministic mode's counters
+ *                zeroed.
  *   fa_bwd_main  a block owns BKV keys of one (batch, kv head), K and V resident in shared
  *                memory, dK and dV accumulated in fp32 registers over the query heads of its
  *                GQA group and the query blocks the mask lets see its keys. Per step (BQ rows):
  *                S^T = K Q^T and dP^T = V dO^T (the block's warps tile the BKV x BQ product),
  *                P^T = exp2(S^T scale log2e - lse2), dS^T = P^T (dP^T - delta), both to shared
  *                memory; dV += P^T dO, dK += dS^T Q (warps tile BKV x D), dQ_step = dS K
- *                (warps tile BQ x D) added to the fp32 accumulator: red.global.add (default),
- *                or, deterministic, in key-block order: block n waits until the step's counter
- *                reads n (every key block below n that sees these rows has added), adds with
- *                plain loads and stores, fences, and sets it to n + 1. The key blocks that see
- *                a query block are a prefix (masks hide keys above a diagonal), and a block
- *                only waits on lower-numbered ones, dispatched before it: no deadlock.
+ *                (warps tile BQ x D) added to the fp32 accumulator with red.global.add. The
+ *                deterministic specialisation (FA_DET) adds in a fixed order: each warp's part
+ *                of a query block's rows has a counter of the adds done; a warp waits until it
+ *                reads the number of adds that come before its own (det_turn: every lower key
+ *                block, by groups), adds with the same reductions, and counts its add one step
+ *                later (a fence then finds the reductions performed: nothing waits on their
+ *                latency). The key blocks that see a query block are a prefix (masks hide keys
+ *                above a diagonal), and a block waits only on blocks launched before it or with
+ *                it in its group: no deadlock.
  *   fa_bwd_dq    dQ = scale * accumulator, converted to its dtype and strides.
  *
  * Operands are read from shared memory by one warp-GEMM (wgemm): 16-bit by ldmatrix (.trans for
  * the transposed operands), rows padded by 16 bytes; fp32 by scalar loads in the m16n8k8
  * layout, rows padded by 4 words. Above 128 the head dim is padded with zero columns to a
  * multiple of 32 (below, to 16 in both paths), so that two warps can split dK, dV and dQ's columns
- * (with one, their accumulators take more registers than there are). 3xtf32 accumulates dK and dV per step from zero and adds with
- * IEEE adds (the tensor cores' truncating accumulation, chained over thousands of rows, biases
- * the sum: attn_fwd.cu's P V does the same).
+ * (with one, their accumulators take more registers than there are). 3xtf32 adds every k
+ * step's big x big product, started from zero, with an IEEE add (FA_X3SPLIT: the tensor cores'
+ * truncating accumulation, chained over the three products of every k step, biased S, dP and
+ * dQ); ieee sums a step's dK and dV from zero and adds them (the FFMA chain is a step long).
  */
 
 #include "fa_device.cuh"
@@ -117,9 +122,10 @@ typedef u16 in_t;
 /* FA_DET 1: the deterministic dQ's kernel (PERF-NOTES.md, backward; its own specialisation,
  * gpu_bwd.c asks for it with the tile's rt = 2, so that the atomic kernel carries none of its
  * registers: near the 16-bit tiles' 255, they spilled). Consecutive key blocks of a (batch, kv
- * head) run as groups of 2^dgrp_lg (gpu_bwd.c: 8 where that many blocks can be resident at
- * once, else 1), each member starting its query blocks 2 x its rank further on, so that the
- * members add to different dQ rows at any time while sharing Q, dO and the accumulator in L2. */
+ * head) run as groups of 2^dgrp_lg (gpu_bwd.c's FA_BWD_DET_GROUP_LG, at most the blocks that can
+ * be resident at once), each member starting its query blocks 2 x its rank further on, so that
+ * the members add to different dQ rows at any time while sharing Q, dO and the accumulator in
+ * L2. With groups of one (the default) a key block's adds follow key block n - 1's. */
 #ifndef FA_DET
 #define FA_DET 0
 #endif

@@ -19,8 +19,13 @@
 #include <stdio.h>
 #include <string.h>
 
-/* log2 of the consecutive key blocks the deterministic mode runs as one group (attn_bwd.cu). */
-#define FA_BWD_DET_GROUP_LG 3
+/* log2 of the consecutive key blocks the deterministic mode runs as one group (attn_bwd.cu).
+ * 0 (groups of one): the protocol measured on the H200 (kernels/PERF-NOTES.md, backward: +41%
+ * bf16, +7% fp32 against the atomic mode). 3 (groups of 8, each member rotated) is built and
+ * checked by simulation (order, no deadlock with the group resident), predicted to cut the
+ * bf16 cost to about +10-15% by sharing Q, dO and the dQ rows in L2, and not yet run on a GPU:
+ * the next device session measures it before it becomes the default. */
+#define FA_BWD_DET_GROUP_LG 0
 
 /* attn_bwd.cu's fa_bwd_params, fa_bwd_pre_params, fa_bwd_dq_params (same order, same types). */
 struct bwd_params {
