@@ -11,7 +11,8 @@
  * run three times and must give the same bits, and agree with the atomic mode (relative
  * Frobenius difference within the tolerance). Default: a
  * representative sample; FA_GPU_GRID=full the whole grid; FA_GPU_GRID_D / FA_GPU_GRID_DT narrow
- * it as in test_attn_fwd_gpu. Without a GPU it prints why and skips.
+ * it as in test_attn_fwd_gpu, FA_GPU_GRID_SHARD=k/n keeps every n-th case from the k-th (the full
+ * grid over n device calls). Without a GPU it prints why and skips.
  */
 #include <math.h>
 #include <pthread.h>
@@ -693,6 +694,18 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 		}
 		printf("FA_GPU_GRID_DT=%s: %d of %d cases\n", kinds, m, n);
 		n = m;
+	}
+	const char *shard = getenv("FA_GPU_GRID_SHARD"); /* "k/n": every n-th case from the k-th */
+	int sk = 0, sn = 0;
+	if (shard && sscanf(shard, "%d/%d", &sk, &sn) == 2 && sn > 0 && sk >= 0 && sk < sn) {
+		int m = 0;
+		for (int i = 0; i < n; i++)
+			if (i % sn == sk)
+				cases[m++] = cases[i];
+		printf("FA_GPU_GRID_SHARD=%d/%d: %d of %d cases\n", sk, sn, m, n);
+		n = m;
+	} else if (shard && *shard) {
+		fail_msg("FA_GPU_GRID_SHARD=%s: expected k/n with 0 <= k < n", shard);
 	}
 	uint64_t t0 = fa_test_now_ms();
 	struct prep r = {.cases = cases, .n = n};
