@@ -587,7 +587,8 @@ __device__ __forceinline__ int step_qblock(const fa_bwd_params &p, int n, int iq
  * those of the members of this group that see iq at an earlier step of their own loop (ties:
  * the lower member). A block waits only on members ahead of it in their loops (no cycle), and a
  * group is launched whole before the next one: with every member resident at once (dgrp), no
- * deadlock. */
+ * deadlock. A mask that hides keys below the diagonal too (a sliding window) breaks the prefix:
+ * there the count must start at the lowest key block that sees iq, or a block waits forever. */
 __device__ __forceinline__ int det_turn(const fa_bwd_params &p, int iq)
 {
 	const int c = 1 << p.dgrp_lg, r = det_member(p), G = (int)blockIdx.z;
