@@ -20,29 +20,34 @@
  * Three kernels, one module:
  *   fa_bwd_pre   per query row (warp per row): delta = rowsum(dO * O) in fp32, lse2 = lse *
  *                log2(e) (+inf where lse is -inf or past Sq: such rows give P = 0, so they
- *                contribute nothing), the row of the fp32 dQ accumulator zeroed, the
- *                deterministic mode's turn counters zeroed.
+ *                contribute nothing; FA_XEXP: the natural lse, a large finite sentinel), the
+ *                row of the fp32 dQ accumulator zeroed, the deterministic mode's counters
+ *                zeroed.
  *   fa_bwd_main  a block owns BKV keys of one (batch, kv head), K and V resident in shared
  *                memory, dK and dV accumulated in fp32 registers over the query heads of its
  *                GQA group and the query blocks the mask lets see its keys. Per step (BQ rows):
  *                S^T = K Q^T and dP^T = V dO^T (the block's warps tile the BKV x BQ product),
  *                P^T = exp2(S^T scale log2e - lse2), dS^T = P^T (dP^T - delta), both to shared
  *                memory; dV += P^T dO, dK += dS^T Q (warps tile BKV x D), dQ_step = dS K
- *                (warps tile BQ x D) added to the fp32 accumulator: red.global.add (default),
- *                or, deterministic, in key-block order: block n waits until the step's counter
- *                reads n (every key block below n that sees these rows has added), adds with
- *                plain loads and stores, fences, and sets it to n + 1. The key blocks that see
- *                a query block are a prefix (masks hide keys above a diagonal), and a block
- *                only waits on lower-numbered ones, dispatched before it: no deadlock.
+ *                (warps tile BQ x D) added to the fp32 accumulator with red.global.add. The
+ *                deterministic specialisation (FA_DET) adds in a fixed order: each warp's part
+ *                of a query block's rows has a counter of the adds done; a warp waits until it
+ *                reads the number of adds that come before its own (det_turn: every lower key
+ *                block, by groups), adds with the same reductions, and counts its add one step
+ *                later (a fence then finds the reductions performed: nothing waits on their
+ *                latency). The key blocks that see a query block are a prefix (masks hide keys
+ *                above a diagonal), and a block waits only on blocks launched before it or with
+ *                it in its group: no deadlock.
  *   fa_bwd_dq    dQ = scale * accumulator, converted to its dtype and strides.
  *
  * Operands are read from shared memory by one warp-GEMM (wgemm): 16-bit by ldmatrix (.trans for
  * the transposed operands), rows padded by 16 bytes; fp32 by scalar loads in the m16n8k8
  * layout, rows padded by 4 words. Above 128 the head dim is padded with zero columns to a
  * multiple of 32 (below, to 16 in both paths), so that two warps can split dK, dV and dQ's columns
- * (with one, their accumulators take more registers than there are). 3xtf32 accumulates dK and dV per step from zero and adds with
- * IEEE adds (the tensor cores' truncating accumulation, chained over thousands of rows, biases
- * the sum: attn_fwd.cu's P V does the same).
+ * (with one, their accumulators take more registers than there are). 3xtf32 adds every k
+ * step's big x big product, started from zero, with an IEEE add (FA_X3SPLIT: the tensor cores'
+ * truncating accumulation, chained over the three products of every k step, biased S, dP and
+ * dQ); ieee sums a step's dK and dV from zero and adds them (the FFMA chain is a step long).
  */
 
 #include "fa_device.cuh"
@@ -92,6 +97,39 @@ typedef u16 in_t;
 #define LDP (FA_BQ + 8)
 #define KK 16
 #endif
+/* fp32 ieee and 3xtf32: P = exp(s scale - lse) with the exponent's roundings compensated
+ * (p_exp_comp): the plain exp2(s scale log2e - lse2) loses |lse2| ~ 10 ulps of fp32 in the
+ * exponent, measured as most of these precisions' gradient error (PERF-NOTES.md, backward).
+ * lse2 then holds the natural lse (a large finite sentinel, not +inf, for rows that give
+ * P = 0). tf32 and the 16-bit kernels keep the plain exponent (their operands' rounding is
+ * larger than its error). */
+#ifndef FA_XEXP /* -DFA_XEXP=0: the plain exponent everywhere (the comparison of PERF-NOTES.md) */
+#if FA_IN == 3 && FA_PREC != 3
+#define FA_XEXP 1
+#else
+#define FA_XEXP 0
+#endif
+#endif
+/* 3xtf32: every k step's big*big product starts from zero and is added with an IEEE add, the
+ * two small cross products go to their own accumulator (FA_X3SPLIT 1, measured 3.3x less error
+ * at D=128; 2: both from zero every k step); the tensor cores truncate as they accumulate, so
+ * chaining the three products of every k step into one accumulator (0, before) biased S, dP
+ * and the dQ step toward zero by about 48 truncations. With it the k loop is not unrolled
+ * (unrolled 2 or 4 times, the extra accumulators spilled at kv128 q32 and D=256). */
+#ifndef FA_X3SPLIT
+#define FA_X3SPLIT 1
+#endif
+/* FA_DET 1: the deterministic dQ's kernel (PERF-NOTES.md, backward; its own specialisation,
+ * gpu_bwd.c asks for it with the tile's rt = 2, so that the atomic kernel carries none of its
+ * registers: near the 16-bit tiles' 255, they spilled). Consecutive key blocks of a (batch, kv
+ * head) run as groups of 2^dgrp_lg (gpu_bwd.c's FA_BWD_DET_GROUP_LG, at most the blocks that can
+ * be resident at once), each member starting its query blocks 2 x its rank further on, so that
+ * the members add to different dQ rows at any time while sharing Q, dO and the accumulator in
+ * L2. With groups of one (the default) a key block's adds follow key block n - 1's. */
+#ifndef FA_DET
+#define FA_DET 0
+#endif
+
 #if FA_GIN == 3
 typedef float gin_t;
 #else
@@ -130,14 +168,14 @@ struct fa_bwd_params {
 	float *dqacc;       /* [B*Hq][sqp][DP] */
 	const float *lse2;  /* [B*Hq][sqp] */
 	const float *delta; /* [B*Hq][sqp] */
-	int *turn;          /* [B*Hq][nq]: deterministic mode */
+	int *turn;          /* [B*Hq][nq][NW]: deterministic mode, adds done per warp's part */
 	long long qs[3], ks[3], vs[3], dos[3], dks[3], dvs[3]; /* batch, seq, head */
 	int B, Sq, Sk, Hq, Hkv, group;
 	int sqp, nq; /* Sq rounded up to BQ, and its query blocks */
 	float sl;    /* scale * log2(e), signed */
 	float scale;
-	int det;
-	int pad_;
+	int dgrp_lg;    /* fa_bwd_main_det: log2 of the key blocks per group (resident at once) */
+	float scale_lo; /* scale - (float)scale: the compensated exponent (FA_XEXP) */
 };
 
 struct fa_bwd_pre_params {
@@ -258,14 +296,28 @@ __device__ __forceinline__ void wgemm(float (&acc)[MT][NTN][4], const in_t *A, c
 	}
 }
 #else
-template <int MT, int NTN, int KS, bool AT, bool BT, int LDA, int LDB>
-__device__ __forceinline__ void wgemm(float (&acc)[MT][NTN][4], const in_t *A, const in_t *B,
-                                      int m0, int n0)
+/* fp32: acc[mt][noff + nt] for nt in [0, NTN) (noff a constant once unrolled: the dK, dV chunks
+ * of wgemm_acc). */
+template <int MT, int NTN, int KS, bool AT, bool BT, int LDA, int LDB, int NACC>
+__device__ __forceinline__ void wgemm32(float (&acc)[MT][NACC][4], const in_t *A, const in_t *B,
+                                        int m0, int n0, int noff)
 {
 	const int lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 	/* ieee: each product is 32 shuffles and 32 FFMA already; unrolled its compile took 90 s
 	 * (a constant: nvcc does not macro-expand pragma arguments, NVRTC does) */
-	constexpr int KUNROLL = FA_PREC == 1 ? 1 : 4;
+#ifdef FA_KUNROLL32
+	constexpr int KUNROLL = FA_KUNROLL32;
+#else
+	constexpr int KUNROLL = FA_PREC == 1 || (FA_PREC == 2 && FA_X3SPLIT) ? 1 : 4;
+#endif
+#if FA_PREC == 2 && FA_X3SPLIT == 1
+	float cs[MT][NTN][4]; /* the small cross products, over all k */
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+		for (int nt = 0; nt < NTN; nt++)
+			cs[mt][nt][0] = cs[mt][nt][1] = cs[mt][nt][2] = cs[mt][nt][3] = 0.f;
+#endif
 #pragma unroll KUNROLL
 	for (int kk = 0; kk < KS; kk++) {
 		const int k0 = kk * 8 + t, k1 = k0 + 4;
@@ -284,10 +336,48 @@ __device__ __forceinline__ void wgemm(float (&acc)[MT][NTN][4], const in_t *A, c
 			const fa_op32 b0 = fa_make_op<FA_PREC>(BT ? B[k0 * LDB + n] : B[n * LDB + k0]);
 			const fa_op32 b1 = fa_make_op<FA_PREC>(BT ? B[k1 * LDB + n] : B[n * LDB + k1]);
 #pragma unroll
-			for (int mt = 0; mt < MT; mt++)
-				fa_mma32<FA_PREC>(acc[mt][nt], a[mt], b0, b1);
+			for (int mt = 0; mt < MT; mt++) {
+#if FA_PREC == 2 && FA_X3SPLIT
+				const u32 ab[4] = {a[mt][0].big, a[mt][1].big, a[mt][2].big, a[mt][3].big};
+				const u32 as[4] = {a[mt][0].small, a[mt][1].small, a[mt][2].small,
+				                   a[mt][3].small};
+				float tb[4] = {0.f, 0.f, 0.f, 0.f};
+				fa_mma_tf32(tb, ab, b0.big, b1.big);
+#if FA_X3SPLIT == 1
+				fa_mma_tf32(cs[mt][nt], as, b0.big, b1.big);
+				fa_mma_tf32(cs[mt][nt], ab, b0.small, b1.small);
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					acc[mt][noff + nt][e] += tb[e];
+#else
+				float ts[4] = {0.f, 0.f, 0.f, 0.f};
+				fa_mma_tf32(ts, as, b0.big, b1.big);
+				fa_mma_tf32(ts, ab, b0.small, b1.small);
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					acc[mt][noff + nt][e] += tb[e] + ts[e];
+#endif
+#else
+				fa_mma32<FA_PREC>(acc[mt][noff + nt], a[mt], b0, b1);
+#endif
+			}
 		}
 	}
+#if FA_PREC == 2 && FA_X3SPLIT == 1
+#pragma unroll
+	for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+		for (int nt = 0; nt < NTN; nt++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				acc[mt][noff + nt][e] += cs[mt][nt][e];
+#endif
+}
+template <int MT, int NTN, int KS, bool AT, bool BT, int LDA, int LDB>
+__device__ __forceinline__ void wgemm(float (&acc)[MT][NTN][4], const in_t *A, const in_t *B,
+                                      int m0, int n0)
+{
+	wgemm32<MT, NTN, KS, AT, BT, LDA, LDB, NTN>(acc, A, B, m0, n0, 0);
 }
 #endif
 
@@ -297,9 +387,20 @@ template <int MT, int NTN, int KS, bool AT, bool BT, int LDA, int LDB>
 __device__ __forceinline__ void wgemm_acc(float (&acc)[MT][NTN][4], const in_t *A,
                                           const in_t *B, int m0, int n0)
 {
-#if FA_IN == 3 && FA_PREC == 2
-	/* in chunks of up to 4 n8 tiles: the partial sums take 16 registers per row tile, not a
-	 * second copy of the accumulator (A's fragments are loaded once per chunk) */
+#if FA_IN == 3 && FA_PREC == 2 && FA_X3SPLIT
+	/* every k step is added with IEEE adds already; in chunks of up to 4 n8 tiles, so that the
+	 * small products' accumulator takes 16 registers per row tile (A's fragments are loaded
+	 * once per chunk) */
+	constexpr int NCH = NTN % 4 == 0 ? 4 : NTN % 2 == 0 ? 2 : 1;
+#pragma unroll
+	for (int c = 0; c < NTN / NCH; c++)
+		wgemm32<MT, NCH, KS, AT, BT, LDA, LDB, NTN>(acc, A, B, m0, n0 + c * NCH * 8, c * NCH);
+#elif FA_IN == 3 && (FA_PREC == 2 || FA_PREC == 1)
+	/* the step's sum from zero, added with IEEE adds: for 3xtf32 (without FA_X3SPLIT) against
+	 * the tensor cores' truncation; for ieee, so that the FFMA chain into dK, dV is a step's
+	 * rows long, not Sq (measured 1.5-2x SDPA's error at S=4096 before). In chunks of up to 4
+	 * n8 tiles: the partial sums take 16 registers per row tile, not a second copy of the
+	 * accumulator (A's fragments are loaded once per chunk) */
 	constexpr int NCH = NTN % 4 == 0 ? 4 : NTN % 2 == 0 ? 2 : 1;
 #pragma unroll
 	for (int c = 0; c < NTN / NCH; c++) {
@@ -331,6 +432,28 @@ template <int MT, int NTN> __device__ __forceinline__ void zero_acc(float (&acc)
 		for (int nt = 0; nt < NTN; nt++)
 			acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
 }
+
+#if FA_XEXP
+/* exp(s sc - L) for fp32 s, sc + sc_lo the scale, L the row's natural lse: the product's and
+ * the difference's rounding errors (Dekker's product residual, Knuth's two-sum) and that of the
+ * change to base 2 are added back as a first-order factor (1 + err); the exponent is then exact
+ * to a few units of 2^-24 relative, and P to ex2.approx's own error. The _rn intrinsics keep the
+ * compiler from contracting the terms whose roundings are being measured. */
+__device__ __forceinline__ float p_exp_comp(float s, float sc, float sc_lo, float L)
+{
+	const float L2E = 1.44269502162933349609375f, L2E_LO = 1.925963033500011e-8f;
+	const float hi = __fmul_rn(s, sc);
+	const float lo = fmaf(s, sc_lo, fmaf(s, sc, -hi));  /* s sc = hi + lo */
+	const float d = __fadd_rn(hi, -L);                   /* two-sum: hi - L = d + e */
+	const float bb = __fadd_rn(d, -hi);
+	const float e = __fadd_rn(__fadd_rn(hi, -__fadd_rn(d, -bb)), __fadd_rn(-L, -bb));
+	const float x = __fmul_rn(d, L2E);
+	const float r = fmaf(d, L2E_LO, fmaf(d, L2E, -x)); /* d log2(e) = x + r */
+	const float corr = fmaf(r, 0.693147182464599609375f, __fadd_rn(e, lo));
+	const float p = fast_exp2(x);
+	return fmaf(p, corr, p);
+}
+#endif
 
 /* Two adjacent fp32 values added to the dQ accumulator (no return value: a reduction). */
 __device__ __forceinline__ void red_add2(float *p, float x0, float x1)
@@ -364,14 +487,24 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_pre(const fa_bwd_pre_pa
 		for (int s = 16; s > 0; s >>= 1)
 			sum += __shfl_xor_sync(0xffffffffu, sum, s);
 		const float l = p.lse[b * p.ls[0] + h * p.ls[1] + i * p.ls[2]];
+#if FA_XEXP
+		l2 = l != NEG_INF ? l : 0x1p100f; /* natural; P = exp(-2^100) = 0, no inf - inf */
+#else
 		if (l != NEG_INF)
 			l2 = l * 1.4426950408889634f;
+#endif
 	}
+#if FA_XEXP
+	else
+		l2 = 0x1p100f;
+#endif
 	if (lane == 0) {
 		p.delta[row] = sum;
 		p.lse2[row] = l2;
 		if (i % FA_BQ == 0)
-			p.turn[bh * p.nq + i / FA_BQ] = 0;
+#pragma unroll
+			for (int w = 0; w < FA_NW; w++) /* a counter per warp of the main pass */
+				p.turn[(bh * p.nq + i / FA_BQ) * FA_NW + w] = 0;
 	}
 	float *acc = p.dqacc + row * DP;
 	for (int x = lane; x < DP; x += 32)
@@ -388,9 +521,8 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_pre(const fa_bwd_pre_pa
 /* Step it's Q and dO rows (one commit group), lse2 and delta (plain loads and stores, published
  * by the barrier after the wait). */
 __device__ __forceinline__ void load_step(const fa_bwd_params &p, in_t *sQ, in_t *sdO, float *sL,
-                                          float *sDl, int b, int hk, int iq0, int it, int nsteps)
+                                          float *sDl, int b, int hk, int iq, int hh)
 {
-	const int hh = it / nsteps, iq = iq0 + (it - hh * nsteps);
 	const int h = hk * p.group + hh, q0 = iq * FA_BQ;
 	const long long bh = (long long)b * p.Hq + h;
 	const gin_t *Qg = (const gin_t *)p.q + b * p.qs[0] + h * p.qs[2] + (long long)q0 * p.qs[1];
@@ -406,15 +538,92 @@ __device__ __forceinline__ void load_step(const fa_bwd_params &p, in_t *sQ, in_t
 	}
 }
 
+/* The deterministic mode's hand-over: this warp's reductions of its last step are made visible
+ * at GPU scope, then that part's counter counts one more add. */
+__device__ __forceinline__ void release_turn(int *turn)
+{
+	asm volatile("fence.acq_rel.gpu;" ::: "memory");
+	__syncwarp();
+	if (((int)threadIdx.x & 31) == 0)
+		asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
+}
+
+/* The first query block whose rows see key block n (masks hide keys above the diagonal). */
+__device__ __forceinline__ int first_qblock(const fa_bwd_params &p, int n)
+{
+	if (!FA_MASK)
+		return 0;
+	const int r = n * FA_BKV - (FA_MASK == 1 ? p.Sk - p.Sq : 0);
+	return r >= p.Sq ? p.nq : r > 0 ? r / FA_BQ : 0;
+}
+
+/* Deterministic mode: the grid is (group member + 2^dgrp_lg x kv head, batch, group), the
+ * member fastest: a group's members are launched together, the groups one after another. */
+__device__ __forceinline__ int det_member(const fa_bwd_params &p)
+{
+	return (int)blockIdx.x & ((1 << p.dgrp_lg) - 1);
+}
+
+/* Where member x of a group starts its query blocks: 2x further on, wrapped. */
+__device__ __forceinline__ int det_rot(const fa_bwd_params &p, int n, int x)
+{
+	const int span = p.nq - first_qblock(p, n);
+	return span > 0 ? 2 * x % span : 0;
+}
+
+/* The query block of step k of key block n (member x), its query blocks from first_qblock
+ * rotated by det_rot (the atomic mode: in order). */
+template <bool DET>
+__device__ __forceinline__ int step_qblock(const fa_bwd_params &p, int n, int iq0, int k)
+{
+	if (!DET)
+		return iq0 + k;
+	const int iq = iq0 + k + det_rot(p, n, det_member(p));
+	return iq >= p.nq ? iq - (p.nq - iq0) : iq;
+}
+
+/* The number of adds to query block iq's rows that come before this block's: every earlier
+ * group's (all its members see iq: the key blocks that see a query block are a prefix), then
+ * those of the members of this group that see iq at an earlier step of their own loop (ties:
+ * the lower member). A block waits only on members ahead of it in their loops (no cycle), and a
+ * group is launched whole before the next one: with every member resident at once (dgrp), no
+ * deadlock. A mask that hides keys below the diagonal too (a sliding window) breaks the prefix:
+ * there the count must start at the lowest key block that sees iq, or a block waits forever. */
+__device__ __forceinline__ int det_turn(const fa_bwd_params &p, int iq)
+{
+	const int c = 1 << p.dgrp_lg, r = det_member(p), G = (int)blockIdx.z;
+	const int nkv = (p.Sk + FA_BKV - 1) / FA_BKV;
+	int w = G * c, mine = 0;
+	for (int pass = 0; pass < 2; pass++) /* this member's step first, then the others' */
+		for (int x = 0; x < c; x++) {
+			const int n = G * c + x;
+			if (pass == 0 && x != r)
+				continue;
+			if (n >= nkv)
+				break;
+			const int f = first_qblock(p, n), span = p.nq - f;
+			if (iq < f)
+				continue;
+			const int k = (iq - f - det_rot(p, n, x) + span) % span;
+			if (pass == 0)
+				mine = k;
+			else if (x != r && (k < mine || (k == mine && x < r)))
+				w++;
+		}
+	return w;
+}
+
 /* One step: S^T, dP^T, P^T and dS^T to shared memory, dV and dK accumulated, the step's dQ
  * added (reduction, or in key-block order in the deterministic mode). sQ, sdO, sL, sDl: this
  * step's buffers. */
+template <bool DET>
 __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK, const in_t *sV,
                                          const in_t *sQ, const in_t *sdO, in_t *sP, in_t *sdS,
                                          const float *sL, const float *sDl,
                                          float (&dk)[MT_S][NT_KV][4], float (&dv)[MT_S][NT_KV][4],
                                          int kv0, int off, int n, int iq, long long bh, int ms0,
-                                         int ns0, int nkv0, int mq0, int nq0)
+                                         int ns0, int nkv0, int mq0, int nq0, int iq0, int k,
+                                         int hh)
 {
 	const int tid = (int)threadIdx.x, lane = tid & 31;
 	const int g = lane >> 2, t = lane & 3;
@@ -437,7 +646,11 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 			for (int e = 0; e < 4; e++) {
 				const int jl = ms0 + mt * 16 + g + (e >> 1) * 8;
 				const int il = ns0 + nt * 8 + 2 * t + (e & 1);
+#if FA_XEXP
+				float pv = p_exp_comp(s[mt][nt][e], p.scale, p.scale_lo, sL[il]);
+#else
 				float pv = fast_exp2(fmaf(s[mt][nt][e], p.sl, -sL[il]));
+#endif
 				if (need_mask) {
 					const int j = kv0 + jl;
 					if (!(j < p.Sk && (!FA_MASK || j <= q0 + il + off)))
@@ -474,48 +687,41 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 	zero_acc(dq);
 	wgemm<MT_Q, NT_Q, FA_BKV / KK, true, true, LDP, LDS>(dq, sdS, sK, mq0, nq0);
 	float *acc = p.dqacc + (bh * p.sqp + q0) * DP;
-	if (!p.det) {
-#pragma unroll
-		for (int mt = 0; mt < MT_Q; mt++)
-#pragma unroll
-			for (int nt = 0; nt < NT_Q; nt++)
-#pragma unroll
-				for (int hf = 0; hf < 2; hf++) {
-					const int il = mq0 + mt * 16 + g + hf * 8;
-					if (q0 + il < p.Sq)
-						red_add2(acc + il * DP + nq0 + nt * 8 + 2 * t,
-						         dq[mt][nt][2 * hf], dq[mt][nt][2 * hf + 1]);
-				}
-	} else {
-		int *turn = p.turn + bh * p.nq + iq;
-		if (tid == 0)
-			while (fa_ld_acquire(turn) != n)
-				__nanosleep(64);
-		__syncthreads();
-#pragma unroll
-		for (int mt = 0; mt < MT_Q; mt++)
-#pragma unroll
-			for (int nt = 0; nt < NT_Q; nt++)
-#pragma unroll
-				for (int hf = 0; hf < 2; hf++) {
-					const int il = mq0 + mt * 16 + g + hf * 8;
-					float2 *a2 = (float2 *)(acc + il * DP + nq0 + nt * 8 + 2 * t);
-					float2 x = __ldcg(a2);
-					x.x += dq[mt][nt][2 * hf];
-					x.y += dq[mt][nt][2 * hf + 1];
-					__stcg(a2, x);
-				}
-		__threadfence();
-		__syncthreads();
-		if (tid == 0)
-			fa_st_release(turn, n + 1);
+	if (DET) {
+		/* release the previous step's part (its reductions were issued a whole step ago: the
+		 * fence finds them performed): step k - 1 of this query head, or the last step of the
+		 * one before; then wait until the adds that come before this one's are done */
+		const int w = (int)threadIdx.x >> 5;
+		if (k > 0)
+			release_turn(p.turn + (bh * p.nq + step_qblock<DET>(p, n, iq0, k - 1)) * FA_NW + w);
+		else if (hh > 0)
+			release_turn(p.turn + ((bh - 1) * p.nq + step_qblock<DET>(p, n, iq0, p.nq - iq0 - 1)) *
+			                          FA_NW + w);
+		int *mine = p.turn + (bh * p.nq + iq) * FA_NW + w;
+		const int want = det_turn(p, iq);
+		if (lane == 0)
+			while (fa_ld_acquire(mine) != want)
+				__nanosleep(32);
+		__syncwarp();
 	}
+#pragma unroll
+	for (int mt = 0; mt < MT_Q; mt++)
+#pragma unroll
+		for (int nt = 0; nt < NT_Q; nt++)
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++) {
+				const int il = mq0 + mt * 16 + g + hf * 8;
+				if (q0 + il < p.Sq)
+					red_add2(acc + il * DP + nq0 + nt * 8 + 2 * t, dq[mt][nt][2 * hf],
+					         dq[mt][nt][2 * hf + 1]);
+			}
 }
 
 /* ---------------------------------------------------------------------------------------------
  * The main pass. */
 extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_params p)
 {
+	constexpr bool DET = FA_DET;
 	extern __shared__ __align__(16) unsigned char smem_raw[];
 	in_t *sK = (in_t *)smem_raw;
 	in_t *sV = sK + SM_KV;
@@ -528,15 +734,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 
 	const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
 	const int g = lane >> 2, t = lane & 3;
-	/* The deterministic mode launches the grid as (kv head, batch, key block): the key block
-	 * slowest, so the blocks that run at once are of different (batch, kv head) and a block's
-	 * turn at a query block comes after the block before it (dispatched a wave earlier) has
-	 * passed it; with the key block fastest, the blocks of one head ran together and advanced in
-	 * a wavefront, one step behind each other. (Selects of the block index, not values kept
-	 * live: the compiler re-reads them where it needs them.) */
-	const int n = p.det ? (int)blockIdx.z : (int)blockIdx.x;
-	const int hk = p.det ? (int)blockIdx.x : (int)blockIdx.y;
-	const int b = p.det ? (int)blockIdx.y : (int)blockIdx.z;
+	/* The atomic mode's grid is (key block, kv head, batch), the key block fastest: the blocks
+	 * that run at once share Q, dO and the dQ rows in L2. The deterministic one runs groups of
+	 * consecutive key blocks (det_member), each member starting its query blocks further on
+	 * (det_rot), so that the members add to different rows at any time while still sharing
+	 * them in L2. (Selects of the block index, not values kept live: the compiler re-reads them
+	 * where it needs them.) */
+	const int n = DET ? ((int)blockIdx.z << p.dgrp_lg) + det_member(p) : (int)blockIdx.x;
+	const int hk = DET ? (int)blockIdx.x >> p.dgrp_lg : (int)blockIdx.y;
+	const int b = DET ? (int)blockIdx.y : (int)blockIdx.z;
+	if (DET && n * FA_BKV >= p.Sk) /* the last group's missing members */
+		return;
 	const int kv0 = n * FA_BKV;
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
 
@@ -569,12 +777,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	for (int hh = 0; hh < p.group; hh++) {
 		const int h = hk * p.group + hh;
 		const long long bh = (long long)b * p.Hq + h;
-		for (int iq = iq0; iq < p.nq; iq++) {
-			load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, iq, hh, 1);
+		for (int i = iq0; i < p.nq; i++) {
+			const int k = i - iq0, iq = step_qblock<DET>(p, n, iq0, k); /* atomic: iq = i */
+			load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, iq, hh);
 			cp_async_wait<0>();
 			__syncthreads();
-			bwd_step(p, sK, sV, sQ0, sdO0, sP, sdS, sL0, sDl0, dk, dv, kv0, off, n, iq, bh, ms0,
-			         ns0, nkv0, mq0, nq0);
+			bwd_step<DET>(p, sK, sV, sQ0, sdO0, sP, sdS, sL0, sDl0, dk, dv, kv0, off, n, iq, bh, ms0,
+			         ns0, nkv0, mq0, nq0, iq0, k, hh);
 			__syncthreads(); /* Q, dO, P, dS, lse2, delta are free for the next step */
 		}
 	}
@@ -583,25 +792,31 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	 * next step's Q and dO are loaded into the other buffers while this one computes. */
 	const int nsteps = p.nq - iq0, total = nsteps * p.group;
 	if (total > 0)
-		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, iq0, 0, nsteps);
+		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, step_qblock<DET>(p, n, iq0, 0), 0);
 	for (int it = 0; it < total; it++) {
-		const int hh = it / nsteps, iq = iq0 + (it - hh * nsteps);
+		const int hh = it / nsteps, k = it - hh * nsteps;
+		const int iq = step_qblock<DET>(p, n, iq0, k);
 		const long long bh = (long long)b * p.Hq + hk * p.group + hh;
 		const int buf = it & 1;
 		/* the next step into the other buffers (freed by the previous step's last barrier) */
 		if (it + 1 < total)
 			load_step(p, sQ0 + (buf ^ 1) * SM_Q, sdO0 + (buf ^ 1) * SM_Q, sL0 + (buf ^ 1) * FA_BQ,
-			          sDl0 + (buf ^ 1) * FA_BQ, b, hk, iq0, it + 1, nsteps);
+			          sDl0 + (buf ^ 1) * FA_BQ, b, hk,
+			          step_qblock<DET>(p, n, iq0, (it + 1) % nsteps), (it + 1) / nsteps);
 		else
 			cp_async_commit();
 		cp_async_wait<1>();
 		__syncthreads();
-		bwd_step(p, sK, sV, sQ0 + buf * SM_Q, sdO0 + buf * SM_Q, sP, sdS, sL0 + buf * FA_BQ,
-		         sDl0 + buf * FA_BQ, dk, dv, kv0, off, n, iq, bh, ms0, ns0, nkv0, mq0, nq0);
+		bwd_step<DET>(p, sK, sV, sQ0 + buf * SM_Q, sdO0 + buf * SM_Q, sP, sdS, sL0 + buf * FA_BQ,
+		         sDl0 + buf * FA_BQ, dk, dv, kv0, off, n, iq, bh, ms0, ns0, nkv0, mq0, nq0, iq0, k,
+		         hh);
 		__syncthreads(); /* Q, dO, P, dS, lse2, delta are free for the step after next */
 	}
 #endif
 	cp_async_wait<0>(); /* K and V landed even when no step ran */
+	if (DET && iq0 < p.nq) /* the last step's part: the group's last query head */
+		release_turn(p.turn + (((long long)b * p.Hq + hk * p.group + p.group - 1) * p.nq +
+		                       step_qblock<DET>(p, n, iq0, p.nq - iq0 - 1)) * FA_NW + warp);
 
 	/* dK = scale dS^T Q, dV, in their dtype; keys past Sk are not written */
 	gin_t *dKg = (gin_t *)p.dk + b * p.dks[0] + hk * p.dks[2];

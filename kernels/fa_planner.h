@@ -182,7 +182,8 @@ fa_status fa_plan_decode(const struct fa_device_model *dev, const struct fa_attn
 size_t fa_decode_smem(const struct fa_tile *t, int D);
 /* ---- the backward (planner_bwd.c) ------------------------------------------------------------
  * A backward tile: path FA_KPATH_BWD16 or FA_KPATH_BWD32, nw warps, bc keys owned by a block
- * (K, V, dK, dV resident), br query rows per step (Q, dO, P^T, dS^T staged), rt = 1, stages = 1.
+ * (K, V, dK, dV resident), br query rows per step (Q, dO, P^T, dS^T staged), rt = 1 (2 in a
+ * kernel spec: the deterministic dQ's kernel, set by gpu_bwd.c), stages = 1 or 2.
  * fa_plan_req describes the problem as for the forward (H = query heads; Sq, Sk may be 0). */
 
 /* The backward's data path for (dtype, precision): fp32 staged as bf16 runs the 16-bit one. */

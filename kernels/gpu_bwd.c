@@ -5,7 +5,7 @@
  * pool keeps it, gpu_cuda.c sets its release threshold to the maximum, so repeated calls reuse
  * the same memory without a synchronisation and calls on different streams never share it):
  * lse2 and delta (fp32 [B*Hq][sqp]), the fp32 dQ accumulator ([B*Hq][sqp][padded D]) and the
- * deterministic mode's turn counters ([B*Hq][sqp / BQ] ints), sqp = Sq rounded up to the
+ * deterministic mode's turn counters ([B*Hq][sqp / BQ][warps] ints), sqp = Sq rounded up to the
  * tile's query rows.
  */
 #include "fa_gpu_bwd.h"
@@ -19,6 +19,14 @@
 #include <stdio.h>
 #include <string.h>
 
+/* log2 of the consecutive key blocks the deterministic mode runs as one group (attn_bwd.cu).
+ * 0 (groups of one): the protocol measured on the H200 (kernels/PERF-NOTES.md, backward: +41%
+ * bf16, +7% fp32 against the atomic mode). 3 (groups of 8, each member rotated) is built and
+ * checked by simulation (order, no deadlock with the group resident), predicted to cut the
+ * bf16 cost to about +10-15% by sharing Q, dO and the dQ rows in L2, and not yet run on a GPU:
+ * the next device session measures it before it becomes the default. */
+#define FA_BWD_DET_GROUP_LG 0
+
 /* attn_bwd.cu's fa_bwd_params, fa_bwd_pre_params, fa_bwd_dq_params (same order, same types). */
 struct bwd_params {
 	uint64_t q, k, v, dout, dk, dv, dqacc, lse2, delta, turn;
@@ -26,7 +34,8 @@ struct bwd_params {
 	int B, Sq, Sk, Hq, Hkv, group;
 	int sqp, nq;
 	float sl, scale;
-	int det, pad_;
+	int dgrp_lg;
+	float scale_lo;
 };
 _Static_assert(offsetof(struct bwd_params, B) == 224 && sizeof(struct bwd_params) == 272,
                "backward parameter block layout");
@@ -121,6 +130,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 			return st;
 	}
 	struct fa_kernel_spec spec;
+	const bool det = (flags & FA_GPU_BWD_DETERMINISTIC) != 0;
+	t.rt = det ? 2 : 1; /* the deterministic dQ is its own specialisation (attn_bwd.cu, FA_DET) */
 	fa_kernel_spec_make(&spec, fa_gpu_sm(g), f->dtype, f->precision, (int)f->D, f->mask, &t);
 	if (spec.tile.smem > fa_gpu_smem_optin(g)) {
 		char tb[48];
@@ -136,16 +147,28 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		return st;
 
 	const int bq = spec.tile.br, bkv = spec.tile.bc;
-	if ((flags & FA_GPU_BWD_DETERMINISTIC) && (f->Sk + bkv - 1) / bkv > 65535)
+	/* deterministic: groups of FA_BWD_DET_GROUP consecutive key blocks run together
+	 * (attn_bwd.cu, det_member); a group's members wait on each other, so a group may not be
+	 * larger than the blocks that can be resident at once (else groups of one) */
+	int dgrp_lg = FA_BWD_DET_GROUP_LG;
+	{
+		const struct fa_device_model *m = fa_gpu_model(g);
+		const int bps = spec.tile.blocks_per_sm > 0 ? spec.tile.blocks_per_sm : 1;
+		if ((int64_t)m->sm_count * bps < (1 << dgrp_lg))
+			dgrp_lg = 0;
+	}
+	const int64_t nkv64 = (f->Sk + bkv - 1) / bkv;
+	const int64_t ngroups = (nkv64 + (1 << dgrp_lg) - 1) >> dgrp_lg;
+	if ((flags & FA_GPU_BWD_DETERMINISTIC) && ngroups > 65535)
 		return fa_err(err, errlen, FA_ESHAPE,
-		              "deterministic backward: Sk=%lld makes %lld key blocks of %d, the grid's "
-		              "third dimension takes 65535", (long long)f->Sk,
-		              (long long)((f->Sk + bkv - 1) / bkv), bkv);
+		              "deterministic backward: Sk=%lld makes %lld groups of %d key blocks of %d, "
+		              "the grid's third dimension takes 65535", (long long)f->Sk,
+		              (long long)ngroups, 1 << dgrp_lg, bkv);
 	const int64_t dp = fa_bwd_padded_d(spec.tile.path, (int)f->D);
 	const int64_t nq = (f->Sq + bq - 1) / bq, sqp = nq * bq;
 	const int64_t rows = f->B * f->Hq * sqp;
 	const size_t b_row = (size_t)rows * 4, b_acc = (size_t)(rows * dp) * 4;
-	const size_t b_turn = (size_t)(f->B * f->Hq * nq) * 4;
+	const size_t b_turn = (size_t)(f->B * f->Hq * nq * spec.tile.nw) * 4; /* one per warp */
 	const size_t a_row = (b_row + 255) / 256 * 256, a_acc = (b_acc + 255) / 256 * 256;
 	const size_t total = 2 * a_row + a_acc + (b_turn + 255) / 256 * 256;
 	CUdeviceptr scratch = 0;
@@ -213,12 +236,15 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		mp.nq = (int)nq;
 		mp.sl = (float)(f->scale * 1.4426950408889634);
 		mp.scale = (float)f->scale;
-		mp.det = (flags & FA_GPU_BWD_DETERMINISTIC) ? 1 : 0;
+		mp.scale_lo = (float)(f->scale - (double)mp.scale);
+		mp.dgrp_lg = dgrp_lg;
 		void *a2[] = {&mp};
-		/* deterministic: (kv head, batch, key block), the key block slowest (attn_bwd.cu) */
-		const unsigned nkv = (unsigned)((f->Sk + bkv - 1) / bkv);
+		/* atomic: (key block, kv head, batch); deterministic: (group member + kv head x group
+		 * size, batch, group), the members fastest (those past the last key block return) */
+		const unsigned nkv = (unsigned)nkv64;
 		const unsigned hkv = (unsigned)f->Hkv, nb = (unsigned)f->B;
-		r = fa_cu->LaunchKernel(fn.main, mp.det ? hkv : nkv, mp.det ? nb : hkv, mp.det ? nkv : nb,
+		r = fa_cu->LaunchKernel(fn.main, det ? hkv << dgrp_lg : nkv,
+		                        det ? nb : hkv, det ? (unsigned)ngroups : nb,
 		                        (unsigned)(32 * spec.tile.nw), 1, 1, (unsigned)spec.tile.smem,
 		                        (fa_cu_stream)s, a2, NULL);
 		what = "launching fa_bwd_main";

@@ -156,7 +156,7 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 		/* attn_bwd.cu: in = the tensor cores' type, qin = the global type of every tensor */
 		s->qin = dt;
 		s->tile.path = s->in == FA_DTYPE_FP32 ? FA_KPATH_BWD32 : FA_KPATH_BWD16;
-		s->tile.rt = 1;
+		s->tile.rt = tile->rt == 2 ? 2 : 1; /* 2: the deterministic dQ's kernel (FA_DET) */
 		s->tile.stages = tile->stages == 2 ? 2 : 1;
 		s->tile.smem = fa_bwd_tile_smem(&s->tile, D);
 		return;
@@ -204,11 +204,11 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 	/* Q read as fp32 by a 16-bit kernel: "bf16+q32" */
 	bool q32 = s->qin == FA_DTYPE_FP32 && s->in != FA_DTYPE_FP32;
 	if (fa_kpath_is_bwd(s->tile.path)) { /* "sm90 bwd fp32 3xtf32 d128 causal-br kv64 q32 w8" */
-		snprintf(buf, len, "sm%d bwd %s%s%s%s d%d %s %s", s->sm, short_dt(s->qin),
+		snprintf(buf, len, "sm%d bwd %s%s%s%s d%d %s %s%s", s->sm, short_dt(s->qin),
 		         s->in != s->qin ? " staged-bf16" : "", s->in == FA_DTYPE_FP32 ? " " : "",
 		         s->in == FA_DTYPE_FP32 ? fa_prec_name(s->precision) : "", s->D,
 		         s->mask == FA_MASK_NONE ? "nomask" : s->mask == FA_MASK_CAUSAL_TOP_LEFT ? "causal-tl" : "causal-br",
-		         tb + 4);
+		         tb + 4, s->tile.rt == 2 ? " det" : "");
 		name_ext(s, buf, len);
 		return;
 	}
@@ -294,6 +294,8 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
+		if (s->tile.rt == 2)
+			snprintf(o->v[k++], sizeof o->v[0], "-DFA_DET=1");
 		goto ext;
 	}
 	if (fa_kpath_is_decode(s->tile.path)) { /* attn_decode.cu's macros */

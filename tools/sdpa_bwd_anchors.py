@@ -4,6 +4,9 @@
 # Frobenius error of dQ, dK, dV; the float64 gradients by autograd through the math backend), so
 # that tests/gpu/test_attn_bwd_gpu.c's errors can be put against them (kernels/RESULTS.md).
 # Run by tools/gpu-run-bwd.sh in the same device call as bench_attn_bwd.
+# FA_ERR_DUMP=dir: also writes each error case's inputs and float64 gradients there (cases.txt,
+# name.{q,k,v,g}.f32, name.{dq,dk,dv}.f64), so that bench_attn_bwd (FA_BENCH_ERR_DIR) measures
+# our error on the very same inputs; FA_ANCHORS_ERR_ONLY=1 skips the timings.
 import json, os, sys
 import torch
 import torch.nn.functional as F
@@ -52,6 +55,16 @@ def error(dt, d, s, causal, bk, b=2, heads=4):
     with sdpa_kernel(BK["math"]):
         o = F.scaled_dot_product_attention(qr, kr, vr, is_causal=causal)
         o.backward(g.to(torch.float64))
+    dump = os.environ.get("FA_ERR_DUMP")
+    name = "%s_d%d_s%d_%s" % (dt, d, s, "causal" if causal else "full")
+    if dump and bk == "efficient":
+        os.makedirs(dump, exist_ok=True)
+        for x, ext in ((q, "q.f32"), (k, "k.f32"), (v, "v.f32"), (g, "g.f32")):
+            x.float().cpu().numpy().tofile(os.path.join(dump, name + "." + ext))
+        for x, ext in ((qr, "dq.f64"), (kr, "dk.f64"), (vr, "dv.f64")):
+            x.grad.cpu().numpy().tofile(os.path.join(dump, name + "." + ext))
+        with open(os.path.join(dump, "cases.txt"), "a") as f:
+            f.write("%s %s %d %d %d %d %d\n" % (name, dt, d, s, int(causal), b, heads))
     try:
         q1, k1, v1 = (x.clone().requires_grad_() for x in (q, k, v))
         with sdpa_kernel(BK[bk]):
@@ -65,9 +78,10 @@ def error(dt, d, s, causal, bk, b=2, heads=4):
     print(json.dumps(r), flush=True)
 
 
-for dt, d, causal in [("bf16", 128, False), ("bf16", 128, True), ("bf16", 64, False),
-                      ("bf16", 256, False), ("fp16", 128, False), ("fp32", 128, False),
-                      ("fp32", 256, False)]:
+for dt, d, causal in ([] if os.environ.get("FA_ANCHORS_ERR_ONLY") == "1" else
+                      [("bf16", 128, False), ("bf16", 128, True), ("bf16", 64, False),
+                       ("bf16", 256, False), ("fp16", 128, False), ("fp32", 128, False),
+                       ("fp32", 256, False)]):
     for bk in ["flash", "cudnn", "efficient"]:
         if dt == "fp32" and bk != "efficient":
             continue
@@ -80,3 +94,7 @@ for dt in ([] if os.environ.get("FA_ANCHORS_SPEED_ONLY") == "1" else ["fp16", "b
                 continue
             error(dt, d, 1000, True, bk)
             error(dt, d, 1000, False, bk)
+# fp32 at the length where the GPU test's worst fp32 case was (S=4096 D=128 causal)
+if os.environ.get("FA_ANCHORS_SPEED_ONLY") != "1":
+    error("fp32", 128, 4096, True, "efficient", b=1, heads=4)
+    error("fp32", 128, 4096, False, "efficient", b=1, heads=4)

@@ -9,6 +9,13 @@
  *   FA_BENCH_SWEEP=1   also time the backward's first FA_BENCH_SWEEP_N (6) planner candidates of
  *                      the headline shapes (tuning data for planner_bwd.c)
  *   FA_BENCH_TSV=path  append one tab-separated line per measurement
+ *   FA_BENCH_SHAPES=0,5  time only these rows of the shape table (indices)
+ *   FA_BENCH_ERR_DIR=dir  first, the error against float64 on the inputs tools/sdpa_bwd_anchors.py
+ *                      wrote there (FA_ERR_DUMP): dir/cases.txt lists "name dtype D S causal B H",
+ *                      dir/name.{q,k,v,g}.f32 the inputs (BHSD, fp32 values of the dtype),
+ *                      dir/name.{dq,dk,dv}.f64 the float64 gradients; one "err" line per case
+ *                      and precision, beside the anchors' SDPA errors on the same inputs;
+ *                      FA_BENCH_ERR_ONLY=substring keeps the cases whose name contains it
  */
 #include <math.h>
 #include <stdint.h>
@@ -207,6 +214,164 @@ out:
 		fa_gpu_free(g, b[i]);
 }
 
+static void *read_file(const char *dir, const char *name, const char *ext, size_t bytes)
+{
+	char path[1024];
+	snprintf(path, sizeof path, "%s/%s.%s", dir, name, ext);
+	FILE *f = fopen(path, "rb");
+	void *b = malloc(bytes);
+	if (!f || !b || fread(b, 1, bytes, f) != bytes) {
+		printf("err %s: cannot read %zu bytes of %s\n", name, bytes, path);
+		if (f)
+			fclose(f);
+		free(b);
+		return NULL;
+	}
+	fclose(f);
+	return b;
+}
+
+/* One dumped case at one precision: our forward + backward, the relative Frobenius error of
+ * dQ, dK, dV against the float64 gradients (all elements). */
+static void err_case(const char *dir, const char *name, fa_dtype dt, fa_precision prec,
+                     fa_precision fwd_prec, int D, int S, int causal, int B, int H)
+{
+	struct fa_attn_bwd_desc d;
+	memset(&d, 0, sizeof d);
+	struct fa_attn_fwd_desc *f = &d.fwd;
+	f->dtype = dt;
+	f->precision = prec;
+	f->mask = causal ? FA_MASK_CAUSAL_TOP_LEFT : FA_MASK_NONE;
+	f->scale = 1.0 / sqrt((double)D);
+	f->B = B;
+	f->Sq = f->Sk = S;
+	f->Hq = f->Hkv = H;
+	f->D = D;
+	int64_t st[3] = {(int64_t)H * S * D, D, (int64_t)S * D};
+	memcpy(f->q_stride, st, sizeof st);
+	memcpy(f->k_stride, st, sizeof st);
+	memcpy(f->v_stride, st, sizeof st);
+	memcpy(f->o_stride, st, sizeof st);
+	memcpy(d.do_stride, st, sizeof st);
+	memcpy(d.dq_stride, st, sizeof st);
+	memcpy(d.dk_stride, st, sizeof st);
+	memcpy(d.dv_stride, st, sizeof st);
+	f->lse_stride[0] = (int64_t)H * S;
+	f->lse_stride[1] = S;
+	f->lse_stride[2] = 1;
+	const size_t n = (size_t)B * H * S * D, es = fa_dtype_size(dt);
+	float *in[4] = {0};
+	double *ref[3] = {0};
+	void *host = malloc(n * 8);
+	static const char *ie[4] = {"q.f32", "k.f32", "v.f32", "g.f32"};
+	static const char *re[3] = {"dq.f64", "dk.f64", "dv.f64"};
+	CUdeviceptr b[9] = {0};
+	char err[2048];
+	for (int i = 0; i < 4; i++)
+		if (!(in[i] = read_file(dir, name, ie[i], n * 4)))
+			goto out;
+	for (int i = 0; i < 3; i++)
+		if (!(ref[i] = read_file(dir, name, re[i], n * 8)))
+			goto out;
+	for (int i = 0; i < 9; i++)
+		if (fa_gpu_alloc(g, i == 5 ? (size_t)B * H * S * 4 : n * es, &b[i], err, sizeof err)) {
+			printf("err %s: %s\n", name, err);
+			goto out;
+		}
+	static const int slot[4] = {0, 1, 2, 4}; /* q, k, v, dO */
+	for (int i = 0; i < 4; i++) {
+		for (size_t e = 0; e < n; e++)
+			fa_store_elem(host, dt, (int64_t)e, in[i][e]);
+		if (fa_gpu_upload(g, b[slot[i]], host, n * es, err, sizeof err))
+			goto fail;
+	}
+	struct fa_gpu_bwd_ptrs p = {b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8]};
+	struct fa_attn_fwd_desc ff = *f; /* the forward's own precision (fwd_prec) */
+	ff.precision = fwd_prec;
+	if (fa_gpu_attn_fwd(g, &ff, p.q, p.k, p.v, p.o, p.lse, NULL, err, sizeof err) ||
+	    fa_gpu_attn_bwd(g, &d, &p, 0, NULL, err, sizeof err) || fa_gpu_sync(g, err, sizeof err))
+		goto fail;
+	double rel[3];
+	for (int w = 0; w < 3; w++) {
+		if (fa_gpu_download(g, host, b[6 + w], n * es, err, sizeof err))
+			goto fail;
+		double num = 0, den = 0;
+		for (size_t e = 0; e < n; e++) {
+			double x = fa_load_elem(host, dt, (int64_t)e) - ref[w][e];
+			num += x * x;
+			den += ref[w][e] * ref[w][e];
+		}
+		rel[w] = den > 0 ? sqrt(num / den) : 0;
+	}
+	char pn[40];
+	const bool f32 = dt == FA_DTYPE_FP32, other = fwd_prec != prec;
+	snprintf(pn, sizeof pn, "%s%s%s", f32 ? fa_prec_name(fa_prec_resolve(dt, prec)) : "-",
+	         other ? "/fwd-" : "", other ? fa_prec_name(fa_prec_resolve(dt, fwd_prec)) : "");
+	printf("err %-22s %-16s ours  dQ %.3g dK %.3g dV %.3g\n", name, pn, rel[0], rel[1], rel[2]);
+	if (tsv)
+		fprintf(tsv, "err\t%s\t%s\t%.4g\t%.4g\t%.4g\n", name, pn, rel[0], rel[1], rel[2]);
+	goto out;
+fail:
+	printf("err %s: %s\n", name, err);
+out:
+	fflush(stdout);
+	for (int i = 0; i < 9; i++)
+		fa_gpu_free(g, b[i]);
+	for (int i = 0; i < 4; i++)
+		free(in[i]);
+	for (int i = 0; i < 3; i++)
+		free(ref[i]);
+	free(host);
+}
+
+static void err_cases(const char *dir)
+{
+	char path[1024], line[256];
+	snprintf(path, sizeof path, "%s/cases.txt", dir);
+	FILE *f = fopen(path, "r");
+	if (!f) {
+		printf("err: no %s\n", path);
+		return;
+	}
+	while (fgets(line, sizeof line, f)) {
+		char name[128], dts[16];
+		int D, S, causal, B, H;
+		if (sscanf(line, "%127s %15s %d %d %d %d %d", name, dts, &D, &S, &causal, &B, &H) != 7)
+			continue;
+		const char *only = getenv("FA_BENCH_ERR_ONLY");
+		if (only && *only && !strstr(name, only))
+			continue;
+		if (strcmp(dts, "fp32") == 0) {
+			err_case(dir, name, FA_DTYPE_FP32, FA_PREC_IEEE, FA_PREC_IEEE, D, S, causal, B, H);
+			err_case(dir, name, FA_DTYPE_FP32, FA_PREC_3XTF32, FA_PREC_3XTF32, D, S, causal, B,
+			         H);
+			/* the backward's own share: the same backward after an ieee forward */
+			err_case(dir, name, FA_DTYPE_FP32, FA_PREC_3XTF32, FA_PREC_IEEE, D, S, causal, B, H);
+		} else {
+			err_case(dir, name, strcmp(dts, "bf16") == 0 ? FA_DTYPE_BF16 : FA_DTYPE_FP16,
+			         FA_PREC_DEFAULT, FA_PREC_DEFAULT, D, S, causal, B, H);
+		}
+	}
+	fclose(f);
+}
+
+static bool shape_wanted(size_t i)
+{
+	const char *e = getenv("FA_BENCH_SHAPES");
+	if (!e || !*e)
+		return true;
+	for (const char *c = e; *c;) {
+		char *end;
+		long v = strtol(c, &end, 10);
+		if (end == c)
+			break;
+		if ((size_t)v == i)
+			return true;
+		c = *end == ',' ? end + 1 : end;
+	}
+	return false;
+}
+
 int main(void)
 {
 	char err[512];
@@ -222,6 +387,9 @@ int main(void)
 	printf("GPU: %s, sm_%d; B*S = 32768, H = 16, BHSD; TFLOP/s with the backward as 2.5x the "
 	       "forward\n", fa_gpu_name(g), fa_gpu_sm(g));
 	const bool sweep = getenv("FA_BENCH_SWEEP") != NULL;
+	const char *ed = getenv("FA_BENCH_ERR_DIR");
+	if (ed && *ed)
+		err_cases(ed);
 	static const struct shape shapes[] = {
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 4096, 0, 0},
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 4096, 1, 0},
@@ -236,8 +404,9 @@ int main(void)
 		{FA_DTYPE_FP32, FA_PREC_3XTF32, 256, 4096, 0, 1},
 	};
 	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-		run_shape(&shapes[i], sweep && !shapes[i].fwd_only &&
-		                          (i < 4 || shapes[i].dt == FA_DTYPE_FP32));
+		if (shape_wanted(i))
+			run_shape(&shapes[i], sweep && !shapes[i].fwd_only &&
+			                          (i < 4 || shapes[i].dt == FA_DTYPE_FP32));
 	if (tsv)
 		fclose(tsv);
 	fa_gpu_close(g);

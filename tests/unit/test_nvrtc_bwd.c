@@ -1,5 +1,6 @@
 /* test_nvrtc_bwd.c - the backward specialisations the planner picks (kernels/planner_bwd.c)
- * compile with NVRTC for sm_80, sm_86, sm_89, sm_90, sm_100 and sm_120, and what ptxas reports
+ * compile with NVRTC for sm_80, sm_86, sm_89, sm_90, sm_100 and sm_120 (a few also as the
+ * deterministic dQ's specialisation), and what ptxas reports
  * (registers against the planner's estimate, spills, stack). No GPU needed; skipped (with the
  * reason) when NVRTC cannot be loaded.
  *
@@ -54,7 +55,11 @@ static void *worker(void *arg)
 
 static struct fa_kernel_settings plan_ks = FA_KERNEL_SETTINGS_INIT;
 
-static void add_jobs(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m, int top)
+/* det: also the deterministic dQ's specialisation of the first tile (gpu_bwd.c asks for it with
+ * rt = 2): it must compile; its spills are shown, not failed (only the deterministic mode runs
+ * it, and its counters' state lies beside the 16-bit tiles' 255 registers). */
+static void add_jobs_det(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
+                         int top, bool det)
 {
 	const struct fa_device_model *dev = fa_device_model_find(arch);
 	struct fa_plan_req r;
@@ -75,7 +80,20 @@ static void add_jobs(const char *arch, fa_dtype dt, fa_precision p, int D, fa_ma
 		fa_kernel_spec_make(&j->spec, dev->sm, dt, p, D, m, &t[i]);
 		j->regs_est = t[i].regs;
 		j->heavy = fa_bwd_tile_regs(&t[i], D, fa_prec_resolve(dt, p)) >= 240;
+		if (det && i == 0) {
+			struct job *k = &jobs[njobs++];
+			*k = *j;
+			struct fa_tile td = t[i];
+			td.rt = 2;
+			fa_kernel_spec_make(&k->spec, dev->sm, dt, p, D, m, &td);
+			k->heavy = true;
+		}
 	}
+}
+
+static void add_jobs(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m, int top)
+{
+	add_jobs_det(arch, dt, p, D, m, top, false);
 }
 
 static int setup(void **state)
@@ -134,10 +152,12 @@ static void test_nvrtc_compiles_the_planned_backward_specialisations(void **stat
 		}
 		/* the issue's cases: fp32 head dim 256 on the H200, fp32 head dim 128 causal on
 		 * 99 KiB cards, and the headline 16-bit shapes' first three tiles */
-		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 256, FA_MASK_NONE, 2);
+		add_jobs_det("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 256, FA_MASK_NONE, 2, true);
 		add_jobs("sm_86", FA_DTYPE_FP32, FA_PREC_3XTF32, 128, FA_MASK_CAUSAL_TOP_LEFT, 1);
 		add_jobs("sm_89", FA_DTYPE_FP32, FA_PREC_TF32, 128, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1);
-		add_jobs("sm_90", FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, FA_MASK_NONE, 3);
+		add_jobs_det("sm_90", FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, FA_MASK_NONE, 3, true);
+		add_jobs_det("sm_86", FA_DTYPE_FP16, FA_PREC_DEFAULT, 64, FA_MASK_CAUSAL_TOP_LEFT, 1,
+		             true);
 		add_jobs("sm_90", FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, FA_MASK_NONE, 2);
 	}
 	int nthreads = 2;
