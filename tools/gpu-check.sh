@@ -42,6 +42,8 @@ bg window-gpu "$T" build/tests/gpu/test_attn_window_gpu
 bg bwd-gpu "$T" build/tests/gpu/test_attn_bwd_gpu
 bg gpu-serving "$T" build/tests/integ/test_gpu_serving
 bg gpu-async "$T" build/tests/integ/test_gpu_async
+# the same over the socket alone (FA_RING=0): tells a ring fault from an asynchronous-mode one
+bg gpu-async-socket "$T" env FA_RING=0 build/tests/integ/test_gpu_async
 bg gpu-infer "$T" build/tests/integ/test_gpu_infer
 bg torch "$T" python3 python/tests/gpu_torch_check.py
 wait
