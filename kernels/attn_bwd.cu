@@ -16,6 +16,15 @@
  *              2 causal top-left (j <= i)
  *   FA_STAGES  1: Q, dO of the next step loaded after this one; 2: into a second buffer while
  *              this one computes
+ *   FA_WIN     1: a sliding window, the mask folded into it by the host as in attn_fwd.cu: key
+ *              j is visible to query i iff win_lo <= j - i <= win_hi (FA_MASK is then not
+ *              read); a key block walks only the query blocks whose rows its keys' window
+ *              reaches, masks element-wise only on the steps an edge crosses, and, in the
+ *              deterministic mode, takes its turn by its rank among the key blocks that see
+ *              the query block (those are a range, not a prefix). 0 (default): unchanged
+ *   FA_SOFTCAP 1: logit softcapping as the forward's: P = exp2(cap log2e tanh(s scale / cap) -
+ *              lse2), dS = P (dP - delta) (1 - tanh^2), the cap's derivative (dK and dQ keep
+ *              their factor scale). 0 (default): unchanged
  *
  * Three kernels, one module:
  *   fa_bwd_pre   per query row (warp per row): delta = rowsum(dO * O) in fp32, lse2 = lse *
@@ -70,6 +79,12 @@
 #endif
 #ifndef FA_MASK
 #define FA_MASK 0
+#endif
+#ifndef FA_WIN
+#define FA_WIN 0
+#endif
+#ifndef FA_SOFTCAP
+#define FA_SOFTCAP 0
 #endif
 
 #if FA_GIN != FA_IN && !(FA_GIN == 3 && FA_IN == 2)
@@ -138,6 +153,10 @@ struct fa_bwd_params {
 	float scale;
 	int det;
 	int pad_;
+	/* FA_WIN: key j visible to query i iff win_lo <= j - i <= win_hi (clamped by the host to
+	 * [-Sq - 1, Sk + 1]); FA_SOFTCAP: scale / cap (signed) and cap log2(e). Unused otherwise. */
+	int win_lo, win_hi;
+	float scale_cap, cap_log2;
 };
 
 struct fa_bwd_pre_params {
@@ -406,6 +425,18 @@ __device__ __forceinline__ void load_step(const fa_bwd_params &p, in_t *sQ, in_t
 	}
 }
 
+#if FA_SOFTCAP
+/* tanhf where the tolerance is fp32's (ieee, 3xtf32), the MUFU form elsewhere (attn_fwd.cu's) */
+#define CAP_ACCURATE (FA_IN == 3 && FA_PREC != 3)
+#endif
+#if FA_WIN
+/* floor(a / b), b > 0, for either sign of a */
+__device__ __forceinline__ int floor_div(int a, int b)
+{
+	return a >= 0 ? a / b : -((b - 1 - a) / b);
+}
+#endif
+
 /* One step: S^T, dP^T, P^T and dS^T to shared memory, dV and dK accumulated, the step's dQ
  * added (reduction, or in key-block order in the deterministic mode). sQ, sdO, sL, sDl: this
  * step's buffers. */
@@ -426,9 +457,15 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 	wgemm<MT_S, NT_S, DP / KK, false, false, LDS, LDS>(s, sK, sQ, ms0, ns0);
 	wgemm<MT_S, NT_S, DP / KK, false, false, LDS, LDS>(dpv, sV, sdO, ms0, ns0);
 
-	/* P^T and dS^T; the key tail and the causal edge masked where the tile has them */
+	/* P^T and dS^T; the key tail and the causal edge (FA_WIN: the window's edges) masked where
+	 * the tile has them */
+#if FA_WIN
+	const bool need_mask = kv0 + FA_BKV > p.Sk || kv0 - (q0 + FA_BQ - 1) < p.win_lo ||
+	                       kv0 + FA_BKV - 1 - q0 > p.win_hi;
+#else
 	const bool need_mask =
 	    kv0 + FA_BKV > p.Sk || (FA_MASK && kv0 + FA_BKV - 1 > q0 + off);
+#endif
 #pragma unroll
 	for (int mt = 0; mt < MT_S; mt++)
 #pragma unroll
@@ -437,14 +474,28 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 			for (int e = 0; e < 4; e++) {
 				const int jl = ms0 + mt * 16 + g + (e >> 1) * 8;
 				const int il = ns0 + nt * 8 + 2 * t + (e & 1);
+#if FA_SOFTCAP
+				const float th = fa_softcap2<CAP_ACCURATE>(s[mt][nt][e], p.scale_cap, 1.f);
+				float pv = fast_exp2(fmaf(th, p.cap_log2, -sL[il]));
+#else
 				float pv = fast_exp2(fmaf(s[mt][nt][e], p.sl, -sL[il]));
+#endif
 				if (need_mask) {
 					const int j = kv0 + jl;
+#if FA_WIN
+					if (!fa_win_sees(q0 + il, j, p.Sk, p.win_lo, p.win_hi))
+						pv = 0.f;
+#else
 					if (!(j < p.Sk && (!FA_MASK || j <= q0 + il + off)))
 						pv = 0.f;
+#endif
 				}
 				s[mt][nt][e] = pv;
+#if FA_SOFTCAP
+				dpv[mt][nt][e] = pv * (dpv[mt][nt][e] - sDl[il]) * fmaf(-th, th, 1.f);
+#else
 				dpv[mt][nt][e] = pv * (dpv[mt][nt][e] - sDl[il]);
+#endif
 			}
 #pragma unroll
 			for (int hf = 0; hf < 2; hf++) {
@@ -540,12 +591,25 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	const int kv0 = n * FA_BKV;
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
 
+#if FA_WIN
+	/* the query blocks [iq0, iq1) with a row whose window reaches one of this block's keys */
+	const int kend = min(kv0 + FA_BKV, p.Sk);
+	const int iq0 = max(0, floor_div(kv0 - p.win_hi, FA_BQ));
+	const int iq1_win = max(iq0, min(p.nq, floor_div(kend - 1 - p.win_lo, FA_BQ) + 1));
+#define IQ1 iq1_win
+	/* the deterministic mode's turn at query block iq: the rank of this block among those that
+	 * see it, which start at the block of key iq BQ + win_lo */
+#define TURN(iq) (n - max(0, floor_div((iq) * FA_BQ + p.win_lo, FA_BKV)))
+#else
 	/* the first query block whose rows see key kv0 (the mask hides keys above the diagonal) */
 	int iq0 = 0;
 	if (FA_MASK) {
 		const int r = kv0 - off;
 		iq0 = r >= p.Sq ? p.nq : r > 0 ? r / FA_BQ : 0;
 	}
+#define IQ1 p.nq /* a macro, not a copy: the default's code stays as it was */
+#define TURN(iq) n
+#endif
 
 	const gin_t *Kg = (const gin_t *)p.k + b * p.ks[0] + hk * p.ks[2] + (long long)kv0 * p.ks[1];
 	const gin_t *Vg = (const gin_t *)p.v + b * p.vs[0] + hk * p.vs[2] + (long long)kv0 * p.vs[1];
@@ -569,19 +633,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	for (int hh = 0; hh < p.group; hh++) {
 		const int h = hk * p.group + hh;
 		const long long bh = (long long)b * p.Hq + h;
-		for (int iq = iq0; iq < p.nq; iq++) {
+		for (int iq = iq0; iq < IQ1; iq++) {
 			load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, iq, hh, 1);
 			cp_async_wait<0>();
 			__syncthreads();
-			bwd_step(p, sK, sV, sQ0, sdO0, sP, sdS, sL0, sDl0, dk, dv, kv0, off, n, iq, bh, ms0,
-			         ns0, nkv0, mq0, nq0);
+			bwd_step(p, sK, sV, sQ0, sdO0, sP, sdS, sL0, sDl0, dk, dv, kv0, off, TURN(iq), iq,
+			         bh, ms0, ns0, nkv0, mq0, nq0);
 			__syncthreads(); /* Q, dO, P, dS, lse2, delta are free for the next step */
 		}
 	}
 #else
 	/* The steps: every (query head of the group, query block from iq0), flattened, so that the
 	 * next step's Q and dO are loaded into the other buffers while this one computes. */
-	const int nsteps = p.nq - iq0, total = nsteps * p.group;
+	const int nsteps = IQ1 - iq0, total = nsteps * p.group;
 	if (total > 0)
 		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, iq0, 0, nsteps);
 	for (int it = 0; it < total; it++) {
@@ -597,10 +661,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		cp_async_wait<1>();
 		__syncthreads();
 		bwd_step(p, sK, sV, sQ0 + buf * SM_Q, sdO0 + buf * SM_Q, sP, sdS, sL0 + buf * FA_BQ,
-		         sDl0 + buf * FA_BQ, dk, dv, kv0, off, n, iq, bh, ms0, ns0, nkv0, mq0, nq0);
+		         sDl0 + buf * FA_BQ, dk, dv, kv0, off, TURN(iq), iq, bh, ms0, ns0, nkv0, mq0,
+		         nq0);
 		__syncthreads(); /* Q, dO, P, dS, lse2, delta are free for the step after next */
 	}
 #endif
+#undef TURN
+#undef IQ1
 	cp_async_wait<0>(); /* K and V landed even when no step ran */
 
 	/* dK = scale dS^T Q, dV, in their dtype; keys past Sk are not written */

@@ -27,8 +27,10 @@ struct bwd_params {
 	int sqp, nq;
 	float sl, scale;
 	int det, pad_;
+	int win_lo, win_hi;        /* FA_WIN: fa_gpu_window_range */
+	float scale_cap, cap_log2; /* FA_SOFTCAP: scale / softcap (signed), softcap * log2(e) */
 };
-_Static_assert(offsetof(struct bwd_params, B) == 224 && sizeof(struct bwd_params) == 272,
+_Static_assert(offsetof(struct bwd_params, B) == 224 && sizeof(struct bwd_params) == 288,
                "backward parameter block layout");
 struct bwd_pre_params {
 	uint64_t o, dout, lse, lse2, delta, dqacc, turn;
@@ -77,12 +79,6 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	fa_status st = fa_attn_bwd_check(d, err, errlen);
 	if (st != FA_OK)
 		return st;
-	/* the reference and the CPU backend take them; attn_bwd.cu does not yet: refused, never
-	 * ignored */
-	if (d->fwd.window || d->fwd.softcap != 0)
-		return fa_err(err, errlen, FA_ENOTSUP,
-		              "the sliding window and softcap are not yet in the GPU backward kernels "
-		              "(the CPU reference and backend take them)");
 	if (!p || !p->q || !p->k || !p->v || !p->o || !p->dout || !p->lse || !p->dq || !p->dk ||
 	    !p->dv)
 		return fa_err(err, errlen, FA_EINVAL,
@@ -122,6 +118,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	}
 	struct fa_kernel_spec spec;
 	fa_kernel_spec_make(&spec, fa_gpu_sm(g), f->dtype, f->precision, (int)f->D, f->mask, &t);
+	fa_kernel_spec_mask_ext(&spec, f);
 	if (spec.tile.smem > fa_gpu_smem_optin(g)) {
 		char tb[48];
 		fa_tile_format(&spec.tile, tb, sizeof tb);
@@ -214,6 +211,11 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		mp.sl = (float)(f->scale * 1.4426950408889634);
 		mp.scale = (float)f->scale;
 		mp.det = (flags & FA_GPU_BWD_DETERMINISTIC) ? 1 : 0;
+		fa_gpu_window_range(f, &mp.win_lo, &mp.win_hi);
+		if (f->softcap > 0) {
+			mp.scale_cap = (float)(f->scale / f->softcap);
+			mp.cap_log2 = (float)(f->softcap * 1.4426950408889634);
+		}
 		void *a2[] = {&mp};
 		/* deterministic: (kv head, batch, key block), the key block slowest (attn_bwd.cu) */
 		const unsigned nkv = (unsigned)((f->Sk + bkv - 1) / bkv);

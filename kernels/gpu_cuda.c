@@ -536,6 +536,13 @@ static struct fa_kmaskx kmaskx_of(const struct fa_attn_fwd_desc *d)
 	return m;
 }
 
+void fa_gpu_window_range(const struct fa_attn_fwd_desc *d, int *lo, int *hi)
+{
+	const struct fa_kmaskx m = kmaskx_of(d);
+	*lo = m.win_lo;
+	*hi = m.win_hi;
+}
+
 static fa_status launch_wg(struct fa_gpu *g, const struct kcache_entry *ke,
                            const struct fa_kernel_spec *spec, const struct fa_attn_fwd_desc *d,
                            CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,

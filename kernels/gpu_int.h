@@ -13,6 +13,11 @@ struct fa_gpu_bwd_funcs {
 	fa_cu_func pre, main, dq;
 };
 
+/* The sliding window of d as the kernels take it (FA_WIN): key j is visible to query i iff
+ * *lo <= j - i <= *hi, the mask folded in, clamped to [-Sq - 1, Sk + 1] (gpu_cuda.c's rule for
+ * the forward, so both passes see the same keys). Pure: any thread. */
+void fa_gpu_window_range(const struct fa_attn_fwd_desc *d, int *lo, int *hi);
+
 /* Compile (or load from disk) and load the backward specialisation s (a backward tile path:
  * fa_kpath_is_bwd), with main's dynamic shared-memory attribute raised to s->tile.smem. The
  * device's context must be current. Statuses of the forward's kernel load (FA_EINTERNAL with
