@@ -28,11 +28,18 @@ enum {
 	/* dQ summed in a fixed order (no atomics): the same bits on every run, for the same inputs,
 	 * device and kernel settings. Without it dQ is accumulated with fp32 atomics. */
 	FA_GPU_BWD_DETERMINISTIC = 1u << 0,
+	/* Run the sliding window and softcap specialisations (attn_bwd.cu's FA_WIN, FA_SOFTCAP).
+	 * They compile cleanly with NVRTC but have not yet run on a GPU: without this flag a
+	 * window or softcap is refused with FA_ENOTSUP, so nothing serves them unverified. Only
+	 * tests/gpu/test_attn_bwd_window_gpu passes it; once that passes on a GPU the refusal and
+	 * this flag go. */
+	FA_GPU_BWD_WINDOW_UNVERIFIED = 1u << 1,
 };
 
 /* Backward attention on the device, enqueued on stream s (0: the legacy default stream).
  * The sliding window and softcap are the forward's (attn_bwd.cu's FA_WIN, FA_SOFTCAP
- * specialisations). Requirements beyond fa_attn_bwd_check(): those of fa_gpu_attn_fwd (16-byte alignment of every
+ * specialisations), refused with FA_ENOTSUP unless flags has FA_GPU_BWD_WINDOW_UNVERIFIED.
+ * Requirements beyond fa_attn_bwd_check(): those of fa_gpu_attn_fwd (16-byte alignment of every
  * pointer and of every batch/seq/head stride in bytes: FA_EALIGN; dimensions below 2^31:
  * FA_ESHAPE) and a backward tile that fits the device (FA_ENOFIT with the backward planner's text:
  * the shape, the smallest configuration's bytes and the device's limit). The fp32 scratch it needs

@@ -84,8 +84,14 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		return fa_err(err, errlen, FA_EINVAL,
 		              "backward: a NULL device pointer (q, k, v, o, dO, lse, dQ, dK, dV are all "
 		              "required; lse is the forward's)");
-	if (flags & ~(unsigned)FA_GPU_BWD_DETERMINISTIC)
+	if (flags & ~(unsigned)(FA_GPU_BWD_DETERMINISTIC | FA_GPU_BWD_WINDOW_UNVERIFIED))
 		return fa_err(err, errlen, FA_EINVAL, "backward: unknown flags 0x%x", flags);
+	/* compiled and checked with NVRTC, not yet run on a GPU: refused, never served unverified
+	 * (fa_gpu_bwd.h) */
+	if ((f->window || f->softcap != 0) && !(flags & FA_GPU_BWD_WINDOW_UNVERIFIED))
+		return fa_err(err, errlen, FA_ENOTSUP,
+		              "the sliding window and softcap are not yet in the GPU backward kernels "
+		              "(the CPU reference and backend take them)");
 	if (f->B > 65535 || f->Hkv > 65535 || f->Sq > INT32_MAX / 2 || f->Sk > INT32_MAX / 2)
 		return fa_err(err, errlen, FA_ESHAPE,
 		              "shape too large for the kernel's grid: B=%lld (max 65535), Hkv=%lld "

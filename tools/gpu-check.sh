@@ -36,6 +36,7 @@ T=${FA_CHECK_TIMEOUT:-330}
 bg fwd-gpu "$T" build/tests/gpu/test_attn_fwd_gpu
 bg decode-gpu "$T" build/tests/gpu/test_attn_decode_gpu
 bg bwd-gpu "$T" build/tests/gpu/test_attn_bwd_gpu
+bg bwd-window-gpu "$T" build/tests/gpu/test_attn_bwd_window_gpu
 bg gpu-serving "$T" build/tests/integ/test_gpu_serving
 bg gpu-async "$T" build/tests/integ/test_gpu_async
 bg torch "$T" python3 python/tests/gpu_torch_check.py
