@@ -30,7 +30,8 @@ enum {
 	FA_GPU_BWD_DETERMINISTIC = 1u << 0,
 	/* Run the sliding window and softcap specialisations (attn_bwd.cu's FA_WIN, FA_SOFTCAP).
 	 * They compile cleanly with NVRTC but have not yet run on a GPU: without this flag a
-	 * window or softcap is refused with FA_ENOTSUP, so nothing serves them unverified. Only
+	 * window that bounds a side (fa_attn_window_active) or a softcap is refused with
+	 * FA_ENOTSUP, so nothing serves them unverified. Only
 	 * tests/gpu/test_attn_bwd_window_gpu passes it; once that passes on a GPU the refusal and
 	 * this flag go. */
 	FA_GPU_BWD_WINDOW_UNVERIFIED = 1u << 1,

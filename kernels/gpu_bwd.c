@@ -86,9 +86,9 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		              "required; lse is the forward's)");
 	if (flags & ~(unsigned)(FA_GPU_BWD_DETERMINISTIC | FA_GPU_BWD_WINDOW_UNVERIFIED))
 		return fa_err(err, errlen, FA_EINVAL, "backward: unknown flags 0x%x", flags);
-	/* compiled and checked with NVRTC, not yet run on a GPU: refused, never served unverified
-	 * (fa_gpu_bwd.h) */
-	if ((f->window || f->softcap != 0) && !(flags & FA_GPU_BWD_WINDOW_UNVERIFIED))
+	/* FA_WIN and FA_SOFTCAP are compiled and checked with NVRTC, not yet run on a GPU: refused,
+	 * never served unverified (fa_gpu_bwd.h); a window that bounds nothing runs the default */
+	if ((fa_attn_window_active(f) || f->softcap > 0) && !(flags & FA_GPU_BWD_WINDOW_UNVERIFIED))
 		return fa_err(err, errlen, FA_ENOTSUP,
 		              "the sliding window and softcap are not yet in the GPU backward kernels "
 		              "(the CPU reference and backend take them)");
