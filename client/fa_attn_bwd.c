@@ -12,6 +12,7 @@
 
 #include "fa_check.h"
 #include "fa_client_int.h"
+#include "fa_infer_int.h"
 
 /* The arguments in FA_BWD_* order. */
 static void bwd_tensors(const fa_attn_bwd_args *a, const fa_tensor *t[FA_BWD_NTENSORS])
@@ -85,7 +86,7 @@ static fa_status bwd_request(fa_client *c, const fa_attn_bwd_args *a, struct fa_
 		return fa__fail(FA_EINVAL, "priority %d is not a priority class (0 normal, 1 high, 2 low)",
 		                (int)a->priority);
 	req->u.bwd.priority = (uint8_t)a->priority;
-	return FA_OK;
+	return fa__window(a->window, a->window_left, a->window_right, a->softcap, &req->u.bwd.win);
 }
 
 /* Backward attention in the daemon; see fa_client.h. */

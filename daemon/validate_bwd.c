@@ -76,6 +76,10 @@ fa_status validate_attn_bwd(const struct session *s, const struct fa_proto_req *
 	d->Hq = qs[2];
 	d->Hkv = ks[2];
 	d->D = qs[3];
+	d->window = req->u.bwd.win.window;
+	d->window_left = req->u.bwd.win.window_left;
+	d->window_right = req->u.bwd.win.window_right;
+	d->softcap = req->u.bwd.win.softcap;
 	int64_t *ds[FA_BWD_NTENSORS] = {
 		[FA_BWD_Q] = d->q_stride,          [FA_BWD_K] = d->k_stride,
 		[FA_BWD_V] = d->v_stride,          [FA_BWD_O] = d->o_stride,

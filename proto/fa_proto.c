@@ -168,7 +168,7 @@ static const struct op_info {
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_LSE) | KB(K_TDO) |
 		 KB(K_TDQ) | KB(K_TDK) | KB(K_TDV) | KB(K_SCALE) | KB(K_MASK) | KB(K_PREC) |
 		 KB(K_FL),
-	 KB(K_SLOT) | KB(K_EV) | KB(K_PRI), KB(K_NS), KB(K_EV)},
+	 KB(K_SLOT) | KB(K_EV) | KB(K_PRI) | INFER_OPT, KB(K_NS), KB(K_EV)},
 	{FA_OP_CLIENTS, "CLIENTS", KB(K_SID), KB(K_AFTER), KB(K_CL), 0},
 	{FA_OP_RING_OPEN, "RING_OPEN", KB(K_SID) | KB(K_SHM) | KB(K_SIZE), 0, KB(K_RID), 0},
 };
@@ -709,8 +709,10 @@ static fa_status decode_bwd(const msgpack_object *const *val, struct fa_proto_re
 	out->u.bwd.flags = (uint32_t)u;
 	if ((st = decode_priority(val, &out->u.bwd.priority, err, errlen)) != FA_OK)
 		return st;
-	return decode_async(val, &out->u.bwd.async, &out->u.bwd.slot, &out->u.bwd.has_event,
-	                    out->u.bwd.event, err, errlen);
+	if ((st = decode_async(val, &out->u.bwd.async, &out->u.bwd.slot, &out->u.bwd.has_event,
+	                       out->u.bwd.event, err, errlen)) != FA_OK)
+		return st;
+	return decode_window(val, &out->u.bwd.win, err, errlen);
 }
 
 /* Decode the request map into out (zeroed by the caller). */
@@ -1234,7 +1236,7 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 			return FA_EINVAL;
 		*n += 13 + req->u.bwd.async + req->u.bwd.has_event +
 		      (req->u.bwd.priority != FA_PRIORITY_NORMAL);
-		return FA_OK;
+		return window_ok(&req->u.bwd.win, n) ? FA_OK : FA_EINVAL;
 	}
 	default:
 		return FA_OK;
@@ -1357,6 +1359,7 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 			rc |= pk_bin(&pk, K_EV, req->u.bwd.event, FA_PROTO_IPC_HANDLE_LEN);
 		if (req->u.bwd.priority != FA_PRIORITY_NORMAL)
 			rc |= pk_u64(&pk, K_PRI, req->u.bwd.priority); /* absent: normal */
+		rc |= pk_window(&pk, &req->u.bwd.win);
 		break;
 	case FA_OP_CLIENTS:
 		if (req->u.clients.after != 0)

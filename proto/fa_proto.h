@@ -110,8 +110,8 @@ struct fa_proto_index {
 	int64_t stride[2];
 };
 
-/* The sliding window and softcap of a forward-type request (keys "wl", "wr", "cap", all
- * optional: absent is off, as before they existed). */
+/* The sliding window and softcap of a forward-type request and of ATTN_BWD (keys "wl", "wr",
+ * "cap", all optional: absent is off, as before they existed). */
 struct fa_proto_window {
 	bool window;                       /* "wl" and "wr" present */
 	int64_t window_left, window_right; /* < 0: unbounded */
@@ -176,6 +176,7 @@ struct fa_proto_req {
 			uint32_t slot;              /* < FA_PROTO_MAX_SLOTS */
 			bool has_event;
 			uint8_t event[FA_PROTO_IPC_HANDLE_LEN];
+			struct fa_proto_window win; /* optional keys, as the forward's; zero: off */
 		} bwd;
 		struct {
 			uint64_t after; /* only sessions with a larger id ("after", optional: 0) */

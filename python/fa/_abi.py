@@ -109,6 +109,11 @@ class fa_attn_bwd_args(C.Structure):
         ("precision", fa_enum),
         ("flags", C.c_uint),
         ("priority", fa_enum),
+        # appended (fa_client.h), zero = off: the forward's sliding window and softcap
+        ("window", C.c_int32),
+        ("window_left", C.c_int64),
+        ("window_right", C.c_int64),
+        ("softcap", C.c_double),
     ]
 
 

@@ -91,7 +91,8 @@ static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa
 			return false;
 		return memcmp(&a->u.bwd.scale, &b->u.bwd.scale, sizeof(double)) == 0 &&
 		       a->u.bwd.mask == b->u.bwd.mask && a->u.bwd.precision == b->u.bwd.precision &&
-		       a->u.bwd.flags == b->u.bwd.flags && a->u.bwd.priority == b->u.bwd.priority;
+		       a->u.bwd.flags == b->u.bwd.flags && a->u.bwd.priority == b->u.bwd.priority &&
+		       proto_window_equal(&a->u.bwd.win, &b->u.bwd.win);
 	}
 	case FA_OP_ATTN_VARLEN:
 	case FA_OP_ATTN_KVCACHE: {

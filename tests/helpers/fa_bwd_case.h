@@ -143,14 +143,22 @@ static inline double fa_bwd_grad_error(const struct fa_case *c, const void *base
  * lse, fa_attn_bwd_ref64 the exact gradients, each gradient within fa_bwd_tol. With `tight` also
  * against the oracle fed the O and lse the buffer holds (what the daemon's backward read), within
  * `tight` (the CPU backend: the final rounding only). err_out[3] (may be NULL) gets the errors
- * against the exact oracle. Returns true when it passes; why says what failed. */
-static inline bool fa_bwd_check(const struct fa_case *c, const struct fa_bwd_layout *l,
-                                const void *data, double tight, double err_out[3], char *why,
-                                size_t whycap)
+ * against the exact oracle. `win` (may be NULL: off) gives the sliding window and softcap the
+ * calls got (its window and softcap fields only). Returns true when it passes; why says what
+ * failed. */
+static inline bool fa_bwd_check_win(const struct fa_case *c, const struct fa_bwd_layout *l,
+                                    const void *data, const struct fa_attn_fwd_desc *win,
+                                    double tight, double err_out[3], char *why, size_t whycap)
 {
 	const char *b = data;
 	struct fa_attn_bwd_desc d;
 	fa_bwd_desc(c, l, &d);
+	if (win != NULL) {
+		d.fwd.window = win->window;
+		d.fwd.window_left = win->window_left;
+		d.fwd.window_right = win->window_right;
+		d.fwd.softcap = win->softcap;
+	}
 	size_t nq = (size_t)(c->B * c->Sq * c->Hq * c->D), nk = (size_t)(c->B * c->Sk * c->Hkv * c->D);
 	size_t nl = (size_t)(c->B * c->Hq * c->Sq);
 	double *o64 = malloc(nq * sizeof(double)), *lse64 = malloc(nl * sizeof(double));
@@ -224,6 +232,14 @@ out:
 	for (int i = 0; i < 3; i++)
 		free(g[i]);
 	return ok;
+}
+
+/* fa_bwd_check_win without a window or softcap. */
+static inline bool fa_bwd_check(const struct fa_case *c, const struct fa_bwd_layout *l,
+                                const void *data, double tight, double err_out[3], char *why,
+                                size_t whycap)
+{
+	return fa_bwd_check_win(c, l, data, NULL, tight, err_out, why, whycap);
 }
 
 #endif /* FA_BWD_CASE_H */

@@ -1,5 +1,5 @@
-/* test_proto_infer.c - the wire of the inference shapes: ATTN_FWD's optional window and softcap
- * keys (absent is off, so older messages decode as before), ATTN_VARLEN and ATTN_KVCACHE with
+/* test_proto_infer.c - the wire of the inference shapes: ATTN_FWD's and ATTN_BWD's optional
+ * window and softcap keys (absent is off, so older messages decode as before), ATTN_VARLEN and ATTN_KVCACHE with
  * their int32 index tensors; round trips, and each malformed form answered with FA_EPROTO (the
  * decoder) or FA_EINVAL (the encoder) and its detail.
  */
@@ -97,6 +97,10 @@ static void round_trip(const struct fa_proto_req *in)
 	assert_memory_equal(enc, enc2, len);
 	if (in->op == FA_OP_ATTN_FWD) {
 		assert_memory_equal(&out.u.fwd.win, &in->u.fwd.win, sizeof in->u.fwd.win);
+	} else if (in->op == FA_OP_ATTN_BWD) {
+		assert_memory_equal(&out.u.bwd.win, &in->u.bwd.win, sizeof in->u.bwd.win);
+		assert_int_equal(out.u.bwd.flags, in->u.bwd.flags);
+		assert_memory_equal(&out.u.bwd.dv, &in->u.bwd.dv, sizeof in->u.bwd.dv);
 	} else {
 		const __typeof__(in->u.infer) *a = &in->u.infer, *b = &out.u.infer;
 		assert_memory_equal(&a->q, &b->q, sizeof a->q);
@@ -139,6 +143,50 @@ static void test_fwd_window_and_softcap_round_trip_and_stay_off_when_absent(void
 	r.u.fwd.win.softcap = -1;
 	assert_int_equal(fa_proto_encode_req(&r, enc, sizeof enc, &len), FA_EINVAL);
 	r.u.fwd.win.softcap = NAN;
+	assert_int_equal(fa_proto_encode_req(&r, enc, sizeof enc, &len), FA_EINVAL);
+}
+
+static struct fa_proto_req bwd_req(void)
+{
+	struct fa_proto_req r;
+	memset(&r, 0, sizeof r);
+	r.op = FA_OP_ATTN_BWD;
+	r.session = 1;
+	r.seq = 3;
+	r.u.bwd.q = r.u.bwd.o = r.u.bwd.dout = r.u.bwd.dq = tensor(3, 2, 17, 4, 64);
+	r.u.bwd.k = r.u.bwd.v = r.u.bwd.dk = r.u.bwd.dv = tensor(4, 2, 129, 4, 64);
+	r.u.bwd.lse = tensor(5, 2, 4, 17, 1);
+	r.u.bwd.lse.dtype = FA_DTYPE_FP32;
+	r.u.bwd.flags = FA_PROTO_BWD_DETERMINISTIC;
+	r.u.bwd.mask = FA_MASK_CAUSAL_BOTTOM_RIGHT;
+	return r;
+}
+
+static void test_bwd_window_and_softcap_round_trip_and_stay_off_when_absent(void **state)
+{
+	(void)state;
+	struct fa_proto_req r = bwd_req();
+	round_trip(&r); /* off: no new key on the wire, as an older client sends it */
+	size_t len = 0;
+	assert_int_equal(fa_proto_encode_req(&r, enc, sizeof enc, &len), FA_OK);
+	assert_null(memmem(enc, len, "\xa2wl", 3));
+	assert_null(memmem(enc, len, "\xa3" "cap", 4));
+	struct fa_proto_req out;
+	assert_int_equal(fa_proto_decode_req(enc, len, &out, err, sizeof err), FA_OK);
+	assert_false(out.u.bwd.win.window);
+	assert_true(out.u.bwd.win.softcap == 0);
+	r.u.bwd.win = (struct fa_proto_window){true, 4096, 0, 0};
+	round_trip(&r);
+	r.u.bwd.win = (struct fa_proto_window){false, 0, 0, 30.0};
+	round_trip(&r);
+	r.u.bwd.win = (struct fa_proto_window){true, INT64_MAX, INT64_MIN, 1e-30};
+	r.u.bwd.async = true;
+	r.u.bwd.slot = 5;
+	round_trip(&r);
+	/* the encoder refuses what the decoder would */
+	r.u.bwd.win.softcap = -1;
+	assert_int_equal(fa_proto_encode_req(&r, enc, sizeof enc, &len), FA_EINVAL);
+	r.u.bwd.win.softcap = NAN;
 	assert_int_equal(fa_proto_encode_req(&r, enc, sizeof enc, &len), FA_EINVAL);
 }
 
@@ -254,6 +302,51 @@ static void test_decoder_rejects_malformed_inference_keys(void **state)
 	expect_proto(enc, len, "unknown key 'mX'");
 }
 
+/* Encode r and re-pack its map with the key `drop` left out, into sb (the caller destroys it). */
+static void encode_without(const struct fa_proto_req *r, const char *drop, msgpack_sbuffer *sb)
+{
+	size_t len = 0, off = 0, n = strlen(drop);
+	msgpack_packer pk;
+	msgpack_unpacked up;
+	assert_int_equal(fa_proto_encode_req(r, enc, sizeof enc, &len), FA_OK);
+	msgpack_sbuffer_init(sb);
+	msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+	msgpack_unpacked_init(&up);
+	assert_int_equal(msgpack_unpack_next(&up, (const char *)enc, len, &off),
+	                 MSGPACK_UNPACK_SUCCESS);
+	msgpack_object_map *m = &up.data.via.map;
+	msgpack_pack_map(&pk, m->size - 1);
+	for (uint32_t i = 0; i < m->size; i++) {
+		if (m->ptr[i].key.via.str.size == n && memcmp(m->ptr[i].key.via.str.ptr, drop, n) == 0)
+			continue;
+		msgpack_pack_object(&pk, m->ptr[i].key);
+		msgpack_pack_object(&pk, m->ptr[i].val);
+	}
+	msgpack_unpacked_destroy(&up);
+}
+
+static void test_decoder_rejects_malformed_bwd_window_keys(void **state)
+{
+	(void)state;
+	struct fa_proto_req r = bwd_req();
+	r.u.bwd.win = (struct fa_proto_window){true, 7, 0, 2.0};
+	/* half windows: "wl" without "wr" and the other way round */
+	msgpack_sbuffer sb;
+	encode_without(&r, "wr", &sb);
+	expect_proto(sb.data, sb.size, "key 'wl' without 'wr'");
+	msgpack_sbuffer_destroy(&sb);
+	encode_without(&r, "wl", &sb);
+	expect_proto(sb.data, sb.size, "key 'wr' without 'wl'");
+	msgpack_sbuffer_destroy(&sb);
+	size_t len = encode_patched(&r, "\xa2wl\x07", "\xa2wl\xc0", 4);
+	expect_proto(enc, len, "key 'wl': want an integer");
+	/* negative and NaN softcaps */
+	len = encode_patched(&r, "\xa3" "cap\xcb\x40", "\xa3" "cap\xcb\xc0", 6);
+	expect_proto(enc, len, "key 'cap': must be finite and >= 0");
+	len = encode_patched(&r, "\xa3" "cap\xcb\x40\x00", "\xa3" "cap\xcb\x7f\xf8", 7);
+	expect_proto(enc, len, "key 'cap': must be finite and >= 0");
+}
+
 static void test_decoder_rejects_mq_without_cuq(void **state)
 {
 	(void)state;
@@ -291,9 +384,11 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_fwd_window_and_softcap_round_trip_and_stay_off_when_absent),
+		cmocka_unit_test(test_bwd_window_and_softcap_round_trip_and_stay_off_when_absent),
 		cmocka_unit_test(test_varlen_and_kvcache_round_trip),
 		cmocka_unit_test(test_encoder_refuses_what_the_decoder_would),
 		cmocka_unit_test(test_decoder_rejects_malformed_inference_keys),
+		cmocka_unit_test(test_decoder_rejects_malformed_bwd_window_keys),
 		cmocka_unit_test(test_decoder_rejects_mq_without_cuq),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -262,6 +262,12 @@ typedef struct fa_attn_bwd_args {
 	unsigned flags;         /* FA_BWD_* bits; 0 for none */
 	fa_priority priority;   /* the scheduling class, as fa_attn_fwd_args.priority (0: normal);
 	                         * training steps beside a latency-bound service suit LOW */
+	/* The forward's sliding window and softcap, exactly as in fa_attn_fwd_args (zero: off). A
+	 * row whose window holds no key gets dq = 0; with softcap, dS passes through the cap's
+	 * derivative 1 - tanh^2(s / softcap). */
+	int32_t window;
+	int64_t window_left, window_right;
+	double softcap;
 } fa_attn_bwd_args;
 
 /* Compute the backward pass in the daemon and return when dq, dk and dv are written.
