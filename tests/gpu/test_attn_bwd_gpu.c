@@ -26,6 +26,7 @@
 
 #include <cmocka.h>
 
+#include "fa_gpu_tol.h"
 #include "fa_gpu.h"
 #include "fa_gpu_bwd.h"
 #include "fa_attn_bwd.h"
@@ -260,16 +261,6 @@ static void *sample_worker(void *arg)
 static int ncases, nfail;
 static double worst[8][3]; /* by dtype/precision slot; dQ, dK, dV */
 
-static int slot_of(fa_dtype dt, fa_precision p)
-{
-	if (dt == FA_DTYPE_FP16)
-		return 0;
-	if (dt == FA_DTYPE_BF16)
-		return 1;
-	return 1 + (int)fa_prec_resolve(dt, p); /* ieee 2, 3xtf32 3, tf32 4, bf16 5 */
-}
-static const char *slot_name[] = {"fp16", "bf16", "fp32 ieee", "fp32 3xtf32", "fp32 tf32", "fp32 bf16"};
-
 struct devbufs {
 	CUdeviceptr q, k, v, o, dout, lse, dq, dk, dv;
 };
@@ -397,8 +388,8 @@ static bool run_case(const struct gcase *c, int verbose)
 	dev_free(&db);
 	if (st != FA_OK) {
 		pthread_mutex_lock(&out_lock);
-		printf("FAIL launch %s D=%d Sq=%d Sk=%d: %s: %s\n", slot_name[slot_of(c->dt, c->prec)],
-		       c->D, c->Sq, c->Sk, fa_status_name(st), err);
+		printf("FAIL launch %s D=%d Sq=%d Sk=%d: %s: %s\n",
+		       fa_gpu_kind_name(fa_gpu_kind(c->dt, c->prec)), c->D, c->Sq, c->Sk, fa_status_name(st), err);
 		ncases++;
 		nfail++;
 		pthread_mutex_unlock(&out_lock);
@@ -518,7 +509,7 @@ static bool run_case(const struct gcase *c, int verbose)
 	double tol = tol_of(c->dt, c->prec);
 	bool ok = rel[0] <= tol && rel[1] <= tol && rel[2] <= tol && det_ok &&
 	          det_diff <= tol; /* NaN fails */
-	int s = slot_of(c->dt, c->prec);
+	int s = fa_gpu_kind(c->dt, c->prec);
 	pthread_mutex_lock(&out_lock);
 	for (int w = 0; w < 3; w++)
 		if (rel[w] > worst[s][w] || isnan(rel[w]))
@@ -530,7 +521,7 @@ static bool run_case(const struct gcase *c, int verbose)
 		nfail++;
 	if (!ok || verbose)
 		printf("%s %-11s D=%3d Sq=%4d Sk=%4d B=%d Hq=%d Hkv=%d %s %-19s%s tile %-16s dQ %.3g dK "
-		       "%.3g dV %.3g (tol %.0e)%s%s%s\n", ok ? "ok  " : "FAIL", slot_name[s], c->D,
+		       "%.3g dV %.3g (tol %.0e)%s%s%s\n", ok ? "ok  " : "FAIL", fa_gpu_kind_name(s), c->D,
 		       c->Sq, c->Sk, c->B, c->Hq, c->Hkv, c->bhsd ? "BHSD" : "BSHD",
 		       fa_mask_name(c->mask), c->neg ? " neg" : "", tb, rel[0], rel[1], rel[2], tol,
 		       !c->det ? "" : !det_ok ? " deterministic: BITS DIFFER"
@@ -685,7 +676,8 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 		snprintf(have, sizeof have, " %.120s ", kinds);
 		for (int i = 0; i < n; i++) {
 			char want[24];
-			snprintf(want, sizeof want, " %s ", slot_name[slot_of(cases[i].dt, cases[i].prec)]);
+			const int kind = fa_gpu_kind(cases[i].dt, cases[i].prec);
+			snprintf(want, sizeof want, " %s ", fa_gpu_kind_name(kind));
 			for (char *c = want + 1; c[1]; c++)
 				if (*c == ' ')
 					*c = '-';
@@ -717,8 +709,8 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 		pthread_join(th[i], NULL);
 	printf("%d cases, %d failed, %.1f s\n", ncases, nfail, (fa_test_now_ms() - t0) / 1e3);
 	for (int s = 0; s < 6; s++)
-		printf("  worst relative error %-12s dQ %.3g dK %.3g dV %.3g (tol %.0e)\n", slot_name[s],
-		       worst[s][0], worst[s][1], worst[s][2],
+		printf("  worst relative error %-12s dQ %.3g dK %.3g dV %.3g (tol %.0e)\n",
+		       fa_gpu_kind_name(s), worst[s][0], worst[s][1], worst[s][2],
 		       tol_of(G_DT[s], G_PR[s]));
 	free(cases);
 	assert_int_equal(nfail, 0);

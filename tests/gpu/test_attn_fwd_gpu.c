@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "fa_gpu_tol.h"
 #include "fa_gpu.h"
 #include "fa_test.h"
 #include "fa_ksettings.h"
@@ -43,30 +44,6 @@ static char gpu_err[512];
 static uint64_t seed0 = 0x9e3779b97f4a7c15ull;
 static _Thread_local uint64_t rng;
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static double tol_of(fa_dtype dt, fa_precision p)
-{
-	if (dt == FA_DTYPE_FP16)
-		return 2e-3;
-	if (dt == FA_DTYPE_BF16)
-		return 1e-2;
-	switch (fa_prec_resolve(dt, p)) {
-	case FA_PREC_TF32: return 2e-3;
-	case FA_PREC_BF16: return 1e-2;
-	default: return 1e-5;
-	}
-}
-
-static double lse_tol_of(fa_dtype dt, fa_precision p)
-{
-	if (dt != FA_DTYPE_FP32)
-		return 2e-4;
-	switch (fa_prec_resolve(dt, p)) {
-	case FA_PREC_TF32: return 1e-2;
-	case FA_PREC_BF16: return 8e-2;
-	default: return 2e-4;
-	}
-}
 
 static void make_desc(const struct gcase *c, struct fa_attn_fwd_desc *d)
 {
@@ -195,16 +172,6 @@ struct result {
 
 static int ncases, nfail;
 static double worst[8]; /* by dtype/precision slot */
-
-static int slot_of(fa_dtype dt, fa_precision p)
-{
-	if (dt == FA_DTYPE_FP16)
-		return 0;
-	if (dt == FA_DTYPE_BF16)
-		return 1;
-	return 1 + (int)fa_prec_resolve(dt, p); /* ieee 2, 3xtf32 3, tf32 4, bf16 5 */
-}
-static const char *slot_name[] = {"fp16", "bf16", "fp32 ieee", "fp32 3xtf32", "fp32 tf32", "fp32 bf16"};
 
 static bool run_case(const struct gcase *c, int verbose)
 {
@@ -335,9 +302,9 @@ static bool run_case(const struct gcase *c, int verbose)
 	}
 	if (!finite)
 		rel = INFINITY;
-	double tol = tol_of(c->dt, c->prec), ltol = lse_tol_of(c->dt, c->prec);
+	double tol = fa_gpu_tol(c->dt, c->prec), ltol = fa_gpu_lse_tol(c->dt, c->prec);
 	bool ok = rel <= tol && lse_err <= ltol; /* NaN compares false: never passes */
-	int s = slot_of(c->dt, c->prec);
+	int s = fa_gpu_kind(c->dt, c->prec);
 	pthread_mutex_lock(&out_lock);
 	if (rel > worst[s] || isnan(rel))
 		worst[s] = rel;
@@ -348,7 +315,7 @@ static bool run_case(const struct gcase *c, int verbose)
 		nfail++;
 	if (!ok || verbose)
 		printf("%s %-11s D=%3d Sq=%4d Sk=%4d B=%d Hq=%d Hkv=%d %s %-19s tile %-16s err %.3g "
-		       "(tol %.0e) lse %.3g%s\n", ok ? "ok  " : "FAIL", slot_name[s], c->D, c->Sq,
+		       "(tol %.0e) lse %.3g%s\n", ok ? "ok  " : "FAIL", fa_gpu_kind_name(s), c->D, c->Sq,
 		       c->Sk, c->B, c->Hq, c->Hkv, c->bhsd ? "BHSD" : "BSHD", fa_mask_name(c->mask), tb,
 		       rel, tol, lse_err, finite ? "" : " (non-finite output or poison left)");
 	fflush(stdout);
@@ -518,8 +485,8 @@ static void test_attn_fwd_gpu_matches_the_float64_reference(void **state)
 		snprintf(have, sizeof have, " %.120s ", kinds);
 		for (int i = 0; i < n; i++) {
 			char want[24];
-			int sl = slot_of(cases[i].dt, cases[i].prec);
-			snprintf(want, sizeof want, " %s ", slot_name[sl]);
+			int sl = fa_gpu_kind(cases[i].dt, cases[i].prec);
+			snprintf(want, sizeof want, " %s ", fa_gpu_kind_name(sl));
 			for (char *c = want + 1; c[1]; c++) /* "fp32 bf16" -> "fp32-bf16" */
 				if (*c == ' ')
 					*c = '-';
@@ -549,7 +516,7 @@ static void test_attn_fwd_gpu_matches_the_float64_reference(void **state)
 		pthread_join(th[i], NULL);
 	printf("%d cases, %d failed, %.1f s\n", ncases, nfail, (fa_test_now_ms() - t0) / 1e3);
 	for (int s = 0; s < 6; s++)
-		printf("  worst relative error %-12s %.3g\n", slot_name[s], worst[s]);
+		printf("  worst relative error %-12s %.3g\n", fa_gpu_kind_name(s), worst[s]);
 	free(cases);
 	assert_int_equal(nfail, 0);
 }

@@ -29,6 +29,7 @@
 
 #include <cmocka.h>
 
+#include "fa_gpu_tol.h"
 #include "fa_gpu.h"
 #include "fa_test.h"
 #include "fa_ksettings.h"
@@ -57,41 +58,6 @@ static _Thread_local uint64_t rng;
 static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
 static int ncases, nfail, nskipped, npath[3];
 static double worst[6];
-
-static double tol_of(fa_dtype dt, fa_precision p)
-{
-	if (dt == FA_DTYPE_FP16)
-		return 2e-3;
-	if (dt == FA_DTYPE_BF16)
-		return 1e-2;
-	switch (fa_prec_resolve(dt, p)) {
-	case FA_PREC_TF32: return 2e-3;
-	case FA_PREC_BF16: return 1e-2;
-	default: return 1e-5;
-	}
-}
-
-static double lse_tol_of(fa_dtype dt, fa_precision p)
-{
-	if (dt != FA_DTYPE_FP32)
-		return 2e-4;
-	switch (fa_prec_resolve(dt, p)) {
-	case FA_PREC_TF32: return 1e-2;
-	case FA_PREC_BF16: return 8e-2;
-	default: return 2e-4;
-	}
-}
-
-static int slot_of(fa_dtype dt, fa_precision p)
-{
-	if (dt == FA_DTYPE_FP16)
-		return 0;
-	if (dt == FA_DTYPE_BF16)
-		return 1;
-	return 1 + (int)fa_prec_resolve(dt, p); /* ieee 2, 3xtf32 3, tf32 4, bf16 5 */
-}
-static const char *slot_name[] = {"fp16", "bf16", "fp32 ieee", "fp32 3xtf32", "fp32 tf32",
-                                  "fp32 bf16"};
 
 static void make_desc(const struct wcase *c, struct fa_attn_fwd_desc *d)
 {
@@ -339,9 +305,9 @@ static void run_case(const struct wcase *c, bool verbose)
 	}
 	if (!finite)
 		rel = INFINITY;
-	double tol = tol_of(c->dt, c->prec), ltol = lse_tol_of(c->dt, c->prec);
+	double tol = fa_gpu_tol(c->dt, c->prec), ltol = fa_gpu_lse_tol(c->dt, c->prec);
 	bool ok = rel <= tol && lse_err <= ltol; /* NaN compares false: never passes */
-	int s = slot_of(c->dt, c->prec);
+	int s = fa_gpu_kind(c->dt, c->prec);
 	pthread_mutex_lock(&out_lock);
 	ncases++;
 	npath[c->path]++;
@@ -356,7 +322,7 @@ static void run_case(const struct wcase *c, bool verbose)
 			         (long long)c->wr, c->as_causal ? " = causal" : "");
 		printf("%s %-8s %-11s D=%3d Sq=%4d Sk=%4d B=%d Hq=%d Hkv=%d %-9s %s cap %g %-18s err "
 		       "%.3g (tol %.0e) lse %.3g%s%s%s\n", ok ? "ok  " : "FAIL", path_name[c->path],
-		       slot_name[s], c->D, c->Sq, c->Sk, c->B, c->Hq, c->Hkv, fa_mask_name(c->mask), win,
+		       fa_gpu_kind_name(s), c->D, c->Sq, c->Sk, c->B, c->Hq, c->Hkv, fa_mask_name(c->mask), win,
 		       c->cap, kname, rel, tol, lse_err, finite ? "" : " (non-finite output or poison left)",
 		       st ? ": " : "", st ? err : "");
 	}
@@ -582,7 +548,7 @@ static void test_attn_window_gpu_matches_the_float64_reference(void **state)
 	       "path, %.1f s\n", ncases, npath[PATH_MMA], npath[PATH_WG], npath[PATH_DEC], nfail,
 	       nskipped, (fa_test_now_ms() - t0) / 1e3);
 	for (int s = 0; s < 6; s++)
-		printf("  worst relative error %-12s %.3g\n", slot_name[s], worst[s]);
+		printf("  worst relative error %-12s %.3g\n", fa_gpu_kind_name(s), worst[s]);
 	free(cases);
 	assert_int_equal(nfail, 0);
 }
