@@ -287,6 +287,11 @@ FA_API fa_status fa_attn_bwd(fa_client *c, const fa_attn_bwd_args *args);
  * work already queued on `stream` (which writes q, k, v, o, dout and lse), and `stream` waits
  * for the daemon's completion event before later work reads dq, dk and dv. Returns once the
  * kernels are enqueued; buffers must stay registered until `stream` passed that point.
+ * It travels by the socket with CUDA IPC events (the backward has no completion words yet), so
+ * it first waits for this client's asynchronous calls still out in the submission ring to
+ * finish (their kernels, as fa_client_flush does): the daemon must see them before it, or its
+ * stream would wait for this call ahead of the forward it depends on. A failure of one of them
+ * is returned here (the sticky error). Same-user daemons only (IPC events).
  * Returns the statuses of fa_attn_bwd(), and those fa_attn_fwd_async() adds: FA_EPERM (another
  * user's daemon), FA_ENOTSUP (no GPU backend), FA_EINVAL (a host buffer, or `stream` is not a
  * stream of a live context), FA_ENOGPU (no CUDA driver here). */
