@@ -198,6 +198,12 @@ def _call(c, fn_name, nbytes, cls, tensors, indexes, scale, mask, precision, win
         views = [entries[i][1] for i in idx]
         names = [entries[i][2] for i in idx]
         res, back, k = _attn.resolve(c, views, names, ("out", "lse"), kind, None, views[0])
+        if kind == HOST and back:
+            # A staged output starts as the caller's array: rows the daemon does not write
+            # (varlen padding) keep their contents, as they do unstaged.
+            np = _attn._np()
+            for staged, ptr, shape, strides, itemsize in back:
+                np.copyto(staged, _attn._raw(np, ptr, shape, strides, itemsize))
         for j, i in enumerate(idx):
             where[i] = res[j]
         backs.append(back)
