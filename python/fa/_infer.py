@@ -336,6 +336,10 @@ def kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, *, sc
             raise usage("FA_ESHAPE", "k %s and v %s: new tokens are [batch=%d, new, heads=%d, "
                         "head_dim] like the cache's" % (tuple(vkn.shape), tuple(vvn.shape),
                                                         B, Hkv))
+        for d, n in ((D, "k"), (vvc.shape[3], "v")):  # the daemon's rule (fa_client.h), here
+            if d % 8 or not 8 <= d <= 256:                # because the append comes first
+                raise usage("FA_ESHAPE", "%s: head dim %d; fa takes multiples of 8 from 8 to "
+                            "256" % (n, d))
         for vw, n in ((vkc, "k_cache"), (vvc, "v_cache")):
             if not vw.writeable:
                 raise usage("FA_EINVAL", "%s is read-only: the new keys are written into it"

@@ -298,6 +298,14 @@ class InferenceOnCpuBackend(unittest.TestCase):
             fa.flash_attn_with_kvcache(q, small, small.copy(), kn, vn, cache_seqlens=lens,
                                        block_table=np.zeros((2, 2), np.int32), client=self.c)
         self.assertStatus(cm, "FA_ESHAPE", fa.FaArgumentError, "page size 8")
+        q12 = rand(rng, (2, 1, 2, 12), np.float32)  # head dim 12: refused before the append
+        k12, v12 = (rand(rng, (2, 16, 1, 12), np.float32) for _ in range(2))
+        k12_0 = k12.copy()
+        with self.assertRaises(fa.FaError) as cm:
+            fa.flash_attn_with_kvcache(q12, k12, v12, k12[:, :1].copy(), v12[:, :1].copy(),
+                                       cache_seqlens=lens, client=self.c)
+        self.assertStatus(cm, "FA_ESHAPE", fa.FaArgumentError, "head dim 12")
+        np.testing.assert_array_equal(k12, k12_0)
         ro = kp.copy()
         ro.flags.writeable = False
         with self.assertRaises(fa.FaError) as cm:
