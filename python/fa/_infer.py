@@ -9,6 +9,7 @@ there: resolve and staging only look at the element size) and may be in host or 
 whatever the float tensors' memory is, as fa_client.h allows.
 """
 import ctypes as C
+import numbers
 import sys
 
 from . import _abi, _arrays, _attn
@@ -318,8 +319,8 @@ def kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, *, sc
     seq_arr = None
     if cache_seqlens is None:
         seq_host = None  # the whole cache
-    elif isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool):
-        seq_host = [cache_seqlens] * B
+    elif isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        seq_host = [int(cache_seqlens)] * B
     else:
         vsl = _int32_view(cache_seqlens, "cache_seqlens", 1)
         if vsl.shape[0] != B:

@@ -186,6 +186,8 @@ class InferenceOnCpuBackend(unittest.TestCase):
         kc, vc = (rand(rng, (2, 20, 1, 8), np.float32) for _ in range(2))
         o = fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=9, client=self.c)
         self.check(o, R.kvcache(q, kc, vc, [9, 9])[0], TOL["float32"], "int length")
+        o = fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=np.int32(4), client=self.c)
+        self.check(o, R.kvcache(q, kc, vc, [4, 4])[0], TOL["float32"], "NumPy int length")
         o = fa.flash_attn_with_kvcache(q, kc, vc, causal=True, client=self.c)
         self.check(o, R.kvcache(q, kc, vc, [20, 20], causal=True)[0], TOL["float32"], "None")
 
