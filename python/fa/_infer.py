@@ -305,7 +305,7 @@ def kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, *, sc
         if vbt.shape[0] != B:
             raise usage("FA_ESHAPE", "block_table has %d rows and q a batch of %d"
                         % (vbt.shape[0], B))
-        pages, page_size = vkc.shape[0], vkc.shape[1]
+        page_size = vkc.shape[1]
         if not PAGE_SIZE_MIN <= page_size <= PAGE_SIZE_MAX:
             raise usage("FA_ESHAPE", "k_cache: page size %d (its dimension 1); fa takes %d to "
                         "%d" % (page_size, PAGE_SIZE_MIN, PAGE_SIZE_MAX))

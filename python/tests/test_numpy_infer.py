@@ -208,6 +208,7 @@ class InferenceOnCpuBackend(unittest.TestCase):
                 np.testing.assert_array_equal(vc[b, lens[b]:lens[b] + Snew], vn[b])
                 np.testing.assert_array_equal(kc[b, :lens[b]], k0[b, :lens[b]])
                 np.testing.assert_array_equal(kc[b, lens[b] + Snew:], k0[b, lens[b] + Snew:])
+                np.testing.assert_array_equal(vc[b, :lens[b]], v0[b, :lens[b]])
             np.testing.assert_array_equal(lens, [0, 15, 30])  # not updated, as FlashAttention
             self.check(o, R.kvcache(q, kc, vc, lens + Snew, causal=True)[0], TOL["float32"],
                        "contiguous append Snew=%d" % Snew)
