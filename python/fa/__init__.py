@@ -3,12 +3,17 @@
     import fa
     out = fa.scaled_dot_product_attention(q, k, v, is_causal=True)   # [B, H, S, D], PyTorch's
     out, lse = fa.flash_attn_func(q, k, v, causal=True, return_lse=True)  # [B, S, H, D]
+    out = fa.flash_attn_func(q, k, v, causal=True, window_size=(4095, 0), softcap=50.0)
+    out = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)  # packed
+    out = fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens,
+                                     block_table=pages, causal=True)  # decode, paged cache
     out.sum().backward()   # PyTorch tensors with requires_grad: through fa's backward
 
 Training: with PyTorch tensors that require grad, both functions are differentiable (the
 backward runs in the daemon too), and torch.compile traces them (the custom ops fa::attn_fwd
 and fa::attn_bwd, PyTorch >= 2.4). attn_fwd/attn_bwd and flash_attn_backward are the explicit
-forward and backward calls for every array kind.
+forward and backward calls for every array kind. The sliding window and softcap are
+differentiable too; flash_attn_varlen_func and flash_attn_with_kvcache are forward-only.
 
 CUDA arrays are used in place (their allocation registered once by CUDA IPC and cached); host
 arrays are used in place when they live in fa's shared memory (fa.empty_host), and are copied
@@ -17,7 +22,7 @@ through a staging buffer otherwise (a FaCopyWarning says so once). Errors raise 
 """
 import sys as _sys
 
-from . import _abi
+from . import _abi, _attn, _infer
 from ._attn import FaCopyWarning, forward as _forward
 from ._bwd import backward as _backward
 from ._client import Client, default_client, set_default_client
@@ -153,19 +158,21 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     j <= i + Sk - Sq). Returns out [B, Sq, Hq, D]; with return_lse=True, (out, lse) where lse is
     FlashAttention's softmax_lse: float32 [B, Hq, Sq], natural log, -inf for a row that sees no
     key; return_attn_probs=True returns (out, lse, None) as FlashAttention does without dropout.
-    dropout_p != 0, window_size other than (-1, -1), softcap and alibi_slopes raise
-    FaNotSupportedError (not in this version of fa). precision, client, stream: as in
+    window_size (left, right): sliding-window attention as FlashAttention's, query i sees keys
+    j with i + Sk - Sq - left <= j <= i + Sk - Sq + right, -1 for an unbounded side; causal
+    caps the right side at 0 (so causal is (-1, 0), Mistral's causal with (4095, 0)).
+    softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) (Gemma 2), 0 off.
+    dropout_p != 0 and alibi_slopes raise FaNotSupportedError. precision, client, stream: as in
     scaled_dot_product_attention. Differentiable for PyTorch tensors that require grad (the
-    gradient flows through out; lse is not differentiable, as in FlashAttention);
-    deterministic=True (or torch.use_deterministic_algorithms(True)) makes the backward give
-    the same bits on every run."""
+    gradient flows through out, with the window and softcap; lse is not differentiable, as in
+    FlashAttention); deterministic=True (or torch.use_deterministic_algorithms(True)) makes
+    the backward give the same bits on every run. The GPU backend computes a windowed or
+    capped forward; its backward refuses them (FaNotSupportedError, FA_ENOTSUP) where its
+    build has no such kernels; the CPU backend serves both."""
     if dropout_p:
         raise _usage("FA_ENOTSUP", "dropout_p=%r: fa has no dropout" % dropout_p)
-    if window_size != (-1, -1) and tuple(window_size) != (-1, -1):
-        raise _usage("FA_ENOTSUP", "window_size=%r: sliding-window attention is not in this "
-                     "version of fa" % (tuple(window_size),))
-    if softcap:
-        raise _usage("FA_ENOTSUP", "softcap=%r: not in this version of fa" % softcap)
+    window = _attn.window_size(window_size)
+    cap = _attn.softcap_value(softcap)
     if alibi_slopes is not None:
         raise _usage("FA_ENOTSUP", "alibi_slopes: not supported by fa")
     want = return_lse or return_attn_probs
@@ -176,34 +183,131 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         _no_out_with_autograd(out, "flash_attn_func")
         o, lse = m.attention(q, k, v, bhsd=False, mask=mask, scale=softmax_scale,
                              precision=prec, want_lse=want, deterministic=deterministic,
-                             client=client, stream=stream)
+                             client=client, stream=stream, window=window, softcap=cap)
     else:
         o, lse = _forward(q, k, v, bhsd=False, mask=mask, scale=softmax_scale, want_lse=want,
-                          out=out, client=client, precision=prec, stream=stream)
+                          out=out, client=client, precision=prec, stream=stream,
+                          window=window, softcap=cap)
     if return_attn_probs:
         return o, lse, None
     return (o, lse) if return_lse else o
 
 
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           dropout_p=0.0, softmax_scale=None, causal=False,
+                           window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None, *,
+                           return_lse=False, out=None, precision=None, client=None):
+    """FlashAttention's flash_attn_varlen_func (same positional order), computed by fa-daemon:
+    B sequences of different lengths packed along the token dimension. Forward only.
+
+    q [total_q, Hq, D], k and v [total_k, Hkv, D] (any strides with D contiguous);
+    cu_seqlens_q, cu_seqlens_k: int32 [B + 1] cumulative offsets (sequence b's queries are rows
+    cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1), host or device memory whatever q's is; a
+    sequence may be empty (no queries, or no keys: its rows get 0 and lse -inf). max_seqlen_q,
+    max_seqlen_k: upper bounds of the lengths (checked by the daemon; 0 or None: found).
+    causal (bottom-right per sequence), window_size, softcap: as in flash_attn_func, per
+    sequence. Returns out [total_q, Hq, D]; with return_lse=True (out, lse), lse float32
+    [Hq, total_q] (FlashAttention's varlen softmax_lse layout); return_attn_probs=True returns
+    (out, lse, None). Rows of q past cu_seqlens_q[B] are neither read nor written (out's are
+    left as allocated). Inputs that require grad raise FaNotSupportedError (no varlen
+    backward in fa); so do dropout_p != 0, alibi_slopes and block_table (a paged cache: use
+    flash_attn_with_kvcache). deterministic is accepted for FlashAttention's signature (it
+    concerns a backward). The GPU backend refuses a window or softcap over packed sequences
+    (FA_ENOTSUP), and serves varlen where its build has the kernels (decode shapes at least)."""
+    if dropout_p:
+        raise _usage("FA_ENOTSUP", "dropout_p=%r: fa has no dropout" % dropout_p)
+    if alibi_slopes is not None:
+        raise _usage("FA_ENOTSUP", "alibi_slopes: not supported by fa")
+    if block_table is not None:
+        raise _usage("FA_ENOTSUP", "block_table: fa's varlen call takes packed keys; for a "
+                     "paged KV cache use fa.flash_attn_with_kvcache")
+    window = _attn.window_size(window_size)
+    cap = _attn.softcap_value(softcap)
+    _infer.refuse_autograd("flash_attn_varlen_func", (q, k, v))
+    want = return_lse or return_attn_probs
+    o, lse = _infer.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                           scale=softmax_scale,
+                           mask=_abi.FA_MASK_CAUSAL_BOTTOM_RIGHT if causal else
+                           _abi.FA_MASK_NONE, window=window, softcap=cap, want_lse=want,
+                           out=out, client=client, precision=_precision(precision))
+    if return_attn_probs:
+        return o, lse, None
+    return (o, lse) if return_lse else o
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
+                            rotary_sin=None, cache_seqlens=None, cache_batch_idx=None,
+                            cache_leftpad=None, block_table=None, softmax_scale=None,
+                            causal=False, window_size=(-1, -1), softcap=0.0,
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+                            return_softmax_lse=False, *, out=None, precision=None,
+                            client=None):
+    """FlashAttention's flash_attn_with_kvcache (same positional order), computed by fa-daemon:
+    decode and chunked prefill against a KV cache. Forward only.
+
+    q [B, Sq, Hq, D]. The cache: contiguous k_cache, v_cache [B, max_seqlen, Hkv, D], or, with
+    block_table (int32 [B, max_pages], vLLM's block table), paged pools [pages, page_size, Hkv,
+    D] (page_size 16 to 256; key j of sequence b is row j % page_size of page
+    block_table[b][j // page_size]). cache_seqlens: int32 [B] (or an int for all) keys already
+    in each sequence's cache; None: the whole cache.
+    k, v (optional, new tokens [B, Snew, Hkv, D]): written into the cache in place at positions
+    cache_seqlens[b] .. + Snew - 1 (through block_table when paged) before attending, and
+    attended to: each sequence sees cache_seqlens[b] + Snew keys. As in FlashAttention,
+    cache_seqlens itself is NOT updated: add Snew to it before the next step. Shapes, dtypes,
+    the lengths against the cache's capacity and the pages written are checked before anything
+    is written.
+    causal: query i sees keys j <= i + seqlen_k - Sq (its last query aligned with the last
+    key); window_size and softcap as in flash_attn_func. Returns out [B, Sq, Hq, D]; with
+    return_softmax_lse=True (out, lse), lse float32 [B, Hq, Sq].
+    Inputs that require grad raise FaNotSupportedError (no backward); so do rotary_cos/sin,
+    cache_batch_idx, cache_leftpad and alibi_slopes (apply rotary embeddings before the call).
+    num_splits is accepted and ignored (fa's planner splits the keys). The GPU backend refuses
+    a window or softcap over a KV cache (FA_ENOTSUP)."""
+    for name, val in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                      ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
+                      ("alibi_slopes", alibi_slopes)):
+        if val is not None:
+            raise _usage("FA_ENOTSUP", "%s: not supported by fa%s" % (
+                name, " (apply the rotary embedding to q and k before the call)"
+                if name.startswith("rotary") else ""))
+    window = _attn.window_size(window_size)
+    cap = _attn.softcap_value(softcap)
+    _infer.refuse_autograd("flash_attn_with_kvcache", (q, k_cache, v_cache, k, v))
+    o, lse = _infer.kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table,
+                            scale=softmax_scale,
+                            mask=_abi.FA_MASK_CAUSAL_BOTTOM_RIGHT if causal else
+                            _abi.FA_MASK_NONE, window=window, softcap=cap,
+                            want_lse=return_softmax_lse, out=out, client=client,
+                            precision=_precision(precision))
+    return (o, lse) if return_softmax_lse else o
+
+
 def attn_fwd(q, k, v, *, layout="bshd", mask=MASK_NONE, scale=None, return_lse=False,
-             out=None, lse=None, precision=None, client=None, stream=None):
+             out=None, lse=None, precision=None, client=None, stream=None,
+             window_size=(-1, -1), softcap=0.0):
     """fa's forward as the C API has it, for every array kind: out (and, with return_lse,
     (out, lse)) for q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D] (layout "bshd"; "bhsd" takes
     [B, H, S, D]). mask: fa.MASK_NONE, MASK_CAUSAL_BOTTOM_RIGHT (FlashAttention's) or
     MASK_CAUSAL_TOP_LEFT (PyTorch's); scale None: 1/sqrt(D). out and lse (float32 [B, Hq, Sq]):
-    written when given. Not differentiable (see flash_attn_func); keep lse for attn_bwd."""
+    written when given. window_size, softcap: as in flash_attn_func (the window aligned as the
+    mask is: top-left under MASK_CAUSAL_TOP_LEFT, bottom-right otherwise). Not differentiable
+    (see flash_attn_func); keep lse for attn_bwd."""
     o, lse_o = _forward(q, k, v, bhsd=_layout(layout), mask=_mask(mask), scale=scale,
                         want_lse=return_lse or lse is not None, out=out, lse_out=lse,
-                        client=client, precision=_precision(precision), stream=stream)
+                        client=client, precision=_precision(precision), stream=stream,
+                        window=_attn.window_size(window_size),
+                        softcap=_attn.softcap_value(softcap))
     return (o, lse_o) if return_lse else o
 
 
 def attn_bwd(q, k, v, o, dout, lse, *, layout="bshd", mask=MASK_NONE, scale=None,
              deterministic=False, dq=None, dk=None, dv=None, precision=None, client=None,
-             stream=None):
+             stream=None, window_size=(-1, -1), softcap=0.0):
     """fa's backward as the C API has it (fa_attn_bwd), for every array kind: (dq, dk, dv), the
     gradients of the forward that took q, k, v and wrote o and lse, given dout = dL/do.
-    q, k, v, layout, mask, scale and precision: exactly as that forward had them; o and dout
+    q, k, v, layout, mask, scale, precision, window_size and softcap: exactly as that forward
+    had them (the GPU backend refuses a window or softcap with FA_ENOTSUP); o and dout
     like q; lse float32 [B, Hq, Sq] (the forward's, run with return_lse=True: required).
     dq, dk, dv: written when given (each like q, k, v; sharing no byte with an input or each
     other), else allocated like q, k and v. With GQA/MQA dk and dv are summed over each query-
@@ -211,20 +315,25 @@ def attn_bwd(q, k, v, o, dout, lse, *, layout="bshd", mask=MASK_NONE, scale=None
     for all but lse; any strides with the head dim contiguous. Raises FaError."""
     return _backward(q, k, v, o, dout, lse, bhsd=_layout(layout), mask=_mask(mask),
                      scale=scale, deterministic=deterministic, dq=dq, dk=dk, dv=dv,
-                     client=client, precision=_precision(precision), stream=stream)
+                     client=client, precision=_precision(precision), stream=stream,
+                     window=_attn.window_size(window_size),
+                     softcap=_attn.softcap_value(softcap))
 
 
 def flash_attn_backward(dout, q, k, v, out, softmax_lse, dq=None, dk=None, dv=None, *,
                         softmax_scale=None, causal=False, deterministic=False, precision=None,
-                        client=None, stream=None):
+                        client=None, stream=None, window_size=(-1, -1), softcap=0.0):
     """The backward of flash_attn_func in FlashAttention's shapes and argument order
-    (flash_attn's _flash_attn_backward without dropout, window, softcap, ALiBi): (dq, dk, dv)
-    for q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D], the forward's out and softmax_lse
-    (return_lse=True), dout like out; causal is bottom-right. As attn_bwd otherwise."""
+    (flash_attn's _flash_attn_backward without dropout and ALiBi): (dq, dk, dv) for
+    q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D], the forward's out and softmax_lse
+    (return_lse=True), dout like out; causal is bottom-right; window_size and softcap as the
+    forward had them. As attn_bwd otherwise."""
     return _backward(q, k, v, out, dout, softmax_lse, bhsd=False,
                      mask=_abi.FA_MASK_CAUSAL_BOTTOM_RIGHT if causal else _abi.FA_MASK_NONE,
                      scale=softmax_scale, deterministic=deterministic, dq=dq, dk=dk, dv=dv,
-                     client=client, precision=_precision(precision), stream=stream)
+                     client=client, precision=_precision(precision), stream=stream,
+                     window=_attn.window_size(window_size),
+                     softcap=_attn.softcap_value(softcap))
 
 
 def empty_cache():
@@ -255,6 +364,7 @@ __all__ = ["Client", "FaArgumentError", "FaCopyWarning", "FaError", "FaMemoryErr
            "FaNotSupportedError", "FaTimeoutError", "FaUnavailableError",
            "MASK_CAUSAL_BOTTOM_RIGHT", "MASK_CAUSAL_TOP_LEFT", "MASK_NONE", "__version__",
            "attn_bwd", "attn_fwd", "default_client", "empty_cache", "empty_host",
-           "flash_attn_backward", "flash_attn_func", "is_host_shared",
+           "flash_attn_backward", "flash_attn_func", "flash_attn_varlen_func",
+           "flash_attn_with_kvcache", "is_host_shared",
            "library_path", "library_version", "scaled_dot_product_attention",
            "set_default_client"]

@@ -117,9 +117,62 @@ class fa_attn_bwd_args(C.Structure):
     ]
 
 
+class fa_index(C.Structure):
+    _fields_ = [
+        ("buf", fa_buffer_p),
+        ("offset", C.c_uint64),
+        ("shape", C.c_int64 * 2),
+        ("stride", C.c_int64 * 2),
+    ]
+
+
+class fa_attn_varlen_args(C.Structure):
+    _fields_ = [
+        ("q", fa_tensor),
+        ("k", fa_tensor),
+        ("v", fa_tensor),
+        ("o", fa_tensor),
+        ("lse", fa_tensor),
+        ("cu_seqlens_q", fa_index),
+        ("cu_seqlens_k", fa_index),
+        ("max_seqlen_q", C.c_int64),
+        ("max_seqlen_k", C.c_int64),
+        ("scale", C.c_double),
+        ("mask", fa_enum),
+        ("precision", fa_enum),
+        ("window", C.c_int32),
+        ("window_left", C.c_int64),
+        ("window_right", C.c_int64),
+        ("softcap", C.c_double),
+    ]
+
+
+class fa_attn_kvcache_args(C.Structure):
+    _fields_ = [
+        ("q", fa_tensor),
+        ("k", fa_tensor),
+        ("v", fa_tensor),
+        ("o", fa_tensor),
+        ("lse", fa_tensor),
+        ("cache_seqlens", fa_index),
+        ("page_table", fa_index),
+        ("cu_seqlens_q", fa_index),
+        ("max_seqlen_q", C.c_int64),
+        ("scale", C.c_double),
+        ("mask", fa_enum),
+        ("precision", fa_enum),
+        ("window", C.c_int32),
+        ("window_left", C.c_int64),
+        ("window_right", C.c_int64),
+        ("softcap", C.c_double),
+    ]
+
+
 # Every mirrored struct, for the layout test: (C type name, ctypes class).
 STRUCTS = [("fa_tensor", fa_tensor), ("fa_attn_fwd_args", fa_attn_fwd_args),
-           ("fa_attn_bwd_args", fa_attn_bwd_args)]
+           ("fa_attn_bwd_args", fa_attn_bwd_args), ("fa_index", fa_index),
+           ("fa_attn_varlen_args", fa_attn_varlen_args),
+           ("fa_attn_kvcache_args", fa_attn_kvcache_args)]
 
 # Args structs are handed to the library inside a zeroed block this much larger than the mirror:
 # a library newer than this mirror (fields appended at the end, whose zero is their default)
@@ -151,6 +204,8 @@ PROTOTYPES = {
     "fa_attn_fwd_async": (fa_status, [fa_client_p, C.c_void_p, C.c_void_p]),
     "fa_attn_bwd": (fa_status, [fa_client_p, C.c_void_p]),
     "fa_attn_bwd_async": (fa_status, [fa_client_p, C.c_void_p, C.c_void_p]),
+    "fa_attn_varlen": (fa_status, [fa_client_p, C.c_void_p]),
+    "fa_attn_kvcache": (fa_status, [fa_client_p, C.c_void_p]),
 }
 REQUIRED = ("fa_version_string", "fa_status_name", "fa_strerror", "fa_last_error_detail",
             "fa_client_open", "fa_client_close", "fa_attn_fwd", "fa_buffer_alloc_host",

@@ -37,8 +37,48 @@ _PREC = _abi.fa_attn_fwd_args.precision.offset
 _ARGS_BYTES = C.sizeof(_abi.fa_attn_fwd_args) + _abi.ARGS_SLACK
 _DOUBLE = struct.Struct("<d")
 _INT = struct.Struct("<i")
+_INT64 = struct.Struct("<q")
+NO_WINDOW = (-1, -1)
 assert C.sizeof(C.c_int) == 4
 _tls = threading.local()
+
+
+def window_size(w, fn="window_size"):
+    """FlashAttention's window_size (left, right) as a tuple of two ints (-1: unbounded on
+    that side); raises FaError FA_EINVAL for anything else."""
+    try:
+        left, right = w
+        t = (int(left), int(right))
+    except (TypeError, ValueError):
+        raise usage("FA_EINVAL", "%s=%r: a pair (left, right) of ints, -1 for an unbounded "
+                    "side ((-1, -1): no window)" % (fn, w)) from None
+    if t[0] != left or t[1] != right or min(t) < -1:
+        raise usage("FA_EINVAL", "%s=%r: each side an int >= -1 (-1: unbounded)" % (fn, w))
+    return t
+
+
+def softcap_value(cap):
+    """softcap as a float >= 0 (0: off); FA_EINVAL otherwise (the daemon checks it again)."""
+    try:
+        f = float(cap)
+    except (TypeError, ValueError):
+        raise usage("FA_EINVAL", "softcap=%r: a number >= 0 (0: off)" % (cap,)) from None
+    if not f >= 0.0 or f == float("inf"):
+        raise usage("FA_EINVAL", "softcap=%r: finite and >= 0 (0: off)" % (cap,))
+    return f
+
+
+def pack_window(a, cls, window, softcap):
+    """The window and softcap fields of an args block of struct `cls` (every args struct has
+    them by these names): FlashAttention's window_size maps to fa's one for one (fa_client.h:
+    a negative side is unbounded, a causal mask caps the right side at 0, as FlashAttention's
+    causal does); (-1, -1) leaves the window off."""
+    if window != NO_WINDOW:
+        _INT.pack_into(a, cls.window.offset, 1)
+        _INT64.pack_into(a, cls.window_left.offset, window[0])
+        _INT64.pack_into(a, cls.window_right.offset, window[1])
+    if softcap:
+        _DOUBLE.pack_into(a, cls.softcap.offset, softcap)
 
 
 def _args_block(nbytes=_ARGS_BYTES):
@@ -165,8 +205,10 @@ def _fa_dims(v, bhsd):
 
 
 def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, client=None,
-            precision=_abi.FA_PREC_DEFAULT, gqa=True, stream=None):
+            precision=_abi.FA_PREC_DEFAULT, gqa=True, stream=None, window=NO_WINDOW,
+            softcap=0.0):
     """O (and lse [B, Hq, Sq] fp32 when want_lse) for q, k, v in BHSD (bhsd) or BSHD layout.
+    window: (left, right) as window_size() returns it; softcap: softcap_value()'s.
     stream: None or "sync" (synchronous: wait for the producer's stream first), "current"
     (PyTorch's current stream, asynchronous mode), or "auto" (the asynchronous mode on
     PyTorch's current stream for CUDA tensors while the daemon serves it, else synchronous:
@@ -182,7 +224,8 @@ def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, cli
         if want_lse and lse_out is None and out is not None:
             lse_out = alloc_lse(q, bhsd)
         if out is not None and (lse_out is not None or not want_lse):
-            meta = (bhsd, mask, float(scale) if scale else 0.0, precision, gqa)
+            meta = (bhsd, mask, float(scale) if scale else 0.0, precision, gqa, window,
+                    softcap)
             k_fast, ptrs, kind = _fast.key(_fast.FWD, meta, (q, k, v, out, lse_out)
                                            if want_lse else (q, k, v, out))
             if k_fast is not None:
@@ -240,6 +283,7 @@ def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, cli
     _DOUBLE.pack_into(a, _SCALE, float(scale) if scale else 0.0)
     _INT.pack_into(a, _MASK, mask)
     _INT.pack_into(a, _PREC, precision)
+    pack_window(a, _abi.fa_attn_fwd_args, window, softcap)
     lib = c._lib
     if k_fast is not None and not back and len(res) == len(views):
         _fast.store(c, k_fast, a, _ARGS_BYTES, fields, views, kind)

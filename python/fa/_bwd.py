@@ -30,9 +30,10 @@ MISSING_LSE = ("lse is required: the backward recomputes the attention weights f
 
 def backward(q, k, v, o, dout, lse, *, bhsd, mask, scale, deterministic=False, dq=None,
              dk=None, dv=None, client=None, precision=_abi.FA_PREC_DEFAULT, gqa=True,
-             stream=None):
+             stream=None, window=_attn.NO_WINDOW, softcap=0.0):
     """(dq, dk, dv) for the forward that took q, k, v (BHSD when bhsd, else BSHD), wrote o and
-    lse [B, Hq, Sq] fp32, with this mask, scale and precision; dout is dL/do, shaped like o.
+    lse [B, Hq, Sq] fp32, with this mask, scale, precision, window and softcap (as
+    _attn.forward takes them); dout is dL/do, shaped like o.
     dq, dk, dv: written when given, else allocated like q, k and v. stream: as in the forward.
     Raises FaError."""
     c = client if client is not None else default_client()
@@ -52,7 +53,7 @@ def backward(q, k, v, o, dout, lse, *, bhsd, mask, scale, deterministic=False, d
         dv = _alloc(dv, v)
         if dq is not None and dk is not None and dv is not None:
             meta = (bhsd, mask, float(scale) if scale else 0.0, precision, gqa,
-                    bool(deterministic))
+                    bool(deterministic), window, softcap)
             k_fast, ptrs, kind = _fast.key(_fast.BWD, meta, (q, k, v, o, dout, lse, dq, dk, dv))
             if k_fast is not None:
                 p = _fast.plan(c, k_fast)
@@ -103,6 +104,7 @@ def backward(q, k, v, o, dout, lse, *, bhsd, mask, scale, deterministic=False, d
     _attn._INT.pack_into(a, _MASK, mask)
     _attn._INT.pack_into(a, _PREC, precision)
     _attn._INT.pack_into(a, _FLAGS, _abi.FA_BWD_DETERMINISTIC if deterministic else 0)
+    _attn.pack_window(a, _abi.fa_attn_bwd_args, window, softcap)
     if k_fast is not None and not back and len(res) == len(ins):
         _fast.store(c, k_fast, a, _ARGS_BYTES, fields, ins, kind)
     _attn.call(c, C.addressof(a), kind, stream, vq, lib.fa_attn_bwd, lib.fa_attn_bwd_async,

@@ -30,6 +30,16 @@ STREAM_AUTO = -3     # the default: CUDA tensors asynchronously on PyTorch's cur
                      # while the daemon serves that (as every PyTorch op is ordered), else
                      # synchronous (CPU tensors, a refusing daemon, CUDA graph capture)
 
+_WINDOW_DEFAULTS = (-1, -1, 0.0)  # window_left, window_right, softcap: the last, optional
+
+
+def _with_window_defaults(inputs):
+    """The forward's 14 arguments from the 11 to 14 a caller passed (the window arguments
+    came last and are optional, so calls written for the older signature still work)."""
+    n = len(inputs)
+    return tuple(inputs) + _WINDOW_DEFAULTS[n - 11:] if n < 14 else tuple(inputs)
+
+
 HAVE_CUSTOM_OP = (hasattr(torch.library, "custom_op") and hasattr(torch.library,
                                                                   "register_autograd"))
 # Which way in calls take: "auto" (the custom ops while torch.compile traces, AttnFunction
@@ -96,25 +106,28 @@ def _lse_empty(q, bhsd, want_lse):
     return q.new_empty((B, H, S), dtype=torch.float32)
 
 
-def _fwd_impl(q, k, v, bhsd, mask, scale, precision, want_lse, client, stream):
+def _fwd_impl(q, k, v, bhsd, mask, scale, precision, want_lse, client, stream, wl=-1, wr=-1,
+              softcap=0.0):
     # Outputs allocated exactly as the fakes allocate them (torch.compile relies on it).
     out = torch.empty_like(q)
     lse = _lse_empty(q, bhsd, want_lse)
     _attn.forward(q, k, v, bhsd=bhsd, mask=mask, scale=scale, want_lse=want_lse, out=out,
                   lse_out=lse if want_lse else None, client=_client_of(client),
-                  precision=precision, gqa=True, stream=_stream_of(stream))
+                  precision=precision, gqa=True, stream=_stream_of(stream), window=(wl, wr),
+                  softcap=softcap)
     return out, lse
 
 
 def _bwd_impl(dout, q, k, v, out, lse, bhsd, mask, scale, precision, deterministic, client,
-              stream):
+              stream, wl=-1, wr=-1, softcap=0.0):
     if lse.dim() != 3:
         raise usage("FA_EINVAL", "the forward ran without lse (want_lse=False), so there is "
                     "no gradient: " + _bwd.MISSING_LSE)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _bwd.backward(q, k, v, out, dout, lse, bhsd=bhsd, mask=mask, scale=scale,
                   deterministic=deterministic, dq=dq, dk=dk, dv=dv, client=_client_of(client),
-                  precision=precision, gqa=True, stream=_stream_of(stream))
+                  precision=precision, gqa=True, stream=_stream_of(stream), window=(wl, wr),
+                  softcap=softcap)
     return dq, dk, dv
 
 
@@ -129,46 +142,53 @@ if HAVE_CUSTOM_OP:
     @torch.library.custom_op("fa::attn_fwd", mutates_args=())
     def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bhsd: bool, mask: int,
                  scale: float, precision: int, want_lse: bool, deterministic: bool,
-                 client: int, stream: int) -> Tuple[torch.Tensor, torch.Tensor]:
+                 client: int, stream: int, window_left: int = -1, window_right: int = -1,
+                 softcap: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor]:
         """fa's forward: (out like q, lse fp32 [B, Hq, Sq], or empty [0] when not want_lse).
         bhsd: the layout of q, k, v; mask: fa.MASK_*; scale 0: 1/sqrt(D); deterministic: for
         the backward this op's gradient runs; client: 0 or a Client's _op_id; stream: a code
-        of stream_code()."""
-        return _fwd_impl(q, k, v, bhsd, mask, scale, precision, want_lse, client, stream)
+        of stream_code(); window_left/right: FlashAttention's window_size (-1, -1: none);
+        softcap: 0 off."""
+        return _fwd_impl(q, k, v, bhsd, mask, scale, precision, want_lse, client, stream,
+                         window_left, window_right, softcap)
 
     @attn_fwd.register_fake
     def _attn_fwd_fake(q, k, v, bhsd, mask, scale, precision, want_lse, deterministic, client,
-                       stream):
+                       stream, window_left=-1, window_right=-1, softcap=0.0):
         return torch.empty_like(q), _lse_empty(q, bhsd, want_lse)
 
     @torch.library.custom_op("fa::attn_bwd", mutates_args=())
     def attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  out: torch.Tensor, lse: torch.Tensor, bhsd: bool, mask: int, scale: float,
-                 precision: int, deterministic: bool, client: int,
-                 stream: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                 precision: int, deterministic: bool, client: int, stream: int,
+                 window_left: int = -1, window_right: int = -1,
+                 softcap: float = 0.0) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """fa's backward: (dq, dk, dv) like q, k, v, for attn_fwd's inputs, out and lse and the
-        upstream gradient dout (head dim contiguous)."""
+        upstream gradient dout (head dim contiguous); window and softcap as attn_fwd had."""
         return _bwd_impl(dout, q, k, v, out, lse, bhsd, mask, scale, precision, deterministic,
-                         client, stream)
+                         client, stream, window_left, window_right, softcap)
 
     @attn_bwd.register_fake
     def _attn_bwd_fake(dout, q, k, v, out, lse, bhsd, mask, scale, precision, deterministic,
-                       client, stream):
+                       client, stream, window_left=-1, window_right=-1, softcap=0.0):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def _setup_context(ctx, inputs, output):
-        q, k, v, bhsd, mask, scale, precision, _want, deterministic, client, stream = inputs
+        ctx.n_inputs = len(inputs)
+        (q, k, v, bhsd, mask, scale, precision, _want, deterministic, client, stream,
+         wl, wr, softcap) = _with_window_defaults(inputs)
         out, lse = output
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.params = (bhsd, mask, scale, precision, deterministic, client, stream)
+        ctx.params = (bhsd, mask, scale, precision, deterministic, client, stream, wl, wr,
+                      softcap)
         ctx.mark_non_differentiable(lse)
 
     def _attn_fwd_backward(ctx, g, _g_lse):
         if g is None:
-            return (None,) * 11
+            return (None,) * ctx.n_inputs
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = torch.ops.fa.attn_bwd(grad_for_fa(g), q, k, v, out, lse, *ctx.params)
-        return (dq, dk, dv) + (None,) * 8
+        return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
 
     attn_fwd.register_autograd(_attn_fwd_backward, setup_context=_setup_context)
 
@@ -179,10 +199,14 @@ class AttnFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, bhsd, mask, scale, precision, want_lse, deterministic, client,
-                stream):
-        out, lse = _fwd_impl(q, k, v, bhsd, mask, scale, precision, want_lse, client, stream)
+                stream, *window):
+        ctx.n_inputs = 11 + len(window)
+        wl, wr, softcap = _with_window_defaults((None,) * 11 + window)[11:]
+        out, lse = _fwd_impl(q, k, v, bhsd, mask, scale, precision, want_lse, client, stream,
+                             wl, wr, softcap)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.params = (bhsd, mask, scale, precision, deterministic, client, stream)
+        ctx.params = (bhsd, mask, scale, precision, deterministic, client, stream, wl, wr,
+                      softcap)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -190,23 +214,25 @@ class AttnFunction(torch.autograd.Function):
     @torch.autograd.function.once_differentiable  # fa has no double backward: refuse it
     def backward(ctx, g, _g_lse):
         if g is None:
-            return (None,) * 11
+            return (None,) * ctx.n_inputs
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = _bwd_impl(grad_for_fa(g), q, k, v, out, lse, *ctx.params)
-        return (dq, dk, dv) + (None,) * 8
+        return (dq, dk, dv) + (None,) * (ctx.n_inputs - 3)
 
 
 def attention(q, k, v, *, bhsd, mask, scale, precision, want_lse, deterministic, client,
-              stream):
+              stream, window=(-1, -1), softcap=0.0):
     """(out, lse) through autograd (lse computed when want_lse or when a gradient may be
     needed; an empty tensor otherwise). deterministic: FA_BWD_DETERMINISTIC for the backward,
-    also set by torch.use_deterministic_algorithms(True)."""
+    also set by torch.use_deterministic_algorithms(True). window (left, right) and softcap go
+    to the forward and, saved, to its backward."""
     need_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or
                                              v.requires_grad)
     args = (q, k, v, bool(bhsd), int(mask), float(scale) if scale else 0.0, int(precision),
             bool(want_lse or need_grad),
             bool(deterministic or torch.are_deterministic_algorithms_enabled()),
-            client_id(client), stream_code(stream))
+            client_id(client), stream_code(stream), int(window[0]), int(window[1]),
+            float(softcap))
     if HAVE_CUSTOM_OP and route != "function" and (route == "op" or _is_compiling()):
         return torch.ops.fa.attn_fwd(*args)
     return AttnFunction.apply(*args)

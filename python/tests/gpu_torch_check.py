@@ -20,6 +20,9 @@ asynchronous mode, torch.compile(fullgraph=True) of a block forward and backward
 the autograd path's cost per call and a training step against torch's SDPA (the default
 asynchronous ordering and stream="sync", the daemon's time per call, registrations and
 prebuilt blocks per step, each call alone, the host side with the attention calls stubbed).
+Then inference: the window and softcap (forward; the backward where the GPU serves it),
+flash_attn_varlen_func and flash_attn_with_kvcache (contiguous, paged 16 and 256, append)
+against infer_ref.py; a call the GPU build refuses with FA_ENOTSUP prints n/a, not a failure.
 FA_TORCH_CHECK_PARTS / FA_TORCH_TRAINING_PARTS (comma lists of part names) pick parts.
 While the daemon's GPU backend has no backward kernels the training part says so and is skipped.
 Exit 1 on any correctness failure, 0 otherwise (overheads and ratios are reported, not
@@ -668,6 +671,115 @@ def training(c):
         print("  ok   every gradient within 1.5x torch SDPA's error where SDPA ran")
 
 
+# ---- inference: window, softcap, varlen, KV cache ----------------------------------------
+def _np64(x):
+    return x.detach().float().cpu().numpy()
+
+
+def _served(name, fn):
+    """fn() or None when the daemon refuses it with FA_ENOTSUP (a GPU build without that
+    kernel: reported, not a failure)."""
+    try:
+        return fn()
+    except fa.FaNotSupportedError as e:
+        print("  n/a  %-62s FA_ENOTSUP: %s" % (name, e.detail[:70]))
+        return None
+
+
+def inference(c):
+    """flash_attn_func with a window and softcap (forward; the backward where served),
+    flash_attn_varlen_func over ragged decode and prefill batches, flash_attn_with_kvcache on
+    contiguous and paged caches (page sizes 16 and 256, shuffled tables) with the append, each
+    against infer_ref.py's float64 reference."""
+    import numpy as np
+    import infer_ref as R
+    g = torch.Generator(device=DEV).manual_seed(7)
+
+    def rn(*shape, dt=torch.float16):
+        return torch.randn(*shape, device=DEV, dtype=dt, generator=g)
+    dts = (torch.float16, torch.bfloat16) if DEV == "cuda" else (torch.float32,)
+    for dt in dts:
+        tol = TOL[dt]
+        for B, Sq, Sk, Hq, Hkv, D in ((2, 77, 133, 8, 2, 64), (1, 1, 1000, 4, 1, 128)):
+            q, k, v = rn(B, Sq, Hq, D, dt=dt), rn(B, Sk, Hkv, D, dt=dt), rn(B, Sk, Hkv, D, dt=dt)
+            for causal, w, cap in ((True, (31, 0), 0.0), (False, (16, 16), 0.0),
+                                   (True, (-1, -1), 30.0), (False, (40, -1), 5.0)):
+                name = "window %s B%d Sq%d Sk%d w%s cap%g c%d" % (str(dt)[6:], B, Sq, Sk, w,
+                                                                   cap, causal)
+                o = _served(name, lambda: fa.flash_attn_func(q, k, v, causal=causal,
+                                                             window_size=w, softcap=cap,
+                                                             client=c))
+                if o is not None:
+                    wo, _ = R.dense(_np64(q), _np64(k), _np64(v), causal, w, cap)
+                    record(name, rel(o, torch.from_numpy(wo)), tol)
+        xs = [rn(2, 65, 4, 64, dt=dt).requires_grad_() for _ in range(3)]
+        name = "window backward %s w(17,0) cap10" % str(dt)[6:]
+
+        def bwd():
+            o = fa.flash_attn_func(*xs, causal=True, window_size=(17, 0), softcap=10.0,
+                                   client=c)
+            o.float().square().sum().backward()
+            return o
+        if _served(name, bwd) is not None:
+            rs = [torch.from_numpy(_np64(x)).double().requires_grad_() for x in xs]
+            import test_torch_infer as TI
+            TI.ref_window(*rs, True, (17, 0), 10.0).square().sum().backward()
+            for n, x, r in zip("qkv", xs, rs):
+                record("%s d%s" % (name, n), rel(x.grad, r.grad), 4 * tol)
+        # varlen: decode (1..16 queries per sequence) and prefill, with an empty sequence
+        for lens_q, lens_k in (([1, 1, 4, 16], [1000, 17, 129, 4097]),
+                               ([127, 1, 0, 300], [129, 1, 5, 300])):
+            cu_q = torch.tensor([0] + list(np.cumsum(lens_q)), dtype=torch.int32, device=DEV)
+            cu_k = torch.tensor([0] + list(np.cumsum(lens_k)), dtype=torch.int32, device=DEV)
+            q = rn(int(cu_q[-1]), 8, 128, dt=dt)
+            k, v = rn(int(cu_k[-1]), 2, 128, dt=dt), rn(int(cu_k[-1]), 2, 128, dt=dt)
+            for causal in (False, True):
+                name = "varlen %s q%s causal=%d" % (str(dt)[6:], lens_q, causal)
+                o = _served(name, lambda: fa.flash_attn_varlen_func(
+                    q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal, client=c))
+                if o is not None:
+                    wo, _ = R.varlen(_np64(q), _np64(k), _np64(v), _np64(cu_q).astype(int),
+                                     _np64(cu_k).astype(int), causal)
+                    record(name, rel(o, torch.from_numpy(wo)), tol)
+        # KV cache: contiguous and paged (16, 256), decode Sq 1 and 4, append of Sq tokens
+        B, Hq, Hkv, D = 3, 8, 2, 128
+        lens = torch.tensor([1, 1000, 4000], dtype=torch.int32, device=DEV)
+        for ps in (0, 16, 256):
+            for Sq in (1, 4):
+                cap_tok = 4352
+                if ps:
+                    per = cap_tok // ps
+                    pages = B * per + 5
+                    kc, vc = rn(pages, ps, Hkv, D, dt=dt), rn(pages, ps, Hkv, D, dt=dt)
+                    bt = torch.randperm(pages, generator=torch.Generator().manual_seed(ps))[
+                        :B * per].view(B, per).to(torch.int32).to(DEV)
+                else:
+                    kc, vc = rn(B, cap_tok, Hkv, D, dt=dt), rn(B, cap_tok, Hkv, D, dt=dt)
+                    bt = None
+                q, kn, vn = rn(B, Sq, Hq, D, dt=dt), rn(B, Sq, Hkv, D, dt=dt), rn(B, Sq, Hkv, D,
+                                                                                  dt=dt)
+                name = "kvcache %s page%d Sq%d append" % (str(dt)[6:], ps, Sq)
+                o = _served(name, lambda: fa.flash_attn_with_kvcache(
+                    q, kc, vc, kn, vn, cache_seqlens=lens, block_table=bt, causal=True,
+                    client=c))
+                if o is not None:
+                    wo, _ = R.kvcache(_np64(q), _np64(kc), _np64(vc),
+                                      (_np64(lens) + Sq).astype(int),
+                                      None if bt is None else _np64(bt).astype(int),
+                                      causal=True)
+                    record(name, rel(o, torch.from_numpy(wo)), tol)
+        # the GPU backend refuses a window over these layouts: FA_ENOTSUP, or correct
+        q = rn(B, 1, Hq, D, dt=dt)
+        kc, vc = rn(B, 4352, Hkv, D, dt=dt), rn(B, 4352, Hkv, D, dt=dt)
+        name = "kvcache %s window (64, 0)" % str(dt)[6:]
+        o = _served(name, lambda: fa.flash_attn_with_kvcache(
+            q, kc, vc, cache_seqlens=lens, causal=True, window_size=(64, 0), client=c))
+        if o is not None:
+            wo, _ = R.kvcache(_np64(q), _np64(kc), _np64(vc), _np64(lens).astype(int),
+                              causal=True, window=(64, 0))
+            record(name, rel(o, torch.from_numpy(wo)), tol)
+
+
 def dry_run():
     """The training part on CPU tensors through a CPU-backend daemon (no GPU needed)."""
     global DEV
@@ -676,6 +788,12 @@ def dry_run():
     with Daemon() as d:
         c = fa.Client(d.url)
         training(c)
+        try:
+            inference(c)
+        except Exception as e:
+            import traceback
+            traceback.print_exc()
+            failures.append("inference: %s" % e)
         c.close()
     print("gpu_torch_check --cpu-dry-run: %d failed" % len(failures) +
           (": " + ", ".join(failures) if failures else ""))
@@ -701,7 +819,8 @@ def main():
         parts = os.environ.get("FA_TORCH_CHECK_PARTS", "").split(",")
         for name, fn in (("overhead", overhead), ("cache", cache),
                          ("fallback", lambda c: fallback(url)), ("correctness", correctness),
-                         ("host", host_and_async), ("training", training)):
+                         ("host", host_and_async), ("training", training),
+                         ("inference", inference)):
             if parts != [""] and name not in parts:
                 continue
             try:

@@ -68,10 +68,17 @@ class Errors(unittest.TestCase):
         with self.assertRaises(fa.FaNotSupportedError) as cm:
             fa.scaled_dot_product_attention(q, q, q, dropout_p=0.1, client=self.c)
         self.assertIn("dropout_p", cm.exception.detail)
-        with self.assertRaises(fa.FaNotSupportedError):
-            self.call(q, q, q, window_size=(4, 0))
-        with self.assertRaises(fa.FaNotSupportedError):
-            self.call(q, q, q, softcap=30.0)
+
+    def test_bad_window_size_and_softcap_are_FA_EINVAL(self):
+        q = np.zeros((1, 2, 3, 8), np.float32)
+        for w in ((4,), (4, -2), "ab", (1.5, 0), None):
+            with self.assertRaises(fa.FaError, msg=repr(w)) as cm:
+                self.call(q, q, q, window_size=w)
+            self.assertStatus(cm, "FA_EINVAL", fa.FaArgumentError, "window_size")
+        for cap in (-1.0, float("nan"), float("inf"), "x"):
+            with self.assertRaises(fa.FaError, msg=repr(cap)) as cm:
+                self.call(q, q, q, softcap=cap)
+            self.assertStatus(cm, "FA_EINVAL", fa.FaArgumentError, "softcap")
 
     def test_wrong_rank_dtype_mismatch_and_float64(self):
         q3 = np.zeros((2, 3, 8), np.float32)
