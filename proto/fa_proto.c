@@ -548,7 +548,9 @@ static fa_status decode_window(const msgpack_object *const *val, struct fa_proto
 			return fa_err(err, errlen, FA_EPROTO, "key 'cap': want a float");
 		if (!isfinite(c->via.f64) || c->via.f64 < 0)
 			return fa_err(err, errlen, FA_EPROTO, "key 'cap': must be finite and >= 0");
-		w->softcap = c->via.f64;
+		/* -0.0 is off like 0 (the encoder writes no "cap" for either): stored as +0.0 so that a
+		 * message reads the same after a re-encoding */
+		w->softcap = c->via.f64 == 0 ? 0.0 : c->via.f64;
 	}
 	return FA_OK;
 }

@@ -146,6 +146,35 @@ static void test_fwd_window_and_softcap_round_trip_and_stay_off_when_absent(void
 	assert_int_equal(fa_proto_encode_req(&r, enc, sizeof enc, &len), FA_EINVAL);
 }
 
+/* "cap": -0.0 on the wire is off, read as +0.0, so the message reads the same after a
+ * re-encoding (which writes no "cap"); found by fuzz_proto (corpus req-varlen-negzero-cap). */
+static void test_negative_zero_softcap_reads_as_off(void **state)
+{
+	struct fa_proto_req r, out;
+	(void)state;
+	memset(&r, 0, sizeof r);
+	r.op = FA_OP_ATTN_FWD;
+	r.session = 1;
+	r.seq = 2;
+	r.u.fwd.q = r.u.fwd.o = r.u.fwd.k = r.u.fwd.v = tensor(3, 2, 17, 4, 64);
+	r.u.fwd.o.region = 5;
+	r.u.fwd.win.softcap = 50.0;
+	size_t len = 0;
+	assert_int_equal(fa_proto_encode_req(&r, enc, sizeof enc, &len), FA_OK);
+	/* 50.0 as msgpack float 64: 0xcb, then 0x4049000000000000 big-endian */
+	static const unsigned char fifty[9] = {0xcb, 0x40, 0x49, 0, 0, 0, 0, 0, 0};
+	unsigned char *at = memmem(enc, len, fifty, sizeof fifty);
+	assert_non_null(at);
+	at[1] = 0x80; /* -0.0 */
+	at[2] = 0;
+	char why[FA_PROTO_DETAIL_MAX];
+	assert_int_equal(fa_proto_decode_req(enc, len, &out, why, sizeof why), FA_OK);
+	assert_true(out.u.fwd.win.softcap == 0 && !signbit(out.u.fwd.win.softcap));
+	size_t len2 = 0;
+	assert_int_equal(fa_proto_encode_req(&out, enc, sizeof enc, &len2), FA_OK);
+	assert_null(memmem(enc, len2, "\xa3" "cap", 4));
+}
+
 static struct fa_proto_req bwd_req(void)
 {
 	struct fa_proto_req r;
@@ -384,6 +413,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_fwd_window_and_softcap_round_trip_and_stay_off_when_absent),
+		cmocka_unit_test(test_negative_zero_softcap_reads_as_off),
 		cmocka_unit_test(test_bwd_window_and_softcap_round_trip_and_stay_off_when_absent),
 		cmocka_unit_test(test_varlen_and_kvcache_round_trip),
 		cmocka_unit_test(test_encoder_refuses_what_the_decoder_would),
