@@ -52,6 +52,14 @@ int fa_ctl_plan_decode(const struct fa_device_model *model, bool real,
                        const struct fa_plan_req *r, int64_t hkv, const char *cache_lens,
                        int64_t page_size, bool json);
 
+/* `fa-ctl plan --prefill` (fa_ctl_plan_infer.c): the prefill kernel's tile over an inference
+ * layout (a paged cache when page_size > 0, else sequences of their own lengths) for r's dtype,
+ * head dim, mask, B, H and the longest sequence's Sq and Sk, with hkv kv heads (0: H), and the
+ * dense tile of the same shape beside it. Text or one JSON object on stdout; the status on
+ * stderr when it fails. Returns the process exit status (FA_CTL_EXIT_*). */
+int fa_ctl_plan_prefill(const struct fa_device_model *model, bool real,
+                        const struct fa_plan_req *r, int64_t hkv, int64_t page_size, bool json);
+
 /* The kernel settings of the GPU subcommands (plan, tune): the defaults, then the environment
  * variables the daemon reads for the same settings (FA_WGMMA, FA_WGMMA16, FA_NVRTC_EXTRA, ...,
  * kernels/fa_settings.h), so fa-ctl plans and tunes what the daemon would run. A bad value is

@@ -28,6 +28,8 @@ static void usage(FILE *f)
 	        "                   --seq-k S] [--backward] [--all] [--json]\n"
 	        "       fa-ctl plan ... --decode [--batch B] [--heads H] [--kv-heads H] [--seq-q S]\n"
 	        "                   [--seq-k S | --cache-lens L,L,... [--page-size P]] [--json]\n"
+	        "       fa-ctl plan ... --prefill --seq-q S --seq-k S [--batch B] [--heads H]\n"
+	        "                   [--kv-heads H] [--page-size P] [--json]\n"
 	        "  precision (fp32): 3xtf32 (default), ieee, tf32, bf16\n"
 	        "  --causal is bottom-right aligned (FlashAttention >= 2.1); --causal-top-left is\n"
 	        "  PyTorch's is_causal. Shape arguments, when given, let the ranking account for waves.\n"
@@ -37,6 +39,8 @@ static void usage(FILE *f)
 	        "  --decode plans the split-KV decode kernel (few queries, long caches): its tile,\n"
 	        "  the split of the keys and the grid; with --cache-lens, over a KV cache of those\n"
 	        "  lengths (one a sequence; pages of --page-size tokens), ragged split included.\n"
+	        "  --prefill plans the prefill kernel over varlen batches and KV caches (paged with\n"
+	        "  --page-size) for the longest sequence's --seq-q and --seq-k, beside the dense tile.\n"
 	        "  --json prints the plan as one JSON object on stdout (when nothing fits: the\n"
 	        "  status and its detail, exit status 1 as without --json).\n"
 	        "  Without --arch the real device is planned for (fa-ctl loads the CUDA driver).\n"
@@ -192,6 +196,7 @@ int fa_ctl_plan_main(int argc, char **argv)
 		{"json", no_argument, NULL, 'j'},
 		{"backward", no_argument, NULL, 'b'},
 		{"decode", no_argument, NULL, 'D'},
+		{"prefill", no_argument, NULL, 'F'},
 		{"kv-heads", required_argument, NULL, 'K'},
 		{"cache-lens", required_argument, NULL, 'L'},
 		{"page-size", required_argument, NULL, 'P'},
@@ -199,7 +204,7 @@ int fa_ctl_plan_main(int argc, char **argv)
 		{NULL, 0, NULL, 0},
 	};
 	const char *arch = NULL;
-	int device = -1, bad = 0, all = 0, json = 0, backward = 0, decode = 0;
+	int device = -1, bad = 0, all = 0, json = 0, backward = 0, decode = 0, prefill = 0;
 	int64_t hkv = 0, page_size = 0;
 	const char *cache_lens = NULL;
 	struct fa_kernel_settings ks;
@@ -213,7 +218,7 @@ int fa_ctl_plan_main(int argc, char **argv)
 	optind = 1;
 	opterr = 0; /* our own messages, with fa-ctl's prefix */
 	int c;
-	while ((c = getopt_long(argc, argv, ":a:g:t:d:p:cCB:H:q:k:AjbhDK:L:P:", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":a:g:t:d:p:cCB:H:q:k:AjbhDFK:L:P:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'a': arch = optarg; break;
 		case 'g': device = (int)parse_long(optarg, "device", &bad); break;
@@ -248,6 +253,7 @@ int fa_ctl_plan_main(int argc, char **argv)
 		case 'j': json = 1; break;
 		case 'b': backward = 1; break;
 		case 'D': decode = 1; break;
+		case 'F': prefill = 1; break;
 		case 'K': hkv = parse_long(optarg, "kv-heads", &bad); break;
 		case 'L': cache_lens = optarg; break;
 		case 'P': page_size = parse_long(optarg, "page-size", &bad); break;
@@ -267,6 +273,16 @@ int fa_ctl_plan_main(int argc, char **argv)
 	}
 	if (!bad && (r.dtype == 0 || r.D < 0)) {
 		fa_ctl_usage_error("plan", "--dtype and --head-dim are required");
+		bad = 1;
+	}
+	if (!bad && prefill + decode + backward > 1) {
+		fa_ctl_usage_error("plan", "--prefill, --decode and --backward plan different kernels: "
+		                   "give one");
+		bad = 1;
+	}
+	if (!bad && prefill && cache_lens) {
+		fa_ctl_usage_error("plan", "--prefill plans for the longest sequence: give its "
+		                   "--seq-q and --seq-k instead of --cache-lens");
 		bad = 1;
 	}
 	if (bad) {
@@ -297,6 +313,11 @@ int fa_ctl_plan_main(int argc, char **argv)
 		model = *fa_gpu_model(g);
 	}
 
+	if (prefill) {
+		int prc = fa_ctl_plan_prefill(&model, g != NULL, &r, hkv, page_size, json);
+		fa_gpu_close(g);
+		return prc;
+	}
 	if (decode) {
 		int drc = fa_ctl_plan_decode(&model, g != NULL, &r, hkv, cache_lens, page_size, json);
 		fa_gpu_close(g);

@@ -2,7 +2,9 @@
  * over a KV cache with given lengths (contiguous, or paged with --page-size), as the GPU would
  * launch it (kernels/planner_decode.c, planner_infer.c): the tile, the split of the keys, the
  * grid and the merge pass's scratch; for ragged lengths also the split of the longest sequence's
- * dense plan, which the ragged rule replaces.
+ * dense plan, which the ragged rule replaces. `fa-ctl plan --prefill`: the prefill kernel's tile
+ * over the inference layouts (kernels/gpu_fwd_infer.c's fa_plan_fwd_infer), against the dense
+ * tile of the same shape (a paged cache takes a tile that leaves registers for its lookups).
  *
  *   fa-ctl plan --arch h200 --dtype bf16 --head-dim 128 --decode --batch 16 --heads 32 \
  *       --kv-heads 8 --seq-k 8192
@@ -15,6 +17,8 @@
 #include <string.h>
 
 #include "fa_ctl.h"
+#include "fa_err.h"
+#include "fa_gpu_infer.h"
 #include "fa_infer_route.h"
 
 /* "a,b,c" into lens (malloc'd); the count, or -1 with the message printed. */
@@ -178,4 +182,114 @@ int fa_ctl_plan_decode(const struct fa_device_model *model, bool real,
 	free(lens);
 	free(pt);
 	return rc;
+}
+
+int fa_ctl_plan_prefill(const struct fa_device_model *model, bool real,
+                        const struct fa_plan_req *r, int64_t hkv, int64_t page_size, bool json)
+{
+	if (r->Sq < 1 || r->Sk < 1)
+		return fa_ctl_usage_error("plan", "--prefill needs --seq-q and --seq-k (the longest "
+		                          "sequence's query and key counts)");
+	if (page_size != 0 && (page_size < FA_PAGE_SIZE_MIN || page_size > FA_PAGE_SIZE_MAX))
+		return fa_ctl_usage_error("plan", "--page-size %" PRId64 ": pages hold %d to %d tokens",
+		                          page_size, FA_PAGE_SIZE_MIN, FA_PAGE_SIZE_MAX);
+	struct fa_attn_fwd_desc f;
+	memset(&f, 0, sizeof f);
+	f.dtype = r->dtype;
+	f.precision = r->precision;
+	f.mask = r->mask;
+	f.D = r->D;
+	f.scale = 1.0;
+	f.B = r->B > 0 ? r->B : 1;
+	f.Hq = r->H > 0 ? r->H : 32;
+	f.Hkv = hkv > 0 ? hkv : f.Hq;
+	f.Sq = r->Sq;
+	f.Sk = r->Sk;
+	const int layout = page_size > 0 ? FA_KLAYOUT_PAGED : FA_KLAYOUT_SEQ;
+	const char *lname = page_size > 0 ? "paged cache" : "sequences of their own lengths";
+	char err[1024] = "";
+	struct fa_kernel_spec spec;
+	struct fa_tile dense[FA_PLAN_MAX_CANDIDATES];
+	int nd = 0;
+	fa_status st = fa_check_head_dim(r->D, err, sizeof err);
+	if (st == FA_OK)
+		st = fa_plan_fwd_infer(model, r->ks, &f, f.Sq, f.Sk, layout, &spec, err, sizeof err);
+	if (st == FA_OK && spec.tile.smem > model->smem_optin) {
+		char tb[48];
+		fa_tile_format(&spec.tile, tb, sizeof tb);
+		st = fa_err(err, sizeof err, FA_ENOFIT,
+		            "tile %s needs %zu bytes of shared memory, %s allows %zu", tb,
+		            spec.tile.smem, model->name, model->smem_optin);
+	}
+	/* the dense kernel's choice for the same shape, mma.sync only as the layouts' */
+	struct fa_kernel_settings ks = r->ks ? *r->ks : *fa_kernel_settings_default();
+	ks.wgmma = false;
+	struct fa_plan_req dr = *r;
+	dr.ks = &ks;
+	dr.B = f.B;
+	dr.H = f.Hq;
+	if (st == FA_OK && fa_plan(model, &dr, dense, FA_PLAN_MAX_CANDIDATES, &nd, err,
+	                           sizeof err) != FA_OK)
+		nd = 0;
+	char tb[48] = "", dtb[48] = "";
+	if (st == FA_OK)
+		fa_tile_format(&spec.tile, tb, sizeof tb);
+	if (nd > 0)
+		fa_tile_format(&dense[0], dtb, sizeof dtb);
+	const size_t extra = st == FA_OK ? fa_klayout_smem(&spec.tile, layout) : 0;
+	if (json) {
+		printf("{\n  \"device\": {\"name\": ");
+		fa_ctl_json_string(stdout, model->name);
+		printf(", \"sm\": %d, \"sm_count\": %d, \"real\": %s},\n", model->sm, model->sm_count,
+		       real ? "true" : "false");
+		printf("  \"problem\": {\"pass\": \"prefill\", \"layout\": \"%s\", \"dtype\": "
+		       "\"%s\", \"head_dim\": %lld, \"mask\": ", page_size > 0 ? "paged" : "varlen",
+		       fa_dtype_name(f.dtype), (long long)f.D);
+		fa_ctl_json_string(stdout, fa_mask_name(f.mask));
+		printf(", \"B\": %lld, \"Hq\": %lld, \"Hkv\": %lld, \"longest_Sq\": %lld, "
+		       "\"longest_Sk\": %lld", (long long)f.B, (long long)f.Hq, (long long)f.Hkv,
+		       (long long)f.Sq, (long long)f.Sk);
+		if (page_size > 0)
+			printf(", \"page_size\": %lld", (long long)page_size);
+		printf("},\n  \"status\": \"%s\"", fa_status_name(st));
+		if (st != FA_OK) {
+			printf(",\n  \"detail\": ");
+			fa_ctl_json_string(stdout, err);
+		} else {
+			printf(",\n  \"tile\": ");
+			fa_ctl_json_string(stdout, tb);
+			printf(", \"smem_bytes\": %zu, \"layout_smem_bytes\": %zu, \"registers\": %d, "
+			       "\"smem_limit\": %zu", spec.tile.smem, extra, spec.tile.regs,
+			       model->smem_optin);
+			if (nd > 0) {
+				printf(",\n  \"dense_tile\": ");
+				fa_ctl_json_string(stdout, dtb);
+			}
+		}
+		printf("\n}\n");
+	} else {
+		printf("device:    %s (sm_%d, %d SMs)%s\n", model->name, model->sm, model->sm_count,
+		       real ? " (read from the GPU)" : "");
+		printf("problem:   prefill over %s, %s head dim %lld, mask %s, B=%lld Hq=%lld Hkv=%lld, "
+		       "longest Sq=%lld Sk=%lld", lname, fa_dtype_name(f.dtype), (long long)f.D,
+		       fa_mask_name(f.mask), (long long)f.B, (long long)f.Hq, (long long)f.Hkv,
+		       (long long)f.Sq, (long long)f.Sk);
+		if (page_size > 0)
+			printf(", pages of %lld", (long long)page_size);
+		printf("\n");
+		if (st == FA_OK) {
+			printf("tile:      %s (mma.sync), %zu bytes of shared memory of %zu", tb,
+			       spec.tile.smem, model->smem_optin);
+			if (extra)
+				printf(" (%zu of them the page row table)", extra);
+			printf(", ~%d registers\n", spec.tile.regs);
+			if (nd > 0 && strcmp(dtb, tb) != 0)
+				printf("dense:     the same shape as one dense batch takes %s%s\n", dtb,
+				       page_size > 0 ? "; the paged kernel needs registers for its page "
+				                       "lookups, so it takes a tile that leaves them" : "");
+		}
+	}
+	if (st != FA_OK)
+		return fa_ctl_failure("plan", "%s: %s", fa_status_name(st), err);
+	return FA_CTL_EXIT_OK;
 }

@@ -12,7 +12,8 @@
  *   fa_gpu_attn_infer  the entry the daemon and tests call (kernels/gpu_infer.c): decode shapes
  *                      (every sequence's query count <= FA_DECODE_MAX_SQ) to the split-KV decode
  *                      kernel, everything else to fa_gpu_fwd_infer;
- *   fa_gpu_fwd_infer   the prefill kernel over the same layouts (kernels/gpu_fwd_infer.c).
+ *   fa_gpu_fwd_infer   the prefill kernel over the same layouts (kernels/gpu_fwd_infer.c),
+ *                      planned by fa_plan_fwd_infer (also `fa-ctl plan --prefill`).
  */
 #ifndef FA_GPU_INFER_H
 #define FA_GPU_INFER_H
@@ -42,5 +43,16 @@ fa_status fa_gpu_fwd_infer(struct fa_gpu *g, const struct fa_attn_infer_desc *d,
                            const struct fa_gpu_infer_index *ix, CUdeviceptr q, CUdeviceptr k,
                            CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
                            char *err, size_t errlen);
+
+/* The tile and specialisation fa_gpu_fwd_infer launches for the longest sequence (Sq x Sk) of
+ * a batch described by d (its B, heads, dtype, precision, mask, head dim) on dev with layout
+ * (FA_KLAYOUT_SEQ or FA_KLAYOUT_PAGED): the planner's first mma.sync candidate (ks with the
+ * wgmma paths off); for a paged cache the first whose estimate leaves registers for the page
+ * lookups (the 255-register tiles and fp32's 128-key tiles spill with them: test_nvrtc_infer).
+ * spec->tile.smem includes the layout's shared memory. ks borrowed (NULL: defaults).
+ * FA_OK, the planner's statuses and text (FA_EINVAL, FA_ENOFIT). Pure, thread-safe. */
+fa_status fa_plan_fwd_infer(const struct fa_device_model *dev, const struct fa_kernel_settings *ks,
+                            const struct fa_attn_fwd_desc *d, int64_t Sq, int64_t Sk, int layout,
+                            struct fa_kernel_spec *spec, char *err, size_t errlen);
 
 #endif /* FA_GPU_INFER_H */

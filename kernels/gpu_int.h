@@ -23,17 +23,6 @@ struct fa_gpu_bwd_funcs {
 fa_status fa_gpu_bwd_kernels(struct fa_gpu *g, const struct fa_kernel_spec *s,
                              struct fa_gpu_bwd_funcs *f, char *err, size_t errlen);
 
-/* The tile and specialisation fa_gpu_fwd_infer launches for the longest sequence (Sq x Sk) of
- * a batch described by d (its B, heads, dtype, precision, mask, head dim) on dev with layout
- * (FA_KLAYOUT_SEQ or FA_KLAYOUT_PAGED): the planner's first mma.sync candidate (ks with the
- * wgmma paths off); for a paged cache the first whose estimate leaves registers for the page
- * lookups (the 255-register tiles and fp32's 128-key tiles spill with them: test_nvrtc_infer).
- * spec->tile.smem includes the layout's shared memory. ks borrowed (NULL: defaults).
- * FA_OK, the planner's statuses and text (FA_EINVAL, FA_ENOFIT). Pure, thread-safe. */
-fa_status fa_plan_fwd_infer(const struct fa_device_model *dev, const struct fa_kernel_settings *ks,
-                            const struct fa_attn_fwd_desc *d, int64_t Sq, int64_t Sk, int layout,
-                            struct fa_kernel_spec *spec, char *err, size_t errlen);
-
 /* One launch of the forward kernel over an inference layout (attn_fwd.cu with FA_LAYOUT): the
  * dense fields of its parameter block from d (strides, head counts, scale; d->Sq and d->Sk the
  * longest sequence's lengths, d->B the sequences), its second parameter (struct fa_lparams:

@@ -259,6 +259,44 @@ static void test_ctl_plan_decode(void **state)
 	free(err);
 }
 
+/* plan --prefill: the prefill kernel over a paged cache takes a tile that leaves registers for
+ * its page lookups (the dense shape's 128x64 w4r2 would spill with them), its shared memory
+ * counts the row table, and the same shape unpaged keeps the dense tile; bad page sizes, a
+ * missing --seq-q and two kernels at once are usage errors (exit 2). */
+static void test_ctl_plan_prefill(void **state)
+{
+	(void)state;
+	char *out, *err;
+	const char *base = "plan --arch h200 --dtype bf16 --head-dim 128 --prefill --batch 16 "
+	                   "--heads 32 --kv-heads 8 --seq-q 512 --seq-k 4096";
+	char cmd[512];
+	snprintf(cmd, sizeof cmd, "%s --page-size 16", base);
+	assert_int_equal(ctl(cmd, &out, NULL), 0);
+	assert_non_null(strstr(out, "prefill over paged cache"));
+	assert_non_null(strstr(out, "of them the page row table"));
+	assert_non_null(strstr(out, "dense:     the same shape as one dense batch takes 128x64 w4r2"));
+	free(out);
+	snprintf(cmd, sizeof cmd, "%s --json", base);
+	assert_int_equal(ctl(cmd, &out, NULL), 0);
+	assert_json(out);
+	assert_non_null(strstr(out, "\"layout\": \"varlen\""));
+	assert_non_null(strstr(out, "\"tile\": \"128x64 w4r2 s2\""));
+	assert_non_null(strstr(out, "\"layout_smem_bytes\": 0"));
+	free(out);
+	snprintf(cmd, sizeof cmd, "%s --page-size 8", base);
+	assert_int_equal(ctl(cmd, NULL, &err), 2);
+	assert_non_null(strstr(err, "pages hold 16 to 256 tokens"));
+	free(err);
+	assert_int_equal(ctl("plan --arch h200 --dtype bf16 --head-dim 128 --prefill --seq-k 40",
+	                     NULL, &err), 2);
+	assert_non_null(strstr(err, "--prefill needs --seq-q and --seq-k"));
+	free(err);
+	snprintf(cmd, sizeof cmd, "%s --decode", base);
+	assert_int_equal(ctl(cmd, NULL, &err), 2);
+	assert_non_null(strstr(err, "plan different kernels"));
+	free(err);
+}
+
 /* plan --backward: the backward's own planner; fp32 head dim 128 causal fits a 99 KiB card, and
  * a device too small for any backward tile gets FA_ENOFIT with the bytes (exit 1). */
 static void test_ctl_plan_backward(void **state)
@@ -339,6 +377,7 @@ int main(void)
 		cmocka_unit_test(test_ctl_plan_json),
 		cmocka_unit_test(test_ctl_plan_backward),
 		cmocka_unit_test(test_ctl_plan_decode),
+		cmocka_unit_test(test_ctl_plan_prefill),
 		cmocka_unit_test(test_ctl_plan_head_dim_512_as_the_daemon),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

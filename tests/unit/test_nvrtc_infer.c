@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "fa_gpu.h"
+#include "fa_gpu_infer.h"
 #include "gpu_int.h"
 
 struct job {
