@@ -23,6 +23,7 @@
 
 #include <cmocka.h>
 
+#include "fa_gpu_oracle.h"
 #include "fa_gpu_tol.h"
 #include "fa_gpu.h"
 #include "fa_test.h"
@@ -77,93 +78,6 @@ static void make_desc(const struct gcase *c, struct fa_attn_fwd_desc *d)
 	d->lse_stride[2] = 1;
 }
 
-static void fill_random(void *buf, fa_dtype dt, size_t n, double amp)
-{
-	for (size_t i = 0; i < n; i++)
-		fa_store_elem(buf, dt, (int64_t)i, amp * (2.0 * fa_rand_uniform(&rng) - 1.0));
-}
-
-/* float64 oracle for one query row: o[D] and its logsumexp. */
-static void oracle_row(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
-                       const void *v, int64_t b, int64_t h, int64_t i, double *o, double *lse,
-                       double *sc)
-{
-	int64_t hk = h / (d->Hq / d->Hkv);
-	double mx = -INFINITY;
-	for (int64_t j = 0; j < d->Sk; j++) {
-		if (!fa_mask_allows(d->mask, d->Sq, d->Sk, i, j)) {
-			sc[j] = -INFINITY;
-			continue;
-		}
-		double s = 0;
-		for (int64_t e = 0; e < d->D; e++)
-			s += fa_load_elem(q, d->dtype, b * d->q_stride[0] + i * d->q_stride[1] + h * d->q_stride[2] + e) *
-			     fa_load_elem(k, d->dtype, b * d->k_stride[0] + j * d->k_stride[1] + hk * d->k_stride[2] + e);
-		sc[j] = s * d->scale;
-		if (sc[j] > mx)
-			mx = sc[j];
-	}
-	for (int64_t e = 0; e < d->D; e++)
-		o[e] = 0;
-	if (mx == -INFINITY) {
-		*lse = -INFINITY;
-		return;
-	}
-	double l = 0;
-	for (int64_t j = 0; j < d->Sk; j++) {
-		if (sc[j] == -INFINITY)
-			continue;
-		double p = exp(sc[j] - mx);
-		l += p;
-		for (int64_t e = 0; e < d->D; e++)
-			o[e] += p * fa_load_elem(v, d->dtype, b * d->v_stride[0] + j * d->v_stride[1] + hk * d->v_stride[2] + e);
-	}
-	for (int64_t e = 0; e < d->D; e++)
-		o[e] /= l;
-	*lse = mx + log(l);
-}
-
-struct sample_job {
-	const struct fa_attn_fwd_desc *d;
-	const void *q, *k, *v, *o;
-	const float *lse;
-	const int64_t *rows; /* triples b, h, i */
-	int nrows, first, step;
-	double num, den, lse_err;
-	bool bad;
-};
-
-static void *sample_worker(void *arg)
-{
-	struct sample_job *j = arg;
-	const struct fa_attn_fwd_desc *d = j->d;
-	double *o = malloc(sizeof(double) * (size_t)d->D), *sc = malloc(sizeof(double) * (size_t)d->Sk);
-	for (int r = j->first; r < j->nrows; r += j->step) {
-		int64_t b = j->rows[3 * r], h = j->rows[3 * r + 1], i = j->rows[3 * r + 2];
-		double lse;
-		oracle_row(d, j->q, j->k, j->v, b, h, i, o, &lse, sc);
-		for (int64_t e = 0; e < d->D; e++) {
-			double x = fa_load_elem(j->o, d->dtype, b * d->o_stride[0] + i * d->o_stride[1] + h * d->o_stride[2] + e);
-			if (!isfinite(x))
-				j->bad = true;
-			j->num += (x - o[e]) * (x - o[e]);
-			j->den += o[e] * o[e];
-		}
-		float gl = j->lse[b * d->lse_stride[0] + h * d->lse_stride[1] + i * d->lse_stride[2]];
-		if (isinf(lse) && lse < 0) {
-			if (!(isinf(gl) && gl < 0))
-				j->bad = true;
-		} else if (!isfinite(gl)) {
-			j->bad = true;
-		} else if (fabs(gl - lse) > j->lse_err) {
-			j->lse_err = fabs(gl - lse);
-		}
-	}
-	free(o);
-	free(sc);
-	return NULL;
-}
-
 struct result {
 	double err, lse_err;
 	bool finite;
@@ -184,9 +98,9 @@ static bool run_case(const struct gcase *c, int verbose)
 	float *lse = malloc(nl * sizeof(float));
 	assert_non_null(q);
 	assert_non_null(o);
-	fill_random(q, c->dt, nq, 1.5);
-	fill_random(k, c->dt, nk, 1.5);
-	fill_random(v, c->dt, nk, 1.0);
+	fa_gpu_fill_random(q, c->dt, nq, 1.5, &rng);
+	fa_gpu_fill_random(k, c->dt, nk, 1.5, &rng);
+	fa_gpu_fill_random(v, c->dt, nk, 1.0, &rng);
 	CUdeviceptr dq = 0, dk = 0, dv = 0, dov = 0, dl = 0;
 	char err[2048];
 	fa_status st;
@@ -280,12 +194,12 @@ static bool run_case(const struct gcase *c, int verbose)
 					nrows++;
 				}
 		enum { NT = 4 };
-		struct sample_job jobs[NT];
+		struct fa_gpu_sample_job jobs[NT];
 		pthread_t th[NT];
 		for (int t = 0; t < NT; t++) {
-			jobs[t] = (struct sample_job){.d = &d, .q = q, .k = k, .v = v, .o = o, .lse = lse,
+			jobs[t] = (struct fa_gpu_sample_job){.d = &d, .q = q, .k = k, .v = v, .o = o, .lse = lse,
 			                              .rows = rows, .nrows = nrows, .first = t, .step = NT};
-			pthread_create(&th[t], NULL, sample_worker, &jobs[t]);
+			pthread_create(&th[t], NULL, fa_gpu_sample_worker, &jobs[t]);
 		}
 		double num = 0, den = 0;
 		for (int t = 0; t < NT; t++) {

@@ -29,6 +29,7 @@
 
 #include <cmocka.h>
 
+#include "fa_gpu_oracle.h"
 #include "fa_gpu_tol.h"
 #include "fa_gpu.h"
 #include "fa_test.h"
@@ -105,50 +106,6 @@ static void ref_desc(const struct wcase *c, struct fa_attn_fwd_desc *d)
 	}
 }
 
-static void fill_random(void *buf, fa_dtype dt, size_t n, double amp)
-{
-	for (size_t i = 0; i < n; i++)
-		fa_store_elem(buf, dt, (int64_t)i, amp * (2.0 * fa_rand_uniform(&rng) - 1.0));
-}
-
-/* float64 oracle for one row under d's window and softcap: o[D] and its logsumexp. */
-static void oracle_row(const struct fa_attn_fwd_desc *d, const void *q, const void *k,
-                       const void *v, int64_t b, int64_t h, int64_t i, double *o, double *lse,
-                       double *sc)
-{
-	int64_t hk = h / (d->Hq / d->Hkv), lo, hi;
-	fa_attn_key_range(d, d->Sq, d->Sk, i, &lo, &hi);
-	double mx = -INFINITY;
-	for (int64_t j = lo; j < hi; j++) {
-		double s = 0;
-		for (int64_t e = 0; e < d->D; e++)
-			s += fa_load_elem(q, d->dtype, b * d->q_stride[0] + i * d->q_stride[1] + h * d->q_stride[2] + e) *
-			     fa_load_elem(k, d->dtype, b * d->k_stride[0] + j * d->k_stride[1] + hk * d->k_stride[2] + e);
-		s *= d->scale;
-		if (d->softcap > 0)
-			s = d->softcap * tanh(s / d->softcap);
-		sc[j] = s;
-		if (s > mx)
-			mx = s;
-	}
-	for (int64_t e = 0; e < d->D; e++)
-		o[e] = 0;
-	if (hi <= lo) {
-		*lse = -INFINITY;
-		return;
-	}
-	double l = 0;
-	for (int64_t j = lo; j < hi; j++) {
-		double p = exp(sc[j] - mx);
-		l += p;
-		for (int64_t e = 0; e < d->D; e++)
-			o[e] += p * fa_load_elem(v, d->dtype, b * d->v_stride[0] + j * d->v_stride[1] + hk * d->v_stride[2] + e);
-	}
-	for (int64_t e = 0; e < d->D; e++)
-		o[e] /= l;
-	*lse = mx + log(l);
-}
-
 /* The tile of the case's path: mma.sync's or wgmma's first candidate; NULL for decode (the
  * handle's own choice). false when the planner offers none of the path. */
 static bool path_tile(const struct wcase *c, const struct fa_attn_fwd_desc *d, struct fa_tile *t,
@@ -205,9 +162,9 @@ static void run_case(const struct wcase *c, bool verbose)
 	assert_non_null(o);
 	assert_non_null(lse);
 	/* large scores, so that the softcap's tanh saturates for some keys */
-	fill_random(q, c->dt, nq, c->cap > 0 ? 4.0 : 1.5);
-	fill_random(k, c->dt, nk, c->cap > 0 ? 4.0 : 1.5);
-	fill_random(v, c->dt, nk, 1.0);
+	fa_gpu_fill_random(q, c->dt, nq, c->cap > 0 ? 4.0 : 1.5, &rng);
+	fa_gpu_fill_random(k, c->dt, nk, c->cap > 0 ? 4.0 : 1.5, &rng);
+	fa_gpu_fill_random(v, c->dt, nk, 1.0, &rng);
 	CUdeviceptr dq = 0, dk = 0, dv = 0, dov = 0, dl = 0;
 	fa_status st;
 	if ((st = fa_gpu_alloc(g, nq * es, &dq, err, sizeof err)) ||
@@ -285,7 +242,7 @@ static void run_case(const struct wcase *c, bool verbose)
 					int64_t i = c->Sq <= 88 ? r : r < 24 ? r : r < 48 ? c->Sq - 1 - (r - 24)
 					          : fa_rand_range(&rng, 0, c->Sq - 1);
 					double l64;
-					oracle_row(&rd, q, k, v, b, h, i, ob, &l64, sc);
+					fa_gpu_oracle_row(&rd, q, k, v, b, h, i, ob, &l64, sc);
 					for (int64_t e = 0; e < c->D; e++) {
 						double x = fa_load_elem(o, c->dt, b * d.o_stride[0] + i * d.o_stride[1] + h * d.o_stride[2] + e);
 						num += (x - ob[e]) * (x - ob[e]);
