@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -776,4 +777,41 @@ int daemon_finish(struct fa_daemon *d)
 		daemon_log_dump(d, 40);
 	daemon_cleanup(d);
 	return st == 0 && clean ? 0 : -1;
+}
+
+struct parallel_for {
+	pthread_mutex_t mu;
+	int next, n;
+	void (*one)(int i);
+};
+
+static void *parallel_for_worker(void *arg)
+{
+	struct parallel_for *p = arg;
+	for (;;) {
+		pthread_mutex_lock(&p->mu);
+		int i = p->next++;
+		pthread_mutex_unlock(&p->mu);
+		if (i >= p->n)
+			return NULL;
+		p->one(i);
+	}
+}
+
+void fa_test_parallel_for(int n, void (*one)(int i))
+{
+	struct parallel_for p = {PTHREAD_MUTEX_INITIALIZER, 0, n, one};
+	int nth = 2;
+	const char *e = getenv("FA_COMPILE_THREADS");
+	if (e && atoi(e) > 0)
+		nth = atoi(e) > 64 ? 64 : atoi(e);
+	pthread_t th[64];
+	int started = 0;
+	for (int i = 0; i < nth; i++)
+		if (pthread_create(&th[started], NULL, parallel_for_worker, &p) == 0)
+			started++;
+	if (started == 0)
+		parallel_for_worker(&p); /* no thread to be had: this one does it all */
+	for (int i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
 }

@@ -113,6 +113,11 @@ bool have_gpu(void);
 /* A small deterministic generator (xorshift64*). Seed 0 is replaced by a constant. */
 uint64_t fa_rand_next(uint64_t *state);
 double fa_rand_uniform(uint64_t *state); /* in [0, 1) */
+
+/* Run one(i) for every i in [0, n), spread over FA_COMPILE_THREADS threads (default 2, at most
+ * 64), each taking the next index as it finishes one: the NVRTC compile tests' pool (a compile
+ * takes 0.1-5 s, so the next index is handed out under a lock). Returns when all are done. */
+void fa_test_parallel_for(int n, void (*one)(int i));
 int64_t fa_rand_range(uint64_t *state, int64_t lo, int64_t hi); /* in [lo, hi] */
 
 /* Fill n values uniformly in [lo, hi): fp32, or 16-bit patterns of fp16 / bf16 (round to

@@ -10,7 +10,6 @@
  * 64 bytes fail where the estimate was under its cap (a tile offered because nothing lighter
  * fits may spill: it runs, slower); the table goes to stdout.
  */
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +21,7 @@
 #include <cmocka.h>
 
 #include "fa_gpu.h"
+#include "fa_test.h"
 #include "fa_planner.h"
 
 struct job {
@@ -36,21 +36,13 @@ struct job {
 static struct fa_nvrtc *nv;
 static char nv_err[512];
 static struct job *jobs;
-static int njobs, next_job;
-static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
+static int njobs;
 
-static void *worker(void *arg)
+/* fa_test_parallel_for's job: compile jobs[i] and keep ptxas' report. */
+static void compile_one(int i)
 {
-	(void)arg;
-	for (;;) {
-		pthread_mutex_lock(&job_lock);
-		int i = next_job++;
-		pthread_mutex_unlock(&job_lock);
-		if (i >= njobs)
-			return NULL;
-		jobs[i].st = fa_nvrtc_compile(nv, &jobs[i].spec, NULL, NULL, &jobs[i].u, jobs[i].err,
-		                              sizeof jobs[i].err);
-	}
+	jobs[i].st = fa_nvrtc_compile(nv, &jobs[i].spec, NULL, NULL, &jobs[i].u, jobs[i].err,
+	                              sizeof jobs[i].err);
 }
 
 static struct fa_kernel_settings plan_ks = FA_KERNEL_SETTINGS_INIT;
@@ -160,17 +152,7 @@ static void test_nvrtc_compiles_the_planned_backward_specialisations(void **stat
 		             true);
 		add_jobs("sm_90", FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, FA_MASK_NONE, 2);
 	}
-	int nthreads = 2;
-	const char *e = getenv("FA_COMPILE_THREADS");
-	if (e && atoi(e) > 0)
-		nthreads = atoi(e);
-	pthread_t th[64];
-	if (nthreads > 64)
-		nthreads = 64;
-	for (int i = 0; i < nthreads; i++)
-		pthread_create(&th[i], NULL, worker, NULL);
-	for (int i = 0; i < nthreads; i++)
-		pthread_join(th[i], NULL);
+	fa_test_parallel_for(njobs, compile_one);
 
 	int bad = 0;
 	int major, minor;

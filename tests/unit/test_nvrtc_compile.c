@@ -6,7 +6,6 @@
  * head dim that is a multiple of 8, every dtype and precision, the planner's first three tiles.
  * The table of (spec, registers, estimate, spills, stack, shared memory) goes to stdout.
  */
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +17,7 @@
 #include <cmocka.h>
 
 #include "fa_gpu.h"
+#include "fa_test.h"
 
 struct job {
 	struct fa_kernel_spec spec;
@@ -30,21 +30,13 @@ struct job {
 static struct fa_nvrtc *nv;
 static char nv_err[512];
 static struct job *jobs;
-static int njobs, next_job;
-static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
+static int njobs;
 
-static void *worker(void *arg)
+/* fa_test_parallel_for's job: compile jobs[i] and keep ptxas' report. */
+static void compile_one(int i)
 {
-	(void)arg;
-	for (;;) {
-		pthread_mutex_lock(&job_lock);
-		int i = next_job++;
-		pthread_mutex_unlock(&job_lock);
-		if (i >= njobs)
-			return NULL;
-		jobs[i].st = fa_nvrtc_compile(nv, &jobs[i].spec, NULL, NULL, &jobs[i].u, jobs[i].err,
-		                              sizeof jobs[i].err);
-	}
+	jobs[i].st = fa_nvrtc_compile(nv, &jobs[i].spec, NULL, NULL, &jobs[i].u, jobs[i].err,
+	                              sizeof jobs[i].err);
 }
 
 /* The settings the planner is asked with (FA_WGMMA16=1 for the 16-bit wgmma kernel's jobs). */
@@ -146,17 +138,7 @@ static void test_nvrtc_compiles_the_planned_specialisations_without_spills(void 
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_BF16, 72, FA_MASK_CAUSAL_BOTTOM_RIGHT, 2);
 		plan_ks.wgmma16 = FA_WGMMA16_MEASURED;
 	}
-	int nthreads = 2;
-	const char *e = getenv("FA_COMPILE_THREADS");
-	if (e && atoi(e) > 0)
-		nthreads = atoi(e);
-	pthread_t th[64];
-	if (nthreads > 64)
-		nthreads = 64;
-	for (int i = 0; i < nthreads; i++)
-		pthread_create(&th[i], NULL, worker, NULL);
-	for (int i = 0; i < nthreads; i++)
-		pthread_join(th[i], NULL);
+	fa_test_parallel_for(njobs, compile_one);
 
 	int bad = 0;
 	int major, minor;

@@ -8,7 +8,6 @@
  * FA_GPU_GRID=full: every head dim that is a multiple of 8 for each dtype, on sm_90.
  * The table of (spec, registers, estimate, spills, stack, shared memory) goes to stdout.
  */
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +19,7 @@
 #include <cmocka.h>
 
 #include "fa_gpu.h"
+#include "fa_test.h"
 
 struct job {
 	struct fa_kernel_spec spec;
@@ -32,21 +32,13 @@ struct job {
 static struct fa_nvrtc *nv;
 static char nv_err[512];
 static struct job *jobs;
-static int njobs, next_job;
-static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
+static int njobs;
 
-static void *worker(void *arg)
+/* fa_test_parallel_for's job: compile jobs[i] and keep ptxas' report. */
+static void compile_one(int i)
 {
-	(void)arg;
-	for (;;) {
-		pthread_mutex_lock(&job_lock);
-		int i = next_job++;
-		pthread_mutex_unlock(&job_lock);
-		if (i >= njobs)
-			return NULL;
-		jobs[i].st = fa_nvrtc_compile(nv, &jobs[i].spec, NULL, NULL, &jobs[i].u, jobs[i].err,
-		                              sizeof jobs[i].err);
-	}
+	jobs[i].st = fa_nvrtc_compile(nv, &jobs[i].spec, NULL, NULL, &jobs[i].u, jobs[i].err,
+	                              sizeof jobs[i].err);
 }
 
 /* A dense BSHD decode problem. */
@@ -150,15 +142,7 @@ static void test_nvrtc_compiles_the_decode_specialisations_without_spills(void *
 			add_job("sm_90", dts[a], 64, FA_MASK_CAUSAL_TOP_LEFT, 16, 8);
 		}
 	}
-	int nth = 2;
-	const char *th = getenv("FA_COMPILE_THREADS");
-	if (th && atoi(th) > 0)
-		nth = atoi(th) > 32 ? 32 : atoi(th);
-	pthread_t t[32];
-	for (int i = 0; i < nth; i++)
-		pthread_create(&t[i], NULL, worker, NULL);
-	for (int i = 0; i < nth; i++)
-		pthread_join(t[i], NULL);
+	fa_test_parallel_for(njobs, compile_one);
 	int bad = 0;
 	printf("%-44s %5s %5s %6s %6s %7s\n", "specialisation", "regs", "est", "spills", "stack",
 	       "smem");

@@ -10,7 +10,6 @@
  * of 8, each dtype and precision, both layouts, on sm_90. The table (spec, registers, spills,
  * stack, shared memory) goes to stdout.
  */
-#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +21,7 @@
 #include <cmocka.h>
 
 #include "fa_gpu.h"
+#include "fa_test.h"
 #include "fa_gpu_infer.h"
 #include "gpu_int.h"
 
@@ -35,21 +35,13 @@ struct job {
 static struct fa_nvrtc *nv;
 static char nv_err[512];
 static struct job *jobs;
-static int njobs, next_job;
-static pthread_mutex_t job_lock = PTHREAD_MUTEX_INITIALIZER;
+static int njobs;
 
-static void *worker(void *arg)
+/* fa_test_parallel_for's job: compile jobs[i] and keep ptxas' report. */
+static void compile_one(int i)
 {
-	(void)arg;
-	for (;;) {
-		pthread_mutex_lock(&job_lock);
-		int i = next_job++;
-		pthread_mutex_unlock(&job_lock);
-		if (i >= njobs)
-			return NULL;
-		jobs[i].st = fa_nvrtc_compile(nv, &jobs[i].spec, NULL, NULL, &jobs[i].u, jobs[i].err,
-		                              sizeof jobs[i].err);
-	}
+	jobs[i].st = fa_nvrtc_compile(nv, &jobs[i].spec, NULL, NULL, &jobs[i].u, jobs[i].err,
+	                              sizeof jobs[i].err);
 }
 
 /* The tile fa_gpu_fwd_infer plans for the longest sequence (Sq x Sk, B sequences, 32 query
@@ -159,15 +151,7 @@ static void test_nvrtc_compiles_the_inference_layouts_without_spills(void **stat
 				        200, 3000, l);
 			}
 	}
-	int nth = 2;
-	const char *th = getenv("FA_COMPILE_THREADS");
-	if (th && atoi(th) > 0)
-		nth = atoi(th) > 32 ? 32 : atoi(th);
-	pthread_t t[32];
-	for (int i = 0; i < nth; i++)
-		pthread_create(&t[i], NULL, worker, NULL);
-	for (int i = 0; i < nth; i++)
-		pthread_join(t[i], NULL);
+	fa_test_parallel_for(njobs, compile_one);
 	int bad = 0;
 	printf("%-56s %5s %6s %6s %7s %6s\n", "specialisation", "regs", "spills", "stack", "smem",
 	       "sec");
