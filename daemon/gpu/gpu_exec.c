@@ -1,11 +1,7 @@
-/* gpu_exec.c - one synchronous job on a stream: where each tensor lives on the device (its own
- * address, or a slice of the worker's scratch for host memory), the copies in, the kernel, the
- * copies out, and what the device said when its event completed.
- *
- * Host shm regions are pinned at registration (gpu_region.c); each job copies Q, K, V (and O,
- * lse when strided, to keep the bytes between their elements) into device scratch, runs, and
- * copies O and lse back. Simple and correct; costs two PCIe transfers per request (about
- * 50 GB/s pinned) on top of the kernel. */
+/* gpu_exec.c - one synchronous job on a stream: its tensors staged (gpu_stage.c: host memory
+ * through the worker's scratch, Q, K, V in and O, lse back, two PCIe transfers per request at
+ * about 50 GB/s pinned on top of the kernel), the kernel or a split job's launches, and what the
+ * device said when its event completed. */
 #include "gpu_int.h"
 
 #include <inttypes.h>
@@ -22,29 +18,6 @@ fa_status gpu_job_cuerr(struct gpu_dev *d, struct backend_job *job, fa_cu_res r,
 	         d->ordinal, r, fa_cu_errstr(r),
 	         *sticky ? "; the context is lost, the daemon restarts" : "");
 	return r == 2 ? FA_ENOMEM : FA_EDEVICE;
-}
-
-/* Make the scratch at least `need` bytes (the stream is idle between jobs); see gpu_int.h. */
-fa_cu_res gpu_scratch_reserve(struct gpu_dev *d, size_t need)
-{
-	const struct fa_cu_api *cu = fa_cu;
-	size_t size = d->scratch_size > 0 ? d->scratch_size : GPU_SCRATCH_MIN;
-	fa_cu_res r;
-
-	if (need <= d->scratch_size)
-		return 0;
-	while (size < need)
-		size += size / 2;
-	if (d->scratch != 0)
-		cu->MemFree(d->scratch);
-	d->scratch = 0;
-	d->scratch_size = 0;
-	if ((r = cu->MemAlloc(&d->scratch, size)) != 0) {
-		d->scratch = 0;
-		return r;
-	}
-	d->scratch_size = size;
-	return 0;
 }
 
 /* The kernel(s) of a job: one launch, or the launches gpu_split.c planned, at most two in
@@ -101,88 +74,41 @@ void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream
 {
 	const struct fa_cu_api *cu = fa_cu;
 	const struct fa_attn_fwd_desc *ds = &job->desc;
-	size_t es = fa_dtype_size(ds->dtype);
-	const void *ptr[5] = {job->q, job->k, job->v, job->o, job->lse};
-	int n = job->lse != NULL ? 5 : 4;
-	int64_t shape[5][4] = {{ds->B, ds->Sq, ds->Hq, ds->D},
-	                       {ds->B, ds->Sk, ds->Hkv, ds->D},
-	                       {ds->B, ds->Sk, ds->Hkv, ds->D},
-	                       {ds->B, ds->Sq, ds->Hq, ds->D},
-	                       {ds->B, ds->Hq, ds->Sq, 1}};
-	int64_t stride[5][4];
-	const int64_t *st3[5] = {ds->q_stride, ds->k_stride, ds->v_stride, ds->o_stride,
-	                         ds->lse_stride};
-	uint64_t ext[5] = {0}, off[5] = {0}, total = 0;
-	fa_cu_ptr dp[5] = {0};
-	size_t bytes_in = 0, bytes_out = 0;
+	const size_t es = fa_dtype_size(ds->dtype);
+	const int64_t qshape[4] = {ds->B, ds->Sq, ds->Hq, ds->D};
+	const int64_t kshape[4] = {ds->B, ds->Sk, ds->Hkv, ds->D};
+	const int64_t lshape[4] = {ds->B, ds->Hq, ds->Sq, 1};
+	const bool has_lse = job->lse != NULL;
+	struct gpu_stage sg = {0};
+	const char *what = NULL;
 	fa_cu_res r;
 	fa_status st;
 
 	*sticky = false;
 	job->status = FA_OK;
 	job->detail[0] = '\0';
-	/* Where each tensor is on the device: its own address, or a slice of the scratch. */
-	for (int i = 0; i < n; i++) {
-		memcpy(stride[i], st3[i], 3 * sizeof(int64_t));
-		stride[i][3] = 1;
-		if (job->on_device[i]) {
-			dp[i] = (fa_cu_ptr)(uintptr_t)ptr[i];
-			continue;
-		}
-		fa_tensor_extent(4, shape[i], stride[i], i == 4 ? sizeof(float) : es, NULL,
-		                 &ext[i]); /* validated: cannot overflow */
-		off[i] = total;
-		total += (ext[i] + GPU_SCRATCH_ALIGN - 1) / GPU_SCRATCH_ALIGN * GPU_SCRATCH_ALIGN;
+	gpu_stage_add(&sg, job->q, job->on_device[0], GPU_STAGE_IN, qshape, ds->q_stride, es);
+	gpu_stage_add(&sg, job->k, job->on_device[1], GPU_STAGE_IN, kshape, ds->k_stride, es);
+	gpu_stage_add(&sg, job->v, job->on_device[2], GPU_STAGE_IN, kshape, ds->v_stride, es);
+	gpu_stage_add(&sg, job->o, job->on_device[3], GPU_STAGE_OUT, qshape, ds->o_stride, es);
+	if (has_lse)
+		gpu_stage_add(&sg, job->lse, job->on_device[4], GPU_STAGE_OUT, lshape,
+		              ds->lse_stride, sizeof(float));
+	if ((r = gpu_stage_in(d, &sg, stream, &what)) != 0) {
+		job->status = gpu_job_cuerr(d, job, r, what, sticky);
+		goto sync;
 	}
-	if (total > 0) {
-		if ((r = gpu_scratch_reserve(d, (size_t)total)) != 0) {
-			job->status = gpu_job_cuerr(d, job, r, "allocating device scratch for host "
-			                            "buffers", sticky);
-			return;
-		}
-		for (int i = 0; i < n; i++)
-			if (!job->on_device[i])
-				dp[i] = d->scratch + off[i];
-	}
-	/* Inputs in; outputs too when their extent has holes (strided), so the copy back leaves
-	 * the bytes between their elements as they were. */
-	for (int i = 0; i < n; i++) {
-		if (job->on_device[i])
-			continue;
-		bool output = i >= 3;
-		uint64_t dense = i == 4 ? (uint64_t)(ds->B * ds->Hq * ds->Sq) * sizeof(float)
-		                        : (uint64_t)(shape[i][0] * shape[i][1] * shape[i][2] *
-		                                     shape[i][3]) * es;
-		if (output && ext[i] == dense)
-			continue;
-		if ((r = cu->MemcpyHtoDAsync(dp[i], ptr[i], ext[i], stream)) != 0) {
-			job->status = gpu_job_cuerr(d, job, r, "copying a host tensor to the GPU",
-			                            sticky);
-			goto sync;
-		}
-		bytes_in += ext[i];
-	}
-	st = gpu_launch(d, job, dp, n == 5, stream, sticky);
-	if (st != FA_OK) {
+	if ((st = gpu_launch(d, job, sg.dp, has_lse, stream, sticky)) != FA_OK) {
 		job->status = st;
 		goto sync;
 	}
-	for (int i = 3; i < n; i++) {
-		if (job->on_device[i])
-			continue;
-		if ((r = cu->MemcpyDtoHAsync((void *)(uintptr_t)ptr[i], dp[i], ext[i],
-		                             stream)) != 0) {
-			job->status = gpu_job_cuerr(d, job, r, "copying a result to host memory",
-			                            sticky);
-			goto sync;
-		}
-		bytes_out += ext[i];
-	}
+	if ((r = gpu_stage_out(&sg, stream, &what)) != 0)
+		job->status = gpu_job_cuerr(d, job, r, what, sticky);
 sync:
 	if ((r = cu->EventRecord(ev, stream)) != 0 && job->status == FA_OK)
 		job->status = gpu_job_cuerr(d, job, r, "recording the job's event", sticky);
-	job->bytes_in = bytes_in;
-	job->bytes_out = bytes_out;
+	job->bytes_in = sg.bytes_in;
+	job->bytes_out = sg.bytes_out;
 }
 
 /* Wait for a job gpu_enqueue enqueued (its event) and classify what the device says. */

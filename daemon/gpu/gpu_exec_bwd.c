@@ -79,9 +79,8 @@ void gpu_enqueue_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream st
 		[FA_BWD_O] = ds->o_stride,   [FA_BWD_LSE] = ds->lse_stride, [FA_BWD_DO] = bd->do_stride,
 		[FA_BWD_DQ] = bd->dq_stride, [FA_BWD_DK] = bd->dk_stride, [FA_BWD_DV] = bd->dv_stride,
 	};
-	uint64_t ext[FA_BWD_NTENSORS] = {0}, off[FA_BWD_NTENSORS] = {0}, total = 0;
-	fa_cu_ptr dp[FA_BWD_NTENSORS] = {0};
-	size_t bytes_in = 0, bytes_out = 0;
+	struct gpu_stage sg = {0};
+	const char *what = NULL;
 	fa_cu_res r;
 	fa_status st;
 
@@ -89,61 +88,24 @@ void gpu_enqueue_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream st
 	job->status = FA_OK;
 	job->detail[0] = '\0';
 	gpu_bwd_ptrs(job, ptr);
-	/* Where each tensor is on the device: its own address, or a slice of the scratch. */
-	for (int i = 0; i < FA_BWD_NTENSORS; i++) {
-		if (job->on_device[i]) {
-			dp[i] = (fa_cu_ptr)(uintptr_t)ptr[i];
-			continue;
-		}
-		int64_t stride[4] = {st3[i][0], st3[i][1], st3[i][2], 1};
-		fa_tensor_extent(4, shape[i], stride, i == FA_BWD_LSE ? sizeof(float) : es, NULL,
-		                 &ext[i]); /* validated: cannot overflow */
-		off[i] = total;
-		total += (ext[i] + GPU_SCRATCH_ALIGN - 1) / GPU_SCRATCH_ALIGN * GPU_SCRATCH_ALIGN;
+	/* the gradients are copied in only when strided with holes, and out after */
+	for (int i = 0; i < FA_BWD_NTENSORS; i++)
+		gpu_stage_add(&sg, ptr[i], job->on_device[i],
+		              fa_bwd_is_output(i) ? GPU_STAGE_OUT : GPU_STAGE_IN, shape[i], st3[i],
+		              i == FA_BWD_LSE ? sizeof(float) : es);
+	if ((r = gpu_stage_in(d, &sg, stream, &what)) != 0) {
+		job->status = gpu_job_cuerr(d, job, r, what, sticky);
+		goto sync;
 	}
-	if (total > 0) {
-		if ((r = gpu_scratch_reserve(d, (size_t)total)) != 0) {
-			job->status = gpu_job_cuerr(d, job, r, "allocating device scratch for host "
-			                            "buffers", sticky);
-			return;
-		}
-		for (int i = 0; i < FA_BWD_NTENSORS; i++)
-			if (!job->on_device[i])
-				dp[i] = d->scratch + off[i];
-	}
-	/* Inputs in; the gradients too when their extent has holes (strided), so the copy back
-	 * leaves the bytes between their elements as they were. */
-	for (int i = 0; i < FA_BWD_NTENSORS; i++) {
-		if (job->on_device[i])
-			continue;
-		uint64_t dense = (uint64_t)(shape[i][0] * shape[i][1] * shape[i][2] * shape[i][3]) *
-		                 (i == FA_BWD_LSE ? sizeof(float) : es);
-		if (fa_bwd_is_output(i) && ext[i] == dense)
-			continue;
-		if ((r = cu->MemcpyHtoDAsync(dp[i], ptr[i], ext[i], stream)) != 0) {
-			job->status = gpu_job_cuerr(d, job, r, "copying a host tensor to the GPU",
-			                            sticky);
-			goto sync;
-		}
-		bytes_in += ext[i];
-	}
-	if ((st = gpu_bwd_launch_at(d, job, dp, stream)) != FA_OK) {
+	if ((st = gpu_bwd_launch_at(d, job, sg.dp, stream)) != FA_OK) {
 		job->status = st;
 		goto sync;
 	}
-	for (int i = FA_BWD_DQ; i < FA_BWD_NTENSORS; i++) {
-		if (job->on_device[i])
-			continue;
-		if ((r = cu->MemcpyDtoHAsync((void *)(uintptr_t)ptr[i], dp[i], ext[i], stream)) != 0) {
-			job->status = gpu_job_cuerr(d, job, r, "copying a gradient to host memory",
-			                            sticky);
-			goto sync;
-		}
-		bytes_out += ext[i];
-	}
+	if ((r = gpu_stage_out(&sg, stream, &what)) != 0)
+		job->status = gpu_job_cuerr(d, job, r, what, sticky);
 sync:
 	if ((r = cu->EventRecord(ev, stream)) != 0 && job->status == FA_OK)
 		job->status = gpu_job_cuerr(d, job, r, "recording the job's event", sticky);
-	job->bytes_in = bytes_in;
-	job->bytes_out = bytes_out;
+	job->bytes_in = sg.bytes_in;
+	job->bytes_out = sg.bytes_out;
 }

@@ -161,13 +161,13 @@ void gpu_enqueue_infer(struct gpu_dev *d, struct backend_job *job, fa_cu_stream 
 	const struct fa_cu_api *cu = fa_cu;
 	struct backend_infer *bi = job->infer;
 	const void *ptr[5] = {job->q, job->k, job->v, job->o, job->lse};
-	int n = job->lse != NULL ? 5 : 4;
-	int64_t shape[5][4], stride[5][4];
-	uint64_t ext[5] = {0}, off[5] = {0}, total = 0;
-	fa_cu_ptr dp[5] = {0}, dix = 0;
+	const int n = job->lse != NULL ? 5 : 4;
+	int64_t shape[5][4];
+	struct gpu_stage sg = {0};
+	const char *what = NULL;
+	fa_cu_ptr dix = 0;
 	struct fa_gpu_infer_index ix = {0};
 	int32_t *host = NULL;
-	size_t bytes_in = 0, bytes_out = 0;
 	fa_cu_res r;
 	fa_status st;
 
@@ -181,67 +181,35 @@ void gpu_enqueue_infer(struct gpu_dev *d, struct backend_job *job, fa_cu_stream 
 	/* the descriptor now has the lengths found and the checked tables */
 	const struct fa_attn_infer_desc *id = &bi->desc;
 	const struct fa_attn_fwd_desc *ds = &id->fwd;
-	size_t es = fa_dtype_size(ds->dtype);
+	const size_t es = fa_dtype_size(ds->dtype);
 	const int64_t *st3[5] = {ds->q_stride, ds->k_stride, ds->v_stride, ds->o_stride,
 	                         ds->lse_stride};
 	infer_shapes(id, shape);
-	for (int i = 0; i < n; i++) {
-		memcpy(stride[i], st3[i], 3 * sizeof(int64_t));
-		stride[i][3] = 1;
-		if (job->on_device[i]) {
-			dp[i] = (fa_cu_ptr)(uintptr_t)ptr[i];
-			continue;
-		}
-		fa_tensor_extent(4, shape[i], stride[i], i == 4 ? sizeof(float) : es, NULL,
-		                 &ext[i]); /* validated: cannot overflow */
-		off[i] = total;
-		total += (ext[i] + GPU_SCRATCH_ALIGN - 1) / GPU_SCRATCH_ALIGN * GPU_SCRATCH_ALIGN;
-	}
-	if (total > 0) {
-		if ((r = gpu_scratch_reserve(d, (size_t)total)) != 0) {
-			job->status = gpu_job_cuerr(d, job, r, "allocating device scratch for host "
-			                            "buffers", sticky);
-			goto sync;
-		}
-		for (int i = 0; i < n; i++)
-			if (!job->on_device[i])
-				dp[i] = d->scratch + off[i];
-	}
 	/* every host tensor in, the outputs too (rows outside the sequences stay the client's) */
-	for (int i = 0; i < n; i++) {
-		if (job->on_device[i])
-			continue;
-		if ((r = cu->MemcpyHtoDAsync(dp[i], ptr[i], ext[i], stream)) != 0) {
-			job->status = gpu_job_cuerr(d, job, r, "copying a host tensor to the GPU",
-			                            sticky);
-			goto sync;
-		}
-		bytes_in += ext[i];
+	for (int i = 0; i < n; i++)
+		gpu_stage_add(&sg, ptr[i], job->on_device[i],
+		              i < 3 ? GPU_STAGE_IN : GPU_STAGE_OUT_KEEP, shape[i], st3[i],
+		              i == 4 ? sizeof(float) : es);
+	if ((r = gpu_stage_in(d, &sg, stream, &what)) != 0) {
+		job->status = gpu_job_cuerr(d, job, r, what, sticky);
+		goto sync;
 	}
-	st = fa_gpu_attn_infer(d->g, id, &ix, (CUdeviceptr)dp[0], (CUdeviceptr)dp[1],
-	                       (CUdeviceptr)dp[2], (CUdeviceptr)dp[3],
-	                       n == 5 ? (CUdeviceptr)dp[4] : 0, (CUstream)stream, job->detail,
+	st = fa_gpu_attn_infer(d->g, id, &ix, (CUdeviceptr)sg.dp[0], (CUdeviceptr)sg.dp[1],
+	                       (CUdeviceptr)sg.dp[2], (CUdeviceptr)sg.dp[3],
+	                       n == 5 ? (CUdeviceptr)sg.dp[4] : 0, (CUstream)stream, job->detail,
 	                       sizeof job->detail);
 	if (st != FA_OK) {
 		job->status = st;
 		goto sync;
 	}
-	for (int i = 3; i < n; i++) {
-		if (job->on_device[i])
-			continue;
-		if ((r = cu->MemcpyDtoHAsync((void *)(uintptr_t)ptr[i], dp[i], ext[i], stream)) != 0) {
-			job->status = gpu_job_cuerr(d, job, r, "copying a result to host memory",
-			                            sticky);
-			goto sync;
-		}
-		bytes_out += ext[i];
-	}
+	if ((r = gpu_stage_out(&sg, stream, &what)) != 0)
+		job->status = gpu_job_cuerr(d, job, r, what, sticky);
 sync:
 	if (dix)
 		cu->MemFreeAsync(dix, stream); /* after the kernel, in stream order */
 	free(host);
 	if ((r = cu->EventRecord(ev, stream)) != 0 && job->status == FA_OK)
 		job->status = gpu_job_cuerr(d, job, r, "recording the job's event", sticky);
-	job->bytes_in = bytes_in;
-	job->bytes_out = bytes_out;
+	job->bytes_in = sg.bytes_in;
+	job->bytes_out = sg.bytes_out;
 }

@@ -50,9 +50,10 @@
  *   gpu_loop.c     the loop's side: submit, inline runs, the done drain -> exec, queue
  *   gpu_worker.c   a device's worker thread     -> canary, tune, async, exec, exec_bwd,
  *                                                  exec_infer, queue
- *   gpu_exec.c     one synchronous job, host staging
- *   gpu_exec_bwd.c one backward job, host staging -> exec
- *   gpu_exec_infer.c one varlen / KV-cache job: index snapshot, host staging -> exec
+ *   gpu_exec.c     one synchronous job          -> stage
+ *   gpu_exec_bwd.c one backward job             -> exec, stage
+ *   gpu_exec_infer.c one varlen / KV-cache job: index snapshot -> exec, stage
+ *   gpu_stage.c    host tensors through the scratch: placement, copies in and out
  *   gpu_async.c    the asynchronous mode        -> exec, exec_bwd, queue
  *   gpu_compile.c  the compile threads          -> queue
  *   gpu_tune.c     background tuning            -> queue
@@ -427,6 +428,49 @@ void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream
 /* Wait for a job gpu_enqueue enqueued (its event), classify what the device says (*sticky),
  * and count its staging bytes (takes mu). Backward jobs too (gpu_enqueue_bwd). */
 void gpu_complete(struct gpu_dev *d, struct backend_job *job, fa_cu_event ev, bool *sticky);
+
+/* ---- gpu_stage.c: host tensors through d's scratch (every synchronous job kind) ------------- */
+
+#define GPU_STAGE_MAX 9 /* the backward's tensors, the most of any job */
+
+/* What a tensor is to the kernel: read, written, or written where it sees rows (the copy in
+ * keeps the rest). */
+enum gpu_stage_role {
+	GPU_STAGE_IN,       /* copied in */
+	GPU_STAGE_OUT,      /* copied out; in too only when its extent has holes (strided) */
+	GPU_STAGE_OUT_KEEP, /* copied in and out: the kernel leaves some of its rows alone */
+};
+
+struct gpu_stage_tensor {
+	const void *ptr; /* the job's address: device memory, or host memory to stage */
+	bool on_device;
+	enum gpu_stage_role role;
+	int64_t shape[4], stride[4]; /* elements; stride[3] == 1 */
+	size_t elem;                 /* bytes per element */
+};
+
+/* A job's tensors, in the order the launch takes them; zero it, gpu_stage_add each. */
+struct gpu_stage {
+	int n;
+	struct gpu_stage_tensor t[GPU_STAGE_MAX];
+	fa_cu_ptr dp[GPU_STAGE_MAX];  /* after gpu_stage_in: each tensor's device address */
+	uint64_t ext[GPU_STAGE_MAX];  /* bytes each staged tensor spans */
+	size_t bytes_in, bytes_out;   /* copied so far (the job's staging counters) */
+};
+
+/* Append a tensor: its shape [4] and outer strides [3] in elements (the last dim contiguous). */
+void gpu_stage_add(struct gpu_stage *s, const void *ptr, bool on_device,
+                   enum gpu_stage_role role, const int64_t shape[4], const int64_t stride3[3],
+                   size_t elem);
+
+/* Place every tensor (reserving d's scratch for the host ones) and queue the copies in on
+ * stream. 0, or the driver's result with *what naming the step (the caller makes the job's
+ * status of it: gpu_job_cuerr). d's worker only. */
+fa_cu_res gpu_stage_in(struct gpu_dev *d, struct gpu_stage *s, fa_cu_stream stream,
+                       const char **what);
+
+/* Queue the copies back of the staged outputs, after the launch. Same contract. */
+fa_cu_res gpu_stage_out(struct gpu_stage *s, fa_cu_stream stream, const char **what);
 
 /* Make d's scratch at least `need` bytes (d's worker, its stream idle between jobs). Returns the
  * driver's result (0: fine). */
