@@ -16,6 +16,17 @@
  *              2 causal top-left (j <= i)
  *   FA_STAGES  1: Q, dO of the next step loaded after this one; 2: into a second buffer while
  *              this one computes
+ *   FA_WIN     1: a sliding window (fa_attn.h) with the mask folded in by the host, as the
+ *              forward's: key j is visible to query i iff win_lo <= j - i <= win_hi (runtime
+ *              parameters; FA_MASK is then ignored). A key block walks only the query blocks
+ *              whose rows see one of its keys (qblock_range), so its time follows the window;
+ *              element-wise masks only in the steps an edge crosses. 0 (default): FA_MASK alone,
+ *              the code (and PTX) as before
+ *   FA_SOFTCAP 1: logit softcapping, s' = cap tanh(s scale / cap) (the forward's lse is of s'):
+ *              P = exp(s' - lse) and dS = P (dP - delta) (1 - tanh^2), the gradient of the raw
+ *              score, so that dK = scale dS^T Q and dQ = scale dS K stay as they are. tanhf for
+ *              fp32 ieee / 3xtf32 (the exponent then compensated as without it), the forward's
+ *              MUFU form elsewhere (fa_softcap2). 0 (default): unchanged
  *
  * Three kernels, one module:
  *   fa_bwd_pre   per query row (warp per row): delta = rowsum(dO * O) in fp32, lse2 = lse *
@@ -35,9 +46,11 @@
  *                reads the number of adds that come before its own (det_turn: every lower key
  *                block, by groups), adds with the same reductions, and counts its add one step
  *                later (a fence then finds the reductions performed: nothing waits on their
- *                latency). The key blocks that see a query block are a prefix (masks hide keys
- *                above a diagonal), and a block waits only on blocks launched before it or with
- *                it in its group: no deadlock.
+ *                latency). The key blocks that see a query block are a range (a prefix under the
+ *                masks, which hide keys above a diagonal; FA_WIN also hides those below one), a
+ *                turn counts from the range's first block, and a block waits only on blocks
+ *                launched before it or with it in its group: no deadlock (a key block that sees
+ *                no query block waits for nothing and is waited for by none).
  *   fa_bwd_dq    dQ = scale * accumulator, converted to its dtype and strides.
  *
  * Operands are read from shared memory by one warp-GEMM (wgemm): 16-bit by ldmatrix (.trans for
@@ -129,6 +142,15 @@ typedef u16 in_t;
 #ifndef FA_DET
 #define FA_DET 0
 #endif
+#ifndef FA_WIN
+#define FA_WIN 0
+#endif
+#ifndef FA_SOFTCAP
+#define FA_SOFTCAP 0
+#endif
+/* FA_SOFTCAP's tanh: tanhf where the tolerance is fp32's (ieee, 3xtf32), the forward's MUFU
+ * form elsewhere (fa_softcap2 in fa_device.cuh, as attn_fwd.cu's softcap_scores) */
+#define CAP_ACCURATE (FA_IN == 3 && FA_PREC != 3)
 
 #if FA_GIN == 3
 typedef float gin_t;
@@ -176,6 +198,14 @@ struct fa_bwd_params {
 	float scale;
 	int dgrp_lg;    /* fa_bwd_main_det: log2 of the key blocks per group (resident at once) */
 	float scale_lo; /* scale - (float)scale: the compensated exponent (FA_XEXP) */
+#if FA_WIN || FA_SOFTCAP
+	/* Only these specialisations declare the tail (the others' parameter block, hence PTX,
+	 * stays as it was); the host always passes it. FA_WIN: key j visible to query i iff
+	 * win_lo <= j - i <= win_hi (clamped by the host to [-Sq - 1, Sk + 1]). FA_SOFTCAP: scale /
+	 * cap (signed), cap and its remainder cap - (float)cap (FA_XEXP), cap log2(e). */
+	int win_lo, win_hi;
+	float cap_scale, cap, cap_lo, cap_log2;
+#endif
 };
 
 struct fa_bwd_pre_params {
@@ -557,6 +587,25 @@ __device__ __forceinline__ int first_qblock(const fa_bwd_params &p, int n)
 	return r >= p.Sq ? p.nq : r > 0 ? r / FA_BQ : 0;
 }
 
+/* The query blocks [f, l) whose rows see some key of key block n: under a mask those from
+ * first_qblock to the end; under FA_WIN the rows [max(0, kv0 - win_hi), min(Sq, ke - win_lo))
+ * (ke: one past the block's last key), those a key of [kv0, ke) is visible to, rounded out to
+ * whole blocks; empty (f = l = 0) when no row sees one. In 64 bits: kv0 - win_hi reaches 2^31. */
+__device__ __forceinline__ void qblock_range(const fa_bwd_params &p, int n, int &f, int &l)
+{
+#if FA_WIN
+	const long long kv0 = (long long)n * FA_BKV;
+	const long long ke = kv0 + FA_BKV < p.Sk ? kv0 + FA_BKV : (long long)p.Sk;
+	const long long ilo = kv0 - p.win_hi > 0 ? kv0 - p.win_hi : 0LL;
+	const long long ihi = ke - p.win_lo < p.Sq ? ke - p.win_lo : (long long)p.Sq;
+	f = ilo < ihi ? (int)(ilo / FA_BQ) : 0;
+	l = ilo < ihi ? (int)((ihi + FA_BQ - 1) / FA_BQ) : 0;
+#else
+	f = first_qblock(p, n);
+	l = p.nq;
+#endif
+}
+
 /* Deterministic mode: the grid is (group member + 2^dgrp_lg x kv head, batch, group), the
  * member fastest: a group's members are launched together, the groups one after another. */
 __device__ __forceinline__ int det_member(const fa_bwd_params &p)
@@ -564,36 +613,56 @@ __device__ __forceinline__ int det_member(const fa_bwd_params &p)
 	return (int)blockIdx.x & ((1 << p.dgrp_lg) - 1);
 }
 
-/* Where member x of a group starts its query blocks: 2x further on, wrapped. */
+/* Where member x of a group starts its query blocks: 2x further on, wrapped. (Under the masks
+ * written without qblock_range: the default specialisations' PTX stays as it was.) */
 __device__ __forceinline__ int det_rot(const fa_bwd_params &p, int n, int x)
 {
+#if FA_WIN
+	int f, l;
+	qblock_range(p, n, f, l);
+	const int span = l - f;
+#else
 	const int span = p.nq - first_qblock(p, n);
+#endif
 	return span > 0 ? 2 * x % span : 0;
 }
 
-/* The query block of step k of key block n (member x), its query blocks from first_qblock
- * rotated by det_rot (the atomic mode: in order). */
+/* The query block of step k of key block n (member x), its query blocks [iq0, iq1) rotated by
+ * det_rot (the atomic mode: in order). */
 template <bool DET>
-__device__ __forceinline__ int step_qblock(const fa_bwd_params &p, int n, int iq0, int k)
+__device__ __forceinline__ int step_qblock(const fa_bwd_params &p, int n, int iq0, int iq1, int k)
 {
 	if (!DET)
 		return iq0 + k;
 	const int iq = iq0 + k + det_rot(p, n, det_member(p));
+#if FA_WIN
+	return iq >= iq1 ? iq - (iq1 - iq0) : iq;
+#else
+	(void)iq1; /* p.nq, read here as it always was (the default specialisations' PTX) */
 	return iq >= p.nq ? iq - (p.nq - iq0) : iq;
+#endif
 }
 
-/* The number of adds to query block iq's rows that come before this block's: every earlier
- * group's (all its members see iq: the key blocks that see a query block are a prefix), then
- * those of the members of this group that see iq at an earlier step of their own loop (ties:
- * the lower member). A block waits only on members ahead of it in their loops (no cycle), and a
- * group is launched whole before the next one: with every member resident at once (dgrp), no
- * deadlock. A mask that hides keys below the diagonal too (a sliding window) breaks the prefix:
- * there the count must start at the lowest key block that sees iq, or a block waits forever. */
+/* The number of adds to query block iq's rows that come before this block's: those of every
+ * earlier group's members that see iq (the key blocks that see a query block are a range
+ * [a, b) holding this one: under a mask a = 0, so all of them; under FA_WIN a is the block of
+ * the first key iq's first row sees, and the members from a on), then those of the members of
+ * this group that see iq at an earlier step of their own loop (ties: the lower member). A block
+ * waits only on members ahead of it in their loops (no cycle), and a group is launched whole
+ * before the next one: with every member resident at once (dgrp), no deadlock. The host's
+ * restatement, tests/unit/test_bwd_det_turns.c, checks that these counts are a permutation of
+ * 0 .. (blocks that see iq) - 1 for every query block, and that the schedule completes. */
 __device__ __forceinline__ int det_turn(const fa_bwd_params &p, int iq)
 {
 	const int c = 1 << p.dgrp_lg, r = det_member(p), G = (int)blockIdx.z;
 	const int nkv = (p.Sk + FA_BKV - 1) / FA_BKV;
+#if FA_WIN
+	const long long k0 = (long long)iq * FA_BQ + p.win_lo; /* the first key iq's rows see */
+	const int a = k0 > 0 ? (int)(k0 / FA_BKV) : 0;
+	int w = G * c > a ? G * c - a : 0, mine = 0;
+#else
 	int w = G * c, mine = 0;
+#endif
 	for (int pass = 0; pass < 2; pass++) /* this member's step first, then the others' */
 		for (int x = 0; x < c; x++) {
 			const int n = G * c + x;
@@ -601,9 +670,17 @@ __device__ __forceinline__ int det_turn(const fa_bwd_params &p, int iq)
 				continue;
 			if (n >= nkv)
 				break;
+#if FA_WIN
+			int f, l;
+			qblock_range(p, n, f, l);
+			const int span = l - f;
+			if (iq < f || iq >= l)
+				continue;
+#else
 			const int f = first_qblock(p, n), span = p.nq - f;
 			if (iq < f)
 				continue;
+#endif
 			const int k = (iq - f - det_rot(p, n, x) + span) % span;
 			if (pass == 0)
 				mine = k;
@@ -612,6 +689,14 @@ __device__ __forceinline__ int det_turn(const fa_bwd_params &p, int iq)
 		}
 	return w;
 }
+
+/* The end of a key block's query blocks where it is used: iq1 (qblock_range) under FA_WIN; p.nq
+ * otherwise, read where it always was, so that the other specialisations' PTX stays as it was. */
+#if FA_WIN
+#define IQ_END iq1
+#else
+#define IQ_END p.nq
+#endif
 
 /* One step: S^T, dP^T, P^T and dS^T to shared memory, dV and dK accumulated, the step's dQ
  * added (reduction, or in key-block order in the deterministic mode). sQ, sdO, sL, sDl: this
@@ -622,8 +707,8 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
                                          const float *sL, const float *sDl,
                                          float (&dk)[MT_S][NT_KV][4], float (&dv)[MT_S][NT_KV][4],
                                          int kv0, int off, int n, int iq, long long bh, int ms0,
-                                         int ns0, int nkv0, int mq0, int nq0, int iq0, int k,
-                                         int hh)
+                                         int ns0, int nkv0, int mq0, int nq0, int iq0, int iq1,
+                                         int k, int hh)
 {
 	const int tid = (int)threadIdx.x, lane = tid & 31;
 	const int g = lane >> 2, t = lane & 3;
@@ -635,9 +720,16 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 	wgemm<MT_S, NT_S, DP / KK, false, false, LDS, LDS>(s, sK, sQ, ms0, ns0);
 	wgemm<MT_S, NT_S, DP / KK, false, false, LDS, LDS>(dpv, sV, sdO, ms0, ns0);
 
-	/* P^T and dS^T; the key tail and the causal edge masked where the tile has them */
+	/* P^T and dS^T; the key tail and the causal edge (FA_WIN: the window's edges) masked where
+	 * the tile has them */
+#if FA_WIN
+	(void)off;
+	const bool need_mask = kv0 + FA_BKV > p.Sk || kv0 - (q0 + FA_BQ - 1) < p.win_lo ||
+	                       kv0 + FA_BKV - 1 - q0 > p.win_hi;
+#else
 	const bool need_mask =
 	    kv0 + FA_BKV > p.Sk || (FA_MASK && kv0 + FA_BKV - 1 > q0 + off);
+#endif
 #pragma unroll
 	for (int mt = 0; mt < MT_S; mt++)
 #pragma unroll
@@ -646,18 +738,35 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 			for (int e = 0; e < 4; e++) {
 				const int jl = ms0 + mt * 16 + g + (e >> 1) * 8;
 				const int il = ns0 + nt * 8 + 2 * t + (e & 1);
+#if FA_SOFTCAP
+				/* tc = tanh(s scale / cap): P = exp(cap tc - lse), its product with cap
+				 * compensated like the scale's (FA_XEXP) */
+				const float tc = fa_softcap2<CAP_ACCURATE>(s[mt][nt][e], p.cap_scale, 1.f);
 #if FA_XEXP
+				float pv = p_exp_comp(tc, p.cap, p.cap_lo, sL[il]);
+#else
+				float pv = fast_exp2(fmaf(tc, p.cap_log2, -sL[il]));
+#endif
+#elif FA_XEXP
 				float pv = p_exp_comp(s[mt][nt][e], p.scale, p.scale_lo, sL[il]);
 #else
 				float pv = fast_exp2(fmaf(s[mt][nt][e], p.sl, -sL[il]));
 #endif
 				if (need_mask) {
 					const int j = kv0 + jl;
+#if FA_WIN
+					if (!fa_win_sees(q0 + il, j, p.Sk, p.win_lo, p.win_hi))
+						pv = 0.f;
+#else
 					if (!(j < p.Sk && (!FA_MASK || j <= q0 + il + off)))
 						pv = 0.f;
+#endif
 				}
 				s[mt][nt][e] = pv;
 				dpv[mt][nt][e] = pv * (dpv[mt][nt][e] - sDl[il]);
+#if FA_SOFTCAP
+				dpv[mt][nt][e] *= fmaf(-tc, tc, 1.f); /* d(cap tanh(x / cap)) / dx */
+#endif
 			}
 #pragma unroll
 			for (int hf = 0; hf < 2; hf++) {
@@ -693,10 +802,12 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 		 * one before; then wait until the adds that come before this one's are done */
 		const int w = (int)threadIdx.x >> 5;
 		if (k > 0)
-			release_turn(p.turn + (bh * p.nq + step_qblock<DET>(p, n, iq0, k - 1)) * FA_NW + w);
-		else if (hh > 0)
-			release_turn(p.turn + ((bh - 1) * p.nq + step_qblock<DET>(p, n, iq0, p.nq - iq0 - 1)) *
+			release_turn(p.turn + (bh * p.nq + step_qblock<DET>(p, n, iq0, IQ_END, k - 1)) *
 			                          FA_NW + w);
+		else if (hh > 0)
+			release_turn(p.turn +
+			             ((bh - 1) * p.nq + step_qblock<DET>(p, n, iq0, IQ_END, IQ_END - iq0 - 1)) *
+			                 FA_NW + w);
 		int *mine = p.turn + (bh * p.nq + iq) * FA_NW + w;
 		const int want = det_turn(p, iq);
 		if (lane == 0)
@@ -748,12 +859,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	const int kv0 = n * FA_BKV;
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
 
+#if FA_WIN
+	/* the query blocks [iq0, iq1) whose rows see this block's keys: the steps follow the
+	 * window, not the sequence */
+	int iq0, iq1;
+	qblock_range(p, n, iq0, iq1);
+#else
 	/* the first query block whose rows see key kv0 (the mask hides keys above the diagonal) */
 	int iq0 = 0;
 	if (FA_MASK) {
 		const int r = kv0 - off;
 		iq0 = r >= p.Sq ? p.nq : r > 0 ? r / FA_BQ : 0;
 	}
+#endif
 
 	const gin_t *Kg = (const gin_t *)p.k + b * p.ks[0] + hk * p.ks[2] + (long long)kv0 * p.ks[1];
 	const gin_t *Vg = (const gin_t *)p.v + b * p.vs[0] + hk * p.vs[2] + (long long)kv0 * p.vs[1];
@@ -777,46 +895,47 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	for (int hh = 0; hh < p.group; hh++) {
 		const int h = hk * p.group + hh;
 		const long long bh = (long long)b * p.Hq + h;
-		for (int i = iq0; i < p.nq; i++) {
-			const int k = i - iq0, iq = step_qblock<DET>(p, n, iq0, k); /* atomic: iq = i */
+		for (int i = iq0; i < IQ_END; i++) {
+			const int k = i - iq0, iq = step_qblock<DET>(p, n, iq0, IQ_END, k); /* atomic: iq = i */
 			load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, iq, hh);
 			cp_async_wait<0>();
 			__syncthreads();
 			bwd_step<DET>(p, sK, sV, sQ0, sdO0, sP, sdS, sL0, sDl0, dk, dv, kv0, off, n, iq, bh, ms0,
-			         ns0, nkv0, mq0, nq0, iq0, k, hh);
+			         ns0, nkv0, mq0, nq0, iq0, IQ_END, k, hh);
 			__syncthreads(); /* Q, dO, P, dS, lse2, delta are free for the next step */
 		}
 	}
 #else
 	/* The steps: every (query head of the group, query block from iq0), flattened, so that the
 	 * next step's Q and dO are loaded into the other buffers while this one computes. */
-	const int nsteps = p.nq - iq0, total = nsteps * p.group;
+	const int nsteps = IQ_END - iq0, total = nsteps * p.group;
 	if (total > 0)
-		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, step_qblock<DET>(p, n, iq0, 0), 0);
+		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk, step_qblock<DET>(p, n, iq0, IQ_END, 0), 0);
 	for (int it = 0; it < total; it++) {
 		const int hh = it / nsteps, k = it - hh * nsteps;
-		const int iq = step_qblock<DET>(p, n, iq0, k);
+		const int iq = step_qblock<DET>(p, n, iq0, IQ_END, k);
 		const long long bh = (long long)b * p.Hq + hk * p.group + hh;
 		const int buf = it & 1;
 		/* the next step into the other buffers (freed by the previous step's last barrier) */
 		if (it + 1 < total)
 			load_step(p, sQ0 + (buf ^ 1) * SM_Q, sdO0 + (buf ^ 1) * SM_Q, sL0 + (buf ^ 1) * FA_BQ,
 			          sDl0 + (buf ^ 1) * FA_BQ, b, hk,
-			          step_qblock<DET>(p, n, iq0, (it + 1) % nsteps), (it + 1) / nsteps);
+			          step_qblock<DET>(p, n, iq0, IQ_END, (it + 1) % nsteps), (it + 1) / nsteps);
 		else
 			cp_async_commit();
 		cp_async_wait<1>();
 		__syncthreads();
 		bwd_step<DET>(p, sK, sV, sQ0 + buf * SM_Q, sdO0 + buf * SM_Q, sP, sdS, sL0 + buf * FA_BQ,
-		         sDl0 + buf * FA_BQ, dk, dv, kv0, off, n, iq, bh, ms0, ns0, nkv0, mq0, nq0, iq0, k,
-		         hh);
+		         sDl0 + buf * FA_BQ, dk, dv, kv0, off, n, iq, bh, ms0, ns0, nkv0, mq0, nq0, iq0,
+		         IQ_END, k, hh);
 		__syncthreads(); /* Q, dO, P, dS, lse2, delta are free for the step after next */
 	}
 #endif
 	cp_async_wait<0>(); /* K and V landed even when no step ran */
-	if (DET && iq0 < p.nq) /* the last step's part: the group's last query head */
+	if (DET && iq0 < IQ_END) /* the last step's part: the group's last query head */
 		release_turn(p.turn + (((long long)b * p.Hq + hk * p.group + p.group - 1) * p.nq +
-		                       step_qblock<DET>(p, n, iq0, p.nq - iq0 - 1)) * FA_NW + warp);
+		                       step_qblock<DET>(p, n, iq0, IQ_END, IQ_END - iq0 - 1)) * FA_NW +
+		             warp);
 
 	/* dK = scale dS^T Q, dV, in their dtype; keys past Sk are not written */
 	gin_t *dKg = (gin_t *)p.dk + b * p.dks[0] + hk * p.dks[2];

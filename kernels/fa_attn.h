@@ -96,6 +96,32 @@ static inline bool fa_attn_allows(const struct fa_attn_fwd_desc *d, int64_t Sq, 
 	return j >= lo && j < hi;
 }
 
+/* d's mask and window as the range [*lo, *hi] of j - i that a query row i sees, for kernels that
+ * take it as two ints (attn_bwd.cu's FA_WIN; the forward's host folds it the same way): key j of
+ * row i is visible iff j < Sk and *lo <= j - i <= *hi, which is fa_attn_key_range's rule (the
+ * diagonal at j - i = a, a = 0 top-left, else Sk - Sq; a side bounds only when >= 0 and below Sk,
+ * or Sk + Sq for the left; causal caps the right at a). Clamped to [-Sq - 1, Sk + 1], where
+ * j - i of a real pair lies in [1 - Sq, Sk - 1]: an unbounded side gets the clamp, and both fit
+ * an int for Sq, Sk < 2^30. Always *lo <= a <= *hi. */
+static inline void fa_attn_window_diffs(const struct fa_attn_fwd_desc *d, int64_t *lo,
+                                        int64_t *hi)
+{
+	const int64_t a = d->mask == FA_MASK_CAUSAL_TOP_LEFT ? 0 : d->Sk - d->Sq;
+	int64_t l = -d->Sq - 1, h = d->Sk + 1;
+	if (d->mask == FA_MASK_CAUSAL_BOTTOM_RIGHT || d->mask == FA_MASK_CAUSAL_TOP_LEFT)
+		h = a;
+	if (d->window && d->window_right >= 0 && d->window_right < d->Sk && a + d->window_right < h)
+		h = a + d->window_right;
+	if (d->window && d->window_left >= 0 && d->window_left < d->Sk + d->Sq)
+		l = a - d->window_left;
+	if (l < -d->Sq - 1)
+		l = -d->Sq - 1;
+	if (h > d->Sk + 1)
+		h = d->Sk + 1;
+	*lo = l;
+	*hi = h;
+}
+
 /* Whether d's window bounds either side under fa_attn_key_range's rule (left >= 0 and below
  * Sk + Sq, right >= 0 and below Sk): the GPU kernels run a window that bounds nothing (say (-1,
  * -1)) as none. */

@@ -31,8 +31,8 @@ enum {
 };
 
 /* Backward attention on the device, enqueued on stream s (0: the legacy default stream).
- * Requirements beyond fa_attn_bwd_check(): no sliding window or softcap yet (FA_ENOTSUP: the
- * CPU reference takes them), those of fa_gpu_attn_fwd (16-byte alignment of every
+ * Every mask, sliding window and softcap of the descriptor (the forward's, whose lse it reads).
+ * Requirements beyond fa_attn_bwd_check(): those of fa_gpu_attn_fwd (16-byte alignment of every
  * pointer and of every batch/seq/head stride in bytes: FA_EALIGN; dimensions below 2^31:
  * FA_ESHAPE) and a backward tile that fits the device (FA_ENOFIT with the backward planner's text:
  * the shape, the smallest configuration's bytes and the device's limit). The fp32 scratch it needs

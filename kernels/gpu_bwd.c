@@ -1,6 +1,10 @@
 /* gpu_bwd.c - the backward launch API (fa_gpu_bwd.h): checks, the backward tile (planner_bwd.c),
  * the fp32 scratch, and the three kernels of attn_bwd.cu enqueued on the caller's stream.
  *
+ * The sliding window and softcap (fa_attn.h) select attn_bwd.cu's FA_WIN / FA_SOFTCAP
+ * specialisations (fa_kernel_spec_mask_ext), the window passed as the range of j - i with the
+ * mask folded in (fa_attn_window_diffs).
+ *
  * Scratch (one stream-ordered allocation per call, freed in stream order: the device's memory
  * pool keeps it, gpu_cuda.c sets its release threshold to the maximum, so repeated calls reuse
  * the same memory without a synchronisation and calls on different streams never share it):
@@ -36,8 +40,13 @@ struct bwd_params {
 	float sl, scale;
 	int dgrp_lg;
 	float scale_lo;
+	/* the FA_WIN / FA_SOFTCAP tail: only those specialisations declare it (the others read the
+	 * 272 bytes before it) */
+	int win_lo, win_hi;
+	float cap_scale, cap, cap_lo, cap_log2;
 };
-_Static_assert(offsetof(struct bwd_params, B) == 224 && sizeof(struct bwd_params) == 272,
+_Static_assert(offsetof(struct bwd_params, B) == 224 &&
+                   offsetof(struct bwd_params, win_lo) == 272 && sizeof(struct bwd_params) == 296,
                "backward parameter block layout");
 struct bwd_pre_params {
 	uint64_t o, dout, lse, lse2, delta, dqacc, turn;
@@ -86,12 +95,6 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	fa_status st = fa_attn_bwd_check(d, err, errlen);
 	if (st != FA_OK)
 		return st;
-	/* the reference and the CPU backend take them; attn_bwd.cu does not yet: refused, never
-	 * ignored */
-	if (d->fwd.window || d->fwd.softcap != 0)
-		return fa_err(err, errlen, FA_ENOTSUP,
-		              "the sliding window and softcap are not yet in the GPU backward kernels "
-		              "(the CPU reference and backend take them)");
 	if (!p || !p->q || !p->k || !p->v || !p->o || !p->dout || !p->lse || !p->dq || !p->dk ||
 	    !p->dv)
 		return fa_err(err, errlen, FA_EINVAL,
@@ -133,6 +136,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	const bool det = (flags & FA_GPU_BWD_DETERMINISTIC) != 0;
 	t.rt = det ? 2 : 1; /* the deterministic dQ is its own specialisation (attn_bwd.cu, FA_DET) */
 	fa_kernel_spec_make(&spec, fa_gpu_sm(g), f->dtype, f->precision, (int)f->D, f->mask, &t);
+	fa_kernel_spec_mask_ext(&spec, f); /* FA_WIN (the mask folded in), FA_SOFTCAP */
 	if (spec.tile.smem > fa_gpu_smem_optin(g)) {
 		char tb[48];
 		fa_tile_format(&spec.tile, tb, sizeof tb);
@@ -238,6 +242,18 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		mp.scale = (float)f->scale;
 		mp.scale_lo = (float)(f->scale - (double)mp.scale);
 		mp.dgrp_lg = dgrp_lg;
+		if (spec.window) {
+			int64_t lo, hi;
+			fa_attn_window_diffs(f, &lo, &hi);
+			mp.win_lo = (int)lo;
+			mp.win_hi = (int)hi;
+		}
+		if (spec.softcap) {
+			mp.cap_scale = (float)(f->scale / f->softcap);
+			mp.cap = (float)f->softcap;
+			mp.cap_lo = (float)(f->softcap - (double)mp.cap);
+			mp.cap_log2 = (float)(f->softcap * 1.4426950408889634);
+		}
 		void *a2[] = {&mp};
 		/* atomic: (key block, kv head, batch); deterministic: (group member + kv head x group
 		 * size, batch, group), the members fastest (those past the last key block return) */

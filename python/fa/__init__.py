@@ -166,9 +166,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     scaled_dot_product_attention. Differentiable for PyTorch tensors that require grad (the
     gradient flows through out, with the window and softcap; lse is not differentiable, as in
     FlashAttention); deterministic=True (or torch.use_deterministic_algorithms(True)) makes
-    the backward give the same bits on every run. The GPU backend computes a windowed or
-    capped forward; its backward refuses them (FaNotSupportedError, FA_ENOTSUP) where its
-    build has no such kernels; the CPU backend serves both."""
+    the backward give the same bits on every run. Both backends compute a windowed or capped
+    forward and backward (a GPU backend built before the backward had them raises
+    FaNotSupportedError, FA_ENOTSUP)."""
     if dropout_p:
         raise _usage("FA_ENOTSUP", "dropout_p=%r: fa has no dropout" % dropout_p)
     window = _attn.window_size(window_size)
@@ -307,7 +307,7 @@ def attn_bwd(q, k, v, o, dout, lse, *, layout="bshd", mask=MASK_NONE, scale=None
     """fa's backward as the C API has it (fa_attn_bwd), for every array kind: (dq, dk, dv), the
     gradients of the forward that took q, k, v and wrote o and lse, given dout = dL/do.
     q, k, v, layout, mask, scale, precision, window_size and softcap: exactly as that forward
-    had them (the GPU backend refuses a window or softcap with FA_ENOTSUP); o and dout
+    had them (a GPU backend without the window in its backward says FA_ENOTSUP); o and dout
     like q; lse float32 [B, Hq, Sq] (the forward's, run with return_lse=True: required).
     dq, dk, dv: written when given (each like q, k, v; sharing no byte with an input or each
     other), else allocated like q, k and v. With GQA/MQA dk and dv are summed over each query-

@@ -3,7 +3,10 @@
  * the backward 2.5x the forward (FlashAttention's convention: five matrix products against two),
  * so forward + backward = 3.5x the forward's flops over the sum of both times. The issue's shapes
  * (kernels/RESULTS.md): B*S = 32k tokens, 16 heads, S = 4096, BHSD layout, random inputs; the
- * PyTorch anchors of the same run come from tools/sdpa_bwd_anchors.py.
+ * PyTorch anchors of the same run come from tools/sdpa_bwd_anchors.py. Then issue 11's window
+ * rows (rows 11-13: bf16 D=128 S=16k, full causal, window (4095, 0), the window with softcap 30;
+ * flops by visible pairs) and the window's backward time over dense 4k's (row 0) and full
+ * causal 16k's.
  *
  * Prints "no GPU: skipped" and exits 0 without a GPU. Environment:
  *   FA_BENCH_SWEEP=1   also time the backward's first FA_BENCH_SWEEP_N (6) planner candidates of
@@ -35,7 +38,12 @@ struct shape {
 	fa_precision prec;
 	int D, S, causal;
 	int fwd_only;
+	int win, wl, wr; /* a sliding window (fa_attn.h) */
+	double cap;      /* softcap, 0: off */
 };
+
+/* The last run_shape's times (ms; -1 where it failed): the window rows' ratios. */
+static float last_fwd, last_bwd, last_det;
 
 static const char *label(const struct shape *s)
 {
@@ -75,6 +83,38 @@ static void make_desc(const struct shape *s, struct fa_attn_bwd_desc *bd)
 	d->lse_stride[0] = H * S;
 	d->lse_stride[1] = S;
 	d->lse_stride[2] = 1;
+	d->window = s->win != 0;
+	d->window_left = s->wl;
+	d->window_right = s->wr;
+	d->softcap = s->cap;
+}
+
+/* The forward's flops: 4 D per visible (query, key) pair; causal without a window as 0.5 S^2
+ * (the convention the anchors use), a window by its exact pairs (fa_attn_key_range). */
+static double fwd_flops(const struct fa_attn_bwd_desc *bd, const struct shape *s)
+{
+	const struct fa_attn_fwd_desc *d = &bd->fwd;
+	double pairs = (double)d->Sq * d->Sk * (s->causal ? 0.5 : 1.0);
+	if (s->win) {
+		pairs = 0;
+		for (int64_t i = 0; i < d->Sq; i++) {
+			int64_t lo, hi;
+			fa_attn_key_range(d, d->Sq, d->Sk, i, &lo, &hi);
+			pairs += (double)(hi - lo);
+		}
+	}
+	return 4.0 * d->B * d->Hq * pairs * d->D;
+}
+
+static const char *shape_ext(const struct shape *s)
+{
+	static char b[64];
+	b[0] = 0;
+	if (s->win)
+		snprintf(b, sizeof b, " window (%d, %d)%s", s->wl, s->wr, s->cap > 0 ? " cap" : "");
+	else if (s->cap > 0)
+		snprintf(b, sizeof b, " softcap");
+	return b;
 }
 
 static int cmpf(const void *a, const void *b)
@@ -137,6 +177,7 @@ static void fill(CUdeviceptr p, size_t bytes, fa_dtype dt)
 
 static void run_shape(const struct shape *s, bool sweep)
 {
+	last_fwd = last_bwd = last_det = -1;
 	struct fa_attn_bwd_desc d;
 	make_desc(s, &d);
 	const size_t es = fa_dtype_size(s->dt);
@@ -154,8 +195,7 @@ static void run_shape(const struct shape *s, bool sweep)
 	fill(b[1], n, s->dt);
 	fill(b[2], n, s->dt);
 	fill(b[4], n, s->dt);
-	const double fl = 4.0 * d.fwd.B * d.fwd.Hq * (double)d.fwd.Sq * d.fwd.Sk * d.fwd.D *
-	                  (s->causal ? 0.5 : 1.0);
+	const double fl = fwd_flops(&d, s);
 	float tf = time_it(&d, &p, 0, NULL, err, sizeof err);
 	if (tf < 0) {
 		printf("%-12s D=%3d S=%d%s forward: %s\n", label(s), s->D, s->S,
@@ -185,13 +225,16 @@ static void run_shape(const struct shape *s, bool sweep)
 		       s->causal ? " causal" : "", err);
 		goto out;
 	}
-	printf("%-12s D=%3d S=%d%-7s %-16s fwd %7.3f ms bwd %7.3f ms (det %7.3f ms, %+.0f%%)  "
+	last_fwd = tf;
+	last_bwd = tb;
+	last_det = td;
+	printf("%-12s D=%3d S=%d%-7s%s %-16s fwd %7.3f ms bwd %7.3f ms (det %7.3f ms, %+.0f%%)  "
 	       "fwd+bwd %7.1f TFLOP/s  bwd %7.1f  fwd %7.1f\n", label(s), s->D, s->S,
-	       s->causal ? " causal" : "", tn, tf, tb, td, 100.0 * (td - tb) / tb,
+	       s->causal ? " causal" : "", shape_ext(s), tn, tf, tb, td, 100.0 * (td - tb) / tb,
 	       3.5 * fl / (tf + tb) / 1e9, 2.5 * fl / tb / 1e9, fl / tf / 1e9);
 	if (tsv)
-		fprintf(tsv, "fwdbwd\t%s\t%d\t%d\t%d\t%s\t%.4f\t%.4f\t%.4f\t%.2f\n", label(s), s->D, s->S,
-		        s->causal, tn, tf, tb, td, 3.5 * fl / (tf + tb) / 1e9);
+		fprintf(tsv, "fwdbwd\t%s%s\t%d\t%d\t%d\t%s\t%.4f\t%.4f\t%.4f\t%.2f\n", label(s),
+		        shape_ext(s), s->D, s->S, s->causal, tn, tf, tb, td, 3.5 * fl / (tf + tb) / 1e9);
 	fflush(stdout);
 	if (sweep) {
 		struct fa_tile c[FA_PLAN_MAX_CANDIDATES];
@@ -402,11 +445,30 @@ int main(void)
 		{FA_DTYPE_FP32, FA_PREC_TF32, 128, 4096, 0, 0},
 		{FA_DTYPE_FP32, FA_PREC_BF16, 128, 4096, 0, 0},
 		{FA_DTYPE_FP32, FA_PREC_3XTF32, 256, 4096, 0, 1},
+		/* issue 11's window target, forward + backward: a window of 4,096 keys (4095, 0) on
+		 * S = 16k against the full causal 16k and against dense 4k (row 0: each query sees
+		 * 4,096 keys there too, the same 32k queries): time should follow the window */
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 16384, 1, 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 16384, 0, 0, 1, 4095, 0, 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 16384, 0, 0, 1, 4095, 0, 30.0},
 	};
-	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-		if (shape_wanted(i))
+	enum { ROW_DENSE4K = 0, ROW_CAUSAL16K = 11, ROW_WIN16K = 12 };
+	float bwd_of[16], det_of[16];
+	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+		bwd_of[i] = det_of[i] = -1;
+		if (shape_wanted(i)) {
 			run_shape(&shapes[i], sweep && !shapes[i].fwd_only &&
-			                          (i < 4 || shapes[i].dt == FA_DTYPE_FP32));
+			                          (i < 4 || (shapes[i].dt == FA_DTYPE_FP32 && i < 11)));
+			bwd_of[i] = last_bwd;
+			det_of[i] = last_det;
+		}
+	}
+	if (bwd_of[ROW_WIN16K] > 0 && bwd_of[ROW_DENSE4K] > 0 && bwd_of[ROW_CAUSAL16K] > 0)
+		printf("window (4095, 0) on 16k, backward: / dense 4k %.3f (det %.3f; 1.0 = proportional "
+		       "to the window), / full causal 16k %.3f (det %.3f; visible pairs give 0.44)\n",
+		       bwd_of[ROW_WIN16K] / bwd_of[ROW_DENSE4K], det_of[ROW_WIN16K] / det_of[ROW_DENSE4K],
+		       bwd_of[ROW_WIN16K] / bwd_of[ROW_CAUSAL16K],
+		       det_of[ROW_WIN16K] / det_of[ROW_CAUSAL16K]);
 	if (tsv)
 		fclose(tsv);
 	fa_gpu_close(g);

@@ -9,9 +9,13 @@
  * every head), after checking that no element kept its poison. Error: relative Frobenius error
  * of each gradient; tolerances below (why: each one's comment). Deterministic mode: several cases
  * run three times and must give the same bits, and agree with the atomic mode (relative
- * Frobenius difference within the tolerance). Default: a
+ * Frobenius difference within the tolerance). The sliding window and softcap (FA_WIN,
+ * FA_SOFTCAP) have their own cases: one- and two-sided windows, with both causal masks, a window
+ * that bounds nothing, rows that see no key (Sq > Sk), softcaps 1..20, the deterministic mode bit
+ * for bit with a window. Default: a
  * representative sample; FA_GPU_GRID=full the whole grid; FA_GPU_GRID_D / FA_GPU_GRID_DT narrow
- * it as in test_attn_fwd_gpu, FA_GPU_GRID_SHARD=k/n keeps every n-th case from the k-th (the full
+ * it as in test_attn_fwd_gpu, FA_GPU_GRID_WIN=1 keeps the window and softcap cases,
+ * FA_GPU_GRID_SHARD=k/n keeps every n-th case from the k-th (the full
  * grid over n device calls). Without a GPU it prints why and skips.
  */
 #include <math.h>
@@ -43,6 +47,9 @@ struct gcase {
 	int bhsd; /* layout: 0 BSHD, 1 BHSD */
 	int neg;  /* negative scale */
 	int det;  /* also the deterministic mode, three runs, bit for bit */
+	int win;  /* a sliding window (wl, wr) (fa_attn.h: a negative side is unbounded) */
+	int wl, wr;
+	double cap; /* softcap, 0: off */
 };
 
 static struct fa_gpu *gpu;
@@ -105,6 +112,10 @@ static void make_desc(const struct gcase *c, struct fa_attn_bwd_desc *bd)
 	d->lse_stride[0] = (int64_t)c->Hq * c->Sq;
 	d->lse_stride[1] = c->Sq;
 	d->lse_stride[2] = 1;
+	d->window = c->win != 0;
+	d->window_left = c->win ? c->wl : 0;
+	d->window_right = c->win ? c->wr : 0;
+	d->softcap = c->cap;
 }
 
 static void fill_random(void *buf, fa_dtype dt, size_t n, double amp)
@@ -127,19 +138,32 @@ static double elem(const struct hostbufs *h, const void *t, const int64_t *st, i
 	return fa_load_elem(t, h->d->fwd.dtype, b * st[0] + s * st[1] + hh * st[2] + e);
 }
 
-static double pij(const struct hostbufs *h, int64_t b, int64_t hq, int64_t i, int64_t j)
+/* P of (i, j) from the forward's lse, under the mask and window; with a softcap c, the score
+ * s becomes c tanh(s / c) and *dcap (may be NULL) gets its derivative 1 - tanh^2, by which dS is
+ * multiplied (1 without one). */
+static double pij(const struct hostbufs *h, int64_t b, int64_t hq, int64_t i, int64_t j,
+                  double *dcap)
 {
 	const struct fa_attn_fwd_desc *d = &h->d->fwd;
+	if (dcap)
+		*dcap = 1;
 	float l = h->lse[b * d->lse_stride[0] + hq * d->lse_stride[1] + i * d->lse_stride[2]];
 	if (isinf(l) && l < 0)
 		return 0;
-	if (!fa_mask_allows(d->mask, d->Sq, d->Sk, i, j))
+	if (!fa_attn_allows(d, d->Sq, d->Sk, i, j))
 		return 0;
 	int64_t hk = hq / (d->Hq / d->Hkv);
 	double s = 0;
 	for (int64_t e = 0; e < d->D; e++)
 		s += elem(h, h->q, d->q_stride, b, i, hq, e) * elem(h, h->k, d->k_stride, b, j, hk, e);
-	return exp(s * d->scale - (double)l);
+	s *= d->scale;
+	if (d->softcap > 0) {
+		const double t = tanh(s / d->softcap);
+		s = d->softcap * t;
+		if (dcap)
+			*dcap = 1 - t * t;
+	}
+	return exp(s - (double)l);
 }
 
 static double dpij(const struct hostbufs *h, int64_t b, int64_t hq, int64_t i, int64_t j)
@@ -189,11 +213,12 @@ static void oracle_row(const struct hostbufs *h, int64_t b, int64_t hq, int64_t 
 	for (int64_t e = 0; e < 2 * d->D; e++)
 		tmp[e] = 0;
 	for (int64_t j = 0; j < d->Sk; j++) {
-		double p = pij(h, b, hq, i, j);
+		double dc;
+		double p = pij(h, b, hq, i, j, &dc);
 		if (p == 0)
 			continue;
 		double dp = dpij(h, b, hq, i, j);
-		double ds = p * (dp - delta), dsm = p * (fabs(dp) + fabs(delta));
+		double ds = p * (dp - delta) * dc, dsm = p * (fabs(dp) + fabs(delta)) * dc;
 		for (int64_t e = 0; e < d->D; e++) {
 			double kv = elem(h, h->k, d->k_stride, b, j, hk, e);
 			tmp[e] += ds * kv;
@@ -215,11 +240,12 @@ static void oracle_key(const struct hostbufs *h, int64_t b, int64_t hk, int64_t 
 		tmp[e] = 0;
 	for (int64_t hq = hk * grp; hq < (hk + 1) * grp; hq++)
 		for (int64_t i = 0; i < d->Sq; i++) {
-			double p = pij(h, b, hq, i, j);
+			double dc;
+			double p = pij(h, b, hq, i, j, &dc);
 			if (p == 0)
 				continue;
 			double dp = dpij(h, b, hq, i, j), dl = h->delta[(b * d->Hq + hq) * d->Sq + i];
-			double ds = p * (dp - dl), dsm = p * (fabs(dp) + fabs(dl));
+			double ds = p * (dp - dl) * dc, dsm = p * (fabs(dp) + fabs(dl)) * dc;
 			for (int64_t e = 0; e < D; e++) {
 				double o = elem(h, h->dout, h->d->do_stride, b, i, hq, e);
 				double q = elem(h, h->q, d->q_stride, b, i, hq, e);
@@ -481,10 +507,11 @@ static bool run_case(const struct gcase *c, int verbose)
 				dq_i[e] = 0;
 			double dl = h.delta[i];
 			for (int64_t j = 0; j < c->Sk; j++) {
-				double p = pij(&h, 0, 0, i, j);
+				double dc;
+				double p = pij(&h, 0, 0, i, j, &dc);
 				if (p == 0)
 					continue;
-				double ds = p * (dpij(&h, 0, 0, i, j) - dl);
+				double ds = p * (dpij(&h, 0, 0, i, j) - dl) * dc;
 				for (int64_t e = 0; e < c->D; e++)
 					dq_i[e] += ds * elem(&h, h.k, d->k_stride, 0, j, 0, e);
 			}
@@ -519,11 +546,19 @@ static bool run_case(const struct gcase *c, int verbose)
 	ncases++;
 	if (!ok)
 		nfail++;
+	char ext[64] = "";
+	if (c->win || c->cap > 0) {
+		int n = 0;
+		if (c->win)
+			n = snprintf(ext, sizeof ext, " window (%d, %d)", c->wl, c->wr);
+		if (c->cap > 0)
+			snprintf(ext + n, sizeof ext - (size_t)n, " softcap %g", c->cap);
+	}
 	if (!ok || verbose)
-		printf("%s %-11s D=%3d Sq=%4d Sk=%4d B=%d Hq=%d Hkv=%d %s %-19s%s tile %-16s dQ %.3g dK "
+		printf("%s %-11s D=%3d Sq=%4d Sk=%4d B=%d Hq=%d Hkv=%d %s %-19s%s%s tile %-16s dQ %.3g dK "
 		       "%.3g dV %.3g (tol %.0e)%s%s%s\n", ok ? "ok  " : "FAIL", fa_gpu_kind_name(s), c->D,
 		       c->Sq, c->Sk, c->B, c->Hq, c->Hkv, c->bhsd ? "BHSD" : "BSHD",
-		       fa_mask_name(c->mask), c->neg ? " neg" : "", tb, rel[0], rel[1], rel[2], tol,
+		       fa_mask_name(c->mask), c->neg ? " neg" : "", ext, tb, rel[0], rel[1], rel[2], tol,
 		       !c->det ? "" : !det_ok ? " deterministic: BITS DIFFER"
 		       : det_diff <= tol ? " deterministic: same bits x3" : " deterministic: FAR FROM ATOMIC",
 		       finite ? "" : " (non-finite output or poison left)", tot.bad ? " (non-finite)" : "");
@@ -654,6 +689,56 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 		struct gcase c = {G_DT[a], G_PR[a], 72, 129, 300, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 4, 2,
 		                  a % 2, 1, 0};
 		cases[n++] = c;
+	}
+	/* The sliding window and softcap (FA_WIN, FA_SOFTCAP): every kind, one- and two-sided
+	 * windows alone and with both causal masks, Sq != Sk both ways (Sq > Sk: rows that see no
+	 * key), lengths 1 to 4097, GQA and MQA, both layouts, the deterministic mode with windows. */
+	static const struct gcase win_cases[] = {
+		/* dt, prec, D, Sq, Sk, mask, B, Hq, Hkv, bhsd, neg, det, win, wl, wr, cap */
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 1000, 1000, FA_MASK_NONE, 1, 4, 2, 0, 0, 1, 1,
+		 100, 100, 0},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 64, 129, 1000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 2, 4, 1, 1,
+		 0, 1, 1, 64, -1, 0},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 128, 1000, 1000, FA_MASK_CAUSAL_TOP_LEFT, 1, 2, 2, 0, 0,
+		 1, 1, 255, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_IEEE, 64, 17, 129, FA_MASK_NONE, 2, 2, 2, 1, 0, 0, 1, -1, 8, 0},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 128, 1000, 17, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 4, 2, 0, 0,
+		 1, 1, 3, 3, 0},
+		{FA_DTYPE_FP32, FA_PREC_BF16, 96, 129, 129, FA_MASK_NONE, 1, 2, 1, 1, 0, 0, 1, 16, 5,
+		 5.0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 1, 1000, FA_MASK_NONE, 2, 8, 2, 0, 0, 0, 1, 300, 0,
+		 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, 1000, 1000, FA_MASK_NONE, 1, 2, 2, 1, 0, 1, 0, 0, 0,
+		 20.0},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 128, 1000, 1000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 4, 4,
+		 0, 0, 1, 1, 200, 0, 10.0},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 256, 129, 1000, FA_MASK_NONE, 1, 2, 1, 0, 0, 0, 0, 0, 0,
+		 5.0},
+		{FA_DTYPE_FP32, FA_PREC_IEEE, 40, 1, 1, FA_MASK_NONE, 1, 1, 1, 0, 0, 0, 1, 0, 0, 1.0},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 128, 4097, 4097, FA_MASK_CAUSAL_TOP_LEFT, 1, 2, 1, 1, 0,
+		 1, 1, 512, 0, 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 64, 1000, 1000, FA_MASK_NONE, 1, 2, 2, 0, 0, 0, 1, 0, 0,
+		 0},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 72, 129, 300, FA_MASK_NONE, 1, 4, 2, 0, 1, 0, 1, 8, 8, 2.0},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 128, 17, 17, FA_MASK_CAUSAL_TOP_LEFT, 2, 2, 2, 0, 0, 1, 1,
+		 -1, -1, 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 4097, 4097, FA_MASK_NONE, 1, 4, 1, 0, 0, 1, 1,
+		 1024, 1024, 0},
+		{FA_DTYPE_FP32, FA_PREC_IEEE, 128, 1000, 129, FA_MASK_NONE, 1, 4, 2, 1, 0, 1, 1, 20,
+		 -1, 1.0},
+		{FA_DTYPE_FP32, FA_PREC_BF16, 256, 17, 1000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 2, 2, 0, 0,
+		 1, 1, 500, 0, 0},
+	};
+	for (size_t i = 0; i < sizeof win_cases / sizeof win_cases[0]; i++)
+		cases[n++] = win_cases[i];
+	const char *wonly = getenv("FA_GPU_GRID_WIN"); /* 1: only the window and softcap cases */
+	if (wonly && strcmp(wonly, "1") == 0) {
+		int m = 0;
+		for (int i = 0; i < n; i++)
+			if (cases[i].win || cases[i].cap > 0)
+				cases[m++] = cases[i];
+		printf("FA_GPU_GRID_WIN=1: %d of %d cases\n", m, n);
+		n = m;
 	}
 	const char *only = getenv("FA_GPU_GRID_D");
 	if (only && *only) {

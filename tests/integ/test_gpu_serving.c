@@ -8,7 +8,7 @@
  * handle registers and its unregistration leaves the owner's mapping alone; the autotuner (the
  * daemon's background tuning and `fa-ctl tune`) fills a table that a restarted daemon loads; the
  * backward pass (ATTN_BWD) in device and host buffers gives the float64 oracle's gradients, and
- * its deterministic mode the same bits twice.
+ * its deterministic mode the same bits twice, with a sliding window and softcap too.
  *
  * CUDA does not survive fork(): the test process itself never initialises it (not even through
  * have_gpu()). Every piece of CUDA work runs in a forked child that loads the CUDA driver
@@ -238,9 +238,10 @@ static void bwd_poison(const struct fa_case *cs, const struct fa_bwd_layout *l, 
 
 /* Forward then backward in buffer b (mem: its device memory; 0: a host buffer), checked against
  * the oracle; with `twice`, in the deterministic mode, and again on re-poisoned gradients, which
- * must come back the same bits. */
-static int bwd_run(fa_client *c, const struct fa_case *cs, fa_buffer *b, cu_ptr mem, bool twice,
-                   uint64_t *rng)
+ * must come back the same bits. win (NULL: none): the sliding window and softcap both calls get
+ * (its window and softcap fields), and the oracle with them. */
+static int bwd_run_win(fa_client *c, const struct fa_case *cs, fa_buffer *b, cu_ptr mem,
+                       bool twice, const struct fa_attn_fwd_desc *win, uint64_t *rng)
 {
 	struct fa_bwd_layout l;
 	fa_attn_fwd_args fa;
@@ -262,6 +263,16 @@ static int bwd_run(fa_client *c, const struct fa_case *cs, fa_buffer *b, cu_ptr 
 		CHECK(cu.MemcpyHtoD(mem, host, l.total) == 0 && cu.StreamSynchronize(NULL) == 0,
 		      "upload");
 	fa_bwd_args(cs, &l, b, twice ? FA_BWD_DETERMINISTIC : 0, &fa, &ba);
+	if (win) {
+		fa.window = ba.window = win->window;
+		fa.window_left = ba.window_left = win->window_left;
+		fa.window_right = ba.window_right = win->window_right;
+		fa.softcap = ba.softcap = win->softcap;
+		char *end = desc + strlen(desc);
+		snprintf(end, sizeof desc - (size_t)(end - desc), " window %d (%lld, %lld) softcap %g",
+		         (int)win->window, (long long)win->window_left, (long long)win->window_right,
+		         win->softcap);
+	}
 	st = fa_attn_fwd(c, &fa);
 	CHECK(st == FA_OK, "%s: fa_attn_fwd: %s (%s)", desc, fa_status_name(st),
 	      fa_last_error_detail());
@@ -279,7 +290,8 @@ static int bwd_run(fa_client *c, const struct fa_case *cs, fa_buffer *b, cu_ptr 
 		if (mem)
 			CHECK(cu.MemcpyDtoH(host, mem, l.total) == 0, "download");
 		if (run == 0) {
-			CHECK(fa_bwd_check(cs, &l, host, 0, err, why, sizeof why), "%s: %s", desc, why);
+			CHECK(fa_bwd_check_win(cs, &l, host, win, 0, err, why, sizeof why), "%s: %s", desc,
+			      why);
 			fprintf(stderr, "  backward %s %s%s: dq %.2e dk %.2e dv %.2e\n",
 			        mem ? "device" : "host", desc, twice ? " deterministic" : "", err[0],
 			        err[1], err[2]);
@@ -293,6 +305,12 @@ static int bwd_run(fa_client *c, const struct fa_case *cs, fa_buffer *b, cu_ptr 
 	if (mem)
 		free(host);
 	return 0;
+}
+
+static int bwd_run(fa_client *c, const struct fa_case *cs, fa_buffer *b, cu_ptr mem, bool twice,
+                   uint64_t *rng)
+{
+	return bwd_run_win(c, cs, b, mem, twice, NULL, rng);
 }
 
 /* Every backward case in device buffers (LEAD bytes into their allocation) and in a host buffer,
@@ -322,6 +340,63 @@ static int child_bwd_cases(void *arg)
 		CHECK(cu.MemFree(mem) == 0, "cuMemFree");
 		CHECK(fa_integ_buffer(c, &hb, l.total) == FA_OK, "host buffer of %zu", l.total);
 		int r = bwd_run(c, &bwd_cases[i], hb, 0, i % 2 == 1, &rng);
+		if (r != 0)
+			return r;
+	}
+	fa_buffer_free(hb);
+	fa_client_close(c);
+	return 0;
+}
+
+/* The backward with a sliding window and softcap (attn_bwd.cu's FA_WIN, FA_SOFTCAP): the GPU
+ * backend serves it (FA_OK, not FA_ENOTSUP) in device and host buffers, both modes, and the
+ * gradients are the oracle's with the same window and softcap. */
+static const struct {
+	struct fa_case c;
+	struct fa_attn_fwd_desc win; /* its window and softcap fields */
+} bwd_win_cases[] = {
+	{{.dtype = FA_DTYPE_BF16, .B = 2, .Sq = 300, .Sk = 300, .Hq = 8, .Hkv = 2, .D = 64},
+	 {.window = true, .window_left = 64, .window_right = 0}},
+	{{.dtype = FA_DTYPE_FP32, .B = 1, .Sq = 129, .Sk = 200, .Hq = 4, .Hkv = 2, .D = 128,
+	  .mask = FA_MASK_CAUSAL_BOTTOM_RIGHT},
+	 {.window = true, .window_left = 32, .window_right = -1, .softcap = 5.0}},
+	/* Sq > Sk: the first rows' windows hold no key */
+	{{.dtype = FA_DTYPE_FP16, .B = 1, .Sq = 200, .Sk = 77, .Hq = 2, .Hkv = 1, .D = 40,
+	  .bhsd = true, .pad = 8},
+	 {.window = true, .window_left = 10, .window_right = 10}},
+	{{.dtype = FA_DTYPE_BF16, .B = 1, .Sq = 256, .Sk = 256, .Hq = 4, .Hkv = 4, .D = 128,
+	  .mask = FA_MASK_CAUSAL_TOP_LEFT},
+	 {.softcap = 20.0}},
+};
+#define NBWD_WIN (sizeof bwd_win_cases / sizeof bwd_win_cases[0])
+
+static int child_bwd_window_cases(void *arg)
+{
+	(void)arg;
+	uint64_t rng = 0xb4c4a3eull;
+	fa_buffer *hb = NULL;
+	fa_client *c = open_client();
+	CHECK(c != NULL, "fa_client_open: %s", fa_last_error_detail());
+	for (size_t i = 0; i < NBWD_WIN; i++) {
+		const struct fa_case *cs = &bwd_win_cases[i].c;
+		const struct fa_attn_fwd_desc *w = &bwd_win_cases[i].win;
+		struct fa_bwd_layout l;
+		cu_ptr mem = 0;
+		fa_buffer *b = NULL;
+		fa_bwd_layout(cs, &l);
+		CHECK(cu.MemAlloc(&mem, LEAD + l.total) == 0, "cuMemAlloc %zu", l.total);
+		fa_status st = fa_buffer_register_device(c, (void *)(uintptr_t)(mem + LEAD), l.total, &b);
+		CHECK(st == FA_OK, "register_device: %s (%s)", fa_status_name(st),
+		      fa_last_error_detail());
+		for (int det = 0; det < 2; det++) {
+			int r = bwd_run_win(c, cs, b, mem + LEAD, det == 1, w, &rng);
+			if (r != 0)
+				return r;
+		}
+		CHECK(fa_buffer_free(b) == FA_OK, "fa_buffer_free");
+		CHECK(cu.MemFree(mem) == 0, "cuMemFree");
+		CHECK(fa_integ_buffer(c, &hb, l.total) == FA_OK, "host buffer of %zu", l.total);
+		int r = bwd_run_win(c, cs, hb, 0, i % 2 == 1, w, &rng);
 		if (r != 0)
 			return r;
 	}
@@ -1197,6 +1272,15 @@ static void test_gpu_backward_matches_reference_and_is_deterministic(void **stat
 	assert_int_equal(r, 0);
 }
 
+/* The backward with a sliding window and softcap is served by the GPU backend (it refused
+ * them before attn_bwd.cu had FA_WIN / FA_SOFTCAP) and matches the oracle with them. */
+static void test_gpu_backward_with_window_and_softcap_is_served(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_bwd_window_cases, NULL, 300000), 0);
+}
+
 static void test_gpu_latency_device_vs_host_buffers(void **state)
 {
 	(void)state;
@@ -1694,6 +1778,7 @@ int main(void)
 		cmocka_unit_test(test_gpu_device_buffers_match_reference),
 		cmocka_unit_test(test_gpu_host_buffers_match_reference),
 		cmocka_unit_test(test_gpu_backward_matches_reference_and_is_deterministic),
+		cmocka_unit_test(test_gpu_backward_with_window_and_softcap_is_served),
 		cmocka_unit_test(test_gpu_latency_device_vs_host_buffers),
 		cmocka_unit_test(test_gpu_pool_memory_is_refused_with_eipc),
 		cmocka_unit_test(test_gpu_bad_offsets_and_sizes_get_ealign_erange),

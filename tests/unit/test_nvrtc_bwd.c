@@ -1,6 +1,7 @@
 /* test_nvrtc_bwd.c - the backward specialisations the planner picks (kernels/planner_bwd.c)
  * compile with NVRTC for sm_80, sm_86, sm_89, sm_90, sm_100 and sm_120 (a few also as the
- * deterministic dQ's specialisation), and what ptxas reports
+ * deterministic dQ's specialisation; the sliding window and softcap ones, FA_WIN / FA_SOFTCAP,
+ * for every dtype and precision), and what ptxas reports
  * (registers against the planner's estimate, spills, stack). No GPU needed; skipped (with the
  * reason) when NVRTC cannot be loaded.
  *
@@ -88,6 +89,27 @@ static void add_jobs(const char *arch, fa_dtype dt, fa_precision p, int D, fa_ma
 	add_jobs_det(arch, dt, p, D, m, top, false);
 }
 
+/* The sliding window (FA_WIN) and softcap (FA_SOFTCAP) specialisations of the planner's first
+ * tile, as gpu_bwd.c asks for them (fa_kernel_spec_mask_ext of a descriptor with the window
+ * and softcap), atomic and, with det, deterministic. */
+static void add_jobs_ext(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
+                         bool window, bool softcap, bool det)
+{
+	const int first = njobs;
+	add_jobs_det(arch, dt, p, D, m, 1, det);
+	struct fa_attn_fwd_desc d;
+	memset(&d, 0, sizeof d);
+	d.Sq = d.Sk = 4096;
+	d.window = window;
+	d.window_left = window ? 256 : 0;
+	d.window_right = 0;
+	d.softcap = softcap ? 30.0 : 0.0;
+	for (int i = first; i < njobs; i++) {
+		fa_kernel_spec_mask_ext(&jobs[i].spec, &d);
+		assert_true(jobs[i].spec.window == window && jobs[i].spec.softcap == softcap);
+	}
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -131,6 +153,9 @@ static void test_nvrtc_compiles_the_planned_backward_specialisations(void **stat
 			for (int d = 0; d < 6; d++)
 				for (int D = 8; D <= 256; D += 8)
 					add_jobs(archs[a], dts[d], precs[d], D, masks[(D / 8) % 3], 2);
+		for (int a = 0; a < 6; a++) /* the window and softcap, atomic and deterministic */
+			for (int d = 0; d < 6; d++)
+				add_jobs_ext(archs[a], dts[d], precs[d], 128, masks[d % 3], true, true, true);
 	} else {
 		/* each (arch, dtype/precision) once, head dims and masks rotating: 8 (padding), 40,
 		 * 64, 128, 256, 136 (padded to 160 above 128) and every mask */
@@ -151,6 +176,18 @@ static void test_nvrtc_compiles_the_planned_backward_specialisations(void **stat
 		add_jobs_det("sm_86", FA_DTYPE_FP16, FA_PREC_DEFAULT, 64, FA_MASK_CAUSAL_TOP_LEFT, 1,
 		             true);
 		add_jobs("sm_90", FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, FA_MASK_NONE, 2);
+		/* the window and softcap: every dtype and precision on sm_90 (window, softcap, both
+		 * in turn; the deterministic dQ with a window for half of them), and on sm_80, sm_86
+		 * and sm_120 */
+		for (int d = 0; d < 6; d++)
+			add_jobs_ext("sm_90", dts[d], precs[d], d % 2 ? 64 : 128, masks[d % 3], d % 3 != 1,
+			             d % 3 != 0, d % 2 == 0);
+		add_jobs_ext("sm_80", FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, FA_MASK_CAUSAL_BOTTOM_RIGHT,
+		             true, true, true);
+		add_jobs_ext("sm_86", FA_DTYPE_FP32, FA_PREC_3XTF32, 128, FA_MASK_NONE, true, false,
+		             false);
+		add_jobs_ext("sm_120", FA_DTYPE_FP16, FA_PREC_DEFAULT, 256, FA_MASK_CAUSAL_TOP_LEFT, true,
+		             true, false);
 	}
 	fa_test_parallel_for(njobs, compile_one);
 
