@@ -85,13 +85,6 @@ fa_status fa_gpu_attn_infer(struct fa_gpu *g, const struct fa_attn_infer_desc *d
 	if ((st = infer_index_present(d, ix, err, errlen)) != FA_OK)
 		return st;
 	const struct fa_attn_fwd_desc *f = &d->fwd;
-	/* the kernels take the window and softcap on dense batches only (FA_WIN, FA_SOFTCAP):
-	 * over a varlen or paged layout they are refused, never ignored */
-	if (f->window || f->softcap != 0)
-		return fa_err(err, errlen, FA_ENOTSUP,
-		              "the sliding window and softcap over a varlen batch or a KV cache are not "
-		              "in the GPU kernels yet (dense ATTN_FWD takes them; the CPU backend "
-		              "serves them on every layout)");
 	const size_t es = fa_dtype_size(f->dtype);
 	int64_t qshape[3], kshape[3];
 	infer_shapes(d, qshape, kshape);
