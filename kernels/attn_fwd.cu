@@ -1287,6 +1287,31 @@ __device__ __forceinline__ void epilogue(const fa_kparams &p, const float (&acc)
  * The forward kernel: the prologue, then per key step load -> Q K^T -> mask -> softmax -> P V,
  * then the epilogue. */
 #if FA_LAYOUT
+/* O and lse of the block's sequence (blockIdx.z): packed rows from cu_q, or its dense batch.
+ * LATE_O: set just before the epilogue rather than at the top, so that no pointer of theirs is
+ * live through the loop (the softcap and window tiles at 255 registers spilled with two more
+ * pointers: test_nvrtc_infer); not for the warp pairs, whose epilogue is the heavier point and
+ * which compile without spills as they were, nor without a window or softcap (the code as it
+ * was measured). */
+#define LATE_O (!PAIR && (FA_WIN || FA_SOFTCAP))
+__device__ __forceinline__ void seq_out(fa_kparams &p, const fa_kparams &pb, const fa_lparams &L)
+{
+	const int bs = blockIdx.z;
+	if (L.cu_q) {
+		const int q0r = __ldg(L.cu_q + bs);
+		p.o = (char *)pb.o + (long long)q0r * pb.os[1] * (FA_OUT == 3 ? 4 : 2);
+		if (pb.lse)
+			p.lse = pb.lse + (long long)q0r * pb.ls[2];
+	} else {
+		p.o = (char *)pb.o + bs * pb.os[0] * (FA_OUT == 3 ? 4 : 2);
+		if (pb.lse)
+			p.lse = pb.lse + bs * pb.ls[0];
+	}
+}
+#else
+#define LATE_O 0
+#endif
+#if FA_LAYOUT
 /* The inference layouts: the block's sequence (blockIdx.z) as a dense problem of its own
  * lengths, B = 1, whose pointers start at its first rows; everything below reads p, so the
  * masks, tails and epilogue apply per sequence exactly as to a dense batch. */
@@ -1312,14 +1337,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 			const int q0r = L.cu_q[bs];
 			p.Sq = L.cu_q[bs + 1] - q0r;
 			p.q = (const qin_t *)pb.q + (long long)q0r * pb.qs[1];
+#if !LATE_O
 			p.o = (char *)pb.o + (long long)q0r * pb.os[1] * (FA_OUT == 3 ? 4 : 2);
 			if (pb.lse)
 				p.lse = pb.lse + (long long)q0r * pb.ls[2];
+#endif
 		} else { /* dense: Sq queries each */
 			p.q = (const qin_t *)pb.q + bs * pb.qs[0];
+#if !LATE_O
 			p.o = (char *)pb.o + bs * pb.os[0] * (FA_OUT == 3 ? 4 : 2);
 			if (pb.lse)
 				p.lse = pb.lse + bs * pb.ls[0];
+#endif
 		}
 		if (mb * BR >= p.Sq)
 			return; /* past this sequence's queries (the grid covers the longest) */
@@ -1544,6 +1573,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 #endif
 	}
 	cp_async_wait<0>();
+#if LATE_O
+	seq_out(p, pb, L);
+#endif
 
 #if PAIR
 	/* the row sums (quad-reduced, then the pair's), the maxima of both row tiles */
