@@ -7,7 +7,9 @@
  * The checks are fa_gpu_attn_fwd's, on the layout's shapes: the descriptor and every index entry
  * (fa_attn_infer_check on the host copies, again: cheap, and a caller that skipped it must not
  * reach a kernel), 16-byte pointers and strides for q, k, v, o (pools and packed tensors alike),
- * 4-byte lse, and the device copies present for the tables the layout has.
+ * 4-byte lse, and the device copies present for the tables the layout has. The sliding window and
+ * softcap go to either kernel, the window as its two sides (each block aligns it to its own
+ * sequence: attn_fwd.cu, attn_decode.cu FA_LAYOUT), so no combination is refused here.
  */
 #include "fa_gpu_infer.h"
 
