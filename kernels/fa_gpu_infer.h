@@ -31,10 +31,9 @@ struct fa_gpu_infer_index {
  * with its index pointers on the host; ix: the same tables on the device. q, k, v, o, lse as
  * fa_gpu_attn_fwd's, laid out as fa_attn_infer.h says (lse 0: not wanted). Rows of q and o
  * outside every sequence are neither read nor written. Same requirements and statuses as
- * fa_gpu_attn_fwd (FA_EALIGN, FA_ESHAPE, FA_ENOFIT with the planner's text, FA_EDEVICE), plus
- * FA_ENOTSUP with the reason for a combination no kernel serves. The sliding window and softcap
- * of d->fwd apply per sequence (fa_attn_key_range with each sequence's lengths) on both kernels.
- * Returns after enqueueing. */
+ * fa_gpu_attn_fwd (FA_EALIGN, FA_ESHAPE, FA_ENOFIT with the planner's text, FA_EDEVICE); every
+ * mask, the sliding window and softcap of d->fwd are served, applied per sequence
+ * (fa_attn_key_range with each sequence's lengths) on both kernels. Returns after enqueueing. */
 fa_status fa_gpu_attn_infer(struct fa_gpu *g, const struct fa_attn_infer_desc *d,
                             const struct fa_gpu_infer_index *ix, CUdeviceptr q, CUdeviceptr k,
                             CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
