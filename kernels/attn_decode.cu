@@ -15,6 +15,12 @@
  *              iff win_lo <= j - i <= win_hi); the splits start at the block's first window
  *              key, so they cover only the window's keys. FA_SOFTCAP 1: logit softcapping
  *              (scores capped after the sign, then in the log2 domain with unit scale)
+ *   FA_LAYOUT  1 (with FA_WIN only): a window over an inference layout. The host passes the
+ *              window's sides (win_lo = window_left, win_hi = window_right, negative:
+ *              unbounded) and each block resolves its sequence's range (fa_seq_window): the
+ *              diagonal and which sides bound are per sequence. The last split of a sequence
+ *              walks to the end of its window whatever the plan's split_keys. 0 (default):
+ *              every other launch, layouts without a window included, compiles as before
  *
  * Structure (flash-decoding): grid (split, kv head x row chunk, batch). A block owns one kv head's
  * packed rows r = i * group + member (query i, query head hk * group + member), so K and V are
@@ -57,7 +63,7 @@ struct fa_dparams {
 	int neg_scale;
 	int nsplit, split_keys;               /* split_keys: a multiple of 16 */
 	int rows, nrc;                        /* rows = Sq * group; nrc = row chunks of FA_DR */
-	int win_lo, win_hi;                   /* FA_WIN (attn_fwd.cu's) */
+	int win_lo, win_hi;                   /* FA_WIN (attn_fwd.cu's; FA_LAYOUT: the sides) */
 	float scale_cap, cap_log2;            /* FA_SOFTCAP: |scale| / cap, cap log2(e) */
 	/* inference layouts (fa_attn_infer.h): the device copies of the index tables (NULL: none),
 	 * kv 0 dense (fa_gpu_attn_fwd), else enum fa_kv_layout; Sq and Sk above are the longest */
@@ -68,10 +74,27 @@ struct fa_dparams {
 
 enum { KV_DENSE = 0, KV_PACKED = 1, KV_CACHE = 2, KV_PAGED = 3 }; /* fa_attn_infer.h's values */
 
+/* the mask, window and layout first: the sequences' lengths below resolve a layout's window */
+#ifndef FA_MASK
+#define FA_MASK 0
+#endif
+#ifndef FA_WIN
+#define FA_WIN 0
+#endif
+#ifndef FA_LAYOUT
+#define FA_LAYOUT 0
+#endif
+#if FA_LAYOUT && !FA_WIN
+#error "FA_LAYOUT: only the window over a layout needs its own specialisation"
+#endif
+
 /* One sequence's lengths and where its rows start (element offsets). */
 struct fa_dseq {
 	int sq, sk, rows;             /* queries, keys, packed rows (sq * group) */
 	long long qb, ob, lb, kb, vb; /* q, o, lse, k, v of its first row (paged: k, v 0) */
+#if FA_LAYOUT
+	int win_lo, win_hi;           /* this sequence's range of j - i (fa_seq_window) */
+#endif
 };
 
 __device__ __forceinline__ fa_dseq seq_of(const fa_dparams &p, int b)
@@ -102,6 +125,9 @@ __device__ __forceinline__ fa_dseq seq_of(const fa_dparams &p, int b)
 			s.kb = s.vb = 0;
 	}
 	s.rows = s.sq * p.group;
+#if FA_LAYOUT
+	fa_seq_window(s.sq, s.sk, p.win_lo, p.win_hi, FA_MASK, &s.win_lo, &s.win_hi);
+#endif
 	return s;
 }
 
@@ -127,12 +153,6 @@ __device__ __forceinline__ int seq_splits(const fa_dparams &p, const fa_dseq &s)
 #endif
 #ifndef FA_STAGES
 #define FA_STAGES 3
-#endif
-#ifndef FA_MASK
-#define FA_MASK 0
-#endif
-#ifndef FA_WIN
-#define FA_WIN 0
 #endif
 #ifndef FA_SOFTCAP
 #define FA_SOFTCAP 0
@@ -271,6 +291,31 @@ __device__ __forceinline__ u32 pack_in(float lo, float hi)
 }
 #endif
 
+#if FA_WIN
+/* The window's range of j - i for sequence sd: the host's for a dense batch, the sequence's own
+ * over a layout (FA_LAYOUT). */
+__device__ __forceinline__ int win_lo_of(const fa_dparams &p, const fa_dseq &sd)
+{
+#if FA_LAYOUT
+	(void)p;
+	return sd.win_lo;
+#else
+	(void)sd;
+	return p.win_lo;
+#endif
+}
+__device__ __forceinline__ int win_hi_of(const fa_dparams &p, const fa_dseq &sd)
+{
+#if FA_LAYOUT
+	(void)p;
+	return sd.win_hi;
+#else
+	(void)sd;
+	return p.win_hi;
+#endif
+}
+#endif
+
 /* The last key packed row R of sequence sd sees (its last key without a mask), -1 for a padding
  * row. */
 __device__ __forceinline__ int row_limit(const fa_dparams &p, const fa_dseq &sd, int R, int off)
@@ -279,7 +324,7 @@ __device__ __forceinline__ int row_limit(const fa_dparams &p, const fa_dseq &sd,
 		return -1;
 #if FA_WIN
 	(void)off;
-	return (int)min((long long)sd.sk - 1, (long long)(R / p.group) + p.win_hi);
+	return (int)min((long long)sd.sk - 1, (long long)(R / p.group) + win_hi_of(p, sd));
 #else
 	if (!FA_MASK)
 		return sd.sk - 1;
@@ -305,10 +350,15 @@ __device__ __forceinline__ void tile_pages(const fa_dparams &p, const int *ptrow
 }
 
 #if FA_WIN
-/* The first key packed row R sees (the window's left edge). */
-__device__ __forceinline__ int row_first(const fa_dparams &p, int R)
+/* The first key packed row R of sequence sd sees (the window's left edge). */
+__device__ __forceinline__ int row_first(const fa_dparams &p, const fa_dseq &sd, int R)
 {
-	return (int)max(0LL, (long long)(min(R, p.rows - 1) / p.group) + p.win_lo);
+#if FA_LAYOUT
+	const int rows = sd.rows;
+#else
+	const int rows = p.rows;
+#endif
+	return (int)max(0LL, (long long)(min(R, rows - 1) / p.group) + win_lo_of(p, sd));
 }
 #define WIN_SEES(col, first) ((col) >= (first))
 #else
@@ -394,11 +444,11 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 	/* keys this block walks: its split, cut at the last key any of its rows sees */
 	int kend = sd.sk;
 #if FA_WIN
-	/* the splits start at the tile of the first key any of its rows sees (dense layout only:
-	 * the host refuses a window over an inference layout) */
+	/* the splits start at the tile of the first key any of its rows sees (over a layout, of
+	 * its sequence's window) */
 	const int rlast = min(r0 + FA_DR, sd.rows) - 1;
 	kend = row_limit(p, sd, rlast, off) + 1;
-	const int kbase = row_first(p, r0) / BC * BC;
+	const int kbase = row_first(p, sd, r0) / BC * BC;
 	const int k0 = kbase + split * p.split_keys;
 #else
 	if (FA_MASK) {
@@ -407,7 +457,13 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 	}
 	const int k0 = split * p.split_keys;
 #endif
+#if FA_LAYOUT
+	/* the plan's split_keys covers the longest sequence's window; a sequence whose window
+	 * starts at another tile offset may need one tile more: its last split takes the rest */
+	const int k1 = split == seq_splits(p, sd) - 1 ? kend : min(k0 + p.split_keys, kend);
+#else
 	const int k1 = min(k0 + p.split_keys, kend);
+#endif
 	const int ntb = k1 > k0 ? (k1 - k0 + BC - 1) / BC : 0;
 	const int nt = ntb > warp ? (ntb - warp + FA_NW - 1) / FA_NW : 0; /* this warp's tiles */
 	const int tw0 = k0 / BC + warp; /* its first tile; then every FA_NW-th */
@@ -464,7 +520,7 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 	for (int r = 0; r < RT; r++)
 #pragma unroll
 		for (int hh = 0; hh < 2; hh++)
-			first[r][hh] = row_first(p, r0 + r * 16 + g + hh * 8);
+			first[r][hh] = row_first(p, sd, r0 + r * 16 + g + hh * 8);
 #define FIRST16(r, hh) first[r][hh]
 #else
 #define FIRST16(r, hh) 0
@@ -495,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(NT) fa_attn_decode(const fa_dparams
 	int first[FA_DR];
 #pragma unroll
 	for (int r = 0; r < FA_DR; r++)
-		first[r] = row_first(p, r0 + r);
+		first[r] = row_first(p, sd, r0 + r);
 #define FIRST32(r) first[r]
 #else
 #define FIRST32(r) 0

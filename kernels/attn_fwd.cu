@@ -24,7 +24,11 @@
  *   FA_WIN     1: a sliding window (fa_attn.h), the mask folded into it by the host: key j is
  *              visible to query i iff win_lo <= j - i <= win_hi (runtime parameters); a block
  *              walks only the key tiles its rows see and masks element-wise only on the
- *              tiles its window's edges cross. 0 (default): FA_MASK alone, the code unchanged
+ *              tiles its window's edges cross. 0 (default): FA_MASK alone, the code unchanged.
+ *              With FA_LAYOUT the host passes the window's sides instead (win_lo = window_left,
+ *              win_hi = window_right, negative: unbounded) and each block resolves its own
+ *              sequence's range (fa_seq_window: the diagonal and the sides' bounds are per
+ *              sequence); a paged block's ring then starts at its first window tile too
  *   FA_SOFTCAP 1: logit softcapping, s -> cap tanh(s / cap) on the scaled score before the
  *              mask (cap a runtime parameter); the scores then live in the log2 domain with
  *              unit scale, so the P = ex2(fma(s, scale log2 e, -m)) fold becomes ex2(s - m)
@@ -73,7 +77,8 @@ struct fa_kparams {
 	float scale_log2;                     /* |scale| * log2(e) */
 	int neg_scale;                        /* scale < 0: Q is negated in shared memory */
 	/* FA_WIN: key j visible to query i iff win_lo <= j - i <= win_hi (clamped by the host to
-	 * [-Sq - 1, Sk + 1]); FA_SOFTCAP: |scale| / cap and cap log2(e). Unused otherwise. */
+	 * [-Sq - 1, Sk + 1]; with FA_LAYOUT the window's left and right sides, resolved per
+	 * sequence by the kernel); FA_SOFTCAP: |scale| / cap and cap log2(e). Unused otherwise. */
 	int win_lo, win_hi;
 	float scale_cap, cap_log2;
 };
@@ -115,9 +120,6 @@ struct fa_kparams {
 #define FA_LAYOUT 0
 #endif
 #define PAGED (FA_LAYOUT == 2)
-#if FA_LAYOUT && FA_WIN
-#error "FA_WIN with an inference layout: not built yet (fa_gpu_fwd_infer refuses the window)"
-#endif
 #if PAGED && FA_STAGES < 2
 #error "FA_LAYOUT 2 (paged) needs FA_STAGES >= 2: its row table is written a step ahead"
 #endif
@@ -533,11 +535,22 @@ struct kv_ring {
 };
 
 #if PAGED
+/* The first key of the ring's tile 0 (FA_WIN: the block's first window tile), to which the
+ * ring's tile numbers are relative; page lookups take absolute keys. */
+__device__ __forceinline__ int ring_key0(const kv_ring &r)
+{
+#if FA_WIN
+	return r.kvs;
+#else
+	(void)r;
+	return 0;
+#endif
+}
 /* Thread tid < FA_BC looks up the page of its key of tile jt (keys past Sk read nothing). */
 __device__ __forceinline__ void ptab_fetch(kv_ring &r, const fa_kparams &p, const fa_lparams &L,
                                            int jt)
 {
-	const int tid = (int)threadIdx.x, key = jt * FA_BC + tid;
+	const int tid = (int)threadIdx.x, key = ring_key0(r) + jt * FA_BC + tid;
 	if (tid < FA_BC && key < p.Sk) {
 		unsigned row;
 		r.tpage = __ldg(page_row(L) + page_slot(L, (unsigned)key, row));
@@ -547,7 +560,7 @@ __device__ __forceinline__ void ptab_fetch(kv_ring &r, const fa_kparams &p, cons
 __device__ __forceinline__ void ptab_store(const kv_ring &r, const fa_kparams &p,
                                            const fa_lparams &L, int jt)
 {
-	const int tid = (int)threadIdx.x, key = jt * FA_BC + tid;
+	const int tid = (int)threadIdx.x, key = ring_key0(r) + jt * FA_BC + tid;
 	if (tid < FA_BC && key < p.Sk) {
 		unsigned row;
 		page_slot(L, (unsigned)key, row);
@@ -612,7 +625,7 @@ __device__ __forceinline__ void load_k(const kv_ring &r, const fa_kparams &p, in
 {
 #if PAGED
 	load_tile_ptab<FA_BC, LDK>(r.sK + buf * SMEM_K, r.Kg,
-	                           ptab_base() + (jn & 1) * 2 * FA_BC, p.Sk - jn * FA_BC);
+	                           ptab_base() + (jn & 1) * 2 * FA_BC, ring_keys(r, p) - jn * FA_BC);
 #else
 #if LD_FAST
 	if (ring_keys(r, p) - jn * FA_BC >= FA_BC)
@@ -627,7 +640,8 @@ __device__ __forceinline__ void load_v(const kv_ring &r, const fa_kparams &p, in
 {
 #if PAGED
 	load_tile_ptab<FA_BC, LDV>(r.sV + buf * SMEM_V, r.Vg,
-	                           ptab_base() + (jn & 1) * 2 * FA_BC + FA_BC, p.Sk - jn * FA_BC);
+	                           ptab_base() + (jn & 1) * 2 * FA_BC + FA_BC,
+	                           ring_keys(r, p) - jn * FA_BC);
 #else
 #if LD_FAST
 	if (ring_keys(r, p) - jn * FA_BC >= FA_BC)
@@ -658,7 +672,7 @@ __device__ __forceinline__ void next_v(kv_ring &r)
 
 /* Prologue: Q (converted from fp32 here, before the K/V tiles are issued, when QCVT), then
  * tiles 0 .. STAGES-2 (one commit group each for K and V). FA_WIN: Kg and Vg point at key kvs,
- * the block's first window tile. */
+ * the block's first window tile (paged: at page 0, and the tiles' keys start at kvs). */
 __device__ __forceinline__ int keys_from(const fa_kparams &p, int kvs)
 {
 #if FA_WIN
@@ -682,12 +696,12 @@ __device__ __forceinline__ void load_prologue(const fa_kparams &p, in_t *sQ, in_
 	for (int s = 0; s < FA_STAGES - 1; s++) {
 #if PAGED
 		if (s < ntiles)
-			load_tile_paged<FA_BC, LDK>(sK + s * SMEM_K, Kg, p.ks[0], p.ks[1], L, s * FA_BC,
-			                            p.Sk - s * FA_BC);
+			load_tile_paged<FA_BC, LDK>(sK + s * SMEM_K, Kg, p.ks[0], p.ks[1], L,
+			                            kvs + s * FA_BC, keys_from(p, kvs) - s * FA_BC);
 		cp_async_commit();
 		if (s < ntiles)
-			load_tile_paged<FA_BC, LDV>(sV + s * SMEM_V, Vg, p.vs[0], p.vs[1], L, s * FA_BC,
-			                            p.Sk - s * FA_BC);
+			load_tile_paged<FA_BC, LDV>(sV + s * SMEM_V, Vg, p.vs[0], p.vs[1], L,
+			                            kvs + s * FA_BC, keys_from(p, kvs) - s * FA_BC);
 		cp_async_commit();
 #else
 		if (s < ntiles)
@@ -703,7 +717,7 @@ __device__ __forceinline__ void load_prologue(const fa_kparams &p, in_t *sQ, in_
 	if (FA_STAGES == 1) { /* one buffer each: K_0 now, V_j at the top of step j */
 #if PAGED
 		if (ntiles > 0)
-			load_tile_paged<FA_BC, LDK>(sK, Kg, p.ks[0], p.ks[1], L, 0, p.Sk);
+			load_tile_paged<FA_BC, LDK>(sK, Kg, p.ks[0], p.ks[1], L, kvs, keys_from(p, kvs));
 #else
 		if (ntiles > 0)
 			load_tile<FA_BC, LDK>(sK, Kg, p.ks[1], keys_from(p, kvs));
@@ -1273,6 +1287,31 @@ __device__ __forceinline__ void epilogue(const fa_kparams &p, const float (&acc)
  * The forward kernel: the prologue, then per key step load -> Q K^T -> mask -> softmax -> P V,
  * then the epilogue. */
 #if FA_LAYOUT
+/* O and lse of the block's sequence (blockIdx.z): packed rows from cu_q, or its dense batch.
+ * LATE_O: set just before the epilogue rather than at the top, so that no pointer of theirs is
+ * live through the loop (the softcap and window tiles at 255 registers spilled with two more
+ * pointers: test_nvrtc_infer); not for the warp pairs, whose epilogue is the heavier point and
+ * which compile without spills as they were, nor without a window or softcap (the code as it
+ * was measured). */
+#define LATE_O (!PAIR && (FA_WIN || FA_SOFTCAP))
+__device__ __forceinline__ void seq_out(fa_kparams &p, const fa_kparams &pb, const fa_lparams &L)
+{
+	const int bs = blockIdx.z;
+	if (L.cu_q) {
+		const int q0r = __ldg(L.cu_q + bs);
+		p.o = (char *)pb.o + (long long)q0r * pb.os[1] * (FA_OUT == 3 ? 4 : 2);
+		if (pb.lse)
+			p.lse = pb.lse + (long long)q0r * pb.ls[2];
+	} else {
+		p.o = (char *)pb.o + bs * pb.os[0] * (FA_OUT == 3 ? 4 : 2);
+		if (pb.lse)
+			p.lse = pb.lse + bs * pb.ls[0];
+	}
+}
+#else
+#define LATE_O 0
+#endif
+#if FA_LAYOUT
 /* The inference layouts: the block's sequence (blockIdx.z) as a dense problem of its own
  * lengths, B = 1, whose pointers start at its first rows; everything below reads p, so the
  * masks, tails and epilogue apply per sequence exactly as to a dense batch. */
@@ -1298,14 +1337,18 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 			const int q0r = L.cu_q[bs];
 			p.Sq = L.cu_q[bs + 1] - q0r;
 			p.q = (const qin_t *)pb.q + (long long)q0r * pb.qs[1];
+#if !LATE_O
 			p.o = (char *)pb.o + (long long)q0r * pb.os[1] * (FA_OUT == 3 ? 4 : 2);
 			if (pb.lse)
 				p.lse = pb.lse + (long long)q0r * pb.ls[2];
+#endif
 		} else { /* dense: Sq queries each */
 			p.q = (const qin_t *)pb.q + bs * pb.qs[0];
+#if !LATE_O
 			p.o = (char *)pb.o + bs * pb.os[0] * (FA_OUT == 3 ? 4 : 2);
 			if (pb.lse)
 				p.lse = pb.lse + bs * pb.ls[0];
+#endif
 		}
 		if (mb * BR >= p.Sq)
 			return; /* past this sequence's queries (the grid covers the longest) */
@@ -1322,6 +1365,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 			p.k = (const in_t *)pb.k + bs * pb.ks[0];
 			p.v = (const in_t *)pb.v + bs * pb.vs[0];
 		}
+#endif
+#if FA_WIN
+		/* the window's sides (pb.win_lo, pb.win_hi) as this sequence's range of j - i */
+		fa_seq_window(p.Sq, p.Sk, pb.win_lo, pb.win_hi, FA_MASK, &p.win_lo, &p.win_hi);
 #endif
 	}
 	const int h = blockIdx.y, b = 0, hk = h / p.group; /* b: the pointers are the sequence's */
@@ -1343,8 +1390,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	const long long khi = min((long long)p.Sk, (long long)min(q0 + BR, p.Sq) - 1 + p.win_hi + 1);
 	const int kvs = khi > klo ? (int)(klo / FA_BC) * FA_BC : 0;
 	int ntiles = khi > klo ? (int)((khi - kvs + FA_BC - 1) / FA_BC) : 0;
+#if !PAGED /* a paged ring keeps page 0's base: its rows are looked up from key kvs on */
 	Kg += (long long)kvs * p.ks[1];
 	Vg += (long long)kvs * p.vs[1];
+#endif
 #else
 	const int kvs = 0;
 	int ntiles = (p.Sk + FA_BC - 1) / FA_BC;
@@ -1438,6 +1487,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	const u32 qa0 = 0;
 #endif
 	kv_ring ring;
+#if FA_WIN
+	ring.kvs = kvs; /* before kv_ring_init: a paged ring's first row table starts at kvs */
+#endif
 #if PAGED
 	{
 		/* the launch must have reserved the row table (fa_klayout_smem) */
@@ -1448,9 +1500,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 	}
 #endif
 	kv_ring_init(ring, sK, sV, Kg, Vg, p, tid PAGES_PASS);
-#if FA_WIN
-	ring.kvs = kvs;
-#endif
 
 	for (int j = 0; j < ntiles; j++) {
 		load_kv_step(ring, p, j, ntiles PAGES_PASS);
@@ -1524,6 +1573,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_kparams
 #endif
 	}
 	cp_async_wait<0>();
+#if LATE_O
+	seq_out(p, pb, L);
+#endif
 
 #if PAIR
 	/* the row sums (quad-reduced, then the pair's), the maxima of both row tiles */

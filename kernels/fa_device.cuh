@@ -224,4 +224,26 @@ __device__ __forceinline__ bool fa_win_sees(int row, int col, int Sk, int win_lo
 	return col < Sk && d >= win_lo && d <= win_hi;
 }
 
+/* A window over an inference layout resolved for one sequence of sq queries and sk keys: the
+ * host cannot fold one range of j - i for a batch, since fa_attn_key_range aligns the diagonal
+ * per sequence (a = sk - sq, 0 top-left) and lets a side bound only below that sequence's sk (sk
+ * + sq for the left). wl, wr: the descriptor's window_left / window_right, negative for an
+ * unbounded side (the host clamps them to int); mask: FA_MASK (1, 2 causal: the right side also
+ * at most a). The result is what the host's kmaskx_of (gpu_cuda.c) gives a dense problem of these
+ * lengths, clamped to [-sq - 1, sk + 1] so that it stays an int. */
+__device__ __forceinline__ void fa_seq_window(int sq, int sk, int wl, int wr, int mask, int *lo,
+                                              int *hi)
+{
+	const long long q = sq, k = sk, a = mask == 2 ? 0 : k - q;
+	long long l = -q - 1, h = k + 1;
+	if (mask)
+		h = a;
+	if (wr >= 0 && wr < k && a + wr < h)
+		h = a + wr;
+	if (wl >= 0 && wl < k + q)
+		l = a - wl;
+	*lo = (int)min(max(l, -q - 1), k + 1);
+	*hi = (int)min(max(h, -q - 1), k + 1);
+}
+
 #endif /* FA_DEVICE_CUH */

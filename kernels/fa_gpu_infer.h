@@ -31,8 +31,9 @@ struct fa_gpu_infer_index {
  * with its index pointers on the host; ix: the same tables on the device. q, k, v, o, lse as
  * fa_gpu_attn_fwd's, laid out as fa_attn_infer.h says (lse 0: not wanted). Rows of q and o
  * outside every sequence are neither read nor written. Same requirements and statuses as
- * fa_gpu_attn_fwd (FA_EALIGN, FA_ESHAPE, FA_ENOFIT with the planner's text, FA_EDEVICE), plus
- * FA_ENOTSUP with the reason for a combination no kernel serves. Returns after enqueueing. */
+ * fa_gpu_attn_fwd (FA_EALIGN, FA_ESHAPE, FA_ENOFIT with the planner's text, FA_EDEVICE); every
+ * mask, the sliding window and softcap of d->fwd are served, applied per sequence
+ * (fa_attn_key_range with each sequence's lengths) on both kernels. Returns after enqueueing. */
 fa_status fa_gpu_attn_infer(struct fa_gpu *g, const struct fa_attn_infer_desc *d,
                             const struct fa_gpu_infer_index *ix, CUdeviceptr q, CUdeviceptr k,
                             CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
@@ -49,7 +50,9 @@ fa_status fa_gpu_fwd_infer(struct fa_gpu *g, const struct fa_attn_infer_desc *d,
  * (FA_KLAYOUT_SEQ or FA_KLAYOUT_PAGED): the planner's first mma.sync candidate (ks with the
  * wgmma paths off); for a paged cache the first whose estimate leaves registers for the page
  * lookups (the 255-register tiles and fp32's 128-key tiles spill with them: test_nvrtc_infer).
- * spec->tile.smem includes the layout's shared memory. ks borrowed (NULL: defaults).
+ * spec->tile.smem includes the layout's shared memory; spec->window and spec->softcap as d asks
+ * (fa_kernel_spec_mask_ext at Sq x Sk: a window that bounds nothing there bounds no sequence).
+ * ks borrowed (NULL: defaults).
  * FA_OK, the planner's statuses and text (FA_EINVAL, FA_ENOFIT). Pure, thread-safe. */
 fa_status fa_plan_fwd_infer(const struct fa_device_model *dev, const struct fa_kernel_settings *ks,
                             const struct fa_attn_fwd_desc *d, int64_t Sq, int64_t Sk, int layout,

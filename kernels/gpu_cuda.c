@@ -541,6 +541,20 @@ static struct fa_kmaskx kmaskx_of(const struct fa_attn_fwd_desc *d)
 	return m;
 }
 
+/* The window over an inference layout (attn_fwd.cu FA_LAYOUT with FA_WIN, attn_decode.cu
+ * FA_LAYOUT): the sides as given, since the range of j - i is each sequence's own (the kernels
+ * resolve it per sequence: fa_seq_window, fa_device.cuh); negative = unbounded, values past
+ * 2^31 - 1 clamped (they bound nothing: a sequence has below 2^31 - 1 queries and keys together).
+ * Softcap as kmaskx_of. */
+static struct fa_kmaskx kmaskx_sides_of(const struct fa_attn_fwd_desc *d)
+{
+	struct fa_kmaskx m = kmaskx_of(d);
+	const int64_t l = d->window ? d->window_left : -1, r = d->window ? d->window_right : -1;
+	m.win_lo = l < 0 ? -1 : l > INT32_MAX ? INT32_MAX : (int)l;
+	m.win_hi = r < 0 ? -1 : r > INT32_MAX ? INT32_MAX : (int)r;
+	return m;
+}
+
 static fa_status launch_wg(struct fa_gpu *g, const struct kcache_entry *ke,
                            const struct fa_kernel_spec *spec, const struct fa_attn_fwd_desc *d,
                            CUdeviceptr q, CUdeviceptr k, CUdeviceptr v, CUdeviceptr o,
@@ -683,6 +697,10 @@ static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	fa_kernel_spec_make(&spec, g->model.sm, d->dtype, d->precision, (int)d->D, d->mask,
 	                    &dp->tile);
 	fa_kernel_spec_mask_ext(&spec, d);
+	/* a window over a layout resolves per sequence: its own specialisation (attn_decode.cu
+	 * FA_LAYOUT), so that the other decodes, over layouts or not, keep their kernel */
+	if (lay && spec.window)
+		spec.layout = FA_KLAYOUT_SEQ;
 	if ((st = fa_gpu_make_current(g, err, errlen)))
 		return st;
 	struct kcache_entry *ke = NULL;
@@ -710,6 +728,8 @@ static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	p.nrc = dp->row_chunks;
 	p.mx = kmaskx_of(d);
 	if (lay) {
+		if (spec.window)
+			p.mx = kmaskx_sides_of(d);
 		p.cu_q = lay->cu_q;
 		p.cu_k = lay->cu_k;
 		p.seqlens_k = lay->seqlens_k;
@@ -775,6 +795,7 @@ fa_status fa_gpu_fwd_seq(struct fa_gpu *g, const struct fa_gpu_seq_launch *l, CU
 	}
 	p.dims = kdims_of(d);
 	p.sc = kscale_of(d);
+	p.mx = kmaskx_sides_of(d); /* the window's sides: each block resolves its sequence's */
 	CUdeviceptr scratch = 0;
 	if (d->dtype == FA_DTYPE_FP32 && spec->in == FA_DTYPE_BF16) {
 		const int64_t *sh = l->kv_shape;

@@ -6,7 +6,9 @@
  * The host copies of the index tables in the descriptor plan the launch: the longest sequence's
  * query and key counts choose the tile (the planner's first mma.sync candidate for that shape)
  * and the grid (query tiles of the longest sequence x Hq x B: blocks past their own sequence's
- * end exit at once). The kernel reads only the device copies (struct fa_gpu_infer_index). The
+ * end exit at once). The kernel reads only the device copies (struct fa_gpu_infer_index). A
+ * sliding window goes to the kernel as its two sides, each block resolving its own sequence's
+ * range (FlashAttention's rule per sequence: fa_attn_key_range); softcap as the dense one. The
  * wgmma kernel (attn_fwd_sm90.cu) has no layout mode: its K/V images are prepared per dense
  * (batch, head), so every inference shape runs on mma.sync, whatever FA_WGMMA says.
  */
@@ -92,6 +94,9 @@ fa_status fa_plan_fwd_infer(const struct fa_device_model *dev, const struct fa_k
 				break;
 			}
 	fa_kernel_spec_make(spec, dev->sm, d->dtype, d->precision, (int)d->D, d->mask, &t[pick]);
+	/* the window and softcap: a window that bounds nothing at the longest lengths bounds no
+	 * sequence (fa_attn_window_active), so that batch runs the kernel without FA_WIN */
+	fa_kernel_spec_mask_ext(spec, &pd);
 	spec->layout = layout;
 	spec->tile.smem += fa_klayout_smem(&spec->tile, layout);
 	return FA_OK;
@@ -106,9 +111,6 @@ fa_status fa_gpu_fwd_infer(struct fa_gpu *g, const struct fa_attn_infer_desc *d,
 	if (st != FA_OK)
 		return st;
 	const struct fa_attn_fwd_desc *f = &d->fwd;
-	if (f->window || f->softcap != 0) /* the kernels know neither yet: refused, never ignored */
-		return fa_err(err, errlen, FA_ENOTSUP,
-		              "the sliding window and softcap are not yet in the GPU kernels");
 	if ((st = check_index(d, ix, err, errlen)))
 		return st;
 	int64_t sq, sk;

@@ -7,7 +7,9 @@
  * The checks are fa_gpu_attn_fwd's, on the layout's shapes: the descriptor and every index entry
  * (fa_attn_infer_check on the host copies, again: cheap, and a caller that skipped it must not
  * reach a kernel), 16-byte pointers and strides for q, k, v, o (pools and packed tensors alike),
- * 4-byte lse, and the device copies present for the tables the layout has.
+ * 4-byte lse, and the device copies present for the tables the layout has. The sliding window and
+ * softcap go to either kernel, the window as its two sides (each block aligns it to its own
+ * sequence: attn_fwd.cu, attn_decode.cu FA_LAYOUT), so no combination is refused here.
  */
 #include "fa_gpu_infer.h"
 
@@ -85,13 +87,6 @@ fa_status fa_gpu_attn_infer(struct fa_gpu *g, const struct fa_attn_infer_desc *d
 	if ((st = infer_index_present(d, ix, err, errlen)) != FA_OK)
 		return st;
 	const struct fa_attn_fwd_desc *f = &d->fwd;
-	/* the kernels take the window and softcap on dense batches only (FA_WIN, FA_SOFTCAP):
-	 * over a varlen or paged layout they are refused, never ignored */
-	if (f->window || f->softcap != 0)
-		return fa_err(err, errlen, FA_ENOTSUP,
-		              "the sliding window and softcap over a varlen batch or a KV cache are not "
-		              "in the GPU kernels yet (dense ATTN_FWD takes them; the CPU backend "
-		              "serves them on every layout)");
 	const size_t es = fa_dtype_size(f->dtype);
 	int64_t qshape[3], kshape[3];
 	infer_shapes(d, qshape, kshape);

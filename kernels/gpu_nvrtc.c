@@ -308,6 +308,10 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_DR=%d", s->tile.br);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
+		/* the window over an inference layout (its sides resolved per sequence): only
+		 * there, so that every other decode's option list stays */
+		if (s->layout != FA_KLAYOUT_DENSE && s->window)
+			snprintf(o->v[k++], sizeof o->v[0], "-DFA_LAYOUT=1");
 		goto ext;
 	}
 	snprintf(o->v[k++], sizeof o->v[0], wg ? "-arch=sm_%da" : "-arch=sm_%d", s->sm);

@@ -262,8 +262,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return_softmax_lse=True (out, lse), lse float32 [B, Hq, Sq].
     Inputs that require grad raise FaNotSupportedError (no backward); so do rotary_cos/sin,
     cache_batch_idx, cache_leftpad and alibi_slopes (apply rotary embeddings before the call).
-    num_splits is accepted and ignored (fa's planner splits the keys). The GPU backend refuses
-    a window or softcap over a KV cache (FA_ENOTSUP)."""
+    num_splits is accepted and ignored (fa's planner splits the keys)."""
     for name, val in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                       ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
                       ("alibi_slopes", alibi_slopes)):

@@ -768,12 +768,12 @@ def inference(c):
                                       None if bt is None else _np64(bt).astype(int),
                                       causal=True)
                     record(name, rel(o, torch.from_numpy(wo)), tol)
-        # the GPU backend refuses a window over these layouts: FA_ENOTSUP, or correct
+        # a window over a cache: the GPU kernels serve it (FA_ENOTSUP here is a failure)
         q = rn(B, 1, Hq, D, dt=dt)
         kc, vc = rn(B, 4352, Hkv, D, dt=dt), rn(B, 4352, Hkv, D, dt=dt)
         name = "kvcache %s window (64, 0)" % str(dt)[6:]
-        o = _served(name, lambda: fa.flash_attn_with_kvcache(
-            q, kc, vc, cache_seqlens=lens, causal=True, window_size=(64, 0), client=c))
+        o = fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True,
+                                       window_size=(64, 0), client=c)
         if o is not None:
             wo, _ = R.kvcache(_np64(q), _np64(kc), _np64(vc), _np64(lens).astype(int),
                               causal=True, window=(64, 0))

@@ -4,8 +4,10 @@
  * bench_attn_decode and tools/sdpa_decode_anchors.py, and BSHD, the cache's own layout), a
  * contiguous KV cache (fa_gpu_attn_infer, FA_KV_CACHE, every length Sk) and paged caches of 16
  * and 256 tokens a page (pages in a shuffled order); then a ragged batch (16 sequences of random
- * lengths up to 8k) as a cache and as pages of 16. Time and TB/s of the K and V bytes the
- * sequences hold (each read once).
+ * lengths up to 8k) as a cache and as pages of 16; then a sliding window of 4096 keys over
+ * B=4 x 16k (causal, window (4095, 0)) beside the same batch without it and B=4 x 4k (the
+ * window's keys): issue 11's target is a time proportional to the window. Time and TB/s of the K
+ * and V bytes the sequences hold (each read once; with the window, the keys it sees).
  *
  * Timing as bench_attn_decode.c: CUDA events around 20 back-to-back launches, the median of 5,
  * launches rotated over enough K/V copies that L2 never holds the next one's inputs.
@@ -29,13 +31,17 @@ struct shape {
 	const char *name;
 	int B, Sk;
 	bool ragged; /* lengths uniform in [1, Sk] */
+	int wl;      /* >= 0: causal with the window (wl, 0) */
 };
 
 static const struct shape shapes[] = {
-	{"issue-1 B16 8k", 16, 8192, false},
-	{"issue-2 B64 2k", 64, 2048, false},
-	{"issue-3 B1 32k", 1, 32768, false},
-	{"ragged B16 <=8k", 16, 8192, true},
+	{"issue-1 B16 8k", 16, 8192, false, -1},
+	{"issue-2 B64 2k", 64, 2048, false, -1},
+	{"issue-3 B1 32k", 1, 32768, false, -1},
+	{"ragged B16 <=8k", 16, 8192, true, -1},
+	{"B4 4k", 4, 4096, false, -1},
+	{"B4 16k", 4, 16384, false, -1},
+	{"B4 16k win 4k", 4, 16384, false, 4095},
 };
 enum { D = 128, HQ = 32, HKV = 8, MAXSETS = 8, BATCH = 20, BATCHES = 5 };
 
@@ -93,6 +99,12 @@ static int make_set(const struct shape *sh, enum lay l, const int32_t *lens, uin
 	f->dtype = FA_DTYPE_BF16;
 	f->scale = 1.0 / sqrt((double)D);
 	f->B = B, f->Sq = 1, f->Sk = Sk, f->Hq = HQ, f->Hkv = HKV, f->D = D;
+	if (sh->wl >= 0) {
+		f->mask = FA_MASK_CAUSAL_BOTTOM_RIGHT;
+		f->window = true;
+		f->window_left = sh->wl;
+		f->window_right = 0;
+	}
 	int64_t q[3] = {HQ * D, D, D}; /* Sq = 1: BSHD and BHSD alike */
 	memcpy(f->q_stride, q, sizeof q);
 	memcpy(f->o_stride, q, sizeof q);
@@ -230,7 +242,7 @@ static void bench(struct fa_gpu *h, const struct shape *sh, const char *tag, boo
 	for (int64_t b = 0; b < B; b++) {
 		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
 		lens[b] = sh->ragged ? 1 + (int32_t)(x % (uint64_t)sh->Sk) : sh->Sk;
-		held += lens[b];
+		held += sh->wl >= 0 && lens[b] > sh->wl + 1 ? sh->wl + 1 : lens[b];
 	}
 	const double bytes = 2.0 * held * HKV * D * 2; /* the keys the sequences hold, K and V */
 	const double kb_full = (double)B * sh->Sk * HKV * D * 2;

@@ -10,6 +10,10 @@
  *    the layout.
  * 2. Paged vs contiguous: chunked prefill, 16 sequences of 512 new queries against 4096 cached
  *    keys, the cache contiguous (per-sequence lengths) or paged (16, 64, 256 tokens, shuffled).
+ * 3. A sliding window over a long cache: 4 sequences of 512 new queries against 16384 keys,
+ *    causal with and without the window (4095, 0), contiguous and paged (16, 256), against the
+ *    same queries over 4096 keys without a window (the window's keys): issue 11's target is a
+ *    time proportional to the window. FA_BENCH_WINDOW_ONLY=1 runs this part alone.
  * bf16, D = 128, 32 query heads, 8 KV heads (GQA 4:1), no mask and causal (bottom-right). Prints
  * "no GPU: skipped" and exits 0 without a GPU. FA_BENCH_TSV=path appends one line per row.
  */
@@ -123,6 +127,36 @@ static void base_desc(struct fa_attn_fwd_desc *f, fa_mask m, int64_t B, int64_t 
 	f->lse_stride[2] = 1;
 }
 
+/* Score pairs f's mask and window leave of one sequence of sq x sk. */
+static double pairs_of(const struct fa_attn_fwd_desc *f, int64_t sq, int64_t sk)
+{
+	double n = 0;
+	for (int64_t i = 0; i < sq; i++) {
+		int64_t lo, hi;
+		fa_attn_key_range(f, sq, sk, i, &lo, &hi);
+		n += (double)(hi - lo);
+	}
+	return n;
+}
+
+/* Shuffled pages of ps tokens for nseq sequences of nk keys: the table [nseq][nk / ps]. */
+static int32_t *shuffled_pages(int64_t nseq, int64_t nk, int64_t ps)
+{
+	const int64_t pages = nseq * (nk / ps);
+	int32_t *pt = malloc(sizeof(int32_t) * (size_t)pages);
+	for (int64_t i = 0; i < pages; i++)
+		pt[i] = (int32_t)i;
+	uint64_t y = 12345;
+	for (int64_t i = pages - 1; i > 0; i--) {
+		y = y * 6364136223846793005ull + 1442695040888963407ull;
+		int64_t j = (int64_t)((y >> 33) % (uint64_t)(i + 1));
+		int32_t t = pt[i];
+		pt[i] = pt[j];
+		pt[j] = t;
+	}
+	return pt;
+}
+
 /* Score pairs a mask leaves of an sq x sk problem (bottom-right causal). */
 static double pairs(fa_mask m, int64_t sq, int64_t sk)
 {
@@ -184,7 +218,9 @@ int main(void)
 		printf("setup: %s\n", err);
 		return 1;
 	}
-	for (int mi = 0; mi < 2; mi++) {
+	const char *wo = getenv("FA_BENCH_WINDOW_ONLY");
+	const int parts12 = wo && strcmp(wo, "1") == 0 ? 0 : 2; /* masks of parts 1 and 2 */
+	for (int mi = 0; mi < parts12; mi++) {
 		const fa_mask m = mi ? FA_MASK_CAUSAL_BOTTOM_RIGHT : FA_MASK_NONE;
 		double wv = 0;
 		for (int b = 0; b < NSEQ; b++)
@@ -253,7 +289,7 @@ int main(void)
 	}
 	/* paged vs contiguous: chunked prefill, 512 new queries against 4096 keys each */
 	const int64_t NQ = 512, NK = 4096;
-	for (int mi = 0; mi < 2; mi++) {
+	for (int mi = 0; mi < parts12; mi++) {
 		const fa_mask m = mi ? FA_MASK_CAUSAL_BOTTOM_RIGHT : FA_MASK_NONE;
 		const double w = NSEQ * pairs(m, NQ, NK);
 		struct infer_ctx c;
@@ -277,17 +313,7 @@ int main(void)
 		const int psz[] = {16, 64, 256};
 		for (int pi = 0; pi < 3; pi++) {
 			const int64_t ps = psz[pi], cols = NK / ps, pages = NSEQ * cols;
-			int32_t *pt = malloc(sizeof(int32_t) * (size_t)pages);
-			for (int64_t i = 0; i < pages; i++)
-				pt[i] = (int32_t)i;
-			uint64_t y = 12345;
-			for (int64_t i = pages - 1; i > 0; i--) { /* shuffled pages */
-				y = y * 6364136223846793005ull + 1442695040888963407ull;
-				int64_t j = (int64_t)((y >> 33) % (uint64_t)(i + 1));
-				int32_t t = pt[i];
-				pt[i] = pt[j];
-				pt[j] = t;
-			}
+			int32_t *pt = shuffled_pages(NSEQ, NK, ps);
 			struct infer_ctx p = c;
 			p.d.kv = FA_KV_PAGED;
 			p.d.cache_rows = 0;
@@ -311,6 +337,75 @@ int main(void)
 				row(what, m, tpg, w, ex);
 			free(pt);
 		}
+	}
+	/* a sliding window over a long cache: 4 x 512 new queries against 16384 keys, causal with
+	 * and without the window (4095, 0), contiguous and paged; then the window's keys alone */
+	{
+		const int64_t WB = 4, WQ = 512, WK = 16384;
+		int32_t sl[4] = {WK, WK, WK, WK};
+		if (fa_gpu_upload(g, dix, sl, sizeof sl, err, sizeof err))
+			return 1;
+		double tref = 0;
+		{
+			struct infer_ctx c;
+			memset(&c, 0, sizeof c);
+			base_desc(&c.d.fwd, FA_MASK_CAUSAL_BOTTOM_RIGHT, WB, WQ, 4096);
+			int32_t s4[4] = {4096, 4096, 4096, 4096};
+			c.d.kv = FA_KV_CACHE;
+			c.d.seqlens_k = s4;
+			c.d.cache_rows = 4096;
+			c.ix.seqlens_k = dix + 64;
+			if (fa_gpu_upload(g, dix + 64, s4, sizeof s4, err, sizeof err))
+				return 1;
+			tref = time_it(run_infer, &c, err, sizeof err);
+			if (tref < 0)
+				printf("window reference: %s\n", err);
+			else
+				row("window: 4 x 512 q / 4096 k, contiguous (its keys)", FA_MASK_CAUSAL_BOTTOM_RIGHT,
+				    tref, WB * pairs_of(&c.d.fwd, WQ, 4096), "");
+		}
+		static const int wps[] = {0, 16, 256};
+		for (int pi = 0; pi < 3; pi++)
+			for (int w = 0; w < 2; w++) {
+				struct infer_ctx c;
+				memset(&c, 0, sizeof c);
+				base_desc(&c.d.fwd, FA_MASK_CAUSAL_BOTTOM_RIGHT, WB, WQ, WK);
+				c.d.fwd.window = w == 1;
+				c.d.fwd.window_left = 4095;
+				c.d.fwd.window_right = 0;
+				c.d.seqlens_k = sl;
+				c.ix.seqlens_k = dix;
+				int32_t *pt = NULL;
+				if (wps[pi] == 0) {
+					c.d.kv = FA_KV_CACHE;
+					c.d.cache_rows = WK;
+				} else {
+					pt = shuffled_pages(WB, WK, wps[pi]);
+					c.d.kv = FA_KV_PAGED;
+					c.d.page_table = pt;
+					c.d.pt_cols = WK / wps[pi];
+					c.d.pages = WB * c.d.pt_cols;
+					c.d.page_size = wps[pi];
+					bshd(c.d.fwd.k_stride, wps[pi], HKV);
+					memcpy(c.d.fwd.v_stride, c.d.fwd.k_stride, sizeof c.d.fwd.k_stride);
+					c.ix.page_table = dix + 4096;
+					if (fa_gpu_upload(g, dix + 4096, pt, sizeof(int32_t) * (size_t)c.d.pages,
+					                  err, sizeof err))
+						return 1;
+				}
+				double t = time_it(run_infer, &c, err, sizeof err);
+				char what[80], ex[96] = "";
+				snprintf(what, sizeof what, "window: 4 x 512 q / 16384 k, %s%s%s",
+				         wps[pi] ? "paged " : "contiguous", wps[pi] ? (wps[pi] == 16 ? "16" : "256") : "",
+				         w ? ", window 4096" : "");
+				if (w && tref > 0)
+					snprintf(ex, sizeof ex, "  (%.3fx the window's keys alone)", t / tref);
+				if (t < 0)
+					printf("%s: %s\n", what, err);
+				else
+					row(what, FA_MASK_CAUSAL_BOTTOM_RIGHT, t, WB * pairs_of(&c.d.fwd, WQ, WK), ex);
+				free(pt);
+			}
 	}
 	if (tsv)
 		fclose(tsv);

@@ -3,7 +3,9 @@
  * contiguous KV cache (cache_seqlens) and a paged cache (page sizes 16, 24, 64, 100, 256: the
  * odd ones straddle tiles), with dense queries (Sq 1..8) or packed ones (cu_seqlens_q, 0..8 per
  * sequence), ragged key lengths (0, 1, 17, 127, 129, 1000, 4097), every dtype and fp32
- * precision, head dims 8..256, GQA 1:1 to 8:1, every mask.
+ * precision, head dims 8..256, GQA 1:1 to 8:1, every mask; and the sliding window (sides of
+ * several shapes, one-sided, with each mask, aligned per sequence) and softcap over every layout,
+ * whose splits cover only the window's keys (a window over 4097 keys starts 256 pages in).
  *
  * What each case makes sure of: O and lse are poisoned (all bits set) first, every row of a
  * sequence is finite and within the tolerance of test_attn_decode_gpu.c, and every row outside
@@ -50,6 +52,9 @@ struct icase {
 	int B;
 	int sq[MAXB];   /* packed queries: per sequence */
 	int sk[MAXB];   /* keys per sequence */
+	bool win;       /* a sliding window (wl, wr) */
+	int wl, wr;
+	double cap;     /* softcap, 0 off */
 };
 
 /* A built case: host tensors, tables and the descriptor (its index pointers on the host). */
@@ -93,6 +98,10 @@ static void build(const struct icase *c, struct built *w, uint64_t *rng)
 	f->precision = c->prec;
 	f->mask = c->mask;
 	f->scale = 1.0 / sqrt((double)c->D);
+	f->window = c->win;
+	f->window_left = c->wl;
+	f->window_right = c->wr;
+	f->softcap = c->cap;
 	f->B = c->B;
 	f->Hq = c->Hq;
 	f->Hkv = c->Hkv;
@@ -427,10 +436,14 @@ static bool run_case(const struct icase *c, uint64_t seed, bool on_cpu)
 	ncases++;
 	if (!ok)
 		nfail++;
-	printf("%s%s %-5s%s D=%3d Hq=%d Hkv=%d %-8s %-9s q %s [q/k %s] err %.3g lse %.3g%s%s%s\n",
+	char ext[64] = "";
+	if (c->win || c->cap > 0)
+		snprintf(ext, sizeof ext, " win %s(%d, %d) cap %g", c->win ? "" : "off ", c->wl, c->wr,
+		         c->cap);
+	printf("%s%s %-5s%s D=%3d Hq=%d Hkv=%d %-8s %-9s%s q %s [q/k %s] err %.3g lse %.3g%s%s%s\n",
 	       on_cpu ? "cpu " : "", ok ? "ok  " : "FAIL", fa_dtype_name(c->dt),
 	       c->dt == FA_DTYPE_FP32 ? (c->prec == FA_PREC_TF32 ? " tf32" : c->prec == FA_PREC_BF16 ? " bf16" : " ieee") : "",
-	       c->D, c->Hq, c->Hkv, kv_name(c, kvn, sizeof kvn), fa_mask_name(c->mask),
+	       c->D, c->Hq, c->Hkv, kv_name(c, kvn, sizeof kvn), fa_mask_name(c->mask), ext,
 	       c->packed_q ? "packed" : "dense", lens, rel, lerr, why, st != FA_OK ? ": " : "",
 	       st != FA_OK ? err : "");
 	fflush(stdout);
@@ -484,6 +497,39 @@ static int make_cases(struct icase *cs, int cap)
 					c->sq[b] = (int)((b * 3 + l) % 9); /* 0..8: speculative, and empty */
 				}
 			}
+	/* the window and softcap over every layout and query kind: the same batches, the masks
+	 * rotating under windows of several shapes (one-sided, the diagonal alone, wider than
+	 * the shorter sequences), softcaps with and without a window */
+	static const int wins[][2] = {{16, 0}, {1000, 0}, {37, 5}, {-1, 3}, {200, -1}, {0, 0},
+	                              {5000, 200}, {100, 100}, {0, 0}};
+	static const double caps[] = {0, 20, 0, 5, 0, 50, 0, 30, 15};
+	for (size_t l = 0; l < sizeof layouts / sizeof layouts[0]; l++)
+		for (int pq = 0; pq < 2 && n < cap; pq++, n++) {
+			struct icase *c = &cs[n];
+			memset(c, 0, sizeof *c);
+			const int w = (int)((2 * l + (size_t)pq) % 9);
+			c->dt = dts[n % 8].dt;
+			c->prec = dts[n % 8].p;
+			c->D = Ds[(n / 2) % 8];
+			c->Hq = heads[n % 5][0];
+			c->Hkv = heads[n % 5][1];
+			if (c->D >= 160 && c->Hq > 8)
+				c->Hq = 8, c->Hkv = 2;
+			c->mask = masks[(n + l) % 4];
+			c->kv = layouts[l][0];
+			c->page_size = layouts[l][1];
+			c->packed_q = pq;
+			c->Sq = dense_sq[(n + l) % 4];
+			c->B = 7 + (int)(l % 3);
+			c->win = w != 8; /* the last: softcap alone */
+			c->wl = wins[w][0];
+			c->wr = wins[w][1];
+			c->cap = caps[w];
+			for (int b = 0; b < c->B; b++) {
+				c->sk[b] = key_lens[(b + l) % NKL];
+				c->sq[b] = (int)((b * 5 + l) % 9);
+			}
+		}
 	return n;
 }
 

@@ -14,7 +14,14 @@
  * key), and every row outside every sequence (packed rows before the first and after the last)
  * must keep its poison. Tolerances as test_attn_decode_gpu.c (relative Frobenius error: fp32
  * ieee/3xtf32 1e-5, tf32 2e-3, bf16 1e-2, fp16 2e-3; NaN never passes).
- * Without a GPU it prints why and skips.
+ * The sliding window and softcap over every layout (the window aligned per sequence, as
+ * fa_attn_key_range says): windows (16, 0), (100, 0), (37, 5), one-sided (-1, 3) and (200, -1),
+ * (0, 0), (1, 1), wider than the sequences (5000, 200), alone and with each causal mask, softcaps
+ * 5..50 with and without a window, on ragged packed batches (lengths 0, 1 and Sq > Sk included:
+ * rows that see no key give O = 0 and lse = -inf), a cache and pages of 16, 48 and 256 with long
+ * caches, so that a block's window starts many pages in. The harness also runs those cases with
+ * the CPU reference in the kernel's place (no GPU needed), so a failure on the GPU is the
+ * kernel's. Without a GPU the GPU tests print why and skip.
  */
 #include <math.h>
 #include <pthread.h>
@@ -47,6 +54,9 @@ struct vcase {
 	int page;     /* paged: tokens per page */
 	int pool_hsd; /* paged: pool laid out [pages, Hkv, page, D] */
 	int neg;      /* negative scale */
+	int win;      /* a sliding window (wl, wr), fa_attn.h's sides */
+	int wl, wr;
+	double cap;   /* softcap, 0 off */
 };
 
 static struct fa_gpu *gpu;
@@ -93,6 +103,10 @@ static void build(const struct vcase *c, struct vdata *v)
 	f->precision = K_PR[c->kind];
 	f->mask = c->mask;
 	f->scale = (c->neg ? -1.0 : 1.0) / sqrt((double)D);
+	f->window = c->win != 0;
+	f->window_left = c->wl;
+	f->window_right = c->wr;
+	f->softcap = c->cap;
 	f->B = B;
 	f->Hq = Hq;
 	f->Hkv = Hkv;
@@ -281,7 +295,19 @@ static bool all_ones(const void *p, size_t bytes)
 	return true;
 }
 
-static bool run_case(const struct vcase *c, int verbose)
+/* The harness's own check: the CPU reference in the kernel's place, same poison. */
+static fa_status run_cpu(struct vdata *v, char *err, size_t errlen)
+{
+	const struct fa_attn_infer_desc *d = &v->d;
+	memset(v->o, 0xff, v->nq * fa_dtype_size(d->fwd.dtype));
+	memset(v->lse, 0xff, v->nl * 4);
+	fa_status st = fa_attn_infer_ref(d, v->q, v->k, v->v, v->o, v->lse, 0, d->fwd.B * d->fwd.Hq);
+	if (st != FA_OK)
+		snprintf(err, errlen, "fa_attn_infer_ref");
+	return st;
+}
+
+static bool run_case(const struct vcase *c, int verbose, bool on_cpu)
 {
 	struct vdata v;
 	build(c, &v);
@@ -289,7 +315,7 @@ static bool run_case(const struct vcase *c, int verbose)
 	const struct fa_attn_fwd_desc *f = &d->fwd;
 	const size_t es = fa_dtype_size(f->dtype);
 	char err[2048] = "";
-	fa_status st = run_gpu(&v, err, sizeof err);
+	fa_status st = on_cpu ? run_cpu(&v, err, sizeof err) : run_gpu(&v, err, sizeof err);
 	const char *what = "";
 	double rel = INFINITY, lse_err = 0;
 	bool ok = false, clean = true;
@@ -367,12 +393,16 @@ static bool run_case(const struct vcase *c, int verbose)
 		for (int b = 0; b < c->B && at < sizeof lens - 16; b++)
 			at += (size_t)snprintf(lens + at, sizeof lens - at, "%s%dx%d", b ? "," : "",
 			                       c->packed_q ? c->sq[b] : c->sq[0], c->sk[b]);
-		printf("%s %-11s D=%3d Hq=%d Hkv=%d %s %s%s%s %-19s [%s] err %.3g (tol %.0e) lse %.3g%s%s%s\n",
-		       ok ? "ok  " : "FAIL", K_NAME[c->kind], c->D, c->Hq, c->Hkv,
+		char ext[64] = "";
+		if (c->win || c->cap > 0)
+			snprintf(ext, sizeof ext, " win %s(%d, %d) cap %g", c->win ? "" : "off ", c->wl,
+			         c->wr, c->cap);
+		printf("%s%s %-11s D=%3d Hq=%d Hkv=%d %s %s%s%s %-19s%s [%s] err %.3g (tol %.0e) lse %.3g%s%s%s\n",
+		       on_cpu ? "cpu " : "", ok ? "ok  " : "FAIL", K_NAME[c->kind], c->D, c->Hq, c->Hkv,
 		       c->packed_q ? "varlen-q" : "dense-q",
 		       c->kv == FA_KV_PACKED ? "varlen-k" : c->kv == FA_KV_CACHE ? "cache" : "paged",
 		       c->kv == FA_KV_PAGED ? (c->pool_hsd ? "/hsd" : "") : "", c->neg ? " neg" : "",
-		       fa_mask_name(c->mask), lens, rel, K_TOL[c->kind], lse_err, what,
+		       fa_mask_name(c->mask), ext, lens, rel, K_TOL[c->kind], lse_err, what,
 		       st != FA_OK ? ": " : "", st != FA_OK ? err : "");
 		if (c->kv == FA_KV_PAGED && (!ok || verbose))
 			printf("     page size %d\n", c->page);
@@ -406,6 +436,7 @@ static int teardown(void **state)
 struct pool {
 	struct vcase *cases;
 	int n, next;
+	bool on_cpu;
 	pthread_mutex_t lock;
 };
 
@@ -419,7 +450,7 @@ static void *case_worker(void *arg)
 		if (i >= p->n)
 			return NULL;
 		rng = seed0 ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
-		run_case(&p->cases[i], i < 3);
+		run_case(&p->cases[i], i < 3, p->on_cpu);
 	}
 }
 
@@ -435,6 +466,96 @@ static void set_lens(struct vcase *c, int B, const int *sq, const int *sk)
 		c->sq[b] = sq[b];
 		c->sk[b] = sk[b];
 	}
+}
+
+/* The sliding window and softcap over every layout: windows of several shapes (one-sided,
+ * wider than the sequences, the diagonal alone), each mask in turn, softcaps with and without a
+ * window; ragged packed batches with empty sequences and Sq > Sk, a cache of per-sequence
+ * lengths, pages of 16, 48 and 256 over caches of 2000 keys (a window starts pages in). */
+static int window_cases(struct vcase *cases, int k)
+{
+	static const int WIN[][2] = {{16, 0}, {100, 0}, {37, 5}, {-1, 3}, {200, -1}, {0, 0},
+	                             {5000, 200}, {1, 1}};
+	static const double CAP[] = {0, 20, 0, 5, 0, 50, 0, 30};
+	static const int RQ[][MAXB] = {{1, 17, 127, 129, 300, 0, 33, 5},
+	                               {129, 0, 1, 127, 17, 500, 64, 2}};
+	static const int RK[][MAXB] = {{1, 40, 127, 300, 1000, 17, 0, 3},
+	                               {127, 5, 1, 1000, 17, 129, 64, 1500}};
+	static const int PS[] = {16, 48, 256};
+	int n = 0;
+	for (int w = 0; w < 8; w++)
+		for (int lay = 0; lay < 5; lay++, k++) {
+			struct vcase c = {0};
+			c.kind = k % 6;
+			c.D = K_D[k % 8];
+			c.mask = K_MASK[(w + lay) % 3];
+			c.Hq = K_HEADS[k % 4][0];
+			c.Hkv = K_HEADS[k % 4][1];
+			if (c.D >= 160)
+				c.Hq = c.Hkv = 2;
+			c.win = 1;
+			c.wl = WIN[w][0];
+			c.wr = WIN[w][1];
+			c.cap = CAP[(w + lay) % 8];
+			c.neg = k % 9 == 4;
+			if (lay == 0) { /* ragged packed queries and keys */
+				c.packed_q = 1;
+				c.kv = FA_KV_PACKED;
+				set_lens(&c, MAXB, RQ[w % 2], RK[w % 2]);
+			} else if (lay == 1) { /* dense queries, a cache (an empty sequence) */
+				const int sq = (int[]){1, 17, 100, 5}[w % 4];
+				int q[5] = {sq, sq, sq, sq, sq}, kk[5] = {0, 17, 1000, 129, 1};
+				c.kv = FA_KV_CACHE;
+				set_lens(&c, 5, q, kk);
+			} else { /* pages of 16, 48, 256: chunked prefill over long caches */
+				static const int pq[] = {17, 500, 129, 1, 0, 64};
+				static const int pk[] = {2000, 2000, 700, 17, 33, 64};
+				c.kv = FA_KV_PAGED;
+				c.page = PS[lay - 2];
+				c.packed_q = lay != 3;
+				if (c.packed_q) {
+					set_lens(&c, 6, pq, pk);
+				} else {
+					int q[3] = {64, 64, 64}, kk[3] = {2000, 64, 0};
+					set_lens(&c, 3, q, kk);
+				}
+			}
+			cases[n++] = c;
+		}
+	/* softcap alone, each layout */
+	for (int lay = 0; lay < 3; lay++, k++) {
+		struct vcase c = {0};
+		c.kind = k % 6;
+		c.D = 64;
+		c.mask = K_MASK[lay];
+		c.Hq = 4;
+		c.Hkv = 2;
+		c.cap = lay == 0 ? 10 : 30;
+		if (lay == 0) {
+			c.packed_q = 1;
+			c.kv = FA_KV_PACKED;
+			set_lens(&c, MAXB, RQ[0], RK[0]);
+		} else {
+			int q[3] = {300, 1, 17}, kk[3] = {1000, 129, 0};
+			c.packed_q = 1;
+			c.kv = lay == 1 ? FA_KV_CACHE : FA_KV_PAGED;
+			c.page = 48;
+			set_lens(&c, 3, q, kk);
+		}
+		cases[n++] = c;
+	}
+	return n;
+}
+
+static void run_pool(struct vcase *cases, int n, bool on_cpu, int threads)
+{
+	struct pool p = {.cases = cases, .n = n, .on_cpu = on_cpu};
+	pthread_mutex_init(&p.lock, NULL);
+	pthread_t th[8];
+	for (int i = 0; i < threads; i++)
+		pthread_create(&th[i], NULL, case_worker, &p);
+	for (int i = 0; i < threads; i++)
+		pthread_join(th[i], NULL);
 }
 
 static void test_attn_varlen_gpu_matches_the_float64_reference(void **state)
@@ -521,14 +642,9 @@ static void test_attn_varlen_gpu_matches_the_float64_reference(void **state)
 		set_lens(&c, 1, q, kk);
 		cases[n++] = c;
 	}
+	n += window_cases(cases + n, k);
 	uint64_t t0 = fa_test_now_ms();
-	struct pool p = {.cases = cases, .n = n};
-	pthread_mutex_init(&p.lock, NULL);
-	pthread_t th[8];
-	for (int i = 0; i < 8; i++)
-		pthread_create(&th[i], NULL, case_worker, &p);
-	for (int i = 0; i < 8; i++)
-		pthread_join(th[i], NULL);
+	run_pool(cases, n, false, 8);
 	printf("%d cases, %d failed, %.1f s\n", ncases, nfail, (fa_test_now_ms() - t0) / 1e3);
 	for (int s = 0; s < 6; s++)
 		printf("  worst relative error %-12s %.3g\n", K_NAME[s], worst[s]);
@@ -536,8 +652,22 @@ static void test_attn_varlen_gpu_matches_the_float64_reference(void **state)
 	assert_int_equal(nfail, 0);
 }
 
-/* Refusals before anything runs: misaligned pointers and strides, a window (not yet in the
- * kernels), a missing device table, a bad index entry (the host copy is checked). */
+/* The harness on the CPU (no GPU needed: CI runs it): the window and softcap cases with the CPU
+ * reference in the kernel's place pass the same comparison (poison, -inf rows, tolerances). */
+static void test_attn_varlen_harness_passes_with_the_cpu_reference(void **state)
+{
+	(void)state;
+	struct vcase *cases = calloc(64, sizeof *cases);
+	int n = window_cases(cases, 0);
+	int before = nfail;
+	run_pool(cases, n, true, 2);
+	printf("%d window and softcap cases on the CPU reference, %d failed\n", n, nfail - before);
+	free(cases);
+	assert_int_equal(nfail, before);
+}
+
+/* Refusals before anything runs: misaligned pointers and strides, a negative softcap, a missing
+ * device table, a bad index entry (the host copy is checked). */
 static void test_attn_varlen_gpu_refuses_bad_input(void **state)
 {
 	(void)state;
@@ -568,8 +698,10 @@ static void test_attn_varlen_gpu_refuses_bad_input(void **state)
 	d.fwd.window = true;
 	d.fwd.window_left = 8;
 	d.fwd.window_right = 0;
+	d.fwd.softcap = -1;
 	assert_int_equal(fa_gpu_fwd_infer(gpu, &d, &ix, p, p, p, p, 0, NULL, err, sizeof err),
-	                 FA_ENOTSUP);
+	                 FA_EINVAL);
+	assert_non_null(strstr(err, "softcap"));
 	struct fa_gpu_infer_index none = {p, 0, p, 0};
 	assert_int_equal(fa_gpu_fwd_infer(gpu, &v.d, &none, p, p, p, p, 0, NULL, err, sizeof err),
 	                 FA_EINVAL);
@@ -585,6 +717,7 @@ static void test_attn_varlen_gpu_refuses_bad_input(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_attn_varlen_harness_passes_with_the_cpu_reference),
 		cmocka_unit_test(test_attn_varlen_gpu_matches_the_float64_reference),
 		cmocka_unit_test(test_attn_varlen_gpu_refuses_bad_input),
 	};

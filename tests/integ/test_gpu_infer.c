@@ -5,7 +5,9 @@
  * tensors too, and once in a host buffer beside device tensors) and in host buffers, against
  * fa_attn_infer_ref64 computed here from the same bytes; outputs start poisoned and rows outside
  * the sequences must keep their poison. A page index past the pools is FA_EINVAL with the entry
- * named, and no output byte is written.
+ * named, and no output byte is written. A sliding window (300, 0) with a causal mask and a
+ * softcap over the same paged cache goes through the same path (the GPU kernels take both over
+ * the layouts), in device and host buffers.
  *
  * CUDA does not survive fork(): as test_gpu_serving.c, every piece of CUDA work runs in a forked
  * child. Without a GPU every test skips with the reason.
@@ -82,8 +84,9 @@ enum { B = 5, PCOLS = 300 };
 static const int32_t key_lens[B] = {129, 0, 4097, 1, 1000};
 static const int32_t q_lens[B] = {1, 3, 8, 0, 2};
 
-/* Which call: a paged cache (dense queries), a contiguous cache (packed queries), varlen. */
-enum kind { PAGED, CACHE_PACKED, VARLEN, BAD_PAGE };
+/* Which call: a paged cache (dense queries), a contiguous cache (packed queries), varlen; the
+ * paged one with a window and softcap. */
+enum kind { PAGED, CACHE_PACKED, VARLEN, BAD_PAGE, PAGED_WIN };
 
 struct prob {
 	struct fa_attn_infer_desc d;
@@ -108,10 +111,16 @@ static fa_status run(fa_client *c, struct arena *a, enum kind k, struct prob *p,
 	struct fa_attn_fwd_desc *f = &d->fwd;
 	f->dtype = dt;
 	f->precision = FA_PREC_3XTF32;
-	f->mask = k == CACHE_PACKED ? FA_MASK_CAUSAL_BOTTOM_RIGHT : FA_MASK_NONE;
+	f->mask = k == CACHE_PACKED || k == PAGED_WIN ? FA_MASK_CAUSAL_BOTTOM_RIGHT : FA_MASK_NONE;
 	f->scale = 1.0 / sqrt((double)D);
+	if (k == PAGED_WIN) {
+		f->window = true;
+		f->window_left = 300;
+		f->window_right = 0;
+		f->softcap = 30;
+	}
 	f->B = B, f->Hq = Hq, f->Hkv = Hkv, f->D = D;
-	bool packed_q = k != PAGED && k != BAD_PAGE;
+	bool packed_q = k != PAGED && k != BAD_PAGE && k != PAGED_WIN;
 	int64_t maxk = 1, maxq = 1;
 	p->cuq[0] = 1; /* one row before the first sequence, two after the last */
 	p->cuk[0] = 3;
@@ -180,7 +189,9 @@ static fa_status run(fa_client *c, struct arena *a, enum kind k, struct prob *p,
 	fa_attn_varlen_args va = {.q = q, .k = kt, .v = vt, .o = o, .lse = l, .mask = f->mask,
 	                          .precision = f->precision};
 	fa_attn_kvcache_args ka = {.q = q, .k = kt, .v = vt, .o = o, .lse = l, .mask = f->mask,
-	                           .precision = f->precision};
+	                           .precision = f->precision, .window = f->window,
+	                           .window_left = f->window_left,
+	                           .window_right = f->window_right, .softcap = f->softcap};
 	if (k == VARLEN) {
 		d->kv = FA_KV_PACKED, d->cu_k = p->cuk, d->total_k = k1;
 		va.cu_seqlens_q = ivec(a, p->cuq, B + 1, 1);
@@ -321,6 +332,7 @@ static int child_device(void *arg)
 		{PAGED, true, "device paged bf16 (tables in a host buffer)"},
 		{BAD_PAGE, false, "device paged, a page past the pools"},
 		{PAGED, false, "device paged bf16 again (the daemon serves on)"},
+		{PAGED_WIN, false, "device paged bf16, window (300, 0) causal, softcap 30"},
 	};
 	for (size_t i = 0; i < sizeof rounds / sizeof rounds[0]; i++)
 		if (device_round(c, mem, db, hb, mirror, rounds[i].k, rounds[i].idx_host,
@@ -342,10 +354,11 @@ static int child_host(void *arg)
 	fa_buffer *hb = NULL;
 	CHECK(fa_buffer_alloc_host(c, ARENA, &hb) == FA_OK, "alloc_host: %s",
 	      fa_last_error_detail());
-	static const enum kind kinds[] = {PAGED, CACHE_PACKED, VARLEN, BAD_PAGE};
+	static const enum kind kinds[] = {PAGED, CACHE_PACKED, VARLEN, BAD_PAGE, PAGED_WIN};
 	static const char *const names[] = {"host paged bf16", "host cache fp16 packed causal",
-	                                    "host varlen fp32", "host paged, a page past the pools"};
-	for (int i = 0; i < 4; i++) {
+	                                    "host varlen fp32", "host paged, a page past the pools",
+	                                    "host paged bf16, window (300, 0) causal, softcap 30"};
+	for (int i = 0; i < 5; i++) {
 		struct arena a = {.buf = hb, .ibuf = hb, .base = fa_buffer_data(hb),
 		                  .ibase = fa_buffer_data(hb), .rng = 0x777u + (uint64_t)i};
 		struct prob *p = malloc(sizeof *p);

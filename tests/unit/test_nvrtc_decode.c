@@ -4,7 +4,9 @@
  * when NVRTC cannot be loaded. Also the planner's decode decisions on the issue's shapes (no
  * NVRTC needed for those).
  *
- * Default: a sample (every dtype, head dims 8..256, every mask, GQA 1..32, Sq 1..16).
+ * Default: a sample (every dtype, head dims 8..256, every mask, GQA 1..32, Sq 1..16), and the
+ * sliding window and softcap on dense batches and over the inference layouts (FA_LAYOUT 1, the
+ * window's per-sequence specialisation).
  * FA_GPU_GRID=full: every head dim that is a multiple of 8 for each dtype, on sm_90.
  * The table of (spec, registers, estimate, spills, stack, shared memory) goes to stdout.
  */
@@ -65,6 +67,10 @@ static void make_desc(struct fa_attn_fwd_desc *d, fa_dtype dt, int D, fa_mask m,
 	d->lse_stride[2] = 1;
 }
 
+/* The next add_job calls' extras: bit 0 a window (1000, 0), bit 1 softcap 50, bit 2 over an
+ * inference layout (as launch_decode specialises it: only with the window). */
+static int ext_mask;
+
 /* The decode plan's kernel for (arch, shape), once per distinct specialisation. */
 static void add_job(const char *arch, fa_dtype dt, int D, fa_mask m, int Sq, int group)
 {
@@ -72,6 +78,10 @@ static void add_job(const char *arch, fa_dtype dt, int D, fa_mask m, int Sq, int
 	assert_non_null(dev);
 	struct fa_attn_fwd_desc d;
 	make_desc(&d, dt, D, m, 2, Sq, 4096, 8 * group, 8);
+	d.window = ext_mask & 1;
+	d.window_left = 1000;
+	d.window_right = 0;
+	d.softcap = ext_mask & 2 ? 50.0 : 0.0;
 	struct fa_decode_plan p;
 	char err[512];
 	if (fa_plan_decode(dev, &d, NULL, NULL, &p, err, sizeof err) != FA_OK)
@@ -79,6 +89,9 @@ static void add_job(const char *arch, fa_dtype dt, int D, fa_mask m, int Sq, int
 	assert_true(p.tile.smem <= dev->smem_optin);
 	struct fa_kernel_spec s;
 	fa_kernel_spec_make(&s, dev->sm, dt, FA_PREC_DEFAULT, D, m, &p.tile);
+	fa_kernel_spec_mask_ext(&s, &d);
+	if ((ext_mask & 4) && s.window)
+		s.layout = FA_KLAYOUT_SEQ;
 	assert_int_equal(s.tile.smem, p.tile.smem);
 	for (int i = 0; i < njobs; i++)
 		if (memcmp(&jobs[i].spec, &s, sizeof s) == 0)
@@ -142,6 +155,17 @@ static void test_nvrtc_compiles_the_decode_specialisations_without_spills(void *
 			add_job("sm_90", dts[a], 64, FA_MASK_CAUSAL_TOP_LEFT, 16, 8);
 		}
 	}
+	/* the window and softcap (dense, and the window's layout specialisation): each dtype,
+	 * rotating head dims, masks and rows */
+	for (int x = 1; x < 8; x++) {
+		if (x == 4 || x == 6)
+			continue; /* a layout without a window is the dense kernel */
+		ext_mask = x;
+		for (int a = 0; a < 3; a++)
+			add_job(x == 7 && a == 0 ? "sm_80" : "sm_90", dts[a], (int[]){128, 64, 256}[(x + a) % 3],
+			        masks[(x + a) % 3], rows[(x + 2 * a) % 8][0], rows[(x + 2 * a) % 8][1]);
+	}
+	ext_mask = 0;
 	fa_test_parallel_for(njobs, compile_one);
 	int bad = 0;
 	printf("%-44s %5s %5s %6s %6s %7s\n", "specialisation", "regs", "est", "spills", "stack",
@@ -239,10 +263,43 @@ static void test_decode_planner_on_the_issue_shapes(void **state)
 	printf("bad tile: %s\n", err);
 }
 
+/* Over an inference layout only the window has its own specialisation (-DFA_LAYOUT=1 before
+ * -DFA_WIN=1); softcap alone and plain decodes keep the dense kernel's option list. */
+static void test_decode_layout_option_only_with_a_window(void **state)
+{
+	(void)state;
+	const struct fa_device_model *h200 = fa_device_model_find("h200");
+	struct fa_attn_fwd_desc d;
+	struct fa_decode_plan p;
+	char err[256];
+	make_desc(&d, FA_DTYPE_BF16, 128, FA_MASK_NONE, 4, 1, 4096, 32, 8);
+	assert_int_equal(fa_plan_decode(h200, &d, NULL, NULL, &p, err, sizeof err), FA_OK);
+	struct fa_kernel_spec s;
+	fa_kernel_spec_make(&s, h200->sm, d.dtype, FA_PREC_DEFAULT, 128, d.mask, &p.tile);
+	struct fa_nvrtc_opts dense, lay;
+	fa_nvrtc_options(NULL, &s, &dense);
+	s.softcap = true;
+	s.layout = FA_KLAYOUT_SEQ; /* not set by the launcher without a window; ignored anyway */
+	fa_nvrtc_options(NULL, &s, &lay);
+	assert_int_equal(lay.n, dense.n + 1);
+	assert_string_equal(lay.v[dense.n], "-DFA_SOFTCAP=1");
+	s.window = true;
+	fa_nvrtc_options(NULL, &s, &lay);
+	assert_int_equal(lay.n, dense.n + 3);
+	for (int i = 0; i < dense.n; i++)
+		assert_string_equal(lay.v[i], dense.v[i]);
+	assert_string_equal(lay.v[dense.n], "-DFA_LAYOUT=1");
+	assert_string_equal(lay.v[dense.n + 1], "-DFA_WIN=1");
+	char name[112];
+	fa_kernel_spec_name(&s, name, sizeof name);
+	assert_non_null(strstr(name, " varlen win cap"));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_decode_planner_on_the_issue_shapes),
+		cmocka_unit_test(test_decode_layout_option_only_with_a_window),
 		cmocka_unit_test(test_nvrtc_compiles_the_decode_specialisations_without_spills),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -6,7 +6,8 @@
  * skipped (with the reason) when NVRTC cannot be loaded.
  *
  * Default: a sample (every dtype and fp32 precision, head dims 8..256, every mask, both layouts,
- * sm_80 and sm_90, long and short prefills). FA_GPU_GRID=full: every head dim that is a multiple
+ * sm_80 and sm_90, long and short prefills; the sliding window and softcap, alone and together,
+ * on both layouts: FA_WIN and FA_SOFTCAP with FA_LAYOUT). FA_GPU_GRID=full: every head dim that is a multiple
  * of 8, each dtype and precision, both layouts, on sm_90. The table (spec, registers, spills,
  * stack, shared memory) goes to stdout.
  */
@@ -44,6 +45,9 @@ static void compile_one(int i)
 	                              sizeof jobs[i].err);
 }
 
+/* The window and softcap of the next plan_spec calls: bit 0 a window (256, 0), bit 1 softcap 30. */
+static int ext_mask;
+
 /* The tile fa_gpu_fwd_infer plans for the longest sequence (Sq x Sk, B sequences, 32 query
  * heads): the planner's first mma.sync candidate. */
 static void plan_spec(struct fa_kernel_spec *s, const char *arch, fa_dtype dt, fa_precision p,
@@ -58,7 +62,13 @@ static void plan_spec(struct fa_kernel_spec *s, const char *arch, fa_dtype dt, f
 	d.D = D;
 	d.mask = m;
 	d.B = B;
+	d.Sq = Sq;
+	d.Sk = Sk;
 	d.Hq = d.Hkv = 32;
+	d.window = ext_mask & 1;
+	d.window_left = 256;
+	d.window_right = 0;
+	d.softcap = ext_mask & 2 ? 30.0 : 0.0;
 	char err[512];
 	if (layout == FA_KLAYOUT_DENSE) { /* the dense launch's first choice, for the options */
 		struct fa_kernel_settings ks = FA_KERNEL_SETTINGS_INIT;
@@ -76,6 +86,8 @@ static void plan_spec(struct fa_kernel_spec *s, const char *arch, fa_dtype dt, f
 		fail_msg("plan %s D=%d: %s", arch, D, err);
 	assert_false(fa_kpath_is_wg(s->tile.path));
 	assert_int_equal(s->layout, layout);
+	assert_int_equal(s->window, (ext_mask & 1) != 0);
+	assert_int_equal(s->softcap, (ext_mask & 2) != 0);
 	assert_true(s->tile.smem <= dev->smem_optin);
 }
 
@@ -150,6 +162,19 @@ static void test_nvrtc_compiles_the_inference_layouts_without_spills(void **stat
 				add_job("sm_90", K_DT[a], K_PR[a], Ds[(k + 3) % 8], K_MASK[(k + 1) % 3], 4,
 				        200, 3000, l);
 			}
+		/* the window, softcap and both over each layout: every kind, rotating head dims
+		 * and masks (the varlen benchmark's shape first), sm_80 once */
+		for (int x = 1; x < 4; x++) {
+			ext_mask = x;
+			for (int l = 1; l <= 2; l++) {
+				add_job("sm_90", FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, K_MASK[x % 3], 16, 4096,
+				        4096, l);
+				for (int a = 0; a < 6; a++, k++)
+					add_job(k % 5 ? "sm_90" : "sm_80", K_DT[a], K_PR[a], Ds[k % 8],
+					        K_MASK[k % 3], 4, 1000, 3000, l);
+			}
+		}
+		ext_mask = 0;
 	}
 	fa_test_parallel_for(njobs, compile_one);
 	int bad = 0;
@@ -215,12 +240,53 @@ static void test_layout_reaches_the_options_and_the_name(void **state)
 	assert_true(paged.n <= FA_NVRTC_MAX_OPTS);
 	assert_string_equal(paged.v[paged.n - 1], "-DFA_LAYOUT=2");
 	assert_string_equal(paged.v[paged.n - 2], "-DFA_QIN=3");
+	/* and with the window and softcap, both after the layout, still within the table */
+	ext_mask = 3;
+	plan_spec(&s, "sm_90", FA_DTYPE_FP32, FA_PREC_BF16, 64, FA_MASK_CAUSAL_BOTTOM_RIGHT, 4, 100,
+	          900, FA_KLAYOUT_PAGED);
+	ext_mask = 0;
+	fa_nvrtc_options(NULL, &s, &paged);
+	assert_true(paged.n <= FA_NVRTC_MAX_OPTS);
+	assert_string_equal(paged.v[paged.n - 3], "-DFA_LAYOUT=2");
+	assert_string_equal(paged.v[paged.n - 2], "-DFA_WIN=1");
+	assert_string_equal(paged.v[paged.n - 1], "-DFA_SOFTCAP=1");
+	fa_kernel_spec_name(&s, name, sizeof name);
+	assert_non_null(strstr(name, " paged win cap"));
+}
+
+/* A window that bounds nothing at the batch's largest lengths bounds no sequence: the plan
+ * keeps the kernel without FA_WIN (fa_attn_window_active on the bounds). */
+static void test_a_window_wider_than_every_sequence_plans_no_window(void **state)
+{
+	(void)state;
+	const struct fa_device_model *dev = fa_device_model_find("sm_90");
+	struct fa_attn_fwd_desc d;
+	memset(&d, 0, sizeof d);
+	d.dtype = FA_DTYPE_BF16;
+	d.D = 128;
+	d.B = 4;
+	d.Sq = 300;
+	d.Sk = 500;
+	d.Hq = d.Hkv = 8;
+	d.window = true;
+	d.window_left = 800; /* >= Sk + Sq */
+	d.window_right = 500; /* >= Sk */
+	struct fa_kernel_spec s;
+	char err[256];
+	assert_int_equal(fa_plan_fwd_infer(dev, NULL, &d, 300, 500, FA_KLAYOUT_SEQ, &s, err,
+	                                   sizeof err), FA_OK);
+	assert_false(s.window);
+	d.window_left = 799;
+	assert_int_equal(fa_plan_fwd_infer(dev, NULL, &d, 300, 500, FA_KLAYOUT_SEQ, &s, err,
+	                                   sizeof err), FA_OK);
+	assert_true(s.window);
 }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_layout_reaches_the_options_and_the_name),
+		cmocka_unit_test(test_a_window_wider_than_every_sequence_plans_no_window),
 		cmocka_unit_test(test_nvrtc_compiles_the_inference_layouts_without_spills),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,7 +1,8 @@
 /* test_planner_infer.c - the routing of inference descriptors between the decode and prefill
  * kernels, and the decode plan over the longest sequence (kernels/planner_infer.c), without a
  * GPU: the lengths read from each layout's tables, the FA_DECODE modes, the plan against the
- * dense plan of the longest sequence, an all-empty batch, and the grid's limits. */
+ * dense plan of the longest sequence, an all-empty batch, and the grid's limits; with a sliding
+ * window, splits over the window's keys only that still cover every sequence's own window. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 #include <cmocka.h>
 
 #include "fa_infer_route.h"
+#include "fa_test.h"
 
 /* A paged batch (bf16, D=128, 32 query heads, 8 kv heads) of B sequences of `lens` keys and
  * dense queries Sq, pages of 16 in order. */
@@ -161,12 +163,82 @@ static void test_infer_route_plans_for_the_longest_sequence(void **state)
 	free(many);
 }
 
+/* A window over a ragged batch: the splits cover the keys each row chunk of each sequence walks
+ * (attn_decode.cu: from the tile of its first row's first key to its last row's last key, the
+ * window aligned per sequence) without leaning on the kernel's last-split rule, for windows of
+ * several shapes, every mask, query counts 1..16; and a 4096-key window over a 16k cache plans
+ * splits of the window, not of the cache. */
+static void test_infer_route_splits_a_window_and_covers_every_sequence(void **state)
+{
+	(void)state;
+	const struct fa_device_model *dev = fa_device_model_find("h200");
+	struct fa_attn_infer_desc d;
+	struct fa_attn_fwd_desc pd;
+	struct fa_decode_plan p;
+	char err[256];
+	int32_t lens[16];
+	static const int64_t wins[][2] = {{4096, 0}, {100, 0}, {0, 0}, {37, 5}, {-1, 3},
+	                                  {1000, -1}, {16, 16}, {5000, 200}};
+	static const fa_mask masks[] = {FA_MASK_NONE, FA_MASK_CAUSAL_BOTTOM_RIGHT,
+	                                FA_MASK_CAUSAL_TOP_LEFT};
+	uint64_t rng = 0x5eedu;
+	int checked = 0;
+	for (int w = 0; w < 8; w++)
+		for (int m = 0; m < 3; m++)
+			for (int sq = 1; sq <= 16; sq += 5) {
+				for (int b = 0; b < 16; b++)
+					lens[b] = (int32_t)(fa_rand_range(&rng, 0, 9000));
+				paged(&d, 16, sq, lens);
+				d.fwd.mask = masks[m];
+				d.fwd.window = true;
+				d.fwd.window_left = wins[w][0];
+				d.fwd.window_right = wins[w][1];
+				assert_int_equal(fa_attn_infer_check(&d, err, sizeof err), FA_OK);
+				assert_int_equal(fa_infer_plan_decode(dev, &d, NULL, &pd, &p, err, sizeof err),
+				                 FA_OK);
+				assert_int_equal(p.split_keys % 16, 0);
+				const int64_t group = 4, br = p.tile.br;
+				for (int b = 0; b < 16; b++)
+					for (int64_t r0 = 0; r0 < sq * group; r0 += br) {
+						const int64_t rl = (r0 + br < sq * group ? r0 + br : sq * group) - 1;
+						int64_t lo, hi, lo1, hi1;
+						fa_attn_key_range(&d.fwd, sq, lens[b], r0 / group, &lo, &hi);
+						fa_attn_key_range(&d.fwd, sq, lens[b], rl / group, &lo1, &hi1);
+						if (hi1 <= lo)
+							continue; /* this chunk sees nothing */
+						const int64_t kbase = lo / 16 * 16;
+						const int64_t ns = (lens[b] + p.split_keys - 1) / p.split_keys;
+						const int64_t splits = ns < p.nsplit ? (ns > 0 ? ns : 1) : p.nsplit;
+						if (kbase + splits * p.split_keys < hi1)
+							fail_msg("window (%lld, %lld) mask %d Sq %d: sequence %d of %d "
+							         "keys, rows %lld..: keys %lld..%lld, %lld splits of %d",
+							         (long long)wins[w][0], (long long)wins[w][1], m, sq, b,
+							         lens[b], (long long)r0, (long long)kbase, (long long)hi1,
+							         (long long)splits, p.split_keys);
+						checked++;
+					}
+			}
+	printf("%d windowed row chunks covered\n", checked);
+	assert_true(checked > 1000);
+	/* time follows the window: B=1, 16k keys, a 4096-key window, one query */
+	lens[0] = 16384;
+	paged(&d, 1, 1, lens);
+	d.fwd.window = true;
+	d.fwd.window_left = 4095;
+	d.fwd.window_right = 0;
+	assert_int_equal(fa_infer_plan_decode(dev, &d, NULL, &pd, &p, err, sizeof err), FA_OK);
+	printf("a 4096-key window over 16384 keys: %d splits of %d keys\n", p.nsplit, p.split_keys);
+	assert_true((int64_t)p.nsplit * p.split_keys >= 4096);
+	assert_true((int64_t)p.nsplit * p.split_keys <= 4096 + 16 * p.nsplit);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_infer_route_reads_the_longest_sequence),
 		cmocka_unit_test(test_infer_route_sends_decode_shapes_to_the_decode_kernel),
 		cmocka_unit_test(test_infer_route_plans_for_the_longest_sequence),
+		cmocka_unit_test(test_infer_route_splits_a_window_and_covers_every_sequence),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
