@@ -297,11 +297,13 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 		         "\nring_sleeps:%" PRIu64 "\nring_client_wakes:%" PRIu64
 		         "\nring_broken:%" PRIu64 "\nring_hop_us_mean:%.2f\nring_thread_wakes:%" PRIu64
 		         "\nring_prewakes:%" PRIu64 "\nring_prewake_client_wakes:%" PRIu64
-		         "\nring_hop_us_total:%" PRIu64 "\n",
+		         "\nring_hop_us_total:%" PRIu64 "\nring_turnaround_us_total:%" PRIu64
+		         "\nring_turnarounds:%" PRIu64 "\nring_polled:%" PRIu64 "\n",
 		         rc.open, rc.opened, rc.entries, rc.completions, rc.dropped, rc.sleeps,
 		         rc.client_wakes, rc.broken,
 		         rc.entries ? (double)rc.hop_ns / 1e3 / (double)rc.entries : 0.0,
-		         rc.thread_wakes, rc.prewakes, rc.prewake_client_wakes, rc.hop_ns / 1000);
+		         rc.thread_wakes, rc.prewakes, rc.prewake_client_wakes, rc.hop_ns / 1000,
+		         rc.turnaround_ns / 1000, rc.turnarounds, rc.polled);
 	}
 	in.backend_text = extra;
 	stats_format(&srv->stats, &in, c->rep->u.stats.text, sizeof c->rep->u.stats.text);

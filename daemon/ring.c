@@ -70,6 +70,8 @@ struct ring {
 	atomic_bool room_waiting; /* the thread sleeps on room_word: the loop must wake it */
 	atomic_bool thread_sleeping; /* the thread sleeps on sq_tail (the daemon's own flag: the
 	                          * header's daemon_sleeping is the client's to rewrite) */
+	_Atomic uint64_t last_reply_ns; /* the loop's last completion, taken by the thread at the
+	                          * next entry: the client's turnaround */
 	int sig_index;            /* its place in the SIGBUS table, -1: none */
 	struct ring_msg priv[FA_RING_ENTRIES];
 };
@@ -82,7 +84,7 @@ struct rings {
 	pthread_mutex_t mu;       /* guards the pending list and the thread-side counters */
 	struct ring *pending;
 	struct ring_counters n;   /* loop-side counters; the thread-side ones are atomics below */
-	_Atomic uint64_t entries, sleeps, hop_ns;
+	_Atomic uint64_t entries, sleeps, hop_ns, turnaround_ns, turnarounds, polled;
 	void (*done)(void *arg);
 	void *done_arg;
 	unsigned handles;         /* loop handles open (the async, the spin): the last close frees */
@@ -90,6 +92,8 @@ struct rings {
 	 * while prewakes wait for their time. */
 	uv_idle_t spin;
 	bool spin_open, spin_on;
+	atomic_bool loop_polling; /* the spin is on: a ring thread queues entries without a
+	                          * uv_async, the spin's callback takes them (Dekker with it) */
 	uint64_t spin_until;
 	struct {
 		uint64_t ring_id, at;
@@ -208,7 +212,13 @@ static void ring_queue(struct ring *r)
 		t->pending = r;
 		pthread_mutex_unlock(&t->mu);
 	}
-	uv_async_send(&t->async);
+	/* Dekker with rings_spin_cb's store of loop_polling and look at the pending list: a
+	 * polling loop takes the entry on its next turn, without the eventfd's write and read. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (!atomic_load(&t->loop_polling))
+		uv_async_send(&t->async);
+	else
+		atomic_fetch_add(&t->polled, 1);
 }
 
 /* Mark the ring dead for a protocol violation; the loop closes nothing (the session goes on
@@ -289,6 +299,13 @@ static void *ring_thread(void *arg)
 		if (avail > room)
 			avail = room;
 		uint64_t now = fa_now_ns();
+		/* a completion to the client's next entry: what a synchronous client adds between
+		 * two calls (its wake-up, its own work); idle clients (10 ms or more) not counted */
+		uint64_t lr = atomic_exchange(&r->last_reply_ns, 0);
+		if (lr != 0 && now > lr && now - lr < 10000000ull) {
+			atomic_fetch_add(&r->t->turnaround_ns, now - lr);
+			atomic_fetch_add(&r->t->turnarounds, 1);
+		}
 		for (uint32_t i = 0; i < avail; i++) {
 			const struct fa_ring_sqe *e = fa_ring_sqe_at(h, taken + i);
 			struct ring_msg *m = &r->priv[(taken + i) % FA_RING_ENTRIES];
@@ -312,6 +329,7 @@ static void *ring_thread(void *arg)
 /* ---- the loop's side -------------------------------------------------------------------------- */
 
 static void rings_spin_cb(uv_idle_t *h);
+static void ring_async_cb(uv_async_t *a);
 
 /* Keep the loop polling until at least `until` (loop_spin_us on). */
 static void rings_spin_until(struct rings *t, uint64_t until)
@@ -322,8 +340,18 @@ static void rings_spin_until(struct rings *t, uint64_t until)
 		t->spin_until = until;
 	if (!t->spin_on) {
 		t->spin_on = true;
+		atomic_store(&t->loop_polling, true);
 		uv_idle_start(&t->spin, rings_spin_cb);
 	}
+}
+
+/* Entries the ring threads queued (a look under the table's mutex). */
+static bool rings_pending(struct rings *t)
+{
+	pthread_mutex_lock(&t->mu);
+	bool any = t->pending != NULL;
+	pthread_mutex_unlock(&t->mu);
+	return any;
 }
 
 /* Wake r's thread if it sleeps on sq_tail: it then polls spin_us for the client's next entry.
@@ -357,6 +385,8 @@ static void rings_spin_cb(uv_idle_t *h)
 	struct rings *t = h->data;
 	uint64_t now = fa_now_ns();
 
+	if (rings_pending(t)) /* queued while the loop polls: no uv_async was sent */
+		ring_async_cb(&t->async);
 	for (unsigned i = 0; i < t->nprewake;) {
 		if (t->prewake[i].at > now) {
 			i++;
@@ -369,6 +399,12 @@ static void rings_spin_cb(uv_idle_t *h)
 	if (t->nprewake == 0 && now >= t->spin_until) {
 		t->spin_on = false;
 		uv_idle_stop(&t->spin);
+		/* from now on the threads send a uv_async; an entry queued before they could see
+		 * that is taken here (the other half of ring_queue's Dekker) */
+		atomic_store(&t->loop_polling, false);
+		atomic_thread_fence(memory_order_seq_cst);
+		if (rings_pending(t))
+			ring_async_cb(&t->async);
 	}
 }
 
@@ -568,6 +604,7 @@ void rings_close(struct rings *t, void (*done)(void *arg), void *arg)
 	t->done_arg = arg;
 	if (t->spin_open) {
 		uv_idle_stop(&t->spin);
+		atomic_store(&t->loop_polling, false);
 		uv_close((uv_handle_t *)&t->spin, rings_closed);
 	}
 	uv_close((uv_handle_t *)&t->async, rings_closed);
@@ -693,6 +730,7 @@ void ring_reply(struct rings *t, const struct ipc_hdr *h, const void *buf, size_
 	}
 	e->tag = tag;
 	atomic_store(&r->posted, at + 1);
+	atomic_store(&r->last_reply_ns, fa_now_ns());
 	/* Dekker with the client's store of client_sleeping and load of cq_tail. */
 	ring_store(&r->hdr->cq_tail, at + 1);
 	t->n.completions++;
@@ -719,4 +757,7 @@ void ring_counters(const struct rings *t, struct ring_counters *out)
 	out->entries = atomic_load(&((struct rings *)t)->entries);
 	out->sleeps = atomic_load(&((struct rings *)t)->sleeps);
 	out->hop_ns = atomic_load(&((struct rings *)t)->hop_ns);
+	out->turnaround_ns = atomic_load(&((struct rings *)t)->turnaround_ns);
+	out->turnarounds = atomic_load(&((struct rings *)t)->turnarounds);
+	out->polled = atomic_load(&((struct rings *)t)->polled);
 }

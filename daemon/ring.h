@@ -65,6 +65,9 @@ struct ring_counters {
 	uint64_t thread_wakes;  /* sleeping ring threads woken by a completion or a prewake */
 	uint64_t prewakes;      /* ring_prewake calls for a live ring */
 	uint64_t prewake_client_wakes; /* ... that found the client asleep and woke it */
+	uint64_t turnaround_ns; /* a completion to the same ring's next entry, under 10 ms */
+	uint64_t turnarounds;
+	uint64_t polled;        /* hand-offs to a polling loop, no uv_async sent */
 };
 
 /* The ring table and its uv_async. Installs the SIGBUS handler that repairs a ring whose

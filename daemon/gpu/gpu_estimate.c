@@ -18,8 +18,9 @@
 
 #include <string.h>
 
-/* The descriptor's fields a kernel's time depends on, and whether host memory is staged. */
-static void gpu_est_key(const struct backend_job *job, struct gpu_est_entry *k)
+/* The descriptor's fields a kernel's time (and its tile) depends on, and whether host memory is
+ * staged. */
+void gpu_shape_key(const struct backend_job *job, struct gpu_est_entry *k)
 {
 	const struct fa_attn_fwd_desc *d = &job->desc;
 
@@ -41,7 +42,7 @@ static void gpu_est_key(const struct backend_job *job, struct gpu_est_entry *k)
 	k->softcap = d->softcap;
 }
 
-static bool gpu_est_same(const struct gpu_est_entry *a, const struct gpu_est_entry *b)
+bool gpu_shape_same(const struct gpu_est_entry *a, const struct gpu_est_entry *b)
 {
 	return a->dtype == b->dtype && a->precision == b->precision && a->mask == b->mask &&
 	       a->window == b->window && a->bwd == b->bwd && a->host == b->host &&
@@ -55,9 +56,9 @@ void gpu_estimate_note(struct gpu_estimator *e, const struct backend_job *job, u
 
 	if (job->infer != NULL || gpu_ns == 0)
 		return;
-	gpu_est_key(job, &k);
+	gpu_shape_key(job, &k);
 	for (int i = 0; i < GPU_EST_ENTRIES && slot < 0; i++)
-		if (e->e[i].ns != 0 && gpu_est_same(&e->e[i], &k))
+		if (e->e[i].ns != 0 && gpu_shape_same(&e->e[i], &k))
 			slot = i;
 	if (slot < 0) { /* a free entry, else the least recently used */
 		slot = 0;
@@ -82,9 +83,9 @@ uint64_t gpu_estimate_ns(struct gpu_estimator *e, const struct backend_job *job)
 
 	if (job->infer != NULL)
 		return 0;
-	gpu_est_key(job, &k);
+	gpu_shape_key(job, &k);
 	for (int i = 0; i < GPU_EST_ENTRIES; i++)
-		if (e->e[i].ns != 0 && gpu_est_same(&e->e[i], &k)) {
+		if (e->e[i].ns != 0 && gpu_shape_same(&e->e[i], &k)) {
 			e->e[i].used = ++e->clock;
 			return e->e[i].ns;
 		}

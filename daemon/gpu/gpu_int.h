@@ -47,9 +47,11 @@
  *
  *   gpu_backend.c  open, close, the ops table  -> dev, tune, loop, worker, compile, queue
  *   gpu_dev.c      one device opened / released -> canary
- *   gpu_loop.c     the loop's side: submit, inline runs, the done drain -> exec, queue
+ *   gpu_loop.c     the loop's side: submit, inline runs, prewakes, the done drain
+ *                                               -> exec, estimate, queue
  *   gpu_worker.c   a device's worker thread     -> canary, tune, async, exec, exec_bwd,
- *                                                  exec_infer, queue
+ *                                                  exec_infer, estimate, queue
+ *   gpu_estimate.c expected GPU times of jobs (the prewake; no CUDA)
  *   gpu_exec.c     one synchronous job, host staging
  *   gpu_exec_bwd.c one backward job, host staging -> exec
  *   gpu_exec_infer.c one varlen / KV-cache job: index snapshot, host staging -> exec
@@ -111,7 +113,10 @@ struct region;
  * job waits for the batch in progress. */
 #define GPU_PIECE_FLOP 2.0e12
 #define GPU_TUNE_SLICE_US 2000     /* background tuning: one step of the tuner between jobs */
+#define GPU_GAP_SHORT_NS 2000000ull /* gpu_timing.c: a longer gap is an idle device (or
+                                     * session stream), not a slow hand-off */
 #define GPU_EST_ENTRIES 16         /* shapes whose last GPU time a device remembers */
+#define GPU_READY_ENTRIES 32       /* shapes whose kernel a device's submit knows is loaded */
 #define GPU_CU_NOT_READY 600       /* CUDA_ERROR_NOT_READY: cuStreamQuery, cuEventElapsedTime */
 #define GPU_ATIMING_SLOTS 16       /* asynchronous jobs timed in flight per session stream */
 
@@ -241,7 +246,10 @@ struct gpu_timing {
 	uint64_t enq_ns, enq_jobs;     /* mu: host time of each timed job's enqueue (the launch
 	                                * calls; inside its GPU time when the stream was idle) */
 	uint64_t async_busy_ns, async_jobs; /* mu: the sessions' asynchronous kernels */
-	uint64_t async_gap_ns, async_gaps, async_gap_max_ns; /* mu: between two of one stream */
+	uint64_t async_gap_ns, async_gaps, async_gap_max_ns; /* mu: under GPU_GAP_SHORT_NS
+	                                * between two kernels of one session stream */
+	uint64_t detect_ns, detects;   /* mu: a lone job's end (its start plus its GPU time) to
+	                                * the worker's seeing it (host clock) */
 };
 
 struct gpu_dev {
@@ -277,6 +285,11 @@ struct gpu_dev {
 	                                          * priority, so a high-priority job may run
 	                                          * inline beside a busy worker */
 	fa_cu_event inline_ev;                     /* loop */
+	/* Shapes whose kernel the submit's lookup found loaded (gpu_loop.c): a loaded kernel
+	 * stays loaded, so only a new tuning result (tuned_seen) can change the answer. */
+	struct gpu_est_entry ready[GPU_READY_ENTRIES]; /* loop */
+	unsigned nready, ready_next;             /* loop */
+	uint64_t tuned_seen;                     /* loop: b->tuned when they were found */
 	uint64_t inline_jobs;                    /* mu */
 	/* The canary (gpu_canary.c) */
 	struct fa_attn_fwd_desc canary_desc;     /* open */
@@ -465,6 +478,11 @@ void gpu_split_piece(const struct backend_job *job, int64_t k, struct fa_attn_fw
 
 /* ---- gpu_estimate.c: expected GPU times (no CUDA, the worker's) -------------------------- */
 
+/* A job's shape: the descriptor's fields its kernel's tile and time depend on, and whether it
+ * stages host memory (ns and used zero); the same shape as another. */
+void gpu_shape_key(const struct backend_job *job, struct gpu_est_entry *k);
+bool gpu_shape_same(const struct gpu_est_entry *a, const struct gpu_est_entry *b);
+
 /* Remember a finished job's GPU time (its shape's entry, and the device's rate for large
  * jobs). Inference jobs and gpu_ns 0 are ignored. */
 void gpu_estimate_note(struct gpu_estimator *e, const struct backend_job *job, uint64_t gpu_ns);
@@ -620,6 +638,9 @@ void gpu_timing_read(struct gpu_dev *d, unsigned i, struct backend_job *job);
 void gpu_timing_fini(struct gpu_dev *d);
 /* The host time a timed job's enqueue took (the worker, after gpu_enqueue). */
 void gpu_timing_enqueued(struct gpu_dev *d, uint64_t host_ns);
+/* How late the worker saw a lone job's end (host clock: its start plus its GPU time, to the
+ * return of its wait). */
+void gpu_timing_detected(struct gpu_dev *d, uint64_t late_ns);
 /* The asynchronous side (a session's thread, its context current): the kernel of the stream's
  * next job starts (an event when a slot is free) / ended on stream s; read: every completed
  * pair so far into d's counters (never waits); fini: the events. */

@@ -138,10 +138,12 @@ void gpu_stats(struct backend *base, char *buf, size_t cap)
 		             "\n%sprewakes:%" PRIu64 "\n%sprewakes_late:%" PRIu64
 		             "\n%sasync_busy_us:%" PRIu64 "\n%sasync_timed_jobs:%" PRIu64
 		             "\n%sasync_gap_us:%" PRIu64 "\n%sasync_gaps:%" PRIu64
-		             "\n%sasync_gap_max_us:%" PRIu64 "\n",
+		             "\n%sasync_gap_max_us:%" PRIu64 "\n%sdetect_us:%" PRIu64
+		             "\n%sdetects:%" PRIu64 "\n",
 		             pre, tm.enq_ns / 1000, pre, tm.enq_jobs, pre, pw, pre, pwl, pre,
 		             tm.async_busy_ns / 1000, pre, tm.async_jobs, pre, tm.async_gap_ns / 1000,
-		             pre, tm.async_gaps, pre, tm.async_gap_max_ns / 1000);
+		             pre, tm.async_gaps, pre, tm.async_gap_max_ns / 1000, pre,
+		             tm.detect_ns / 1000, pre, tm.detects);
 		if (m < 0 || (size_t)m >= cap - (size_t)n)
 			return;
 		n += m;

@@ -22,7 +22,6 @@
 
 #include <string.h>
 
-#define GPU_GAP_SHORT_NS 2000000ull /* 2 ms: longer is an idle device, not a slow hand-off */
 
 /* Events for the worker (its thread, context current); false when they cannot be had (the
  * timing is then off for this device, nothing else changes). */
@@ -131,6 +130,16 @@ void gpu_timing_enqueued(struct gpu_dev *d, uint64_t host_ns)
 	pthread_mutex_unlock(&d->b->mu);
 }
 
+void gpu_timing_detected(struct gpu_dev *d, uint64_t late_ns)
+{
+	if (late_ns >= GPU_GAP_SHORT_NS) /* not a detection: the clocks disagree, or a stall */
+		return;
+	pthread_mutex_lock(&d->b->mu);
+	d->tm.detect_ns += late_ns;
+	d->tm.detects++;
+	pthread_mutex_unlock(&d->b->mu);
+}
+
 /* ---- asynchronous streams ---------------------------------------------------------------- */
 
 static bool gpu_atiming_ready(struct gpu_atiming *t)
@@ -187,8 +196,11 @@ void gpu_atiming_read(struct gpu_atiming *t, struct gpu_dev *d)
 		if (r == 0) {
 			busy += (uint64_t)((double)ms * 1e6);
 			n++;
+			/* a gap of 2 ms or more is an idle stream (the client sent nothing), not a
+			 * hand-off between two calls: not counted, as for the worker's long gaps */
 			if (prev >= 0 && t->seq_of[prev] != 0 && t->seq_of[prev] + 1 == t->seq_of[j] &&
-			    fa_cu->EventElapsedTime(&g, t->b[prev], t->a[j]) == 0 && g >= 0) {
+			    fa_cu->EventElapsedTime(&g, t->b[prev], t->a[j]) == 0 && g >= 0 &&
+			    (uint64_t)((double)g * 1e6) < GPU_GAP_SHORT_NS) {
 				uint64_t gn = (uint64_t)((double)g * 1e6);
 				gap += gn;
 				ngap++;

@@ -60,6 +60,9 @@ struct mode_res {
 	double pick_us, loop_us;    /* per large sync job: submit -> worker's pick, done -> loop */
 	double enq_us;              /* per large sync job: the worker's launch calls (host) */
 	uint64_t prewakes, prewakes_late, ring_thread_wakes, prewake_client_wakes;
+	double detect_us;           /* large sync: a job's end to the worker's seeing it */
+	double turnaround_us;       /* large sync, ring: a completion to the client's next entry */
+	uint64_t reply_wakes;       /* large sync, ring: completions that found the client asleep */
 	double tiny_hop_us;         /* tiny run: ring thread's copy -> loop's dispatch, mean */
 	double async_ms, async_gap_us; /* large async run: kernel time and gap on the session's
 	                                * stream (events around each kernel) */
@@ -381,6 +384,9 @@ static int child_daemon(int mode)
 	uint64_t pw0 = stat_get(c, "gpu_prewakes"), pwl0 = stat_get(c, "gpu_prewakes_late");
 	uint64_t tw0 = stat_get(c, "ring_thread_wakes");
 	uint64_t pcw0 = stat_get(c, "ring_prewake_client_wakes");
+	uint64_t det0 = stat_get(c, "gpu_detect_us"), detn0 = stat_get(c, "gpu_detects");
+	uint64_t ta0 = stat_get(c, "ring_turnaround_us_total"), tan0 = stat_get(c, "ring_turnarounds");
+	uint64_t rw0 = stat_get(c, "ring_client_wakes");
 	uint64_t t0 = fa_test_now_us();
 	for (int i = 0; i < g_large; i++)
 		CHECK(fa_attn_fwd(c, &a) == FA_OK, "large: %s", fa_last_error_detail());
@@ -397,6 +403,13 @@ static int child_daemon(int mode)
 	r->prewakes_late = stat_get(c, "gpu_prewakes_late") - pwl0;
 	r->ring_thread_wakes = stat_get(c, "ring_thread_wakes") - tw0;
 	r->prewake_client_wakes = stat_get(c, "ring_prewake_client_wakes") - pcw0;
+	uint64_t det1 = stat_get(c, "gpu_detect_us"), detn1 = stat_get(c, "gpu_detects");
+	if (detn1 > detn0)
+		r->detect_us = (double)(det1 - det0) / (double)(detn1 - detn0);
+	uint64_t ta1 = stat_get(c, "ring_turnaround_us_total"), tan1 = stat_get(c, "ring_turnarounds");
+	if (tan1 > tan0)
+		r->turnaround_us = (double)(ta1 - ta0) / (double)(tan1 - tan0);
+	r->reply_wakes = stat_get(c, "ring_client_wakes") - rw0;
 	if (wj1 > wj0) {
 		r->pick_us = (double)(pick1 - pick0) / (double)(wj1 - wj0);
 		r->loop_us = (double)(loop1 - loop0) / (double)(wj1 - wj0);
@@ -524,6 +537,10 @@ static void print_variant(int v)
 		       k ? "ring" : "socket", r->gpu_ms, ratio(r->gpu_ms, B->in_kernel_ms), r->gaps,
 		       r->gap_us, r->gap_max_us, r->pick_us, r->loop_us, r->enq_us, B->in_launch_us,
 		       r->prewakes, r->prewakes_late, r->ring_thread_wakes, r->prewake_client_wakes);
+		printf("    %s sync hops: the worker saw a job's end %.1f us late; a completion to the "
+		       "client's next entry %.1f us (ring); completions that had to wake the client "
+		       "%" PRIu64 "\n",
+		       k ? "ring" : "socket", r->detect_us, r->turnaround_us, r->reply_wakes);
 		printf("    %s async: the session stream's kernel %.3f ms per request (%.3fx), %" PRIu64
 		       " gaps of %.1f us mean between two kernels\n",
 		       k ? "ring" : "socket", r->async_ms, ratio(r->async_ms, B->in_kernel_ms),

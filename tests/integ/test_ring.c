@@ -494,6 +494,19 @@ static void test_ring_completion_wakes_a_sleeping_ring_thread(void **state)
 	printf("  --loop-spin-us 300: %llu ring thread wakes over 30 paced calls\n",
 	       (unsigned long long)woke);
 	assert_true(woke >= 10); /* a loaded machine may let a few wakes be missed: harmless */
+	/* back to back: each entry comes while the loop polls after the last completion, so the
+	 * ring thread queues it without a uv_async; none may be lost (5 s per call) */
+	fa_client *c = NULL;
+	assert_int_equal(fa_client_open(&c, on.url), FA_OK);
+	fa_client_set_timeout(c, fa_test_ms(5000));
+	uint64_t t0 = fa_test_now_ms(), polled0 = fa_integ_stat(c, "ring_polled");
+	for (int i = 0; i < 2000; i++)
+		assert_int_equal(fa_ping(c), FA_OK);
+	uint64_t polled = fa_integ_stat(c, "ring_polled") - polled0;
+	printf("  2000 back-to-back ring PINGs in %llu ms, %llu handed to the polling loop\n",
+	       (unsigned long long)(fa_test_now_ms() - t0), (unsigned long long)polled);
+	assert_true(polled > 0);
+	fa_client_close(c);
 	assert_int_equal(daemon_finish(&on), 0);
 	if (daemon_start(&off, "--threads", "1", "--ring-spin-us", "1", "--loop-spin-us", "0",
 	                 NULL) != 0) {
