@@ -132,6 +132,11 @@ static inline void backend_job_append(struct backend_job **head, struct backend_
 /* Called on the loop thread when a job is finished (computed, failed or cancelled). */
 typedef void (*backend_done_fn)(struct backend_job *job, void *arg);
 
+/* Called on the loop thread when a running job is expected to finish at end_ns (fa_now_ns's
+ * clock; the GPU backend's --prewake-us): a hint, before done(), that the job is still alive
+ * and its reply is near. Never after its done(); maybe never. */
+typedef void (*backend_soon_fn)(struct backend_job *job, uint64_t end_ns, void *arg);
+
 /* Finished jobs on their way to the loop thread. A backend's threads append to it under the
  * backend's mutex (backend_done_push) and then wake the loop (uv_async_send); the loop's async
  * callback empties it with backend_done_drain. */
@@ -221,6 +226,9 @@ struct backend {
 	bool async_words;     /* ... and its completion words (64-bit stream memory operations on
 	                       * every device) */
 	atomic_uint running;  /* jobs started and not finished (set by the backend's threads) */
+	backend_soon_fn soon; /* set by the server after open (NULL: nobody listens); a backend
+	                       * that estimates its jobs' ends calls it on the loop thread */
+	void *soon_arg;
 	uint64_t default_max_gflop; /* --max-request-gflop 0 means this (worklimit.h) */
 	struct fault fault;   /* fault.c's: backends use fault_mark/fault_marked/fault_check */
 	uint64_t fault_inject_after;         /* test-only: the Nth job submitted faults; 0 never */

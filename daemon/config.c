@@ -172,6 +172,21 @@ static const struct config_option config_options[] = {
 	         "client then pays a FUTEX_WAKE per call); -1: 200 on 4 or more CPUs, else 0 "
 	         "(polling on 2 busy cores costs more than the wake)",
 	 FIELD(ring_spin_us)},
+	/* Issue 12: a synchronous client's next call comes tens of microseconds after its reply;
+	 * a sleeping loop or ring thread costs a wake-up (10-50 us each on the H200 host) on that
+	 * path, twice or three times per request. */
+	{.name = "loop-spin-us", .type = CONFIG_INT, .def = "-1", .min = -1, .max = 100000,
+	 .env = "FA_LOOP_SPIN_US", .metavar = "US",
+	 .help = "after a ring's completion the loop polls this long, and a sleeping ring thread "
+	         "is woken to poll, so the client's next call meets awake threads; -1: 200 on 4 "
+	         "or more CPUs, else 0 (off)",
+	 FIELD(loop_spin_us)},
+	{.name = "prewake-us", .type = CONFIG_INT, .def = "-1", .min = -1, .max = 100000,
+	 .env = "FA_PREWAKE_US", .metavar = "US",
+	 .help = "gpu backend: this long before a synchronous job's expected end (its shape's "
+	         "last GPU time) the loop starts polling and a ring client sleeping on it is "
+	         "woken to poll; -1: 150 on 4 or more CPUs, else 0 (off)",
+	 FIELD(prewake_us)},
 	/* The kernels' settings (kernels/fa_settings.h parses and checks them; fa-ctl and the tests
 	 * read the same environment variables). */
 	{.name = "wgmma", .type = CONFIG_KERNEL, .def = "1", .env = "FA_WGMMA", .metavar = "0|1",

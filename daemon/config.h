@@ -46,6 +46,8 @@ struct config {
 	                                   * after this long: its stream is released, it fails */
 	int max_rings;                    /* submission rings open at once (ring.h) */
 	int ring_spin_us;                 /* a ring thread's poll before it sleeps */
+	int loop_spin_us;                 /* the loop's poll after a ring completion; -1: auto */
+	int prewake_us;                   /* gpu backend: notice before a job's expected end */
 	struct fa_kernel_settings kernels; /* gpu backend: planner, NVRTC, kernel cache (wgmma...) */
 };
 

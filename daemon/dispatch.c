@@ -283,7 +283,7 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 	static char latency[4096];
 	metrics_stats_text(&srv->metrics, latency, sizeof latency);
 	in.metrics_text = latency;
-	static char extra[8192];
+	static char extra[12288]; /* the backend's sections: 8 GPUs' lines fit */
 	extra[0] = '\0';
 	if (srv->backend != NULL && srv->backend->ops->stats != NULL)
 		srv->backend->ops->stats(srv->backend, extra, sizeof extra);
@@ -295,10 +295,15 @@ static fa_status dispatch_stats(struct dispatch_ctx *c)
 		         "# ring\nring_open:%u\nring_opened:%" PRIu64 "\nring_entries:%" PRIu64
 		         "\nring_completions:%" PRIu64 "\nring_dropped:%" PRIu64
 		         "\nring_sleeps:%" PRIu64 "\nring_client_wakes:%" PRIu64
-		         "\nring_broken:%" PRIu64 "\nring_hop_us_mean:%.2f\n",
+		         "\nring_broken:%" PRIu64 "\nring_hop_us_mean:%.2f\nring_thread_wakes:%" PRIu64
+		         "\nring_prewakes:%" PRIu64 "\nring_prewake_client_wakes:%" PRIu64
+		         "\nring_hop_us_total:%" PRIu64 "\nring_turnaround_us_total:%" PRIu64
+		         "\nring_turnarounds:%" PRIu64 "\nring_polled:%" PRIu64 "\n",
 		         rc.open, rc.opened, rc.entries, rc.completions, rc.dropped, rc.sleeps,
 		         rc.client_wakes, rc.broken,
-		         rc.entries ? (double)rc.hop_ns / 1e3 / (double)rc.entries : 0.0);
+		         rc.entries ? (double)rc.hop_ns / 1e3 / (double)rc.entries : 0.0,
+		         rc.thread_wakes, rc.prewakes, rc.prewake_client_wakes, rc.hop_ns / 1000,
+		         rc.turnaround_ns / 1000, rc.turnarounds, rc.polled);
 	}
 	in.backend_text = extra;
 	stats_format(&srv->stats, &in, c->rep->u.stats.text, sizeof c->rep->u.stats.text);
@@ -1028,6 +1033,18 @@ static void dispatch_count_done(struct server *srv, const struct backend_job *jo
 		srv->stats.fwd_compute_ns += job->compute_ns;
 		metrics_export_fwd(&srv->metrics, fa_now_ns() - t_recv, job->compute_ns);
 	}
+}
+
+/* See dispatch.h. The job is alive (soon comes before done), so its request is too. */
+void dispatch_fwd_soon(struct server *srv, struct backend_job *job, uint64_t end_ns)
+{
+	struct request *r = (struct request *)job; /* job is the first member */
+
+	/* with a dedupe entry, the newest copy of the request is the one waiting */
+	const struct ipc_hdr *to = r->dd != NULL ? &r->dd->hdr : &r->hdr;
+
+	if (!r->release && !job->async && ring_hdr_is(to))
+		ring_prewake(srv->rings, to, end_ns);
 }
 
 /* The backend finished a job (ATTN_FWD or ATTN_BWD): answer it; see dispatch.h. */

@@ -19,4 +19,9 @@ void dispatch_request(struct server *srv, const struct ipc_peer *peer, const str
  * thread). */
 void dispatch_fwd_done(struct server *srv, struct backend_job *job);
 
+/* The backend expects a running job to finish at end_ns (loop thread; backend_soon_fn): a
+ * synchronous request from a submission ring has its client and ring thread woken just before
+ * (ring_prewake), so the reply and the client's next call meet awake threads. */
+void dispatch_fwd_soon(struct server *srv, struct backend_job *job, uint64_t end_ns);
+
 #endif /* FA_DAEMON_DISPATCH_H */

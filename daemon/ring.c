@@ -39,6 +39,7 @@ _Static_assert(FA_RING_ENTRIES <= FA_PROTO_MAX_SLOTS, "a ring entry can hold a w
 #define RING_HDR_MARK 3u          /* ipc_hdr.len of a ring's header: never an SP header's */
 #define RING_SLEEP_MS 200         /* a sleeping thread looks at its stop flag this often */
 #define RING_SIG_MAX 1024         /* rings the SIGBUS handler can know at once */
+#define RING_PREWAKE_MAX 16       /* prewakes waiting for their time (more: done at once) */
 
 /* One entry copied out of the shared memory. */
 struct ring_msg {
@@ -67,6 +68,10 @@ struct ring {
 	_Atomic uint32_t posted;
 	uint32_t room_word;       /* futex: the thread waits here for room (the loop bumps it) */
 	atomic_bool room_waiting; /* the thread sleeps on room_word: the loop must wake it */
+	atomic_bool thread_sleeping; /* the thread sleeps on sq_tail (the daemon's own flag: the
+	                          * header's daemon_sleeping is the client's to rewrite) */
+	_Atomic uint64_t last_reply_ns; /* the loop's last completion, taken by the thread at the
+	                          * next entry: the client's turnaround */
 	int sig_index;            /* its place in the SIGBUS table, -1: none */
 	struct ring_msg priv[FA_RING_ENTRIES];
 };
@@ -79,9 +84,21 @@ struct rings {
 	pthread_mutex_t mu;       /* guards the pending list and the thread-side counters */
 	struct ring *pending;
 	struct ring_counters n;   /* loop-side counters; the thread-side ones are atomics below */
-	_Atomic uint64_t entries, sleeps, hop_ns;
+	_Atomic uint64_t entries, sleeps, hop_ns, turnaround_ns, turnarounds, polled;
 	void (*done)(void *arg);
 	void *done_arg;
+	unsigned handles;         /* loop handles open (the async, the spin): the last close frees */
+	/* The loop's poll after completions (loop_spin_us): a uv_idle, on until spin_until and
+	 * while prewakes wait for their time. */
+	uv_idle_t spin;
+	bool spin_open, spin_on;
+	atomic_bool loop_polling; /* the spin is on: a ring thread queues entries without a
+	                          * uv_async, the spin's callback takes them (Dekker with it) */
+	uint64_t spin_until;
+	struct {
+		uint64_t ring_id, at;
+	} prewake[RING_PREWAKE_MAX];
+	unsigned nprewake;
 };
 
 /* ---- futexes and the SIGBUS repair ------------------------------------------------------------ */
@@ -195,7 +212,13 @@ static void ring_queue(struct ring *r)
 		t->pending = r;
 		pthread_mutex_unlock(&t->mu);
 	}
-	uv_async_send(&t->async);
+	/* Dekker with rings_spin_cb's store of loop_polling and look at the pending list: a
+	 * polling loop takes the entry on its next turn, without the eventfd's write and read. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (!atomic_load(&t->loop_polling))
+		uv_async_send(&t->async);
+	else
+		atomic_fetch_add(&t->polled, 1);
 }
 
 /* Mark the ring dead for a protocol violation; the loop closes nothing (the session goes on
@@ -250,7 +273,9 @@ static void *ring_thread(void *arg)
 			}
 			atomic_fetch_add(&r->t->sleeps, 1);
 			struct timespec ts = {0, RING_SLEEP_MS * 1000000L};
+			atomic_store(&r->thread_sleeping, true);
 			ring_futex(&h->sq_tail, FUTEX_WAIT, taken, &ts);
+			atomic_store(&r->thread_sleeping, false);
 			ring_store(&h->daemon_sleeping, 0);
 			last_work = fa_now_ns();
 			continue;
@@ -274,6 +299,13 @@ static void *ring_thread(void *arg)
 		if (avail > room)
 			avail = room;
 		uint64_t now = fa_now_ns();
+		/* a completion to the client's next entry: what a synchronous client adds between
+		 * two calls (its wake-up, its own work); idle clients (10 ms or more) not counted */
+		uint64_t lr = atomic_exchange(&r->last_reply_ns, 0);
+		if (lr != 0 && now > lr && now - lr < 10000000ull) {
+			atomic_fetch_add(&r->t->turnaround_ns, now - lr);
+			atomic_fetch_add(&r->t->turnarounds, 1);
+		}
 		for (uint32_t i = 0; i < avail; i++) {
 			const struct fa_ring_sqe *e = fa_ring_sqe_at(h, taken + i);
 			struct ring_msg *m = &r->priv[(taken + i) % FA_RING_ENTRIES];
@@ -295,6 +327,109 @@ static void *ring_thread(void *arg)
 }
 
 /* ---- the loop's side -------------------------------------------------------------------------- */
+
+static void rings_spin_cb(uv_idle_t *h);
+static void ring_async_cb(uv_async_t *a);
+
+/* Keep the loop polling until at least `until` (loop_spin_us on). */
+static void rings_spin_until(struct rings *t, uint64_t until)
+{
+	if (!t->spin_open)
+		return;
+	if (until > t->spin_until)
+		t->spin_until = until;
+	if (!t->spin_on) {
+		t->spin_on = true;
+		atomic_store(&t->loop_polling, true);
+		uv_idle_start(&t->spin, rings_spin_cb);
+	}
+}
+
+/* Entries the ring threads queued (a look under the table's mutex). */
+static bool rings_pending(struct rings *t)
+{
+	pthread_mutex_lock(&t->mu);
+	bool any = t->pending != NULL;
+	pthread_mutex_unlock(&t->mu);
+	return any;
+}
+
+/* Wake r's thread if it sleeps on sq_tail: it then polls spin_us for the client's next entry.
+ * A wake that just misses it (it falls asleep after the look) only leaves the client's own
+ * FUTEX_WAKE to do, as without this. */
+static void ring_wake_thread(struct rings *t, struct ring *r)
+{
+	if (atomic_load(&r->thread_sleeping)) {
+		ring_futex(&r->hdr->sq_tail, FUTEX_WAKE, INT_MAX, NULL);
+		t->n.thread_wakes++;
+	}
+}
+
+/* A prewake's time came: the client, if it sleeps on its completion, and the ring thread. */
+static void ring_prewake_now(struct rings *t, uint64_t ring_id)
+{
+	struct ring *r = idmap_get(&t->by_id, ring_id);
+
+	if (r == NULL || atomic_load(&r->broken))
+		return;
+	if (ring_load(&r->hdr->client_sleeping)) {
+		ring_futex(&r->hdr->cq_tail, FUTEX_WAKE, INT_MAX, NULL);
+		t->n.prewake_client_wakes++;
+	}
+	ring_wake_thread(t, r);
+}
+
+/* The loop's poll: prewakes whose time came; stops when none waits and spin_until passed. */
+static void rings_spin_cb(uv_idle_t *h)
+{
+	struct rings *t = h->data;
+	uint64_t now = fa_now_ns();
+
+	if (rings_pending(t)) /* queued while the loop polls: no uv_async was sent */
+		ring_async_cb(&t->async);
+	for (unsigned i = 0; i < t->nprewake;) {
+		if (t->prewake[i].at > now) {
+			i++;
+			continue;
+		}
+		uint64_t id = t->prewake[i].ring_id;
+		t->prewake[i] = t->prewake[--t->nprewake];
+		ring_prewake_now(t, id);
+	}
+	if (t->nprewake == 0 && now >= t->spin_until) {
+		t->spin_on = false;
+		uv_idle_stop(&t->spin);
+		/* from now on the threads send a uv_async; an entry queued before they could see
+		 * that is taken here (the other half of ring_queue's Dekker) */
+		atomic_store(&t->loop_polling, false);
+		atomic_thread_fence(memory_order_seq_cst);
+		if (rings_pending(t))
+			ring_async_cb(&t->async);
+	}
+}
+
+void ring_prewake(struct rings *t, const struct ipc_hdr *h, uint64_t end_ns)
+{
+	uint64_t id;
+	struct ring *r;
+
+	if (t == NULL || t->p.loop_spin_us == 0 || !ring_hdr_is(h))
+		return;
+	memcpy(&id, h->b, 8);
+	if ((r = idmap_get(&t->by_id, id)) == NULL || atomic_load(&r->broken))
+		return;
+	t->n.prewakes++;
+	uint64_t now = fa_now_ns();
+	uint64_t at = end_ns > RING_PREWAKE_LEAD_NS ? end_ns - RING_PREWAKE_LEAD_NS : 0;
+	if (at <= now || t->nprewake == RING_PREWAKE_MAX || !t->spin_open) {
+		ring_prewake_now(t, id);
+	} else {
+		t->prewake[t->nprewake].ring_id = id;
+		t->prewake[t->nprewake].at = at;
+		t->nprewake++;
+	}
+	rings_spin_until(t, (end_ns > now ? end_ns : now) + (uint64_t)t->p.loop_spin_us * 1000u);
+}
 
 /* The loop freed a copy or posted a completion: wake the thread if it waits for room. */
 static void ring_room(struct ring *r)
@@ -397,6 +532,13 @@ fa_status rings_open(struct rings **out, const struct ring_params *p, char *err,
 		return fa_err(err, errlen, FA_ESYS, "uv_async_init failed");
 	}
 	t->async.data = t;
+	t->handles = 1;
+	/* only latency: without it the loop sleeps between completions, as it always did */
+	if (uv_idle_init(p->loop, &t->spin) == 0) {
+		t->spin.data = t;
+		t->spin_open = true;
+		t->handles++;
+	}
 	*out = t;
 	return FA_OK;
 }
@@ -439,6 +581,8 @@ static void rings_closed(uv_handle_t *h)
 	void (*done)(void *) = t->done;
 	void *arg = t->done_arg;
 
+	if (--t->handles > 0)
+		return;
 	idmap_fini(&t->by_id);
 	idmap_fini(&t->by_session);
 	pthread_mutex_destroy(&t->mu);
@@ -458,6 +602,11 @@ void rings_close(struct rings *t, void (*done)(void *arg), void *arg)
 		ring_free(t, val);
 	t->done = done;
 	t->done_arg = arg;
+	if (t->spin_open) {
+		uv_idle_stop(&t->spin);
+		atomic_store(&t->loop_polling, false);
+		uv_close((uv_handle_t *)&t->spin, rings_closed);
+	}
 	uv_close((uv_handle_t *)&t->async, rings_closed);
 }
 
@@ -581,6 +730,7 @@ void ring_reply(struct rings *t, const struct ipc_hdr *h, const void *buf, size_
 	}
 	e->tag = tag;
 	atomic_store(&r->posted, at + 1);
+	atomic_store(&r->last_reply_ns, fa_now_ns());
 	/* Dekker with the client's store of client_sleeping and load of cq_tail. */
 	ring_store(&r->hdr->cq_tail, at + 1);
 	t->n.completions++;
@@ -589,6 +739,13 @@ void ring_reply(struct rings *t, const struct ipc_hdr *h, const void *buf, size_
 		t->n.client_wakes++;
 	}
 	ring_room(r);
+	/* A synchronous client answers its completion with its next entry tens of microseconds
+	 * later: the ring thread and the loop are kept awake for it (no FUTEX_WAKE from the
+	 * client, no eventfd wake of a sleeping loop on the way). */
+	if (t->p.loop_spin_us > 0) {
+		ring_wake_thread(t, r);
+		rings_spin_until(t, fa_now_ns() + (uint64_t)t->p.loop_spin_us * 1000u);
+	}
 }
 
 void ring_counters(const struct rings *t, struct ring_counters *out)
@@ -600,4 +757,7 @@ void ring_counters(const struct rings *t, struct ring_counters *out)
 	out->entries = atomic_load(&((struct rings *)t)->entries);
 	out->sleeps = atomic_load(&((struct rings *)t)->sleeps);
 	out->hop_ns = atomic_load(&((struct rings *)t)->hop_ns);
+	out->turnaround_ns = atomic_load(&((struct rings *)t)->turnaround_ns);
+	out->turnarounds = atomic_load(&((struct rings *)t)->turnarounds);
+	out->polled = atomic_load(&((struct rings *)t)->polled);
 }

@@ -32,6 +32,12 @@
 
 struct rings;
 
+/* How long before a request's expected end ring_prewake wakes its sleeping client: shorter than
+ * the client's own poll after a wake-up (FA_RING_SPIN_US, 100 us by default), longer than the
+ * daemon's hand-back of a finished job (a few microseconds while the loop polls) and the
+ * estimate's usual error (1-2% of a kernel's time, the same shape measured before). */
+#define RING_PREWAKE_LEAD_NS 50000ull
+
 struct ring_params {
 	uv_loop_t *loop;
 	ipc_recv_fn on_recv;  /* an entry arrived (loop thread); peer->pipe is 0 */
@@ -39,6 +45,9 @@ struct ring_params {
 	unsigned max_rings;   /* open rings in all; more: FA_ELIMIT */
 	unsigned spin_us;     /* a ring thread polls this long after its last entry before it
 	                       * sleeps (0: sleeps at once) */
+	unsigned loop_spin_us; /* after a completion the loop polls this long (a uv_idle) and a
+	                       * sleeping ring thread is woken to poll spin_us, so a synchronous
+	                       * client's next entry meets awake threads (0: off) */
 	uint64_t max_bytes;   /* --max-region-bytes: the shm object's size is checked against it */
 };
 
@@ -53,6 +62,12 @@ struct ring_counters {
 	uint64_t client_wakes;  /* FUTEX_WAKEs of a sleeping client */
 	uint64_t broken;        /* rings closed for impossible counters or a shrunk object */
 	uint64_t hop_ns;        /* thread's copy to the loop's dispatch, summed over entries */
+	uint64_t thread_wakes;  /* sleeping ring threads woken by a completion or a prewake */
+	uint64_t prewakes;      /* ring_prewake calls for a live ring */
+	uint64_t prewake_client_wakes; /* ... that found the client asleep and woke it */
+	uint64_t turnaround_ns; /* a completion to the same ring's next entry, under 10 ms */
+	uint64_t turnarounds;
+	uint64_t polled;        /* hand-offs to a polling loop, no uv_async sent */
 };
 
 /* The ring table and its uv_async. Installs the SIGBUS handler that repairs a ring whose
@@ -85,6 +100,14 @@ uint64_t ring_hdr_session(const struct ipc_hdr *h);
 /* Post `len` bytes (an encoded reply) as the completion of the entry that carried h, and wake
  * the client if it sleeps. Dropped (counted) when the ring is gone or dead. */
 void ring_reply(struct rings *t, const struct ipc_hdr *h, const void *buf, size_t len);
+
+/* A request that came through the ring of h is expected to finish at `end_ns` (fa_now_ns's
+ * clock; the backend's prewake, backend.h). RING_PREWAKE_LEAD_NS before then the client, if it
+ * sleeps on its completion, and the ring thread, if it sleeps, are woken (each then polls for
+ * its spin time, so the completion and the client's next entry meet awake threads); the loop
+ * polls until loop_spin_us after end_ns to do that on time. No ring, a dead one, or
+ * loop_spin_us 0: nothing. */
+void ring_prewake(struct rings *t, const struct ipc_hdr *h, uint64_t end_ns);
 
 /* The counters, now. */
 void ring_counters(const struct rings *t, struct ring_counters *out);

@@ -44,6 +44,13 @@ static void server_on_pipe_closed(void *arg, const struct ipc_peer *peer)
 	session_pipe_closed(&srv->sessions, peer->pipe);
 }
 
+/* The backend expects a running job to finish at end_ns (on the loop): a ring's client is woken
+ * just before (dispatch_fwd_soon). */
+static void server_on_job_soon(struct backend_job *job, uint64_t end_ns, void *arg)
+{
+	dispatch_fwd_soon(arg, job, end_ns);
+}
+
 /* The backend finished a job (on the loop). The fatal path's hook: the test-only injected fault
  * becomes a device fault here, a fault marked by the backend starts server_fault before its job
  * is answered, and a job that finishes after the fault is answered FA_EDEVICE whatever it
@@ -229,6 +236,8 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 		return st;
 	}
 	fault_set_handler(srv->backend, server_on_fault, srv);
+	srv->backend->soon = server_on_job_soon;
+	srv->backend->soon_arg = srv;
 	srv->backend->fault_inject_after = fault_inject_after_env();
 	struct ipc_params p = {
 		.path = cfg->socket,
@@ -258,6 +267,8 @@ fa_status server_open(struct server *srv, uv_loop_t *loop, const struct config *
 		.max_rings = (unsigned)cfg->max_rings,
 		.spin_us = cfg->ring_spin_us >= 0 ? (unsigned)cfg->ring_spin_us
 		           : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 200u : 0u,
+		.loop_spin_us = cfg->loop_spin_us >= 0 ? (unsigned)cfg->loop_spin_us
+		                : sysconf(_SC_NPROCESSORS_ONLN) >= 4 ? 200u : 0u,
 		.max_bytes = cfg->max_region_bytes,
 	};
 	if (cfg->max_rings > 0 && rings_open(&srv->rings, &rp, desc, sizeof desc) != FA_OK) {

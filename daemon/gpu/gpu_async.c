@@ -392,6 +392,8 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	t->gate_word = gate_word;
 	t->t0 = fa_now_ns();
 	uint64_t tl = t->t0;
+	gpu_atiming_read(&od->tm, d); /* the pairs that completed meanwhile free their slots */
+	gpu_atiming_start(&od->tm, od->stream);
 	if (job->is_bwd)
 		st = gpu_launch_bwd(d, job, od->stream);
 	else
@@ -399,6 +401,10 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 		                     (CUdeviceptr)(uintptr_t)job->k, (CUdeviceptr)(uintptr_t)job->v,
 		                     (CUdeviceptr)(uintptr_t)job->o, (CUdeviceptr)(uintptr_t)job->lse,
 		                     (CUstream)od->stream, job->detail, sizeof job->detail);
+	if (st == FA_OK)
+		gpu_atiming_end(&od->tm, od->stream);
+	else
+		od->tm.pend = -1; /* nothing launched: no pair */
 	if (st != FA_OK) {
 		free(t);
 		if (words)
@@ -491,6 +497,12 @@ static void *gpu_owner_thread(void *arg)
 	fa_cu->CtxSetCurrent(od->d->ctx);
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
+		if (od->tm.rd < od->tm.rec) { /* kernels timed and not read: their host function
+		                               * woke this thread, or a job came */
+			pthread_mutex_unlock(&b->mu);
+			gpu_atiming_read(&od->tm, od->d);
+			pthread_mutex_lock(&b->mu);
+		}
 		uint64_t next = gpu_words_watch_locked(od);
 		if (od->head == NULL && !od->stop) {
 			if (next == 0) {
@@ -686,6 +698,7 @@ void gpu_owner_free(struct backend *base, void *state)
 			fa_cu->StreamDestroy(od->hostfn_stream);
 		if (od->hostfn_ev != NULL)
 			fa_cu->EventDestroy(od->hostfn_ev);
+		gpu_atiming_fini(&od->tm);
 		if (od->passed != NULL)
 			fa_cu->MemFreeHost((void *)(uintptr_t)od->passed);
 		free(od);

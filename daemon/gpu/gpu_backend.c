@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "util.h"
@@ -107,6 +108,10 @@ static void gpu_close(struct backend *base, void (*closed)(void *arg), void *arg
 		uv_idle_stop(&b->spin);
 		uv_close((uv_handle_t *)&b->spin, gpu_handle_closed);
 	}
+	if (b->check_open) {
+		uv_check_stop(&b->check);
+		uv_close((uv_handle_t *)&b->check, gpu_handle_closed);
+	}
 	uv_close((uv_handle_t *)&b->async, gpu_handle_closed);
 }
 
@@ -177,6 +182,16 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 		b->spin_open = true;
 		b->handles_open++;
 	}
+	if (uv_check_init(loop, &b->check) == 0) { /* the same */
+		b->check.data = b;
+		b->check_open = true;
+		b->handles_open++;
+	}
+	/* The prewake (gpu_worker.c) needs a core for the loop's poll and the client's: off on
+	 * small machines, like the rings' polling. */
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	b->prewake_ns = (uint64_t)(cfg->prewake_us >= 0 ? cfg->prewake_us : ncpu >= 4 ? 150 : 0) *
+	                1000u;
 
 	sigfillset(&all);
 	sigdelset(&all, SIGBUS);

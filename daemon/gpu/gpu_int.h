@@ -47,9 +47,11 @@
  *
  *   gpu_backend.c  open, close, the ops table  -> dev, tune, loop, worker, compile, queue
  *   gpu_dev.c      one device opened / released -> canary
- *   gpu_loop.c     the loop's side: submit, inline runs, the done drain -> exec, queue
+ *   gpu_loop.c     the loop's side: submit, inline runs, prewakes, the done drain
+ *                                               -> exec, estimate, queue
  *   gpu_worker.c   a device's worker thread     -> canary, tune, async, exec, exec_bwd,
- *                                                  exec_infer, queue
+ *                                                  exec_infer, estimate, queue
+ *   gpu_estimate.c expected GPU times of jobs (the prewake; no CUDA)
  *   gpu_exec.c     one synchronous job          -> stage
  *   gpu_exec_bwd.c one backward job             -> exec, stage
  *   gpu_exec_infer.c one varlen / KV-cache job: index snapshot -> exec, stage
@@ -112,10 +114,46 @@ struct region;
  * job waits for the batch in progress. */
 #define GPU_PIECE_FLOP 2.0e12
 #define GPU_TUNE_SLICE_US 2000     /* background tuning: one step of the tuner between jobs */
+#define GPU_GAP_SHORT_NS 2000000ull /* gpu_timing.c: a longer gap is an idle device (or
+                                     * session stream), not a slow hand-off */
+#define GPU_EST_ENTRIES 16         /* shapes whose last GPU time a device remembers */
+#define GPU_READY_ENTRIES 32       /* shapes whose kernel a device's submit knows is loaded */
+#define GPU_CU_NOT_READY 600       /* CUDA_ERROR_NOT_READY: cuStreamQuery, cuEventElapsedTime */
+#define GPU_ATIMING_SLOTS 16       /* asynchronous jobs timed in flight per session stream */
 
 /* ---- the state ------------------------------------------------------------------------------ */
 
 struct gpu_backend;
+
+/* gpu_estimate.c: a shape's last GPU time (its key fields, the time, when last used) and a
+ * device's estimator (worker). */
+struct gpu_est_entry {
+	int dtype, precision, mask;
+	bool window, bwd, host;
+	int64_t dims[8];               /* B, Hq, Hkv, Sq, Sk, D, window left and right */
+	double softcap;
+	uint64_t ns;                   /* 0: free */
+	uint64_t used;
+};
+struct gpu_estimator {
+	struct gpu_est_entry e[GPU_EST_ENTRIES];
+	uint64_t clock;
+	double ns_per_flop;            /* over jobs of GPU_LOOP_SPIN_MAX_FLOP or more; 0: none yet */
+};
+
+/* Timing of a session stream's asynchronous kernels (gpu_timing.c): events around each kernel
+ * (after its wait for the client's ready word passed), read once complete, so the stream's busy
+ * time and its gaps (the wait for the client's next call's ready word) are known apart.
+ * Events: the session thread's; counters: the device's (mu). */
+struct gpu_atiming {
+	int state;                     /* 0 not made yet, 1 on, -1 off (no events) */
+	fa_cu_event a[GPU_ATIMING_SLOTS], b[GPU_ATIMING_SLOTS];
+	uint64_t seq_of[GPU_ATIMING_SLOTS]; /* the stream job a slot's pair timed; 0: free */
+	uint64_t jobs;                 /* kernels enqueued on the stream so far */
+	uint64_t rec, rd;              /* pairs recorded, pairs read (slot = index % slots) */
+	uint64_t last_seq;             /* the stream job of the pair read last (0: none) */
+	int pend;                      /* the slot between start and end, -1: none */
+};
 
 /* One session's asynchronous-mode resources on one device: its stream, its thread, and per slot
  * the daemon's completion event and the client's opened event (the thread's only).
@@ -161,6 +199,7 @@ struct gpu_owner_dev {
 	fa_cu_stream hostfn_stream;              /* owner */
 	fa_cu_event hostfn_ev;                   /* owner */
 	bool hostfn_tried;                       /* owner */
+	struct gpu_atiming tm;                   /* owner: its kernels' GPU time and gaps */
 	uint64_t nwords;                         /* owner: words tickets so far */
 	struct gpu_ticket *wq_head, *wq_tail;    /* mu: words tickets not finished, in order */
 	uint64_t wq_since;                       /* mu: when wq_head became the head */
@@ -205,6 +244,13 @@ struct gpu_timing {
 	uint64_t busy_ns, jobs;        /* mu: GPU time of the timed jobs */
 	uint64_t gap_short_ns, gaps_short, gap_short_max_ns; /* mu: gaps under 2 ms */
 	uint64_t gap_long_ns, gaps_long;                     /* mu: longer (an idle device) */
+	uint64_t enq_ns, enq_jobs;     /* mu: host time of each timed job's enqueue (the launch
+	                                * calls; inside its GPU time when the stream was idle) */
+	uint64_t async_busy_ns, async_jobs; /* mu: the sessions' asynchronous kernels */
+	uint64_t async_gap_ns, async_gaps, async_gap_max_ns; /* mu: under GPU_GAP_SHORT_NS
+	                                * between two kernels of one session stream */
+	uint64_t detect_ns, detects;   /* mu: a lone job's end (its start plus its GPU time) to
+	                                * the worker's seeing it (host clock) */
 };
 
 struct gpu_dev {
@@ -226,6 +272,12 @@ struct gpu_dev {
 	size_t scratch_size;                     /* worker */
 	fa_cu_event pipe_ev[GPU_PIPE];             /* worker: one per job in flight */
 	struct gpu_timing tm;                    /* GPU busy time and gaps (gpu_timing.c) */
+	struct gpu_estimator est;                /* worker: expected GPU times (gpu_estimate.c) */
+	struct backend_job *soon;                /* mu: the job the worker expects to end at
+	                                          * soon_end; the loop takes it (prewake) */
+	uint64_t soon_end;                       /* mu */
+	uint64_t prewakes, prewakes_late;        /* mu: prewakes sent; jobs that ended before
+	                                          * their prewake was due */
 	atomic_uint pushes;                      /* atomic: jobs queued so far, the idle worker
 	                                          * spins on it */
 	bool busy;                               /* mu: the worker runs a batch */
@@ -234,6 +286,11 @@ struct gpu_dev {
 	                                          * priority, so a high-priority job may run
 	                                          * inline beside a busy worker */
 	fa_cu_event inline_ev;                     /* loop */
+	/* Shapes whose kernel the submit's lookup found loaded (gpu_loop.c): a loaded kernel
+	 * stays loaded, so only a new tuning result (tuned_seen) can change the answer. */
+	struct gpu_est_entry ready[GPU_READY_ENTRIES]; /* loop */
+	unsigned nready, ready_next;             /* loop */
+	uint64_t tuned_seen;                     /* loop: b->tuned when they were found */
 	uint64_t inline_jobs;                    /* mu */
 	/* The canary (gpu_canary.c) */
 	struct fa_attn_fwd_desc canary_desc;     /* open */
@@ -254,10 +311,16 @@ struct gpu_backend {
 	uv_loop_t *loop;                 /* open */
 	uv_async_t async;                /* any thread sends; the loop owns it */
 	bool async_open;                 /* open */
-	uv_idle_t spin;                  /* loop: started while spin_jobs > 0 */
+	uv_idle_t spin;                  /* loop: started while spin_jobs > 0, until spin_until,
+	                                  * or while an inline job waits for the check handle */
 	bool spin_open;                  /* open */
 	unsigned spin_jobs;              /* loop */
-	unsigned handles_open;           /* loop: async and spin, freed when both are closed */
+	uint64_t spin_until;             /* loop: a prewake's poll lasts until then */
+	uv_check_t check;                /* loop: hands an inline job back in the same loop turn */
+	bool check_open;                 /* open */
+	bool inline_pending;             /* loop: an inline job is on the done list, unannounced */
+	uint64_t prewake_ns;             /* open: --prewake-us (0: off) */
+	unsigned handles_open;           /* loop: async, spin and check, freed when all are closed */
 	backend_done_fn done;            /* open */
 	void *done_arg;                  /* open */
 	void (*closed)(void *arg);       /* loop */
@@ -369,6 +432,10 @@ unsigned gpu_fail_waiting_locked(struct gpu_backend *b, const void *owner, fa_st
  * path when sticky (the job's detail is the why), and wakes the loop. */
 void gpu_job_done_locked(struct gpu_backend *b, struct backend_job *job, bool sticky);
 
+/* gpu_job_done_locked without the wake: for the loop thread itself (an inline run), which
+ * drains the done list in the same loop turn (gpu_loop.c's check handle). */
+void gpu_job_finish_locked(struct gpu_backend *b, struct backend_job *job, bool sticky);
+
 /* The second hand-back of an asynchronous job (its kernel finished): now when the loop
  * delivered its reply already, else the loop does it right after the reply (gpu_loop.c). */
 void gpu_async_finish_locked(struct gpu_backend *b, struct backend_job *job);
@@ -409,6 +476,21 @@ void gpu_split_plan(struct backend_job *job);
  * the job's pointers (all 0 for a job of one launch). */
 void gpu_split_piece(const struct backend_job *job, int64_t k, struct fa_attn_fwd_desc *sub,
                      uint64_t off[5]);
+
+/* ---- gpu_estimate.c: expected GPU times (no CUDA, the worker's) -------------------------- */
+
+/* A job's shape: the descriptor's fields its kernel's tile and time depend on, and whether it
+ * stages host memory (ns and used zero); the same shape as another. */
+void gpu_shape_key(const struct backend_job *job, struct gpu_est_entry *k);
+bool gpu_shape_same(const struct gpu_est_entry *a, const struct gpu_est_entry *b);
+
+/* Remember a finished job's GPU time (its shape's entry, and the device's rate for large
+ * jobs). Inference jobs and gpu_ns 0 are ignored. */
+void gpu_estimate_note(struct gpu_estimator *e, const struct backend_job *job, uint64_t gpu_ns);
+
+/* A job's expected GPU time in ns: its shape's last, else the rate's for a job of
+ * GPU_LOOP_SPIN_MAX_FLOP or more, else 0 (unknown). */
+uint64_t gpu_estimate_ns(struct gpu_estimator *e, const struct backend_job *job);
 
 /* ---- gpu_exec.c: one synchronous job (the worker, or the loop for inline runs) -------------- */
 
@@ -598,5 +680,17 @@ void gpu_timing_end(struct gpu_dev *d, unsigned i, fa_cu_stream s);
 void gpu_timing_batch_end(struct gpu_dev *d, unsigned n, fa_cu_stream s);
 void gpu_timing_read(struct gpu_dev *d, unsigned i, struct backend_job *job);
 void gpu_timing_fini(struct gpu_dev *d);
+/* The host time a timed job's enqueue took (the worker, after gpu_enqueue). */
+void gpu_timing_enqueued(struct gpu_dev *d, uint64_t host_ns);
+/* How late the worker saw a lone job's end (host clock: its start plus its GPU time, to the
+ * return of its wait). */
+void gpu_timing_detected(struct gpu_dev *d, uint64_t late_ns);
+/* The asynchronous side (a session's thread, its context current): the kernel of the stream's
+ * next job starts (an event when a slot is free) / ended on stream s; read: every completed
+ * pair so far into d's counters (never waits); fini: the events. */
+void gpu_atiming_start(struct gpu_atiming *t, fa_cu_stream s);
+void gpu_atiming_end(struct gpu_atiming *t, fa_cu_stream s);
+void gpu_atiming_read(struct gpu_atiming *t, struct gpu_dev *d);
+void gpu_atiming_fini(struct gpu_atiming *t);
 
 #endif /* FA_DAEMON_GPU_INT_H */

@@ -1,13 +1,34 @@
 /* gpu_loop.c - the loop thread's side of the GPU backend: submit (the device, the compile
  * table, or an inline run: a small job on an idle GPU runs on the loop thread itself, cheaper
  * than two thread hand-offs), the spin handle that keeps the loop polling while a small job is
- * on a worker, and the done drain that hands finished jobs back. */
+ * on a worker or a prewake announced a job's end, the check handle that hands an inline job
+ * back in the same loop turn, and the done drain that hands finished jobs back. */
 #include "gpu_int.h"
 
 #include <stdio.h>
 
 #include "fault.h"
 #include "util.h"
+
+static void gpu_spin_cb(uv_idle_t *h);
+
+/* Keep the loop polling (no sleep in epoll) while something is about to come back. */
+static void gpu_spin_start(struct gpu_backend *b)
+{
+	if (b->spin_open)
+		uv_idle_start(&b->spin, gpu_spin_cb); /* a no-op when it is active */
+}
+
+/* Stop polling once nothing is expected: no small job on a worker, no prewake's time left, no
+ * inline job waiting for the check handle. */
+static void gpu_spin_check(struct gpu_backend *b)
+{
+	if (b->spin_open && b->spin_jobs == 0 && !b->inline_pending &&
+	    (b->spin_until == 0 || fa_now_ns() >= b->spin_until)) {
+		b->spin_until = 0;
+		uv_idle_stop(&b->spin);
+	}
+}
 
 /* Hand one finished job back (backend_done_drain's callback): an asynchronous job's first
  * hand-back is its reply; its second follows at once when the kernel already finished. */
@@ -29,7 +50,7 @@ static void gpu_deliver(struct backend_job *job, void *arg)
 		if (job->loop_spin) {
 			job->loop_spin = false;
 			if (--b->spin_jobs == 0)
-				uv_idle_stop(&b->spin);
+				gpu_spin_check(b);
 		}
 		if (job->t_pick != 0 && job->t_done != 0) {
 			uint64_t now = fa_now_ns();
@@ -44,13 +65,54 @@ static void gpu_deliver(struct backend_job *job, void *arg)
 	}
 }
 
-/* On the loop: hand finished jobs back; then report a fault to the server (fault.c). */
+/* On the loop: the prewakes (jobs the workers expect to end soon: the loop polls until shortly
+ * after, the server wakes their clients), then hand finished jobs back; then report a fault to
+ * the server (fault.c). The prewakes and the done list are taken together under mu: a job's
+ * prewake is pushed before its hand-back, so its job is alive while the prewake is told. */
 void gpu_async_cb(uv_async_t *h)
 {
 	struct gpu_backend *b = h->data;
+	struct backend_job *soon[GPU_MAX_DEVICES];
+	uint64_t soon_end[GPU_MAX_DEVICES];
+	unsigned nsoon = 0;
 
-	backend_done_drain(&b->done_list, &b->mu, gpu_deliver, b);
+	pthread_mutex_lock(&b->mu);
+	for (unsigned i = 0; i < b->ndevs; i++)
+		if (b->devs[i].soon != NULL) {
+			soon[nsoon] = b->devs[i].soon;
+			soon_end[nsoon++] = b->devs[i].soon_end;
+			b->devs[i].soon = NULL;
+		}
+	struct backend_job *job = b->done_list.head;
+	b->done_list.head = b->done_list.tail = NULL;
+	pthread_mutex_unlock(&b->mu);
+	for (unsigned i = 0; i < nsoon; i++) {
+		uint64_t until = soon_end[i] + 2 * b->prewake_ns; /* a late estimate: then sleep */
+		if (until > b->spin_until)
+			b->spin_until = until;
+		gpu_spin_start(b);
+		if (b->base.soon != NULL)
+			b->base.soon(soon[i], soon_end[i], b->base.soon_arg);
+	}
+	while (job != NULL) { /* backend_done_drain's order and contract */
+		struct backend_job *next = job->next;
+		job->next = NULL;
+		gpu_deliver(job, b);
+		job = next;
+	}
 	fault_check(&b->base);
+}
+
+/* The check handle (after the loop's I/O callbacks, the same turn): an inline job's hand-back,
+ * without a uv_async write and an extra turn of the loop. */
+static void gpu_check_cb(uv_check_t *h)
+{
+	struct gpu_backend *b = h->data;
+
+	b->inline_pending = false;
+	uv_check_stop(&b->check);
+	gpu_async_cb(&b->async);
+	gpu_spin_check(b);
 }
 
 /* Run a small synchronous device-memory job on the loop thread when d's worker is idle and the
@@ -82,15 +144,59 @@ static bool gpu_try_inline(struct gpu_backend *b, struct gpu_dev *d, struct back
 	b->lat_ns[3] += job->compute_ns;
 	atomic_fetch_sub(&b->base.running, 1);
 	d->inline_jobs++;
-	gpu_job_done_locked(b, job, sticky || s2);
+	/* This is the loop thread: the check handle drains the done list after this turn's I/O
+	 * callbacks (the idle handle keeps the poll from sleeping before it); no uv_async. */
+	bool quiet = b->check_open && b->spin_open;
+	if (quiet)
+		gpu_job_finish_locked(b, job, sticky || s2);
+	else
+		gpu_job_done_locked(b, job, sticky || s2);
 	pthread_mutex_unlock(&b->mu);
+	if (quiet) {
+		b->inline_pending = true;
+		uv_check_start(&b->check, gpu_check_cb);
+		gpu_spin_start(b);
+	}
 	return true;
 }
 
-/* The idle handle's callback: nothing; while it is started the loop polls without sleeping. */
+/* The idle handle's callback: while it is started the loop polls without sleeping; it stops
+ * itself once nothing is expected any more. */
 static void gpu_spin_cb(uv_idle_t *h)
 {
-	(void)h;
+	gpu_spin_check(h->data);
+}
+
+/* Whether the submit's lookup found this job's shape's kernel loaded on d before (its planner
+ * run costs microseconds of every request's latency on the loop). A kernel once loaded stays
+ * loaded; the tile for a shape changes only with a new tuning result, which empties the list.
+ * (Between a tuner's store and its count a stale answer names the old tile: the new one, a
+ * tuning candidate, was compiled before it was timed, so it is loaded too.) */
+static bool gpu_ready_known(struct gpu_backend *b, struct gpu_dev *d, const struct backend_job *job)
+{
+	struct gpu_est_entry k;
+
+	pthread_mutex_lock(&b->mu);
+	uint64_t tuned = b->tuned;
+	pthread_mutex_unlock(&b->mu);
+	if (tuned != d->tuned_seen) {
+		d->tuned_seen = tuned;
+		d->nready = d->ready_next = 0;
+		return false;
+	}
+	gpu_shape_key(job, &k);
+	for (unsigned i = 0; i < d->nready; i++)
+		if (gpu_shape_same(&d->ready[i], &k))
+			return true;
+	return false;
+}
+
+static void gpu_ready_remember(struct gpu_dev *d, const struct backend_job *job)
+{
+	gpu_shape_key(job, &d->ready[d->ready_next]);
+	d->ready_next = (d->ready_next + 1) % GPU_READY_ENTRIES;
+	if (d->nready < GPU_READY_ENTRIES)
+		d->nready++;
 }
 
 /* Queue a job on its device: the one of its device buffers, else round robin. */
@@ -121,10 +227,16 @@ fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	 * use: no lookup here.) */
 	if (b->ncompile > 0 && !fault_marked(&b->base) && !job->is_bwd && !job->infer &&
 	    !job->words_release) {
-		known = fa_gpu_kernel_lookup(d->g, &job->desc, &ready, key + kl,
-		                             sizeof key - (size_t)kl, why, sizeof why) == FA_OK;
-		if (!known)
-			ready = true;
+		if (gpu_ready_known(b, d, job)) {
+			known = ready = true;
+		} else {
+			known = fa_gpu_kernel_lookup(d->g, &job->desc, &ready, key + kl,
+			                             sizeof key - (size_t)kl, why, sizeof why) == FA_OK;
+			if (known && ready)
+				gpu_ready_remember(d, job);
+			if (!known)
+				ready = true;
+		}
 	}
 	/* the loop never compiles: only a kernel known to be loaded runs inline */
 	if (known && ready && gpu_try_inline(b, d, job))
@@ -152,6 +264,6 @@ fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	job->loop_spin = spin; /* before the unlock: the job may come back at once */
 	pthread_mutex_unlock(&b->mu);
 	if (spin && b->spin_jobs++ == 0)
-		uv_idle_start(&b->spin, gpu_spin_cb);
+		gpu_spin_start(b);
 	return FA_OK;
 }

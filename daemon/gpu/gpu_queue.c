@@ -72,8 +72,8 @@ unsigned gpu_fail_waiting_locked(struct gpu_backend *b, const void *owner, fa_st
 	return n;
 }
 
-/* Hand a finished job back (mutex held). */
-void gpu_job_done_locked(struct gpu_backend *b, struct backend_job *job, bool sticky)
+/* Hand a finished job back without waking the loop (mutex held). */
+void gpu_job_finish_locked(struct gpu_backend *b, struct backend_job *job, bool sticky)
 {
 	job->t_done = fa_now_ns();
 	if (job->status == FA_OK)
@@ -83,6 +83,12 @@ void gpu_job_done_locked(struct gpu_backend *b, struct backend_job *job, bool st
 	backend_done_push(&b->done_list, job);
 	if (sticky)
 		gpu_fatal_locked(b, job->detail);
+}
+
+/* Hand a finished job back (mutex held). */
+void gpu_job_done_locked(struct gpu_backend *b, struct backend_job *job, bool sticky)
+{
+	gpu_job_finish_locked(b, job, sticky);
 	uv_async_send(&b->async);
 }
 

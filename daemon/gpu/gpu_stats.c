@@ -129,7 +129,30 @@ void gpu_stats(struct backend *base, char *buf, size_t cap)
 		if (m < 0 || (size_t)m >= cap - (size_t)n)
 			return;
 		n += m;
+		/* issue 12: the launch calls' host time, the prewakes, the asynchronous streams */
+		pthread_mutex_lock(&b->mu);
+		uint64_t pw = b->devs[i].prewakes, pwl = b->devs[i].prewakes_late;
+		pthread_mutex_unlock(&b->mu);
+		m = snprintf(buf + n, cap - (size_t)n,
+		             "%senqueue_host_us:%" PRIu64 "\n%senqueues:%" PRIu64
+		             "\n%sprewakes:%" PRIu64 "\n%sprewakes_late:%" PRIu64
+		             "\n%sasync_busy_us:%" PRIu64 "\n%sasync_timed_jobs:%" PRIu64
+		             "\n%sasync_gap_us:%" PRIu64 "\n%sasync_gaps:%" PRIu64
+		             "\n%sasync_gap_max_us:%" PRIu64 "\n%sdetect_us:%" PRIu64
+		             "\n%sdetects:%" PRIu64 "\n",
+		             pre, tm.enq_ns / 1000, pre, tm.enq_jobs, pre, pw, pre, pwl, pre,
+		             tm.async_busy_ns / 1000, pre, tm.async_jobs, pre, tm.async_gap_ns / 1000,
+		             pre, tm.async_gaps, pre, tm.async_gap_max_ns / 1000, pre,
+		             tm.detect_ns / 1000, pre, tm.detects);
+		if (m < 0 || (size_t)m >= cap - (size_t)n)
+			return;
+		n += m;
 	}
+	m = snprintf(buf + n, cap - (size_t)n, "gpu_prewake_us:%" PRIu64 "\n",
+	             b->prewake_ns / 1000);
+	if (m < 0 || (size_t)m >= cap - (size_t)n)
+		return;
+	n += m;
 	for (unsigned i = 1; i < b->ndevs; i++) { /* GPU 0 is described above */
 		char u[48];
 		gpu_uuid_text(b->devs[i].uuid, u);

@@ -8,13 +8,20 @@
  * of the job before (on this stream) to the start of this one: within a batch it is launch
  * overhead; across batches it is the host's turn (hand-back, reply, the client's next request)
  * or simply no work. Gaps under GPU_GAP_SHORT_NS are counted apart: back-to-back traffic, which
- * the daemon should keep near zero; the longer ones are mostly an idle device. Worker jobs only
- * (inline runs and the asynchronous sessions' streams are not timed). */
+ * the daemon should keep near zero; the longer ones are mostly an idle device. The host time of
+ * each job's enqueue is counted beside it: while the stream is idle the job's GPU time includes
+ * it (the start event fires before the launch calls return), so "the kernel ran longer" and
+ * "the launch took longer" can be told apart.
+ *
+ * The asynchronous sessions' streams (gpu_atiming_*): events around each kernel, after its wait
+ * for the client's ready word passed, read by the session's thread once complete; a gap there
+ * is the time from one call's kernel to the next one's start on the same stream, i.e. mostly
+ * the client stream's turn (its wait for the done word, then its ready word for the next call).
+ * Inline runs are not timed. */
 #include "gpu_int.h"
 
 #include <string.h>
 
-#define GPU_GAP_SHORT_NS 2000000ull /* 2 ms: longer is an idle device, not a slow hand-off */
 
 /* Events for the worker (its thread, context current); false when they cannot be had (the
  * timing is then off for this device, nothing else changes). */
@@ -113,4 +120,121 @@ void gpu_timing_fini(struct gpu_dev *d)
 		if (tm->tail[i] != NULL)
 			fa_cu->EventDestroy(tm->tail[i]);
 	memset(tm, 0, sizeof *tm);
+}
+
+void gpu_timing_enqueued(struct gpu_dev *d, uint64_t host_ns)
+{
+	pthread_mutex_lock(&d->b->mu);
+	d->tm.enq_ns += host_ns;
+	d->tm.enq_jobs++;
+	pthread_mutex_unlock(&d->b->mu);
+}
+
+void gpu_timing_detected(struct gpu_dev *d, uint64_t late_ns)
+{
+	if (late_ns >= GPU_GAP_SHORT_NS) /* not a detection: the clocks disagree, or a stall */
+		return;
+	pthread_mutex_lock(&d->b->mu);
+	d->tm.detect_ns += late_ns;
+	d->tm.detects++;
+	pthread_mutex_unlock(&d->b->mu);
+}
+
+/* ---- asynchronous streams ---------------------------------------------------------------- */
+
+static bool gpu_atiming_ready(struct gpu_atiming *t)
+{
+	if (t->state != 0)
+		return t->state > 0;
+	t->pend = -1;
+	for (int i = 0; i < GPU_ATIMING_SLOTS; i++)
+		if (fa_cu->EventCreate(&t->a[i], 0) != 0 || fa_cu->EventCreate(&t->b[i], 0) != 0) {
+			t->state = -1;
+			return false;
+		}
+	t->state = 1;
+	return true;
+}
+
+void gpu_atiming_start(struct gpu_atiming *t, fa_cu_stream s)
+{
+	t->jobs++;
+	t->pend = -1;
+	if (!gpu_atiming_ready(t))
+		return;
+	int j = (int)(t->rec % GPU_ATIMING_SLOTS);
+	if (t->seq_of[j] != 0) /* every slot in flight (or held for the next gap): not timed */
+		return;
+	if (fa_cu->EventRecord(t->a[j], s) == 0)
+		t->pend = j;
+}
+
+void gpu_atiming_end(struct gpu_atiming *t, fa_cu_stream s)
+{
+	int j = t->pend;
+
+	t->pend = -1;
+	if (j < 0 || fa_cu->EventRecord(t->b[j], s) != 0)
+		return;
+	t->seq_of[j] = t->jobs;
+	t->rec++;
+}
+
+void gpu_atiming_read(struct gpu_atiming *t, struct gpu_dev *d)
+{
+	uint64_t busy = 0, n = 0, gap = 0, ngap = 0, gmax = 0;
+
+	if (t->state <= 0)
+		return;
+	while (t->rd < t->rec) {
+		int j = (int)(t->rd % GPU_ATIMING_SLOTS);
+		float ms = 0, g = -1;
+		fa_cu_res r = fa_cu->EventElapsedTime(&ms, t->a[j], t->b[j]);
+		if (r == GPU_CU_NOT_READY)
+			break;
+		int prev = t->rd > 0 ? (int)((t->rd - 1) % GPU_ATIMING_SLOTS) : -1;
+		if (r == 0) {
+			busy += (uint64_t)((double)ms * 1e6);
+			n++;
+			/* a gap of 2 ms or more is an idle stream (the client sent nothing), not a
+			 * hand-off between two calls: not counted, as for the worker's long gaps */
+			if (prev >= 0 && t->seq_of[prev] != 0 && t->seq_of[prev] + 1 == t->seq_of[j] &&
+			    fa_cu->EventElapsedTime(&g, t->b[prev], t->a[j]) == 0 && g >= 0 &&
+			    (uint64_t)((double)g * 1e6) < GPU_GAP_SHORT_NS) {
+				uint64_t gn = (uint64_t)((double)g * 1e6);
+				gap += gn;
+				ngap++;
+				if (gn > gmax)
+					gmax = gn;
+			}
+		}
+		/* the pair before is no longer needed for a gap: its slot is free again; this one
+		 * is held for the next pair's gap */
+		if (prev >= 0)
+			t->seq_of[prev] = 0;
+		if (r != 0)
+			t->seq_of[j] = 0;
+		t->rd++;
+	}
+	if (n == 0)
+		return;
+	pthread_mutex_lock(&d->b->mu);
+	d->tm.async_busy_ns += busy;
+	d->tm.async_jobs += n;
+	d->tm.async_gap_ns += gap;
+	d->tm.async_gaps += ngap;
+	if (gmax > d->tm.async_gap_max_ns)
+		d->tm.async_gap_max_ns = gmax;
+	pthread_mutex_unlock(&d->b->mu);
+}
+
+void gpu_atiming_fini(struct gpu_atiming *t)
+{
+	for (int i = 0; i < GPU_ATIMING_SLOTS; i++) {
+		if (t->a[i] != NULL)
+			fa_cu->EventDestroy(t->a[i]);
+		if (t->b[i] != NULL)
+			fa_cu->EventDestroy(t->b[i]);
+	}
+	memset(t, 0, sizeof *t);
 }

@@ -2,13 +2,61 @@
  * on the device's stream (so the GPU does not idle for a launch between two clients' kernels),
  * hand each job back as its event completes; an asynchronous job goes on to its session's
  * thread. Between batches and when idle: the canary, and (device 0) tuning steps; after a batch
- * it spins a little before sleeping. */
+ * it spins a little before sleeping.
+ *
+ * The prewake (--prewake-us, issue 12): a synchronous client's GPU idles while the finished
+ * job goes back (worker -> loop), the reply goes out (loop -> client) and the next call comes
+ * in (client -> ring thread -> loop -> worker). Each hop to a sleeping thread is a wake-up of
+ * 10-50 us, and during a long kernel every thread but this one sleeps. So shortly before the
+ * batch's expected end (gpu_estimate.c: its shapes' last GPU times) the worker tells the loop,
+ * which polls from then on and has the job's ring client and ring thread woken to poll too
+ * (backend_soon_fn, ring_prewake): the whole round then meets awake threads. */
 #include "gpu_int.h"
 
 #include <time.h>
 
 #include "fault.h"
 #include "util.h"
+
+/* The batch on d's stream is expected to end at `end` (fa_now_ns): wait, polling the stream
+ * (the CPU a cuEventSynchronize of the primary context spends anyway: it spins), until
+ * prewake_ns before then and tell the loop that `job`, the batch's last, is about to end;
+ * nothing when the stream finished first (or failed: gpu_complete classifies it). */
+static void gpu_prewake(struct gpu_dev *d, struct backend_job *job, uint64_t end)
+{
+	struct gpu_backend *b = d->b;
+	uint64_t at = end > b->prewake_ns ? end - b->prewake_ns : 0;
+	uint64_t now;
+
+	while ((now = fa_now_ns()) < at) {
+		fa_cu_res r = fa_cu->StreamQuery(d->stream);
+		if (r != GPU_CU_NOT_READY) {
+			if (r == 0) {
+				pthread_mutex_lock(&b->mu);
+				d->prewakes_late++;
+				pthread_mutex_unlock(&b->mu);
+			}
+			return;
+		}
+		for (int k = 0; k < 32; k++)
+			gpu_relax();
+	}
+	if (now >= end + b->prewake_ns) /* far past the estimate: nothing to gain */
+		return;
+	pthread_mutex_lock(&b->mu);
+	d->soon = job;
+	d->soon_end = end;
+	d->prewakes++;
+	uv_async_send(&b->async);
+	pthread_mutex_unlock(&b->mu);
+	/* The loop and the client now poll for the end: see it at once here too (whatever the
+	 * context's scheduling flags make cuEventSynchronize do), up to a while past the
+	 * estimate; gpu_complete then returns at once. */
+	uint64_t until = end + 2 * b->prewake_ns;
+	while (fa_cu->StreamQuery(d->stream) == GPU_CU_NOT_READY && fa_now_ns() < until)
+		for (int k = 0; k < 8; k++)
+			gpu_relax();
+}
 
 /* A device's worker: take jobs, enqueue them back to back, hand each back as its event
  * completes; between batches and when idle, the canary and (device 0) tuning steps. */
@@ -89,14 +137,36 @@ void *gpu_worker(void *arg)
 			else
 				gpu_enqueue(d, batch[i], d->stream, d->pipe_ev[i], &s1);
 			gpu_timing_end(d, i, d->stream);
+			gpu_timing_enqueued(d, fa_now_ns() - t0[i]);
 			sticky |= s1;
 		}
 		gpu_timing_batch_end(d, n, d->stream);
+		/* The batch's expected end: its jobs back to back from the first one's start. */
+		uint64_t end = 0;
+		if (b->prewake_ns > 0 && !sticky) {
+			uint64_t sum = 0;
+			for (unsigned i = 0; i < n && sum != UINT64_MAX; i++) {
+				uint64_t e = gpu_estimate_ns(&d->est, batch[i]);
+				sum = e == 0 ? UINT64_MAX : sum + e;
+			}
+			if (sum != UINT64_MAX)
+				end = t0[0] + sum;
+		}
 		for (unsigned i = 0; i < n; i++) {
 			bool s1 = false;
+			if (i + 1 == n && end != 0)
+				gpu_prewake(d, batch[i], end);
 			gpu_complete(d, batch[i], d->pipe_ev[i], &s1);
-			if (!s1)
+			uint64_t seen = fa_now_ns();
+			if (!s1) {
 				gpu_timing_read(d, i, batch[i]);
+				if (batch[i]->status == FA_OK)
+					gpu_estimate_note(&d->est, batch[i], batch[i]->gpu_ns);
+				/* a lone job's end on the host clock: its start (the idle stream ran
+				 * the start event at once) plus its GPU time */
+				if (n == 1 && batch[i]->gpu_ns > 0 && seen > t0[0] + batch[i]->gpu_ns)
+					gpu_timing_detected(d, seen - t0[0] - batch[i]->gpu_ns);
+			}
 			if (i + 1 == n) {
 				pthread_mutex_lock(&b->mu);
 				d->busy = false;

@@ -1,7 +1,11 @@
 /* bench_ring.c - issue 12's three serving figures, each against its anchor in the same run, on
- * a GPU: the submission ring (the default client) against the socket (FA_RING=0).
+ * a GPU: the submission ring (the default client) against the socket (FA_RING=0), and the
+ * daemon as it was ("legacy": --loop-spin-us 0 --prewake-us 0) against its defaults ("new":
+ * the loop and ring thread kept awake after a completion, the worker's prewake), two daemons
+ * one after the other in the same run.
  *
- *   bench_ring [-n N] [-l LARGE]   (default 2000 calls per latency series, 30 large requests)
+ *   bench_ring [-n N] [-l LARGE] [-x]   (default 2000 calls per latency series, 30 large
+ *                                        requests; -x: the new daemon only)
  *
  * (1) Asynchronous enqueue: host time of one fa_attn_fwd_async (fp16 B1 S128 H4 D64, completion
  *     words), p50/p99, ring against socket; target <= 20 us.
@@ -13,6 +17,12 @@
  *     worker jobs) against the in-process kernel time (events), and the idle gaps the daemon's
  *     stream saw between requests (gpu_gap_short_us / gpu_gaps_short), so a loss splits into
  *     "the kernel ran slower" and "the GPU waited for the host".
+ *
+ * Two more in-process anchors split the "kernel ran slower" part: the same kernel launched one
+ * at a time with the daemon's old idle gap (a synchronous client's ~350 us) between launches
+ * (clocks and power with gaps), and launched on memory another process exported by CUDA IPC,
+ * as the daemon sees a client's buffers. The daemon's launch calls' host time per job (STATS
+ * gpu_enqueue_host_us) is printed beside the in-process one's.
  *
  * CUDA never in this process: each part is a forked child (the fork rule of bench_serving.c).
  * Without a GPU it prints why and exits 0. Figures only; exit 1 only when something fails.
@@ -48,21 +58,38 @@ struct mode_res {
 	double gap_max_us;
 	uint64_t gaps;
 	double pick_us, loop_us;    /* per large sync job: submit -> worker's pick, done -> loop */
+	double enq_us;              /* per large sync job: the worker's launch calls (host) */
+	uint64_t prewakes, prewakes_late, ring_thread_wakes, prewake_client_wakes;
+	double detect_us;           /* large sync: a job's end to the worker's seeing it */
+	double turnaround_us;       /* large sync, ring: a completion to the client's next entry */
+	uint64_t reply_wakes;       /* large sync, ring: completions that found the client asleep */
+	double tiny_hop_us;         /* tiny run: ring thread's copy -> loop's dispatch, mean */
+	double async_ms, async_gap_us; /* large async run: kernel time and gap on the session's
+	                                * stream (events around each kernel) */
+	uint64_t async_gaps;
 	int ok;
 };
+
+#define VARIANTS 2 /* 0 legacy (--loop-spin-us 0 --prewake-us 0), 1 new (the defaults) */
+static const char *const variant_name[VARIANTS] = {"legacy", "new"};
 
 struct board {
 	char why[256];
 	double in_tiny50, in_tiny99, in_kernel_ms, in_tflops;
 	double in_launch_us;          /* host time of one large fa_gpu_attn_fwd call (the launch) */
-	int in_ok;
-	struct mode_res m[2]; /* 0 socket, 1 ring */
+	double in_gapped_ms;          /* the kernel by events, launched alone after ~350 us idle */
+	double in_ipc_ms, in_ipc_tflops; /* on memory another process exported by CUDA IPC */
+	int in_ok, ipc_ok;
+	/* the IPC anchor's two processes */
+	struct fa_cu_ipc_handle ipc_handle;
+	volatile int ipc_state;       /* 1: exported, 2: the importer is done (or gave up) */
+	struct mode_res m[VARIANTS][2]; /* [variant][0 socket, 1 ring] */
 };
 
 static struct board *B;
 static char g_url[FA_TEST_PATH_MAX + 8];
 static char g_cache[64];
-static int g_n = 2000, g_large = 30;
+static int g_n = 2000, g_large = 30, g_variant;
 
 static int cmpd(const void *a, const void *b)
 {
@@ -163,11 +190,106 @@ static int child_inproc(void)
 	CHECK(cu.StreamSynchronize(s) == 0, "sync");
 	double secs = (double)(fa_test_now_us() - t0) / 1e6;
 	B->in_tflops = flop(&large) * g_large / secs / 1e12;
+	/* one at a time after an idle gap like the daemon's old one: clocks, power */
+	double gms = 0;
+	for (int i = 0; i < 10; i++) {
+		float ms = 0;
+		usleep(350);
+		cu.EventRecord(ev[0], s);
+		CHECK(launch(g, &d, m, &l, s, err, sizeof err) == FA_OK, "large: %s", err);
+		cu.EventRecord(ev[1], s);
+		CHECK(cu.EventSynchronize(ev[1]) == 0 && cu.EventElapsedTime(&ms, ev[0], ev[1]) == 0,
+		      "elapsed");
+		gms += ms / 10.0;
+	}
+	B->in_gapped_ms = gms;
 	B->in_ok = 1;
 	cu.MemFree(m);
 	fa_gpu_close(g);
 	free(v);
 	return 0;
+}
+
+/* The IPC anchor's exporter: the large case's memory, its handle on the board, kept until the
+ * importer is done (at most two minutes). */
+static int child_ipc_export(void)
+{
+	char why[256];
+	struct fa_case_layout l;
+	cu_ptr m = 0;
+
+	if (fa_cu_start(0, why, sizeof why) != 0 || upload(&large, &l, &m) != 0 ||
+	    cu.IpcGetMemHandle(&B->ipc_handle, m) != 0) {
+		B->ipc_state = 2;
+		return 1;
+	}
+	__atomic_store_n(&B->ipc_state, 1, __ATOMIC_SEQ_CST);
+	for (int i = 0; i < 120000 && __atomic_load_n(&B->ipc_state, __ATOMIC_SEQ_CST) != 2; i++)
+		usleep(1000);
+	cu.MemFree(m);
+	return 0;
+}
+
+/* The IPC anchor's importer: the kernel by events and back to back on the exported memory. */
+static int child_ipc_import(void)
+{
+	char why[256] = "", err[1024] = "no exporter";
+	struct fa_gpu *g = NULL;
+	struct fa_kernel_settings ks;
+	struct fa_case_layout l;
+	struct fa_attn_fwd_desc d;
+	cu_ptr m = 0;
+	void *s = NULL, *ev[2] = {0};
+	int rc = 1;
+
+	for (int i = 0; i < 60000 && __atomic_load_n(&B->ipc_state, __ATOMIC_SEQ_CST) == 0; i++)
+		usleep(1000);
+	if (B->ipc_state != 1 || fa_cu_start(0, why, sizeof why) != 0)
+		goto out;
+	fa_test_kernel_settings(&ks);
+	if (fa_gpu_open(&g, 0, &ks, err, sizeof err) != FA_OK)
+		goto out;
+	fa_gpu_set_cache_dir(g, g_cache, err, sizeof err);
+	if (cu.IpcOpenMemHandle(&m, B->ipc_handle, 1 /* lazy peer access */) != 0 ||
+	    cu.StreamCreate(&s, 1) != 0 || cu.EventCreate(&ev[0], 0) != 0 ||
+	    cu.EventCreate(&ev[1], 0) != 0)
+		goto out;
+	fa_case_layout(&large, &l);
+	fa_case_desc(&large, &l, &d);
+	for (int i = 0; i < 3; i++)
+		if (launch(g, &d, m, &l, s, err, sizeof err) != FA_OK)
+			goto out;
+	cu.StreamSynchronize(s);
+	double kms = 0;
+	for (int i = 0; i < 5; i++) {
+		float ms = 0;
+		cu.EventRecord(ev[0], s);
+		if (launch(g, &d, m, &l, s, err, sizeof err) != FA_OK)
+			goto out;
+		cu.EventRecord(ev[1], s);
+		if (cu.EventSynchronize(ev[1]) != 0 || cu.EventElapsedTime(&ms, ev[0], ev[1]) != 0)
+			goto out;
+		kms += ms / 5.0;
+	}
+	B->in_ipc_ms = kms;
+	uint64_t t0 = fa_test_now_us();
+	for (int i = 0; i < g_large; i++)
+		if (launch(g, &d, m, &l, s, err, sizeof err) != FA_OK)
+			goto out;
+	if (cu.StreamSynchronize(s) != 0)
+		goto out;
+	B->in_ipc_tflops = flop(&large) * g_large / ((double)(fa_test_now_us() - t0) / 1e6) / 1e12;
+	B->ipc_ok = 1;
+	rc = 0;
+out:
+	if (rc != 0)
+		fprintf(stderr, "bench_ring: the IPC anchor failed (%s)\n", err);
+	if (m != 0)
+		cu.IpcCloseMemHandle(m);
+	if (g != NULL)
+		fa_gpu_close(g);
+	__atomic_store_n(&B->ipc_state, 2, __ATOMIC_SEQ_CST);
+	return rc;
 }
 
 static uint64_t stat_get(fa_client *c, const char *key)
@@ -176,10 +298,11 @@ static uint64_t stat_get(fa_client *c, const char *key)
 	return v == UINT64_MAX ? 0 : v;
 }
 
-/* One client mode (0: FA_RING=0, the socket; 1: the ring): the three figures. */
+/* One client mode (0: FA_RING=0, the socket; 1: the ring) against the daemon of g_variant:
+ * the three figures. */
 static int child_daemon(int mode)
 {
-	struct mode_res *r = &B->m[mode];
+	struct mode_res *r = &B->m[g_variant][mode];
 	char why[256];
 	struct fa_case_layout l;
 	fa_attn_fwd_args a;
@@ -203,7 +326,12 @@ static int child_daemon(int mode)
 	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)m, l.total, &b) == FA_OK,
 	      "register: %s", fa_last_error_detail());
 	fa_case_args(&tiny, &l, b, &a);
+	uint64_t ent0 = 0, hop0 = 0;
 	for (int i = -WARMUP; i < g_n; i++) {
+		if (i == 0) {
+			ent0 = stat_get(c, "ring_entries");
+			hop0 = stat_get(c, "ring_hop_us_total");
+		}
 		uint64_t t0 = fa_test_now_us();
 		fa_status st = fa_attn_fwd(c, &a);
 		CHECK(st == FA_OK, "tiny: %s (%s)", fa_status_name(st), fa_last_error_detail());
@@ -211,6 +339,12 @@ static int child_daemon(int mode)
 			v[i] = (double)(fa_test_now_us() - t0);
 	}
 	pct(v, g_n, &r->tiny50, &r->tiny99);
+	if (mode == 1) { /* the ring thread -> loop hop over the tiny run (the STATS calls'
+	                  * own entries go by the socket) */
+		uint64_t e1 = stat_get(c, "ring_entries"), h1 = stat_get(c, "ring_hop_us_total");
+		if (e1 > ent0)
+			r->tiny_hop_us = (double)(h1 - hop0) / (double)(e1 - ent0);
+	}
 	fa_buffer_free(b);
 	cu.MemFree(m);
 
@@ -246,6 +380,13 @@ static int child_daemon(int mode)
 	uint64_t gap0 = stat_get(c, "gpu_gap_short_us"), gaps0 = stat_get(c, "gpu_gaps_short");
 	uint64_t wj0 = stat_get(c, "gpu_worker_jobs"), pick0 = stat_get(c, "gpu_worker_us_to_pick");
 	uint64_t loop0 = stat_get(c, "gpu_worker_us_to_loop");
+	uint64_t enq0 = stat_get(c, "gpu_enqueue_host_us"), enqn0 = stat_get(c, "gpu_enqueues");
+	uint64_t pw0 = stat_get(c, "gpu_prewakes"), pwl0 = stat_get(c, "gpu_prewakes_late");
+	uint64_t tw0 = stat_get(c, "ring_thread_wakes");
+	uint64_t pcw0 = stat_get(c, "ring_prewake_client_wakes");
+	uint64_t det0 = stat_get(c, "gpu_detect_us"), detn0 = stat_get(c, "gpu_detects");
+	uint64_t ta0 = stat_get(c, "ring_turnaround_us_total"), tan0 = stat_get(c, "ring_turnarounds");
+	uint64_t rw0 = stat_get(c, "ring_client_wakes");
 	uint64_t t0 = fa_test_now_us();
 	for (int i = 0; i < g_large; i++)
 		CHECK(fa_attn_fwd(c, &a) == FA_OK, "large: %s", fa_last_error_detail());
@@ -255,6 +396,20 @@ static int child_daemon(int mode)
 	uint64_t gap1 = stat_get(c, "gpu_gap_short_us"), gaps1 = stat_get(c, "gpu_gaps_short");
 	uint64_t wj1 = stat_get(c, "gpu_worker_jobs"), pick1 = stat_get(c, "gpu_worker_us_to_pick");
 	uint64_t loop1 = stat_get(c, "gpu_worker_us_to_loop");
+	uint64_t enq1 = stat_get(c, "gpu_enqueue_host_us"), enqn1 = stat_get(c, "gpu_enqueues");
+	if (enqn1 > enqn0)
+		r->enq_us = (double)(enq1 - enq0) / (double)(enqn1 - enqn0);
+	r->prewakes = stat_get(c, "gpu_prewakes") - pw0;
+	r->prewakes_late = stat_get(c, "gpu_prewakes_late") - pwl0;
+	r->ring_thread_wakes = stat_get(c, "ring_thread_wakes") - tw0;
+	r->prewake_client_wakes = stat_get(c, "ring_prewake_client_wakes") - pcw0;
+	uint64_t det1 = stat_get(c, "gpu_detect_us"), detn1 = stat_get(c, "gpu_detects");
+	if (detn1 > detn0)
+		r->detect_us = (double)(det1 - det0) / (double)(detn1 - detn0);
+	uint64_t ta1 = stat_get(c, "ring_turnaround_us_total"), tan1 = stat_get(c, "ring_turnarounds");
+	if (tan1 > tan0)
+		r->turnaround_us = (double)(ta1 - ta0) / (double)(tan1 - tan0);
+	r->reply_wakes = stat_get(c, "ring_client_wakes") - rw0;
 	if (wj1 > wj0) {
 		r->pick_us = (double)(pick1 - pick0) / (double)(wj1 - wj0);
 		r->loop_us = (double)(loop1 - loop0) / (double)(wj1 - wj0);
@@ -266,7 +421,11 @@ static int child_daemon(int mode)
 	for (int i = 0; i < 3; i++)
 		CHECK(fa_attn_fwd_async(c, &a, s) == FA_OK, "large async warm-up: %s",
 		      fa_last_error_detail());
-	CHECK(cu.StreamSynchronize(s) == 0, "sync");
+	CHECK(cu.StreamSynchronize(s) == 0 && fa_client_flush(c) == FA_OK, "sync: %s",
+	      fa_last_error_detail());
+	usleep(50000); /* the session thread reads the warm-up's timing events */
+	uint64_t ab0 = stat_get(c, "gpu_async_busy_us"), aj0 = stat_get(c, "gpu_async_timed_jobs");
+	uint64_t ag0 = stat_get(c, "gpu_async_gap_us"), agn0 = stat_get(c, "gpu_async_gaps");
 	t0 = fa_test_now_us();
 	for (int i = 0; i < g_large; i++)
 		CHECK(fa_attn_fwd_async(c, &a, s) == FA_OK, "large async: %s",
@@ -275,6 +434,14 @@ static int child_daemon(int mode)
 	secs = (double)(fa_test_now_us() - t0) / 1e6;
 	CHECK(fa_client_flush(c) == FA_OK, "flush: %s", fa_last_error_detail());
 	r->async_tflops = flop(&large) * g_large / secs / 1e12;
+	usleep(50000);
+	uint64_t ab1 = stat_get(c, "gpu_async_busy_us"), aj1 = stat_get(c, "gpu_async_timed_jobs");
+	uint64_t ag1 = stat_get(c, "gpu_async_gap_us"), agn1 = stat_get(c, "gpu_async_gaps");
+	if (aj1 > aj0)
+		r->async_ms = (double)(ab1 - ab0) / 1e3 / (double)(aj1 - aj0);
+	r->async_gaps = agn1 - agn0;
+	if (agn1 > agn0)
+		r->async_gap_us = (double)(ag1 - ag0) / (double)(agn1 - agn0);
 	fa_buffer_free(b);
 	cu.MemFree(m);
 	fa_client_close(c);
@@ -283,27 +450,117 @@ static int child_daemon(int mode)
 	return 0;
 }
 
-static int run_child(int which)
+/* which: -1 probe, 0/1 a daemon mode, 2 in-process, 3 IPC importer, 4 IPC exporter. */
+static pid_t spawn_child(int which)
 {
 	fflush(stdout);
 	fflush(stderr);
 	pid_t p = fork();
-	if (p < 0)
-		return -1;
 	if (p == 0)
-		_exit(which < 0 ? child_probe() : which == 2 ? child_inproc() : child_daemon(which));
-	return fa_test_waitpid(p, fa_test_ms(300000));
+		_exit(which < 0    ? child_probe()
+		      : which == 2 ? child_inproc()
+		      : which == 3 ? child_ipc_import()
+		      : which == 4 ? child_ipc_export()
+		                   : child_daemon(which));
+	return p;
+}
+
+static int run_child(int which)
+{
+	pid_t p = spawn_child(which);
+	return p < 0 ? -1 : fa_test_waitpid(p, fa_test_ms(300000));
+}
+
+/* One daemon (the variant's options), both client modes against it. */
+static int run_variant(int variant)
+{
+	struct fa_daemon d;
+	const char *spin = variant == 0 ? "0" : "-1", *pre = variant == 0 ? "0" : "-1";
+
+	g_variant = variant;
+	if (daemon_start(&d, "--backend", "gpu", "--cache-dir", g_cache, "--loop-spin-us", spin,
+	                 "--prewake-us", pre, NULL) != 0) {
+		fprintf(stderr, "bench_ring: the %s daemon did not start\n", variant_name[variant]);
+		daemon_log_dump(&d, 30);
+		daemon_cleanup(&d);
+		return 1;
+	}
+	snprintf(g_url, sizeof g_url, "%s", d.url);
+	int rc = 0;
+	for (int k = 0; k < 2; k++) /* socket before ring */
+		if (run_child(k) != 0) {
+			fprintf(stderr, "bench_ring: %s daemon, %s client failed\n",
+			        variant_name[variant], k ? "ring" : "socket");
+			rc = 1;
+		}
+	daemon_stop(&d);
+	daemon_cleanup(&d);
+	return rc;
+}
+
+static double ratio(double a, double b)
+{
+	return b > 0 ? a / b : 0;
+}
+
+static void print_variant(int v)
+{
+	const struct mode_res *so = &B->m[v][0], *ri = &B->m[v][1];
+	double in = B->in_tflops > 0 ? B->in_tflops : 1;
+
+	printf("-- %s daemon (%s)\n", variant_name[v],
+	       v == 0 ? "--loop-spin-us 0 --prewake-us 0: as before" : "defaults");
+	printf("(1) async enqueue host time, fp16 B1 S128 H4 D64, %d calls: ring p50 %.1f us p99 "
+	       "%.1f us; socket p50 %.1f us p99 %.1f us; target <= 20 us: %s\n", g_n, ri->enq50,
+	       ri->enq99, so->enq50, so->enq99, ri->enq50 <= 20 ? "met" : "NOT met");
+	printf("(2) tiny bf16 B1 H16 S128 D64 sync, %d calls: in-process launch+sync p50 %.1f us "
+	       "p99 %.1f us; ring p50 %.1f us p99 %.1f us (%.2fx); socket p50 %.1f us p99 %.1f us "
+	       "(%.2fx); target <= 1.5x: %s; ring thread -> loop hop %.1f us mean\n", g_n,
+	       B->in_tiny50, B->in_tiny99, ri->tiny50, ri->tiny99, ratio(ri->tiny50, B->in_tiny50),
+	       so->tiny50, so->tiny99, ratio(so->tiny50, B->in_tiny50),
+	       B->in_tiny50 > 0 && ri->tiny50 <= 1.5 * B->in_tiny50 ? "met" : "NOT met",
+	       ri->tiny_hop_us);
+	printf("(3) large bf16 B8 H16 S4096 D128, %d requests: in-process %.1f TFLOP/s (kernel "
+	       "%.3f ms); ring sync %.1f (%.3fx) async %.1f (%.3fx); socket sync %.1f (%.3fx) "
+	       "async %.1f (%.3fx); target >= 0.97x: sync %s, async %s\n", g_large, B->in_tflops,
+	       B->in_kernel_ms, ri->sync_tflops, ri->sync_tflops / in, ri->async_tflops,
+	       ri->async_tflops / in, so->sync_tflops, so->sync_tflops / in, so->async_tflops,
+	       so->async_tflops / in, ri->sync_tflops >= 0.97 * in ? "met" : "NOT met",
+	       ri->async_tflops >= 0.97 * in ? "met" : "NOT met");
+	for (int k = 1; k >= 0; k--) {
+		const struct mode_res *r = &B->m[v][k];
+		printf("    %s sync: daemon GPU time %.3f ms per request (%.3fx the in-process "
+		       "kernel), %" PRIu64 " gaps of %.1f us mean (max %.1f us since start); per job "
+		       "submit->worker pick %.1f us, done->loop %.1f us, launch calls %.1f us (in-"
+		       "process %.1f us); prewakes %" PRIu64 " (%" PRIu64 " late), ring thread wakes "
+		       "%" PRIu64 ", clients woken early %" PRIu64 "\n",
+		       k ? "ring" : "socket", r->gpu_ms, ratio(r->gpu_ms, B->in_kernel_ms), r->gaps,
+		       r->gap_us, r->gap_max_us, r->pick_us, r->loop_us, r->enq_us, B->in_launch_us,
+		       r->prewakes, r->prewakes_late, r->ring_thread_wakes, r->prewake_client_wakes);
+		printf("    %s sync hops: the worker saw a job's end %.1f us late; a completion to the "
+		       "client's next entry %.1f us (ring); completions that had to wake the client "
+		       "%" PRIu64 "\n",
+		       k ? "ring" : "socket", r->detect_us, r->turnaround_us, r->reply_wakes);
+		printf("    %s async: the session stream's kernel %.3f ms per request (%.3fx), %" PRIu64
+		       " gaps of %.1f us mean between two kernels\n",
+		       k ? "ring" : "socket", r->async_ms, ratio(r->async_ms, B->in_kernel_ms),
+		       r->async_gaps, r->async_gap_us);
+	}
 }
 
 int main(int argc, char **argv)
 {
+	bool only_new = false;
+
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "-n") && i + 1 < argc)
 			g_n = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "-l") && i + 1 < argc)
 			g_large = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "-x"))
+			only_new = true;
 		else {
-			fprintf(stderr, "usage: %s [-n N] [-l LARGE]\n", argv[0]);
+			fprintf(stderr, "usage: %s [-n N] [-l LARGE] [-x]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -319,56 +576,38 @@ int main(int argc, char **argv)
 		printf("bench_ring: skipped: no GPU (%s)\n", B->why);
 		return 0;
 	}
-	struct fa_daemon d;
 	snprintf(g_cache, sizeof g_cache, "/tmp/fa-bench-ring.%d", (int)getpid());
-	if (daemon_start(&d, "--backend", "gpu", "--cache-dir", g_cache, NULL) != 0) {
-		fprintf(stderr, "bench_ring: the daemon did not start\n");
-		daemon_log_dump(&d, 30);
-		daemon_cleanup(&d);
-		return 1;
-	}
-	snprintf(g_url, sizeof g_url, "%s", d.url);
 	int rc = 0;
-	/* The daemon's runs first (they compile the kernels into the cache the in-process child
-	 * then loads), socket before ring. */
-	for (int k = 0; k < 3; k++)
-		if (run_child(k) != 0) {
-			fprintf(stderr, "bench_ring: part %d failed\n", k);
-			rc = 1;
-		}
-	daemon_stop(&d);
-	daemon_cleanup(&d);
+	/* The daemons' runs first (they compile the kernels into the cache the in-process
+	 * children then load), the legacy daemon before the new one. */
+	for (int v = only_new ? 1 : 0; v < VARIANTS; v++)
+		rc |= run_variant(v);
+	if (run_child(2) != 0) {
+		fprintf(stderr, "bench_ring: the in-process part failed\n");
+		rc = 1;
+	}
+	pid_t exporter = spawn_child(4);
+	if (exporter < 0 || run_child(3) != 0)
+		fprintf(stderr, "bench_ring: the IPC anchor failed (a figure only)\n");
+	__atomic_store_n(&B->ipc_state, 2, __ATOMIC_SEQ_CST);
+	if (exporter > 0)
+		fa_test_waitpid(exporter, fa_test_ms(30000));
 	char cmd[128];
 	snprintf(cmd, sizeof cmd, "rm -rf %s", g_cache);
 	if (system(cmd) != 0)
 		fprintf(stderr, "bench_ring: %s failed\n", cmd);
 
-	const struct mode_res *so = &B->m[0], *ri = &B->m[1];
 	printf("\n== bench_ring: issue 12's figures, one run, ring (default client) vs socket "
-	       "(FA_RING=0)\n");
-	printf("(1) async enqueue host time, fp16 B1 S128 H4 D64, %d calls: ring p50 %.1f us p99 "
-	       "%.1f us; socket p50 %.1f us p99 %.1f us; target <= 20 us: %s\n", g_n, ri->enq50,
-	       ri->enq99, so->enq50, so->enq99, ri->enq50 <= 20 ? "met" : "NOT met");
-	printf("(2) tiny bf16 B1 H16 S128 D64 sync, %d calls: in-process launch+sync p50 %.1f us "
-	       "p99 %.1f us; ring p50 %.1f us p99 %.1f us (%.2fx); socket p50 %.1f us p99 %.1f us "
-	       "(%.2fx); target <= 1.5x: %s\n", g_n, B->in_tiny50, B->in_tiny99, ri->tiny50,
-	       ri->tiny99, B->in_tiny50 > 0 ? ri->tiny50 / B->in_tiny50 : 0, so->tiny50,
-	       so->tiny99, B->in_tiny50 > 0 ? so->tiny50 / B->in_tiny50 : 0,
-	       B->in_tiny50 > 0 && ri->tiny50 <= 1.5 * B->in_tiny50 ? "met" : "NOT met");
-	double in = B->in_tflops > 0 ? B->in_tflops : 1;
-	printf("(3) large bf16 B8 H16 S4096 D128, %d requests: in-process %.1f TFLOP/s (kernel "
-	       "%.3f ms); ring sync %.1f (%.3fx) async %.1f (%.3fx); socket sync %.1f (%.3fx) "
-	       "async %.1f (%.3fx); target >= 0.97x\n", g_large, B->in_tflops, B->in_kernel_ms,
-	       ri->sync_tflops, ri->sync_tflops / in, ri->async_tflops, ri->async_tflops / in,
-	       so->sync_tflops, so->sync_tflops / in, so->async_tflops, so->async_tflops / in);
-	for (int k = 1; k >= 0; k--)
-		printf("    %s sync: daemon GPU time %.3f ms per request (%.3fx the in-process "
-		       "kernel), %" PRIu64 " gaps of %.1f us mean (max %.1f us since start); per job "
-		       "submit->worker pick %.1f us, done->loop %.1f us; in-process launch call "
-		       "%.1f us\n",
-		       k ? "ring" : "socket", B->m[k].gpu_ms,
-		       B->in_kernel_ms > 0 ? B->m[k].gpu_ms / B->in_kernel_ms : 0, B->m[k].gaps,
-		       B->m[k].gap_us, B->m[k].gap_max_us, B->m[k].pick_us, B->m[k].loop_us,
-		       B->in_launch_us);
-	return rc || !B->in_ok || !so->ok || !ri->ok;
+	       "(FA_RING=0), legacy daemon vs new\n");
+	printf("in-process anchors for the large kernel: back to back %.1f TFLOP/s, by events %.3f "
+	       "ms alone, %.3f ms after ~350 us idle (%.3fx), %.3f ms on CUDA IPC memory of "
+	       "another process (%.3fx; back to back %.1f TFLOP/s)%s\n", B->in_tflops,
+	       B->in_kernel_ms, B->in_gapped_ms, ratio(B->in_gapped_ms, B->in_kernel_ms),
+	       B->in_ipc_ms, ratio(B->in_ipc_ms, B->in_kernel_ms), B->in_ipc_tflops,
+	       B->ipc_ok ? "" : " (IPC anchor failed)");
+	for (int v = only_new ? 1 : 0; v < VARIANTS; v++)
+		print_variant(v);
+	for (int v = only_new ? 1 : 0; v < VARIANTS; v++)
+		rc |= !B->m[v][0].ok || !B->m[v][1].ok;
+	return rc || !B->in_ok;
 }

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "fault.h"
+#include "backend_infer.h"
 #include "gpu/gpu_int.h"
 
 #define FATAL_QUEUED "the GPU faulted while serving an earlier request; the daemon restarts " \
@@ -602,6 +603,60 @@ static void test_gpu_queue_takes_high_priority_jobs_first(void **state)
 	f->b->devs[0].ncur = 0;
 }
 
+/* The prewake's estimates (gpu_estimate.c): a shape's last GPU time, exactly; the device's rate
+ * for a large shape never seen; nothing for a small one never seen, nor for inference jobs;
+ * the least recently used shape makes room for a new one. */
+static void test_gpu_estimate_uses_the_shapes_last_time_then_the_rate(void **state)
+{
+	(void)state;
+	struct gpu_estimator e;
+	struct backend_job big, big2, small, other, inf;
+	struct backend_infer infer;
+
+	memset(&e, 0, sizeof e);
+	memset(&infer, 0, sizeof infer);
+	job_device(&big, &owner_a);
+	desc_dense(&big.desc, 8, 4096, 16, 16, 128); /* 1.1 TFLOP */
+	job_device(&big2, &owner_a);
+	desc_dense(&big2.desc, 4, 4096, 16, 16, 128); /* half of it, never seen */
+	job_device(&small, &owner_a);
+	desc_dense(&small.desc, 1, 128, 16, 16, 64);
+	assert_int_equal(gpu_estimate_ns(&e, &big), 0); /* nothing measured yet */
+	gpu_estimate_note(&e, &small, 9000);
+	assert_int_equal(gpu_estimate_ns(&e, &small), 9000);
+	assert_int_equal(gpu_estimate_ns(&e, &big2), 0); /* no rate from a small job */
+	gpu_estimate_note(&e, &big, 3200000);
+	assert_int_equal(gpu_estimate_ns(&e, &big), 3200000);
+	uint64_t half = gpu_estimate_ns(&e, &big2);
+	assert_true(half > 1590000 && half < 1610000); /* the rate: half the FLOPs, half the time */
+	gpu_estimate_note(&e, &big, 3300000);        /* the same shape again: its latest time */
+	assert_int_equal(gpu_estimate_ns(&e, &big), 3300000);
+	/* staging host memory is another shape: its copies take time too */
+	job_host(&other, &owner_a);
+	other.desc = small.desc;
+	assert_int_equal(gpu_estimate_ns(&e, &other), 0);
+	inf = big;
+	inf.infer = &infer;
+	gpu_estimate_note(&e, &inf, 1);
+	assert_int_equal(gpu_estimate_ns(&e, &inf), 0);
+	assert_int_equal(gpu_estimate_ns(&e, &big), 3300000);
+	/* GPU_EST_ENTRIES more small shapes, big used in between: small (the oldest) goes */
+	for (int i = 0; i < GPU_EST_ENTRIES; i++) {
+		struct backend_job j;
+		job_device(&j, &owner_a);
+		desc_dense(&j.desc, 1, 256 + 16 * i, 4, 4, 64);
+		gpu_estimate_note(&e, &j, 1000 + (uint64_t)i);
+		if (i == 0)
+			assert_int_equal(gpu_estimate_ns(&e, &big), 3300000);
+	}
+	assert_int_equal(gpu_estimate_ns(&e, &small), 0);
+	assert_int_equal(gpu_estimate_ns(&e, &big), 3300000);
+	struct backend_job last;
+	job_device(&last, &owner_a);
+	desc_dense(&last.desc, 1, 256 + 16 * (GPU_EST_ENTRIES - 1), 4, 4, 64);
+	assert_int_equal(gpu_estimate_ns(&e, &last), 1000 + GPU_EST_ENTRIES - 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -621,6 +676,7 @@ int main(void)
 		T(test_gpu_split_covers_every_pair_once_in_whole_groups),
 		T(test_gpu_queue_takes_a_split_job_alone_and_stop_tells_the_running_batch),
 		T(test_gpu_queue_takes_high_priority_jobs_first),
+		T(test_gpu_estimate_uses_the_shapes_last_time_then_the_rate),
 #undef T
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

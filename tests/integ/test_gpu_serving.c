@@ -35,6 +35,7 @@
 
 #include "fa_bwd_case.h"
 #include "fa_cudrv.h"
+#include "fa_gpu_oracle.h"
 #include "fa_integ.h"
 #include "fa_raw.h"
 #include "fa_tune.h"
@@ -1281,6 +1282,83 @@ static void test_gpu_backward_with_window_and_softcap_is_served(void **state)
 	assert_int_equal(in_child(child_bwd_window_cases, NULL, 300000), 0);
 }
 
+/* Issue 12's prewake: synchronous requests of a few milliseconds through the ring, one after the
+ * other, so the worker knows their shape's time and wakes the loop and the client just before
+ * each ends. Every result stays right (sampled rows against the float64 oracle, bf16 1e-2; the
+ * last call's O bit for bit the first's) and the prewakes happened. */
+static int child_prewake(void *arg)
+{
+	(void)arg;
+	static const struct fa_case cs = {.dtype = FA_DTYPE_BF16, .B = 4, .Sq = 4096, .Sk = 4096,
+	                                  .Hq = 16, .Hkv = 16, .D = 128};
+	struct fa_case_layout l;
+	struct fa_attn_fwd_desc d;
+	fa_attn_fwd_args a;
+	fa_buffer *b = NULL;
+	cu_ptr mem = 0;
+	uint64_t rng = 77;
+	fa_client *c = open_client();
+	CHECK(c != NULL, "fa_client_open");
+	uint64_t pw0 = fa_integ_stat(c, "gpu_prewakes");
+	CHECK(pw0 != UINT64_MAX, "no gpu_prewakes in STATS");
+	fa_case_layout(&cs, &l);
+	fa_case_desc(&cs, &l, &d);
+	char *host = malloc(l.total), *first = malloc((size_t)l.o_span * 2);
+	CHECK(host != NULL && first != NULL, "malloc");
+	fa_case_fill(&cs, &l, host, &rng);
+	CHECK(cu.MemAlloc(&mem, l.total) == 0 && cu.MemcpyHtoD(mem, host, l.total) == 0 &&
+	      cu.StreamSynchronize(NULL) == 0, "upload");
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)mem, l.total, &b) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_case_args(&cs, &l, b, &a);
+	for (int i = 0; i < 8; i++) {
+		fa_status st = fa_attn_fwd(c, &a);
+		CHECK(st == FA_OK, "call %d: %s (%s)", i, fa_status_name(st), fa_last_error_detail());
+		if (i == 0)
+			CHECK(cu.MemcpyDtoH(first, mem + l.o_off, (size_t)l.o_span * 2) == 0, "o");
+	}
+	CHECK(cu.MemcpyDtoH(host + l.o_off, mem + l.o_off, (size_t)l.o_span * 2) == 0, "o");
+	CHECK(memcmp(first, host + l.o_off, (size_t)l.o_span * 2) == 0,
+	      "the eighth call's O differs from the first's");
+	double num = 0, den = 0, ref[128], lse, *sc = malloc(sizeof(double) * (size_t)cs.Sk);
+	CHECK(sc != NULL, "malloc");
+	for (int r = 0; r < 24; r++) {
+		int64_t bb = r % cs.B, h = (r * 5) % cs.Hq, i = (r * 977) % cs.Sq;
+		fa_gpu_oracle_row(&d, host + l.q_off, host + l.k_off, host + l.v_off, bb, h, i, ref,
+		                  &lse, sc);
+		for (int64_t e = 0; e < cs.D; e++) {
+			double got = fa_load_elem(host + l.o_off, cs.dtype,
+			                          bb * d.o_stride[0] + i * d.o_stride[1] +
+			                              h * d.o_stride[2] + e);
+			num += (got - ref[e]) * (got - ref[e]);
+			den += ref[e] * ref[e];
+		}
+	}
+	double err = sqrt(num / den);
+	uint64_t pw = fa_integ_stat(c, "gpu_prewakes") - pw0;
+	uint64_t rpw = fa_integ_stat(c, "ring_prewakes");
+	fprintf(stderr, "  prewake: 8 calls, sampled rel error %.3g, gpu_prewakes +%llu, "
+	        "ring_prewakes %llu, gpu_prewake_us %llu\n", err, (unsigned long long)pw,
+	        (unsigned long long)rpw, (unsigned long long)fa_integ_stat(c, "gpu_prewake_us"));
+	CHECK(err <= 1e-2, "sampled rows: relative error %.3g above bf16's 1e-2", err);
+	if (fa_integ_stat(c, "gpu_prewake_us") > 0)
+		CHECK(pw >= 4, "only %llu prewakes over 8 calls of one shape", (unsigned long long)pw);
+	fa_buffer_free(b);
+	cu.MemFree(mem);
+	free(sc);
+	free(first);
+	free(host);
+	fa_client_close(c);
+	return 0;
+}
+
+static void test_gpu_prewake_keeps_results_right(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_prewake, NULL, 120000), 0);
+}
+
 static void test_gpu_latency_device_vs_host_buffers(void **state)
 {
 	(void)state;
@@ -1780,6 +1858,7 @@ int main(void)
 		cmocka_unit_test(test_gpu_backward_matches_reference_and_is_deterministic),
 		cmocka_unit_test(test_gpu_backward_with_window_and_softcap_is_served),
 		cmocka_unit_test(test_gpu_latency_device_vs_host_buffers),
+		cmocka_unit_test(test_gpu_prewake_keeps_results_right),
 		cmocka_unit_test(test_gpu_pool_memory_is_refused_with_eipc),
 		cmocka_unit_test(test_gpu_bad_offsets_and_sizes_get_ealign_erange),
 		cmocka_unit_test(test_gpu_forged_handle_gets_an_error_and_daemon_serves_on),

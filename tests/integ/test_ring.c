@@ -456,6 +456,67 @@ static void test_ring_goes_with_a_killed_clients_session(void **state)
 	assert_true(fa_integ_wait_stat(NULL, g_d.url, "ring_open", 1, fa_test_ms(5000), NULL));
 }
 
+/* Synchronous calls through a ring, N ms apart (the daemon's ring thread falls asleep between
+ * them): every one answered; the ring thread wakes returned. */
+static uint64_t paced_pings(const char *url, int n)
+{
+	fa_client *c = NULL;
+
+	assert_int_equal(fa_client_open(&c, url), FA_OK);
+	assert_true(fa_integ_stat(c, "ring_open") >= 1);
+	uint64_t before = fa_integ_stat(c, "ring_thread_wakes");
+	assert_true(before != UINT64_MAX);
+	for (int i = 0; i < n; i++) {
+		fa_test_sleep_ms(5);
+		assert_int_equal(fa_ping(c), FA_OK);
+	}
+	uint64_t after = fa_integ_stat(c, "ring_thread_wakes");
+	fa_client_close(c);
+	return after - before;
+}
+
+/* --loop-spin-us (issue 12): a completion wakes the ring thread that fell asleep, so the
+ * client's next entry finds it polling; with 0 nothing is woken (the old behaviour). */
+static void test_ring_completion_wakes_a_sleeping_ring_thread(void **state)
+{
+	(void)state;
+	struct fa_daemon on, off;
+
+	memset(&on, 0, sizeof on);
+	memset(&off, 0, sizeof off);
+	/* the ring thread sleeps 1 us after an entry: asleep by the time the reply goes */
+	if (daemon_start(&on, "--threads", "1", "--ring-spin-us", "1", "--loop-spin-us", "300",
+	                 NULL) != 0) {
+		daemon_log_dump(&on, 40);
+		fail();
+	}
+	uint64_t woke = paced_pings(on.url, 30);
+	printf("  --loop-spin-us 300: %llu ring thread wakes over 30 paced calls\n",
+	       (unsigned long long)woke);
+	assert_true(woke >= 10); /* a loaded machine may let a few wakes be missed: harmless */
+	/* back to back: each entry comes while the loop polls after the last completion, so the
+	 * ring thread queues it without a uv_async; none may be lost (5 s per call) */
+	fa_client *c = NULL;
+	assert_int_equal(fa_client_open(&c, on.url), FA_OK);
+	fa_client_set_timeout(c, fa_test_ms(5000));
+	uint64_t t0 = fa_test_now_ms(), polled0 = fa_integ_stat(c, "ring_polled");
+	for (int i = 0; i < 2000; i++)
+		assert_int_equal(fa_ping(c), FA_OK);
+	uint64_t polled = fa_integ_stat(c, "ring_polled") - polled0;
+	printf("  2000 back-to-back ring PINGs in %llu ms, %llu handed to the polling loop\n",
+	       (unsigned long long)(fa_test_now_ms() - t0), (unsigned long long)polled);
+	assert_true(polled > 0);
+	fa_client_close(c);
+	assert_int_equal(daemon_finish(&on), 0);
+	if (daemon_start(&off, "--threads", "1", "--ring-spin-us", "1", "--loop-spin-us", "0",
+	                 NULL) != 0) {
+		daemon_log_dump(&off, 40);
+		fail();
+	}
+	assert_int_equal(paced_pings(off.url, 10), 0);
+	assert_int_equal(daemon_finish(&off), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -467,6 +528,7 @@ int main(void)
 		cmocka_unit_test(test_ring_shrunk_object_does_not_kill_the_daemon),
 		cmocka_unit_test(test_ring_limit_falls_back_to_the_socket),
 		cmocka_unit_test(test_ring_goes_with_a_killed_clients_session),
+		cmocka_unit_test(test_ring_completion_wakes_a_sleeping_ring_thread),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
