@@ -58,9 +58,8 @@ if _is_compiling is None:  # PyTorch < 2.3
 def needs_op(q, k, v):
     """True when a call on these tensors must go through autograd or is being traced by
     torch.compile (the plain call would be opaque to both)."""
-    if torch.is_grad_enabled() and (getattr(q, "requires_grad", False) or
-                                    getattr(k, "requires_grad", False) or
-                                    getattr(v, "requires_grad", False)):
+    if (q.requires_grad or getattr(k, "requires_grad", False) or
+            getattr(v, "requires_grad", False)) and torch.is_grad_enabled():
         return True
     return _is_compiling()
 
