@@ -154,8 +154,8 @@ FA_API void fa_prepared_free(fa_prepared *p)
 static fa_status place(const fa_prepared *p, fa_placement *pl, unsigned i, unsigned char *blk,
                        const fa_buffer **checked, unsigned *nchecked)
 {
-	const fa_buffer *b = pl->at[i].buf;
-	uint64_t addr = pl->at[i].addr;
+	const fa_buffer *b = pl->buf[i];
+	uint64_t addr = pl->addr[i];
 
 	if (b == NULL)
 		return fa__fail(FA_EINVAL, "fa_prepared_call: place %u has no buffer", i);

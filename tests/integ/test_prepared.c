@@ -26,7 +26,7 @@ static struct fa_daemon g_daemon;
 static int setup(void **state)
 {
 	(void)state;
-	int r = daemon_start(&g_daemon, "--threads", "2", NULL);
+	int r = daemon_start(&g_daemon, "--threads", "2", "--backend", "cpu", NULL);
 	if (r != 0) {
 		fprintf(stderr, "daemon_start: %d (status %d)\n", r, g_daemon.status);
 		daemon_log_dump(&g_daemon, 40);
@@ -151,8 +151,8 @@ static void place_all(fa_placement *pl, fa_buffer *const b[], const uint64_t off
 {
 	memset(pl, 0, sizeof *pl);
 	for (int i = 0; i < n; i++) {
-		pl->at[i].buf = b[i];
-		pl->at[i].addr = addr_of(b[i], off[i]);
+		pl->buf[i] = b[i];
+		pl->addr[i] = addr_of(b[i], off[i]);
 	}
 }
 
@@ -226,24 +226,24 @@ static void test_a_place_outside_its_buffer_is_refused_with_its_index_and_nothin
 	fa_placement pl;
 	/* o's last byte one past the buffer */
 	place_all(&pl, b, off, 5);
-	pl.at[3].addr = addr_of(x, BUF_BYTES - t_bytes(&a.o) + 4);
+	pl.addr[3] = addr_of(x, BUF_BYTES - t_bytes(&a.o) + 4);
 	assert_int_equal(fa_prepared_call(p, &pl), FA_ERANGE);
 	assert_int_equal(pl.moved, 3);
 	assert_non_null(strstr(fa_last_error_detail(), "place 3"));
 	/* k before its buffer's start */
 	place_all(&pl, b, off, 5);
-	pl.at[1].addr = addr_of(x, 0) - 64;
+	pl.addr[1] = addr_of(x, 0) - 64;
 	assert_int_equal(fa_prepared_call(p, &pl), FA_ERANGE);
 	assert_int_equal(pl.moved, 1);
 	/* v in y's memory, given as x's: outside x */
 	place_all(&pl, b, off, 5);
-	pl.at[2].addr = addr_of(y, 0);
+	pl.addr[2] = addr_of(y, 0);
 	fa_status st = fa_prepared_call(p, &pl);
 	assert_int_equal(st, FA_ERANGE);
 	assert_int_equal(pl.moved, 2);
 	/* an address that wraps around */
 	place_all(&pl, b, off, 5);
-	pl.at[0].addr = UINT64_MAX - 8;
+	pl.addr[0] = UINT64_MAX - 8;
 	assert_int_equal(fa_prepared_call(p, &pl), FA_ERANGE);
 	assert_int_equal(pl.moved, 0);
 	assert_int_equal(requests(c), before + stats_only); /* no attention request went */
@@ -298,12 +298,12 @@ static void test_bad_arguments_are_refused_with_einval_and_another_clients_buffe
 	pl.flags = FA_PLACE_SYNC_STREAM | FA_PLACE_ASYNC;
 	assert_int_equal(fa_prepared_call(p, &pl), FA_EINVAL);
 	pl.flags = 0;
-	pl.at[4].buf = NULL;
+	pl.buf[4] = NULL;
 	assert_int_equal(fa_prepared_call(p, &pl), FA_EINVAL);
 	assert_int_equal(pl.moved, -1);
 	place_all(&pl, b, off, 5);
-	pl.at[2].buf = z;
-	pl.at[2].addr = addr_of(z, 0);
+	pl.buf[2] = z;
+	pl.addr[2] = addr_of(z, 0);
 	assert_int_equal(fa_prepared_call(p, &pl), FA_EREGION);
 	assert_int_equal(pl.moved, -1);
 	assert_non_null(strstr(fa_last_error_detail(), "another fa_client"));
@@ -312,14 +312,15 @@ static void test_bad_arguments_are_refused_with_einval_and_another_clients_buffe
 	pl.flags = FA_PLACE_ASYNC;
 	assert_int_equal(fa_prepared_call(p, &pl), FA_EINVAL);
 	assert_non_null(strstr(fa_last_error_detail(), "host buffer"));
-	/* the stream wait: no driver here (FA_ENOGPU, nothing sent), a GPU host's driver waits */
+	/* the stream wait: without a driver FA_ENOGPU, on a GPU host without a current context
+	 * FA_EDEVICE (the CUDA error in the detail); either way nothing was sent */
 	memset((char *)fa_buffer_data(x) + off[3], POISON, t_bytes(&a.o));
 	pl.flags = FA_PLACE_SYNC_STREAM;
 	fa_status st = fa_prepared_call(p, &pl);
-	if (st == FA_ENOGPU)
+	if (st == FA_ENOGPU || st == FA_EDEVICE)
 		assert_true(all_poison(x, off[3], t_bytes(&a.o)));
-	else
-		assert_int_equal(st, FA_OK);
+	else if (st != FA_OK)
+		fail_msg("the stream wait: %s (%s)", fa_status_name(st), fa_last_error_detail());
 	fa_prepared_free(p);
 	fa_prepared_free(NULL);
 	fa_buffer_free(x);
@@ -373,8 +374,8 @@ static void expect_same_as_direct(fa_client *c, fa_prepared_op op, void *args, s
 		}
 	fa_placement pl = {0};
 	for (unsigned i = 0; i < n; i++) {
-		pl.at[i].buf = y;
-		pl.at[i].addr = addr_of(y, y_off[i]);
+		pl.buf[i] = y;
+		pl.addr[i] = addr_of(y, y_off[i]);
 	}
 	st = fa_prepared_call(p, &pl);
 	if (st != FA_OK)
@@ -465,7 +466,7 @@ static void test_prepared_backward_varlen_and_kvcache_write_their_direct_calls_b
 	assert_int_equal(fa_prepare(c, FA_PREPARED_KVCACHE, &kv, 4, kf, kspan, &p), FA_OK);
 	fa_placement pl = {.flags = FA_PLACE_ASYNC};
 	for (int i = 0; i < 4; i++)
-		pl.at[i].buf = x, pl.at[i].addr = addr_of(x, 0);
+		pl.buf[i] = x, pl.addr[i] = addr_of(x, 0);
 	assert_int_equal(fa_prepared_call(p, &pl), FA_EINVAL);
 	assert_non_null(strstr(fa_last_error_detail(), "synchronous only"));
 	fa_prepared_free(p);
@@ -493,8 +494,8 @@ static void *worker_main(void *arg)
 	for (int k = 0; k < CALLS && !w->bad; k++) {
 		fa_placement pl = {0};
 		for (int i = 0; i < 5; i++) {
-			pl.at[i].buf = w->x;
-			pl.at[i].addr = addr_of(w->x, i == 3 ? w->out_off : i == 4 ? w->lse_off
+			pl.buf[i] = w->x;
+			pl.addr[i] = addr_of(w->x, i == 3 ? w->out_off : i == 4 ? w->lse_off
 			                                                             : w->off[i]);
 		}
 		memset((char *)fa_buffer_data(w->x) + w->out_off, POISON, B * SQ * HQ * D * 4);

@@ -448,16 +448,19 @@ typedef struct fa_placement {
 	int32_t moved;  /* written: -1, or the index of the first tensor not where a place may
 	                 * be (then nothing was sent): resolve it anew (its allocation's
 	                 * registration is stale: fa_buffer_free it, register again) */
-	struct {
-		fa_buffer *buf; /* borrowed: a registered buffer of the prepared call's client */
-		uint64_t addr;  /* the tensor's first element, in buf's memory as fa_buffer_data()
-		                 * addresses it (a host mapping, or a device address) */
-	} at[FA_PREPARED_MAX_TENSORS]; /* the prepared tensors' places, in fa_prepare's order */
+	/* The prepared tensors' places, in fa_prepare's order (two arrays, so that a binding
+	 * writes each in one go): */
+	fa_buffer *buf[FA_PREPARED_MAX_TENSORS]; /* borrowed: registered buffers of the prepared
+	                                          * call's client */
+	uint64_t addr[FA_PREPARED_MAX_TENSORS];  /* each tensor's first element, in its buffer's
+	                                          * memory as fa_buffer_data() addresses it (a
+	                                          * host mapping, or a device address) */
 } fa_placement;
 
-/* One call of `p` with its tensors at pl->at[0 .. n-1]. Each place is checked in order, before
- * anything else: addr at or after fa_buffer_data(buf) with span bytes inside the buffer, and a
- * device buffer's allocation still the registered one (one driver query per buffer and call).
+/* One call of `p` with tensor i at pl->addr[i] in pl->buf[i], i < n. Each place is checked in
+ * order, before anything else: the address at or after fa_buffer_data(buf) with span bytes
+ * inside the buffer, and a device buffer's allocation still the registered one (one driver
+ * query per buffer and call).
  * The first that fails sets pl->moved to its index and returns FA_ERANGE (outside the buffer)
  * or FA_EREGION (the allocation is no longer the registered one), sending nothing and waiting
  * for no stream. Then the stream wait (FA_PLACE_SYNC_STREAM) and the call of p's op, whose
