@@ -65,7 +65,11 @@ def _autograd_module(q, k, v):
         _torch_mod = m
     elif not isinstance(q, m.torch.Tensor):
         return None
-    return m if m.needs_op(q, k, v) else None
+    # m.needs_op, written out (the hot path of a loop without autograd)
+    if (q.requires_grad or getattr(k, "requires_grad", False) or
+            getattr(v, "requires_grad", False)) and m.torch.is_grad_enabled():
+        return m
+    return m if m._is_compiling() else None
 
 
 def _no_out_with_autograd(out, fn):

@@ -233,12 +233,24 @@ def serve(c, op, meta, xs, stream):
     when it was served (the library called; errors raised), else the key for the full path
     to store its plan under (MISS: no plan may be made)."""
     global hits
-    k, ptrs, kind = key(op, meta, xs)
+    t0 = type(xs[0])
+    if t0 in _TORCH:  # (key() and plan() written out: two Python calls less on the hot path)
+        k, ptrs, kind = _torch_key(op, meta, xs)
+    else:
+        k, ptrs, kind = key(op, meta, xs)
     if k is None:
         return MISS
-    p = plan(c, k)
-    if p is None:
+    s = getattr(c._tls, "fast", None)
+    if s is None:
         return k
+    m = s.mru.get(op)
+    if m is not None and m[0] == k:
+        p = m[1]
+    else:
+        p = s.plans.get(k)
+        if p is None:
+            return k
+        s.mru[op] = (k, p)
     bufs = []
     if kind is CUDA:
         byptr = c._dev_ptr
