@@ -83,7 +83,10 @@ class Plan:
     def __del__(self):
         pp, self.pp = getattr(self, "pp", None), None
         if pp:
-            self.lib.fa_prepared_free(pp)
+            try:
+                self.lib.fa_prepared_free(pp)
+            except Exception:  # (interpreter shutdown: the library may be gone already)
+                pass
 
     def moved(self):
         """The index the library refused (fa_placement.moved), -1 when none."""
@@ -223,7 +226,10 @@ def store(c, k, op, block, size, fields, views, kind):
         s.plans.clear()
         s.mru.clear()
     spans = [v.extent()[1] - v.ptr for v in views]
-    p = Plan(lib, c._c, op, block, size, fields, spans, kind)
+    try:
+        p = Plan(lib, c._c, op, block, size, fields, spans, kind)
+    except OSError:  # (the library refused or had no memory: this call's kind stays slow)
+        return
     s.plans[k] = p
     s.mru[op] = (k, p)
 
