@@ -53,8 +53,9 @@ _torch_mod = None
 
 
 def _autograd_module(q, k, v):
-    """fa._torch when q, k, v are PyTorch tensors whose call needs autograd or is being
-    traced by torch.compile, else None (the plain call serves it, a few us cheaper)."""
+    """fa._torch when q, k, v are PyTorch tensors whose call needs autograd (one requires grad
+    while grad mode is on) or is being traced by torch.compile (the plain call would be opaque
+    to both), else None (the plain call serves it, a few us cheaper)."""
     global _torch_mod
     m = _torch_mod
     if m is None:
@@ -65,7 +66,6 @@ def _autograd_module(q, k, v):
         _torch_mod = m
     elif not isinstance(q, m.torch.Tensor):
         return None
-    # m.needs_op, written out (the hot path of a loop without autograd)
     if (q.requires_grad or getattr(k, "requires_grad", False) or
             getattr(v, "requires_grad", False)) and m.torch.is_grad_enabled():
         return m
