@@ -14,6 +14,8 @@
  *   fa_client.c     the public calls: sessions (HELLO/BYE/reconnect), argument checks, attention
  *   fa_attn_bwd.c   the backward pass's calls (fa_attn_bwd, fa_attn_bwd_async), on fa_client.c's
  *                   tensor check
+ *   fa_prepared.c   prepared calls: a block built once, its tensors placed and checked per call
+ *                   (fa_prepare, fa_prepared_call), over the calls above and fa_cuda.c's checks
  * Internal helpers are named fa__ (libuv's uv__), which no public name uses. Everything here is
  * hidden: the Makefile compiles client/ with -fvisibility=hidden and only the FA_API declarations
  * of fa/fa_client.h (and fa/fa_types.h) are exported.
@@ -179,6 +181,7 @@ struct fa_buffer {
 			uint8_t handle[FA_PROTO_IPC_HANDLE_LEN]; /* of the allocation's base */
 			uint8_t uuid[FA_PROTO_UUID_LEN];         /* the allocation's GPU */
 			uint64_t alloc_size;                     /* the whole allocation */
+			uint64_t buffer_id;                      /* the driver's id of it (0: unknown) */
 		} dev;
 	} u;
 };
@@ -202,6 +205,14 @@ fa_status fa_cuda_async_wait(struct fa_async_slot *sl, void *stream,
                              const uint8_t handle[FA_PROTO_IPC_HANDLE_LEN]);
 /* Destroy the slot's events (fa_client_close). (fa_cuda.c) */
 void fa_cuda_async_fini(struct fa_async_slot *sl);
+
+/* Is device buffer b's allocation still the one registered? The driver's buffer id of addr (an
+ * address inside b) equals the id read at registration; false also when the query fails or the
+ * id was not known (prepared calls, fa_prepared.c). (fa_cuda.c) */
+bool fa_cuda_buffer_current(const fa_buffer *b, uint64_t addr);
+/* cuStreamSynchronize(stream), the driver loaded first: FA_OK, FA_ENOGPU, FA_EDEVICE with the
+ * CUDA error in the detail. (fa_cuda.c) */
+fa_status fa_cuda_stream_sync(void *stream);
 
 /* The asynchronous mode's completion words in one CUDA context (fa_cuda.c; the wire's
  * FA_PROTO_WORDS_*): a cuMemAlloc buffer of this process, registered as a words region, in

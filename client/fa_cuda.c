@@ -23,6 +23,7 @@ typedef fa_cu_ctx cu_ctx;
 
 enum {
 	CU_ATTR_CONTEXT = FA_CU_POINTER_ATTRIBUTE_CONTEXT,
+	CU_ATTR_BUFFER_ID = FA_CU_POINTER_ATTRIBUTE_BUFFER_ID,
 	CU_ATTR_IS_MANAGED = FA_CU_POINTER_ATTRIBUTE_IS_MANAGED,
 	CU_ATTR_DEVICE_ORDINAL = FA_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
 	CU_ATTR_IS_LEGACY_IPC_CAPABLE = FA_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
@@ -122,6 +123,12 @@ static fa_status dev_export(fa_buffer *b, cu_ptr p, size_t size)
 		fa_cu->CtxPopCurrent(&popped);
 	if (st != FA_OK)
 		return st;
+	/* The id a prepared call compares against (fa_cuda_buffer_current); 0 when the driver does
+	 * not say, and such a buffer is never taken by a prepared call. */
+	unsigned long long id = 0;
+	if (fa_cu->PointerGetAttribute(&id, CU_ATTR_BUFFER_ID, p) != 0)
+		id = 0;
+	b->u.dev.buffer_id = id;
 	memcpy(b->u.dev.handle, h.reserved, sizeof b->u.dev.handle);
 	memcpy(b->u.dev.uuid, uuid, sizeof b->u.dev.uuid);
 	b->u.dev.alloc_size = (uint64_t)asize;
@@ -164,6 +171,34 @@ FA_API fa_status fa_buffer_register_device(fa_client *c, void *dptr, size_t size
 	          " in a %" PRIu64 "-byte allocation, region %016" PRIx64,
 	          (unsigned long long)(uintptr_t)dptr, size, b->region_offset, b->u.dev.alloc_size,
 	          b->region);
+	return FA_OK;
+}
+
+/* See fa_client_int.h. One driver query (about a microsecond): what makes a registration
+ * trusted only while it is still that allocation's, since CUDA gives the freed address to the
+ * next allocation and the registered handle would then map other memory. */
+bool fa_cuda_buffer_current(const fa_buffer *b, uint64_t addr)
+{
+	unsigned long long id = 0;
+
+	if (b->u.dev.buffer_id == 0)
+		return false;
+	if (fa_cu->PointerGetAttribute(&id, CU_ATTR_BUFFER_ID, (cu_ptr)addr) != 0)
+		return false;
+	return id == b->u.dev.buffer_id;
+}
+
+/* See fa_client_int.h. */
+fa_status fa_cuda_stream_sync(void *stream)
+{
+	fa_status st;
+	cu_res r;
+
+	if ((st = fa_cu_load()) != FA_OK)
+		return fa__fail(st, "%s", fa_cu_why());
+	if ((r = fa_cu->StreamSynchronize(stream)) != 0)
+		return fa__fail(FA_EDEVICE, "cuStreamSynchronize on the producer's stream: CUDA error "
+		                "%d (%s)", r, fa_cu_errstr(r));
 	return FA_OK;
 }
 

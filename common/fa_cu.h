@@ -61,6 +61,7 @@ struct fa_cu_ipc_handle {
 enum {
 	/* CUpointer_attribute */
 	FA_CU_POINTER_ATTRIBUTE_CONTEXT = 1,
+	FA_CU_POINTER_ATTRIBUTE_BUFFER_ID = 7, /* unique per allocation in the process's life */
 	FA_CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
 	FA_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
 	FA_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,

@@ -53,17 +53,23 @@ _torch_mod = None
 
 
 def _autograd_module(q, k, v):
-    """fa._torch when q, k, v are PyTorch tensors whose call needs autograd or is being
-    traced by torch.compile, else None (the plain call serves it, a few us cheaper)."""
+    """fa._torch when q, k, v are PyTorch tensors whose call needs autograd (one requires grad
+    while grad mode is on) or is being traced by torch.compile (the plain call would be opaque
+    to both), else None (the plain call serves it, a few us cheaper)."""
     global _torch_mod
-    torch = _sys.modules.get("torch")
-    if torch is None or not isinstance(q, torch.Tensor):
-        return None
     m = _torch_mod
     if m is None:
+        torch = _sys.modules.get("torch")
+        if torch is None or not isinstance(q, torch.Tensor):
+            return None
         from . import _torch as m
         _torch_mod = m
-    return m if m.needs_op(q, k, v) else None
+    elif not isinstance(q, m.torch.Tensor):
+        return None
+    if (q.requires_grad or getattr(k, "requires_grad", False) or
+            getattr(v, "requires_grad", False)) and m.torch.is_grad_enabled():
+        return m
+    return m if m._is_compiling() else None
 
 
 def _no_out_with_autograd(out, fn):
@@ -148,9 +154,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
-                    window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
-                    return_attn_probs=False, *, return_lse=False, out=None, precision=None,
-                    client=None, stream=None):
+                    window_size=_attn.NO_WINDOW, softcap=0.0, alibi_slopes=None,
+                    deterministic=False, return_attn_probs=False, *, return_lse=False, out=None,
+                    precision=None, client=None, stream=None):
     """FlashAttention's flash_attn_func (same positional order), computed by fa-daemon.
 
     q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D] (GQA/MQA when Hq is a multiple of Hkv; any strides
@@ -171,13 +177,16 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     FaNotSupportedError, FA_ENOTSUP)."""
     if dropout_p:
         raise _usage("FA_ENOTSUP", "dropout_p=%r: fa has no dropout" % dropout_p)
-    window = _attn.window_size(window_size)
-    cap = _attn.softcap_value(softcap)
+    # (the defaults checked by identity and type first: the hot path of a loop)
+    window = (window_size if window_size is _attn.NO_WINDOW else
+              _attn.window_size(window_size))
+    cap = (0.0 if softcap.__class__ is float and softcap == 0.0 else
+           _attn.softcap_value(softcap))
     if alibi_slopes is not None:
         raise _usage("FA_ENOTSUP", "alibi_slopes: not supported by fa")
     want = return_lse or return_attn_probs
     mask = _abi.FA_MASK_CAUSAL_BOTTOM_RIGHT if causal else _abi.FA_MASK_NONE
-    prec = _precision(precision)
+    prec = _abi.FA_PREC_DEFAULT if precision is None else _precision(precision)
     m = _autograd_module(q, k, v)
     if m is not None:
         _no_out_with_autograd(out, "flash_attn_func")

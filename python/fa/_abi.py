@@ -168,11 +168,35 @@ class fa_attn_kvcache_args(C.Structure):
     ]
 
 
+# Prepared calls (fa_client.h: fa_prepare, fa_prepared_call).
+FA_PREPARED_FWD = 1
+FA_PREPARED_BWD = 2
+FA_PREPARED_VARLEN = 3
+FA_PREPARED_KVCACHE = 4
+FA_PREPARED_MAX_TENSORS = 12
+FA_PLACE_SYNC_STREAM = 1 << 0
+FA_PLACE_ASYNC = 1 << 1
+ENUMS.update(FA_PREPARED_FWD=FA_PREPARED_FWD, FA_PREPARED_BWD=FA_PREPARED_BWD,
+             FA_PREPARED_VARLEN=FA_PREPARED_VARLEN, FA_PREPARED_KVCACHE=FA_PREPARED_KVCACHE,
+             FA_PREPARED_MAX_TENSORS=FA_PREPARED_MAX_TENSORS,
+             FA_PLACE_SYNC_STREAM=FA_PLACE_SYNC_STREAM, FA_PLACE_ASYNC=FA_PLACE_ASYNC)
+
+
+class fa_placement(C.Structure):
+    _fields_ = [
+        ("stream", C.c_void_p),
+        ("flags", C.c_uint32),
+        ("moved", C.c_int32),
+        ("buf", fa_buffer_p * FA_PREPARED_MAX_TENSORS),
+        ("addr", C.c_uint64 * FA_PREPARED_MAX_TENSORS),
+    ]
+
+
 # Every mirrored struct, for the layout test: (C type name, ctypes class).
 STRUCTS = [("fa_tensor", fa_tensor), ("fa_attn_fwd_args", fa_attn_fwd_args),
            ("fa_attn_bwd_args", fa_attn_bwd_args), ("fa_index", fa_index),
            ("fa_attn_varlen_args", fa_attn_varlen_args),
-           ("fa_attn_kvcache_args", fa_attn_kvcache_args)]
+           ("fa_attn_kvcache_args", fa_attn_kvcache_args), ("fa_placement", fa_placement)]
 
 # Args structs are handed to the library inside a zeroed block this much larger than the mirror:
 # a library newer than this mirror (fields appended at the end, whose zero is their default)
@@ -206,6 +230,12 @@ PROTOTYPES = {
     "fa_attn_bwd_async": (fa_status, [fa_client_p, C.c_void_p, C.c_void_p]),
     "fa_attn_varlen": (fa_status, [fa_client_p, C.c_void_p]),
     "fa_attn_kvcache": (fa_status, [fa_client_p, C.c_void_p]),
+    # (client, op, args, n, field, span, out): the arrays as ctypes arrays, once per plan
+    "fa_prepare": (fa_status, [fa_client_p, fa_enum, C.c_void_p, C.c_uint,
+                               P(C.c_uint32), P(C.c_uint64), P(C.c_void_p)]),
+    "fa_prepared_free": (None, [C.c_void_p]),
+    # the hot path: two plain addresses (the prepared call, its fa_placement)
+    "fa_prepared_call": (fa_status, [C.c_void_p, C.c_void_p]),
 }
 REQUIRED = ("fa_version_string", "fa_status_name", "fa_strerror", "fa_last_error_detail",
             "fa_client_open", "fa_client_close", "fa_attn_fwd", "fa_buffer_alloc_host",

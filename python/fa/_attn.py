@@ -226,14 +226,10 @@ def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, cli
         if out is not None and (lse_out is not None or not want_lse):
             meta = (bhsd, mask, float(scale) if scale else 0.0, precision, gqa, window,
                     softcap)
-            k_fast, ptrs, kind = _fast.key(_fast.FWD, meta, (q, k, v, out, lse_out)
-                                           if want_lse else (q, k, v, out))
-            if k_fast is not None:
-                p = _fast.plan(c, k_fast)
-                if p is not None and _fast.patch(c, p, ptrs):
-                    run(c, p.addr, kind, stream, q, ptrs[0], c._lib.fa_attn_fwd,
-                        c._lib.fa_attn_fwd_async)
-                    return out, lse_out
+            k_fast = _fast.serve(c, _fast.FWD, meta, (q, k, v, out, lse_out) if want_lse
+                                 else (q, k, v, out), stream)
+            if k_fast is None:
+                return out, lse_out
     names = ("q", "k", "v")
     ins = [_arrays.view_of(x, n) for x, n in zip((q, k, v), names)]
     for vw, n in zip(ins, names):
@@ -285,8 +281,8 @@ def forward(q, k, v, *, bhsd, mask, scale, want_lse, out=None, lse_out=None, cli
     _INT.pack_into(a, _PREC, precision)
     pack_window(a, _abi.fa_attn_fwd_args, window, softcap)
     lib = c._lib
-    if k_fast is not None and not back and len(res) == len(views):
-        _fast.store(c, k_fast, a, _ARGS_BYTES, fields, views, kind)
+    if k_fast is not None and k_fast is not _fast.MISS and not back and len(res) == len(views):
+        _fast.store(c, k_fast, _fast.FWD, a, _ARGS_BYTES, fields, views, kind)
     call(c, C.addressof(a), kind, stream, vq, lib.fa_attn_fwd, lib.fa_attn_fwd_async, back)
     copy_back(back)
     del keep
@@ -320,30 +316,6 @@ def alloc_lse(q, bhsd):
         return torch.empty((B, Hq, Sq), dtype=torch.float32, device=q.device)
     np = sys.modules["numpy"]
     return np.empty((B, Hq, Sq), dtype=np.float32)
-
-
-def run(c, addr, kind, stream, q, qptr, fn, fn_async):
-    """A prebuilt block's call (_fast.py): q's allocation gives the device whose PyTorch stream
-    orders the call."""
-    torch = sys.modules.get("torch")
-    if kind is CUDA and torch is not None and type(q) is torch.Tensor and \
-            stream in (None, "auto", "current"):
-        r = c._dev_ptr.get(qptr)  # (None only when another thread just renewed the table)
-        ordinal = r.ordinal if r is not None else -1
-        if ordinal >= 0:
-            h = _fast.current_stream(ordinal)
-
-            def sync():
-                r = _cuda._cu.stream_synchronize(h)
-                if r != 0:
-                    raise usage("FA_EDEVICE", "synchronising PyTorch's current stream "
-                                "failed with CUresult %d" % r)
-            _ordered(c, addr, stream, fn, fn_async, h, sync)
-            return
-    vq = _arrays.view_of(q, "q")
-    if kind is CUDA and stream is None:  # what resolve does on the full path
-        _sync_producer(vq)
-    call(c, addr, kind, stream, vq, fn, fn_async, ())
 
 
 def call(c, addr, kind, stream, vq, fn, fn_async, back):

@@ -54,13 +54,10 @@ def backward(q, k, v, o, dout, lse, *, bhsd, mask, scale, deterministic=False, d
         if dq is not None and dk is not None and dv is not None:
             meta = (bhsd, mask, float(scale) if scale else 0.0, precision, gqa,
                     bool(deterministic), window, softcap)
-            k_fast, ptrs, kind = _fast.key(_fast.BWD, meta, (q, k, v, o, dout, lse, dq, dk, dv))
-            if k_fast is not None:
-                p = _fast.plan(c, k_fast)
-                if p is not None and _fast.patch(c, p, ptrs):
-                    _attn.run(c, p.addr, kind, stream, q, ptrs[0], lib.fa_attn_bwd,
-                              lib.fa_attn_bwd_async)
-                    return dq, dk, dv
+            k_fast = _fast.serve(c, _fast.BWD, meta, (q, k, v, o, dout, lse, dq, dk, dv),
+                                 stream)
+            if k_fast is None:
+                return dq, dk, dv
     ins = [_arrays.view_of(x, n) for x, n in zip((q, k, v, o, dout, lse), _NAMES)]
     for vw, n in zip(ins, _NAMES):
         want = 3 if n == "lse" else 4
@@ -105,8 +102,8 @@ def backward(q, k, v, o, dout, lse, *, bhsd, mask, scale, deterministic=False, d
     _attn._INT.pack_into(a, _PREC, precision)
     _attn._INT.pack_into(a, _FLAGS, _abi.FA_BWD_DETERMINISTIC if deterministic else 0)
     _attn.pack_window(a, _abi.fa_attn_bwd_args, window, softcap)
-    if k_fast is not None and not back and len(res) == len(ins):
-        _fast.store(c, k_fast, a, _ARGS_BYTES, fields, ins, kind)
+    if k_fast is not None and k_fast is not _fast.MISS and not back and len(res) == len(ins):
+        _fast.store(c, k_fast, _fast.BWD, a, _ARGS_BYTES, fields, ins, kind)
     _attn.call(c, C.addressof(a), kind, stream, vq, lib.fa_attn_bwd, lib.fa_attn_bwd_async,
                back)
     _attn.copy_back(back)

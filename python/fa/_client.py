@@ -119,6 +119,9 @@ class Client:
         with _state:
             _open_clients += 1
         self._pid = os.getpid()
+        # The session's epoch as the library holds it; it changes only in fa_client_reconnect,
+        # which only _reconnect_after calls (so a call reads this, not the library).
+        self._epoch = lib.fa_client_epoch(self._c)
         if timeout_ms is not None:
             self.set_timeout(timeout_ms)
         self._cv_lock = threading.Lock()  # taken directly on the hot path (no Condition call)
@@ -130,7 +133,8 @@ class Client:
         self._host_bufs = []     # weakrefs to _HostBuffer, same order
         self._dev_lock = threading.Lock()
         self._dev = {}           # allocation base -> _DeviceReg
-        self._dev_ptr = {}       # device address last resolved -> its _DeviceReg (_fast.py)
+        self._dev_ptr = {}       # device address last resolved -> its _DeviceReg (_fast.py);
+                                 # emptied whenever a registration goes, so an entry is live
         self._dev_bad = {}       # allocation base -> (buffer id, cause): not exportable
         self._dev_clock = 0
         self._dev_stages = []    # device staging buffers (_devstage.py), every thread's
@@ -156,6 +160,7 @@ class Client:
             _devstage.release_all(self, _cuda.driver())
         with self._dev_lock:
             regs, self._dev = list(self._dev.values()), {}
+            self._dev_ptr = {}
         for r in regs:
             self._lib.fa_buffer_free(r.buf)
         self._tls = threading.local()  # this thread's staging goes now, others' with them
@@ -220,6 +225,7 @@ class Client:
                 st = self._lib.fa_client_reconnect(self._c)
         finally:
             with self._cv:
+                self._epoch = self._lib.fa_client_epoch(self._c)
                 self._reconnecting = False
                 self._active += 1
                 self._cv.notify_all()
@@ -240,7 +246,7 @@ class Client:
         finally:
             lk.release()
         try:
-            epoch = self._lib.fa_client_epoch(c)
+            epoch = self._epoch
             st = fn(c, *args)
             if st == _abi.FA_ESESSION:
                 rst = self._reconnect_after(epoch)
@@ -251,6 +257,41 @@ class Client:
                 raise error(self._lib, st, what)
         finally:
             self._leave()
+
+    def _call_prepared(self, p):
+        """The library's fa_prepared_call for plan p (_fast.py), its placement written: None
+        when it succeeded, -1 when it refused a place (nothing was sent: the caller takes the
+        full path), else the failure's status. FA_ESESSION is handled as in _call."""
+        if not self._c or self._closing or _forked_dirty:
+            self._handle()
+        lk = self._cv_lock
+        lk.acquire()
+        try:
+            while self._reconnecting:
+                self._cv.wait()
+            self._active += 1
+        finally:
+            lk.release()
+        try:
+            epoch = self._epoch
+            fn = self._lib.fa_prepared_call
+            st = fn(p.pp, p.place_addr)
+            if st == 0:
+                return None
+            if st == _abi.FA_ESESSION and p.moved() < 0:
+                rst = self._reconnect_after(epoch)
+                if rst:
+                    raise error(self._lib, rst, "fa_client_reconnect after a daemon restart")
+                st = fn(p.pp, p.place_addr)
+                if st == 0:
+                    return None
+            return -1 if p.moved() >= 0 else st
+        finally:
+            lk.acquire()
+            self._active -= 1
+            if self._reconnecting and self._active == 0:
+                self._cv.notify_all()
+            lk.release()
 
     # ---- small calls ----------------------------------------------------------------------
     def set_timeout(self, timeout_ms):
@@ -358,6 +399,8 @@ class Client:
                 self._remember_ptr(ptr, r)
                 return r
             stale = self._dev.pop(base, None)
+            if stale is not None:
+                self._dev_ptr = {}
             bad = self._dev_bad.get(base)
         if bad is not None and bad[0] == bufid:
             raise usage("FA_EIPC", bad[1])
@@ -377,6 +420,8 @@ class Client:
             r = _DeviceReg(buf, base, size, bufid, ordinal)
             r.used = self._dev_clock
             old = self._dev.get(base)
+            if old is not None:
+                self._dev_ptr = {}
             self._dev[base] = r
             self._remember_ptr(ptr, r)
         if old is not None:  # another thread registered it meanwhile
@@ -385,7 +430,7 @@ class Client:
         return r
 
     def _remember_ptr(self, ptr, r):
-        """Under _dev_lock: ptr was found in r (what _fast.patch looks up first)."""
+        """Under _dev_lock: ptr was found in r (what _fast.serve looks up first)."""
         if len(self._dev_ptr) >= 8192:
             self._dev_ptr = {}
         self._dev_ptr[ptr] = r
@@ -412,6 +457,7 @@ class Client:
             victims = regs[:max(1, len(regs) // 2)] if regs else []
             for r in victims:
                 del self._dev[r.base]
+            self._dev_ptr = {}
         for r in victims:
             self._lib.fa_buffer_free(r.buf)
         return bool(victims)
@@ -423,6 +469,7 @@ class Client:
         unregistered before it is freed. fa.empty_cache() does both for PyTorch."""
         with self._dev_lock:
             regs, self._dev = list(self._dev.values()), {}
+            self._dev_ptr = {}
         for r in regs:
             self._lib.fa_buffer_free(r.buf)
 

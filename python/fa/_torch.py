@@ -55,16 +55,6 @@ if _is_compiling is None:  # PyTorch < 2.3
             return False
 
 
-def needs_op(q, k, v):
-    """True when a call on these tensors must go through autograd or is being traced by
-    torch.compile (the plain call would be opaque to both)."""
-    if torch.is_grad_enabled() and (getattr(q, "requires_grad", False) or
-                                    getattr(k, "requires_grad", False) or
-                                    getattr(v, "requires_grad", False)):
-        return True
-    return _is_compiling()
-
-
 def client_id(client):
     return 0 if client is None else client._op_id
 

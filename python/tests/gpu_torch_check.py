@@ -9,7 +9,10 @@ float64 reference, with torch.nn.functional.scaled_dot_product_attention's own e
 the logsumexp; CPU tensors (staged, and in place from fa.empty_host); the asynchronous mode; that
 a loop re-registers nothing (the registration cache); the overhead of one Python call over
 the bare C call (p50 of 1000, target <= 10 us) and its parts (fresh outputs, the stream sync,
-the buffer-id query, the Python side alone on the fast and the full path); the copy of memory
+the buffer-id query, the Python side alone on the fast and the full path, the library's side
+of the fast path's prepared call); the library's prepared call on device memory (placed, with
+the stream wait, asynchronous, past the allocation, and an allocation freed and made anew at
+the same address refused by its buffer id); the copy of memory
 CUDA IPC cannot export, in child processes (expandable_segments, cudaMallocAsync, managed:
 what cuIpcGetMemHandle says, forward and gradients through the copy, one warning). Then
 training: gradients through loss.backward()
@@ -23,7 +26,9 @@ prebuilt blocks per step, each call alone, the host side with the attention call
 Then inference: the window and softcap (forward; the backward where the GPU serves it),
 flash_attn_varlen_func and flash_attn_with_kvcache (contiguous, paged 16 and 256, append)
 against infer_ref.py; a call the GPU build refuses with FA_ENOTSUP prints n/a, not a failure.
-FA_TORCH_CHECK_PARTS / FA_TORCH_TRAINING_PARTS (comma lists of part names) pick parts.
+FA_TORCH_CHECK_PARTS / FA_TORCH_TRAINING_PARTS (comma lists of part names) pick parts, run in
+the order named (FA_TORCH_CHECK_PARTS: overhead, prepared, cache, fallback, correctness, host,
+training, inference).
 While the daemon's GPU backend has no backward kernels the training part says so and is skipped.
 Exit 1 on any correctness failure, 0 otherwise (overheads and ratios are reported, not
 enforced); exit 0 with SKIP when torch or CUDA is missing.
@@ -54,6 +59,7 @@ import fa  # noqa: E402
 import fa._attn  # noqa: E402
 import fa._fast  # noqa: E402
 from fa_daemon import Daemon  # noqa: E402
+from stub_attention import Stubbed  # noqa: E402
 from torch_ref import ref, ref_grads, rel  # noqa: E402
 
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -178,6 +184,9 @@ def overhead(c):
         fa._attn._TENSOR.pack_into(block, fa._attn._OFF[name], b, off, fa._abi.FA_DTYPE_BF16,
                                    *q.shape, *st)
     lib, h, addr = c._lib, c._c, ctypes.addressof(block)
+    # the fast path's own library call, on the placement the last Python call wrote
+    plan = c._tls.fast.mru[fa._fast.FWD][1]
+    pp, place = plan.pp, plan.place_addr
 
     def p50(fn, n=1000):
         ts = []
@@ -191,6 +200,10 @@ def overhead(c):
         if lib.fa_attn_fwd(h, addr):
             raise RuntimeError("bare fa_attn_fwd failed")
 
+    def bare_prepared():
+        if lib.fa_prepared_call(pp, place):
+            raise RuntimeError("bare fa_prepared_call failed")
+
     py = lambda: fa.flash_attn_func(q, q, q, out=o, client=c)  # noqa: E731
     fresh = lambda: fa.flash_attn_func(q, q, q, client=c)  # noqa: E731
     stream = torch.cuda.current_stream()
@@ -199,7 +212,8 @@ def overhead(c):
     hits = fa._fast.hits
     best = {}
     for _ in range(3):  # interleaved, best of three rounds
-        for name, fn in (("c", bare), ("py", py), ("fresh", fresh), ("sync", stream.synchronize),
+        for name, fn in (("c", bare), ("prep", bare_prepared), ("py", py), ("fresh", fresh),
+                         ("sync", stream.synchronize),
                          ("rawsync", lambda: drv.stream_synchronize(raw)),
                          ("id", lambda: drv.buffer_id(q.data_ptr())),
                          ("range", lambda: drv.range_of(q.data_ptr()))):
@@ -208,38 +222,107 @@ def overhead(c):
     tc, tp = best["c"], best["py"]
     d = tp - tc
     print("  overhead: C call p50 %.1f us, fa.flash_attn_func p50 %.1f us: +%.1f us per call "
-          "(of which the producer-stream sync %.1f us, through the driver %.1f us); target "
+          "(PyTorch's stream sync alone %.1f us, through the driver %.1f us); target "
           "<= 10 us: %s" % (tc, tp, d, best["sync"], best["rawsync"],
                             "met" if d <= 10 else "MISSED"))
     print("  overhead: fresh outputs (torch.empty_like each call) p50 %.1f us (+%.1f us); "
-          "%d of %d timed calls served by a prebuilt block; one buffer-id query %.2f us, the "
-          "full pointer query %.2f us" % (best["fresh"], best["fresh"] - tc, served,
-                                          6000, best["id"], best["range"]))
-    stub_attention(c)
-    try:
+          "%d of %d timed Python calls served by a prepared block; one buffer-id query "
+          "through Python %.2f us, the full pointer query %.2f us" % (
+              best["fresh"], best["fresh"] - tc, served, 6000, best["id"], best["range"]))
+    with Stubbed(c):
         side = {}
         for _ in range(3):
             for on in (True, False):
                 fa._fast.enabled = on
                 side[on] = min(side.get(on, math.inf), p50(py))
         fa._fast.enabled = True
-    finally:
-        del c._call
-        fa._fast.enabled = True
-    print("  overhead: the Python side alone (C call stubbed, sync included): fast path %.1f "
-          "us, full path (every check, fa._fast off) %.1f us" % (side[True], side[False]))
+    print("  overhead: breakdown of the +%.1f us: the library's side (fa_prepared_call %.1f us "
+          "- bare fa_attn_fwd %.1f us: place checks, two buffer-id queries, the stream sync) "
+          "%+.1f us, the Python side (attention calls stubbed) %.1f us (full path, fa._fast "
+          "off: %.1f us), the rest %+.1f us" % (
+              d, best["prep"], tc, best["prep"] - tc, side[True], side[False],
+              tp - best["prep"] - side[True]))
 
 
 def stub_attention(c):
     """c's attention calls become no-ops (the host side alone); registrations still happen
-    (`del c._call` undoes it)."""
-    real = c._call
+    (`unstub_attention(c)` undoes it)."""
+    s = Stubbed(c)
+    s.__enter__()
+    c._stubbed = s
 
-    def stub(fn, *args, what=None):
-        if getattr(fn, "__name__", "").startswith("fa_attn_"):
-            return None
-        return real(fn, *args, what=what)
-    c._call = stub
+
+def unstub_attention(c):
+    c._stubbed.__exit__()
+    del c._stubbed
+
+
+def prepared(c):
+    """The library's prepared call on device memory (client/fa_prepared.c), through ctypes: a
+    forward placed in a cuMemAlloc allocation runs; the same allocation freed and another made
+    at the same address is refused by the buffer id (FA_EREGION, moved 0) before anything is
+    sent; a place past the allocation is FA_ERANGE; the stream wait and the asynchronous mode
+    on PyTorch's stream run."""
+    A = fa._abi
+    drv = fa._cuda.driver()
+    x = torch.empty(1, device="cuda")  # the context PyTorch made current
+    ctx = drv.context_of(x.data_ptr(), x.get_device())
+    S, D = 16, 64
+    tbytes = S * D * 2
+    size = 4 * tbytes
+    mem = drv.mem_alloc(ctx, size)
+    lib, h = c._lib, c._c
+    b = ctypes.c_void_p()
+    st = lib.fa_buffer_register_device(h, mem, size, ctypes.byref(b))
+    if st:
+        raise RuntimeError("fa_buffer_register_device: %s" % lib.fa_status_name(st).decode())
+    block = ctypes.create_string_buffer(ctypes.sizeof(A.fa_attn_fwd_args) + A.ARGS_SLACK)
+    names = ("q", "k", "v", "o")
+    for i, n in enumerate(names):
+        fa._attn._TENSOR.pack_into(block, fa._attn._OFF[n], b.value, i * tbytes,
+                                   A.FA_DTYPE_FP16, 1, S, 1, D, S * D, D, D, 1)
+    fields = (ctypes.c_uint32 * 4)(*[fa._attn._OFF[n] for n in names])
+    spans = (ctypes.c_uint64 * 4)(*([tbytes] * 4))
+    pp = ctypes.c_void_p()
+    st = lib.fa_prepare(h, A.FA_PREPARED_FWD, block, 4, fields, spans, ctypes.byref(pp))
+    if st:
+        raise RuntimeError("fa_prepare: %s" % lib.fa_status_name(st).decode())
+    pl = A.fa_placement()
+    raw = fa._fast.current_stream(x.get_device())
+
+    def call(addrs, flags=0, stream=None):
+        pl.flags, pl.stream, pl.moved = flags, stream, 99
+        for i, a in enumerate(addrs):
+            pl.buf[i], pl.addr[i] = b.value, a
+        r = lib.fa_prepared_call(pp.value, ctypes.addressof(pl))
+        return lib.fa_status_name(r).decode(), pl.moved
+
+    at = [mem + i * tbytes for i in range(4)]
+    try:
+        got = {"placed": call(at), "sync stream": call(at, A.FA_PLACE_SYNC_STREAM, raw),
+               "async": call(at, A.FA_PLACE_ASYNC, raw)}
+        torch.cuda.synchronize()
+        got["past the allocation"] = call(at[:3] + [mem + size - tbytes + 16])
+        want = {"placed": ("FA_OK", -1), "sync stream": ("FA_OK", -1),
+                "async": ("FA_OK", -1), "past the allocation": ("FA_ERANGE", 3)}
+        drv.mem_free(ctx, mem)
+        mem2 = drv.mem_alloc(ctx, size)
+        if mem2 == mem:
+            got["freed, made anew at the same address"] = call(at)
+            want["freed, made anew at the same address"] = ("FA_EREGION", 0)
+        else:
+            print("  n/a  prepared: the driver gave the new allocation another address "
+                  "(0x%x, was 0x%x): the reuse case did not arise" % (mem2, mem))
+        drv.mem_free(ctx, mem2)
+    finally:
+        lib.fa_buffer_free(b.value)
+        lib.fa_prepared_free(pp.value)
+    for name, w in want.items():
+        ok = got[name] == w
+        print("  %-4s prepared call on device memory, %s: %s moved %d (want %s %d)" % (
+            "ok" if ok else "FAIL", name, got[name][0], got[name][1], w[0], w[1]))
+        if not ok:
+            failures.append("prepared " + name)
 
 
 FALLBACK_MODES = {
@@ -640,7 +723,7 @@ def training_overhead(c):
         host = per_call(lambda: fa.scaled_dot_product_attention(
             *x, is_causal=True, client=c).backward(gout), 30)
     finally:
-        del c._call
+        unstub_attention(c)
     print("  training step parts: fa forward call %.2f ms, fa backward call %.2f ms "
           "(synchronous, each the round trip and the kernel); torch sdpa forward %.2f ms; "
           "the host side of an fa step (daemon calls stubbed: Python, autograd, the .grad "
@@ -816,13 +899,20 @@ def main():
         print("fa %s, libfaclient %s from %s, torch %s, %s" % (
             fa.__version__, fa.library_version(), fa.library_path(), torch.__version__,
             torch.cuda.get_device_name()))
-        parts = os.environ.get("FA_TORCH_CHECK_PARTS", "").split(",")
-        for name, fn in (("overhead", overhead), ("cache", cache),
-                         ("fallback", lambda c: fallback(url)), ("correctness", correctness),
-                         ("host", host_and_async), ("training", training),
-                         ("inference", inference)):
-            if parts != [""] and name not in parts:
-                continue
+        every = (("overhead", overhead), ("prepared", prepared), ("cache", cache),
+                 ("fallback", lambda c: fallback(url)), ("correctness", correctness),
+                 ("host", host_and_async), ("training", training), ("inference", inference))
+        # FA_TORCH_CHECK_PARTS runs the parts it names in its order (so a part named first
+        # runs first under a time limit: on the H200, "inference,training" ran training
+        # alone for 100 s before this order was kept)
+        parts = [p for p in os.environ.get("FA_TORCH_CHECK_PARTS", "").split(",") if p]
+        known = dict(every)
+        unknown = [p for p in parts if p not in known]
+        if unknown:
+            print("FA_TORCH_CHECK_PARTS: unknown part(s) %s; the parts: %s" % (
+                ", ".join(unknown), ", ".join(n for n, _ in every)))
+            return 2
+        for name, fn in ([(p, known[p]) for p in parts] if parts else every):
             try:
                 fn(c)
             except Exception as e:  # one part failing must not hide the others' figures

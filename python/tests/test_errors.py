@@ -8,6 +8,7 @@ from common import NO_NUMPY, np, rand, reference, rel_err
 
 if np is not None:
     import fa
+    import fa._fast
     from fa_daemon import Daemon
 
 
@@ -158,7 +159,10 @@ class Restart(unittest.TestCase):
         d2 = Daemon(sock=sock)
         try:
             out[...] = np.nan
+            hits = fa._fast.hits
             fa.flash_attn_func(q, q, q, out=out, client=c)  # FA_ESESSION, reconnect, retry
+            self.assertEqual(fa._fast.hits, hits + 1, "the prepared call reconnected and "
+                             "was retried (the fast path's own FA_ESESSION handling)")
             self.assertNotEqual(c.epoch, epoch)
             self.assertLessEqual(rel_err(out, reference(q, q, q)[0]), 1e-5)
         finally:

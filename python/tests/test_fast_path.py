@@ -1,7 +1,10 @@
 """The fast path (fa/_fast.py): a call like an earlier one reuses that call's argument block,
-patching where the memory is. It must never send a stale buffer, offset, shape or stride: every
-block it sends is compared byte for byte with the one the full path builds for the same arrays
-(fa._fast off), and results with the float64 reference.
+prepared in the library (fa_prepare), giving only where the memory is (an fa_placement for
+fa_prepared_call, which patches the block). It must never send a stale buffer, offset, shape or
+stride: every block it sends (the prepared block patched with the placement's buffers and
+offsets, as client/fa_prepared.c patches it; tests/integ/test_prepared.c checks that the
+library's patched call writes the direct call's bytes) is compared byte for byte with the one
+the full path builds for the same arrays (fa._fast off), and results with the float64 reference.
 
 Host arrays through a live daemon (CPU backend): NumPy, and PyTorch CPU tensors when PyTorch is
 installed (skipped with the reason otherwise). Device arrays without a GPU: a fake driver whose
@@ -11,6 +14,7 @@ checks the block and writes a known output), so the registration-cache decisions
 do on a GPU host.
 """
 import ctypes as C
+import struct
 import unittest
 import unittest.mock
 
@@ -32,11 +36,25 @@ FWD_BYTES = None if np is None else C.sizeof(fa._abi.fa_attn_fwd_args)
 BWD_BYTES = None if np is None else C.sizeof(fa._abi.fa_attn_bwd_args)
 
 
+def patched_block(c, p):
+    """The block plan p's fa_prepared_call sends for the placement the fast path just wrote:
+    its prepared bytes with each tensor's (buffer, address - the buffer's data) written in, as
+    client/fa_prepared.c writes them."""
+    pl = fa._abi.fa_placement.from_buffer(p.place)
+    blk = bytearray(p.block)
+    for i, field in enumerate(p.fields):
+        buf, addr = pl.buf[i], pl.addr[i]
+        struct.pack_into("<QQ", blk, field, buf, addr - c._lib.fa_buffer_data(buf))
+    return bytes(blk)
+
+
 class Recorder:
-    """Wraps a client's _call: records every block sent (the struct's bytes), then calls."""
+    """Wraps a client's _call and _call_prepared: records every block sent (the struct's
+    bytes), then calls."""
 
     def __init__(self, c):
-        self.c, self.blocks, self.real = c, [], c._call
+        self.c, self.blocks = c, []
+        self.real, self.real_prepared = c._call, c._call_prepared
 
     def __enter__(self):
         def rec(fn, *args, what=None):
@@ -45,11 +63,21 @@ class Recorder:
                 n = BWD_BYTES if "bwd" in name else FWD_BYTES
                 self.blocks.append(C.string_at(args[0], n))
             return self.real(fn, *args, what=what)
+
+        def rec_prepared(p):  # a place the library refused sent nothing: not recorded
+            n = BWD_BYTES if len(p.fields) > 5 else FWD_BYTES
+            blk = patched_block(self.c, p)[:n]
+            st = self.real_prepared(p)
+            if st != -1:
+                self.blocks.append(blk)
+            return st
         self.c._call = rec
+        self.c._call_prepared = rec_prepared
         return self
 
     def __exit__(self, *e):
         del self.c._call
+        del self.c._call_prepared
 
 
 def sent(c, fn):
@@ -176,6 +204,39 @@ class FastPathOnHostArrays(unittest.TestCase):
                                                       client=self.c))
         self.assertEqual(fast, full)
 
+    def test_a_library_without_prepared_calls_serves_every_call_the_full_way(self):
+        q = self.shm((1, 5, 2, 8))
+        o = fa.empty_host((1, 5, 2, 8), "float32", client=self.c)
+        real = self.c._lib
+
+        class Older:  # a libfaclient from before fa_prepare
+            def __getattr__(self, name):
+                if name.startswith("fa_prepare"):
+                    raise AttributeError(name)
+                return getattr(real, name)
+        self.c._tls = type(self.c._tls)()  # no plans yet on this thread
+        self.c._lib = Older()
+        try:
+            hits = fa._fast.hits
+            for _ in range(3):
+                fa.flash_attn_func(q, q, q, out=o, client=self.c)
+            self.assertEqual(fa._fast.hits, hits)
+            self.assertLessEqual(rel_err(o, reference(q, q, q)[0]), TOL["float32"])
+        finally:
+            self.c._lib = real
+
+    def test_the_last_plan_of_each_op_is_tried_first_and_the_others_are_found(self):
+        a, b = self.shm((1, 4, 2, 8)), self.shm((1, 6, 2, 8))
+        oa = fa.empty_host(a.shape, "float32", client=self.c)
+        ob = fa.empty_host(b.shape, "float32", client=self.c)
+        for _ in range(2):  # two plans, alternating: each call finds its own
+            for x, o in ((a, oa), (b, ob), (a, oa)):
+                fa.flash_attn_func(x, x, x, out=o, client=self.c)
+                fast, full = sent(self.c, lambda: fa.flash_attn_func(x, x, x, out=o,
+                                                                     client=self.c))
+                self.assertEqual(fast, full)
+                self.assertLessEqual(rel_err(o, reference(x, x, x)[0]), TOL["float32"])
+
     @unittest.skipIf(torch is None, NO_TORCH)
     def test_torch_cpu_tensors_in_shared_memory_repeat_through_a_plan(self):
         q = fa.empty_host((2, 4, 7, 16), torch.float32, client=self.c)  # [B, H, S, D]
@@ -288,8 +349,11 @@ class FakeLib:
 
     def __init__(self, real, drv):
         self.real, self.drv = real, drv
-        self.handles = {}
+        self.handles = {}   # registration handle -> base
+        self.ids = {}       # handle -> the allocation's id at registration
         self.freed = []
+        self.prepared = {}
+        self.refused = []   # (index, status) of the places fa_prepared_call refused
 
     def __getattr__(self, name):
         return getattr(self.real, name)
@@ -297,6 +361,48 @@ class FakeLib:
     def fa_buffer_free(self, h):
         self.freed.append(h)
         return 0
+
+    def fa_buffer_data(self, h):
+        return self.handles[h]
+
+    # client/fa_prepared.c's contract over the fake memory: the places checked (inside the
+    # registered allocation, its buffer id still the one registered, once per buffer), the
+    # block patched in a copy, the stream waited for, then the call.
+    def fa_prepare(self, c, op, src, n, fields, spans, out):
+        assert op == fa._abi.FA_PREPARED_FWD, "the fake serves the forward"
+        self.next_prepared = h = getattr(self, "next_prepared", 1000) + 1
+        self.prepared[h] = (C.string_at(src, FWD_BYTES), list(fields[:n]), list(spans[:n]))
+        out._obj.value = h
+        return 0
+
+    def fa_prepared_free(self, h):
+        del self.prepared[h]
+
+    def fa_prepared_call(self, h, place):
+        block, fields, spans = self.prepared[h]
+        pl = fa._abi.fa_placement.from_address(place)
+        pl.moved = -1
+        blk = C.create_string_buffer(block, FWD_BYTES + fa._abi.ARGS_SLACK)
+        seen = set()
+        for i, (field, span) in enumerate(zip(fields, spans)):
+            buf, addr = pl.buf[i], pl.addr[i]
+            base = self.handles[buf]
+            size = self.drv.allocs[base][0] if base in self.drv.allocs else 0
+            st = None
+            if not (base <= addr and addr + span <= base + size):
+                st = fa._abi.FA_ERANGE
+            elif buf not in seen:
+                if self.drv.buffer_id(addr) != self.ids[buf]:
+                    st = fa._abi.FA_EREGION
+                seen.add(buf)
+            if st is not None:
+                pl.moved = i
+                self.refused.append((i, st))
+                return st
+            struct.pack_into("<QQ", blk, field, buf, addr - base)
+        if pl.flags & fa._abi.FA_PLACE_SYNC_STREAM:
+            self.drv.synchronize(pl.stream)
+        return self.fa_attn_fwd(None, C.addressof(blk))
 
     def fa_attn_fwd(self, c, addr):
         a = fa._abi.fa_attn_fwd_args.from_address(addr)
@@ -351,6 +457,7 @@ class FastPathOnFakeDeviceMemory(unittest.TestCase):
                 raise fa._errors.usage("FA_EIPC", "device pointer 0x%x is %s" % (base, cause))
             h = self.next_handle = self.next_handle + 1
             self.lib.handles[h] = base
+            self.lib.ids[h] = self.drv.allocs[base][1]
             return h
         self.c._register_device = register
         fa._attn._warned.clear()
@@ -427,17 +534,39 @@ class FastPathOnFakeDeviceMemory(unittest.TestCase):
         fast, full = sent(self.c, lambda: self.fwd(q2, o))
         self.assertEqual(fast, full)
 
-    def test_a_plan_never_takes_an_array_reaching_past_its_registration(self):
+    def test_a_place_the_library_refuses_goes_the_full_way(self):
         base = self.drv.alloc(4 * 64 * 2)
         q, o = self.arr((1, 4, 2, 8), base), self.arr((1, 4, 2, 8))
         self.fwd(q, o)
-        (plan,) = self.c._tls.plans.values()
         reg = self.c._dev[base]
         inside, past = base + 4 * 64, base + 4 * 64 + 4
-        self.c._dev_ptr[inside] = self.c._dev_ptr[past] = reg
-        self.assertTrue(fa._fast.patch(self.c, plan, [inside] * 3 + [o.ptr]))
-        self.assertFalse(fa._fast.patch(self.c, plan, [past] * 3 + [o.ptr]))
-        self.assertFalse(fa._fast.patch(self.c, plan, [base - 4] * 3 + [o.ptr]))
+        # a table entry claiming the registration for addresses where the tensor reaches
+        # past it, or starts before it: the library refuses the place, the full path runs
+        for at, refused in ((inside, False), (past, True), (base - 4, True)):
+            self.c._dev_ptr[at] = reg
+            x = FakeDeviceArray(at, (1, 4, 2, 8))
+            hits, before = fa._fast.hits, len(self.lib.refused)
+            meta = (False, 0, 0.0, 0, True, fa._attn.NO_WINDOW, 0.0)
+            k = fa._fast.serve(self.c, fa._fast.FWD, meta, (x, x, x, o), None)
+            self.assertEqual(k is None, not refused, hex(at))
+            self.assertEqual(fa._fast.hits, hits + (not refused))
+            self.assertEqual(len(self.lib.refused), before + refused)
+            if refused:
+                self.assertEqual(self.lib.refused[-1], (0, fa._abi.FA_ERANGE))
+            del self.c._dev_ptr[at]
+
+    def test_a_freed_allocation_is_refused_by_its_buffer_id_before_the_table_knows(self):
+        q, o = self.arr((1, 4, 2, 8)), self.arr((1, 4, 2, 8))
+        self.fwd(q, o)
+        self.fwd(q, o)
+        # freed and reused at the same address and size: the Python table still maps the
+        # address to the old registration; the id check in the prepared call refuses it
+        self.drv.free(o.ptr)
+        self.drv.alloc(4 * 64, at=o.ptr)
+        before = len(self.lib.refused)
+        self.fwd(q, o)
+        self.assertEqual(self.lib.refused[before:], [(3, fa._abi.FA_EREGION)])
+        self.assertTrue((o.numpy() == 7.0).all())
 
     def test_a_cleared_cache_is_never_used_from_a_plan(self):
         q, o = self.arr((1, 4, 2, 8)), self.arr((1, 4, 2, 8))

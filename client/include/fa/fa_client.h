@@ -382,6 +382,96 @@ typedef struct fa_attn_kvcache_args {
  * = 912: the pools have 512 pages"), with nothing written. */
 FA_API fa_status fa_attn_kvcache(fa_client *c, const fa_attn_kvcache_args *args);
 
+/* ---- prepared calls: one argument block, called again and again as its tensors move ---------
+ *
+ * A loop calling attention on arrays of the same shapes, strides and dtypes whose memory moves
+ * between calls (an allocator's blocks: a training step, a serving loop, a binding for another
+ * language) builds the argument block once (fa_prepare) and then gives, per call, only where each
+ * tensor is now (fa_prepared_call). Before it calls, the library checks each place: the address
+ * lies in the buffer given with the tensor's whole extent and, for a device buffer, the
+ * buffer's allocation is still the one it registered (the driver's unique buffer id of the
+ * address equals the one read at registration: an allocation freed and another made at the same
+ * address has a new id), so a registration is trusted only while it is still that
+ * allocation's. Then it writes each tensor's (buffer, offset) into a copy of the block and makes
+ * the call, with the synchronous mode's wait for the producer's stream when asked: the checks,
+ * the wait and the call in one library call. */
+
+/* A prepared call: a copy of an argument block and which of its tensors each call places.
+ * Immutable once made: any number of threads may call it at once. Opaque. */
+typedef struct fa_prepared fa_prepared;
+
+/* The call an argument block is for. */
+typedef enum fa_prepared_op {
+	FA_PREPARED_FWD = 1,     /* fa_attn_fwd_args: fa_attn_fwd, or fa_attn_fwd_async */
+	FA_PREPARED_BWD = 2,     /* fa_attn_bwd_args: fa_attn_bwd, or fa_attn_bwd_async */
+	FA_PREPARED_VARLEN = 3,  /* fa_attn_varlen_args: fa_attn_varlen (synchronous only) */
+	FA_PREPARED_KVCACHE = 4, /* fa_attn_kvcache_args: fa_attn_kvcache (synchronous only) */
+} fa_prepared_op;
+
+/* The most tensors a prepared call places (the backward has 9). */
+#define FA_PREPARED_MAX_TENSORS 12
+
+/* Prepare calls of `op` on `args`, the whole struct op names (read: sizeof that struct), filled
+ * as for the call itself. n (1 to FA_PREPARED_MAX_TENSORS) tensors are placed by each call:
+ * field[i] is the byte offset in the struct of one of its fa_tensor or fa_index members
+ * (offsetof(fa_attn_fwd_args, q), ...; each at most once), span[i] (> 0) how many bytes from
+ * its first element the tensor's elements reach (a place where they would leave the buffer is
+ * refused). Members not listed go as prepared: an absent optional tensor stays absent (buf NULL).
+ * Everything else in the block is checked by every call, as the call itself checks it.
+ * `c` must outlive the prepared call's calls (not its fa_prepared_free). All arrays are copied.
+ * Returns FA_OK with *out (release it with fa_prepared_free), FA_EINVAL (a NULL pointer, an
+ * unknown op, n out of range, a field that is not a tensor member of op's struct or is listed
+ * twice, a span of 0), FA_ENOMEM. */
+FA_API fa_status fa_prepare(fa_client *c, fa_prepared_op op, const void *args, unsigned n,
+                            const uint32_t *field, const uint64_t *span, fa_prepared **out);
+
+/* Free a prepared call. Safe on NULL; needs no live client. */
+FA_API void fa_prepared_free(fa_prepared *p);
+
+/* Bits of fa_placement.flags. */
+enum {
+	/* Synchronous call, after cuStreamSynchronize(stream): the work queued on `stream` that
+	 * writes the inputs is finished before the daemon reads them (the synchronous mode's rule,
+	 * kept here after the places are checked). */
+	FA_PLACE_SYNC_STREAM = 1u << 0,
+	/* The asynchronous call (fa_attn_fwd_async, fa_attn_bwd_async) ordered on `stream`;
+	 * FA_PREPARED_FWD and FA_PREPARED_BWD only, not with FA_PLACE_SYNC_STREAM. */
+	FA_PLACE_ASYNC = 1u << 1,
+};
+
+/* Where the tensors of one prepared call are now, and how to call: the caller's, one per call
+ * in flight (the library reads it, and writes only `moved`). */
+typedef struct fa_placement {
+	void *stream;   /* a CUstream / cudaStream_t for FA_PLACE_SYNC_STREAM and FA_PLACE_ASYNC
+	                 * (NULL: the current context's default stream); else unused */
+	uint32_t flags; /* FA_PLACE_* bits; 0: the plain synchronous call */
+	int32_t moved;  /* written: -1, or the index of the first tensor not where a place may
+	                 * be (then nothing was sent): resolve it anew (its allocation's
+	                 * registration is stale: fa_buffer_free it, register again) */
+	/* The prepared tensors' places, in fa_prepare's order (two arrays, so that a binding
+	 * writes each in one go): */
+	fa_buffer *buf[FA_PREPARED_MAX_TENSORS]; /* borrowed: registered buffers of the prepared
+	                                          * call's client */
+	uint64_t addr[FA_PREPARED_MAX_TENSORS];  /* each tensor's first element, in its buffer's
+	                                          * memory as fa_buffer_data() addresses it (a
+	                                          * host mapping, or a device address) */
+} fa_placement;
+
+/* One call of `p` with tensor i at pl->addr[i] in pl->buf[i], i < n. Each place is checked in
+ * order, before anything else: the address at or after fa_buffer_data(buf) with span bytes
+ * inside the buffer, and a device buffer's allocation still the registered one (one driver
+ * query per buffer and call).
+ * The first that fails sets pl->moved to its index and returns FA_ERANGE (outside the buffer)
+ * or FA_EREGION (the allocation is no longer the registered one), sending nothing and waiting
+ * for no stream. Then the stream wait (FA_PLACE_SYNC_STREAM) and the call of p's op, whose
+ * status and detail are returned, with pl->moved = -1. Thread-safe (the block is patched in a
+ * copy on this thread's stack).
+ * Returns FA_OK, the moved place's FA_ERANGE or FA_EREGION, FA_EINVAL (p or pl NULL, a NULL
+ * buffer, unknown flags or a mode op does not have), FA_EREGION (a buffer of another client,
+ * moved = -1), FA_ENOGPU and FA_EDEVICE (the stream wait: no driver, or cuStreamSynchronize
+ * failed: the detail has the CUDA error), and every status of the op's call. */
+FA_API fa_status fa_prepared_call(const fa_prepared *p, fa_placement *pl);
+
 /* The detail text the daemon sent with the last failed call on this thread ("q: extent ends at
  * byte 4160, region has 4096"), or "" when it sent none. Static thread-local storage, valid until
  * the next call on this thread. Never NULL. */
