@@ -222,8 +222,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     left as allocated). Inputs that require grad raise FaNotSupportedError (no varlen
     backward in fa); so do dropout_p != 0, alibi_slopes and block_table (a paged cache: use
     flash_attn_with_kvcache). deterministic is accepted for FlashAttention's signature (it
-    concerns a backward). The GPU backend refuses a window or softcap over packed sequences
-    (FA_ENOTSUP), and serves varlen where its build has the kernels (decode shapes at least)."""
+    concerns a backward). The GPU backend serves every shape of it, the window and softcap
+    included (prefill and decode kernels over packed sequences)."""
     if dropout_p:
         raise _usage("FA_ENOTSUP", "dropout_p=%r: fa has no dropout" % dropout_p)
     if alibi_slopes is not None:
