@@ -650,8 +650,9 @@ static int setup(void **state)
 	if (fa_gpu_open(&gpu, 0, &ks, gpu_err, sizeof gpu_err) != FA_OK)
 		gpu = NULL;
 	const char *seed = getenv("FA_TEST_SEED");
-	seed0 ^= seed ? strtoull(seed, NULL, 0) : (uint64_t)fa_test_now_us();
-	printf("seed 0x%llx (FA_TEST_SEED to repeat)\n", (unsigned long long)seed0);
+	const uint64_t seed_in = seed ? strtoull(seed, NULL, 0) : (uint64_t)fa_test_now_us();
+	seed0 ^= seed_in; /* the value printed is the one to pass back */
+	printf("FA_TEST_SEED=0x%llx repeats this run's inputs\n", (unsigned long long)seed_in);
 	return 0;
 }
 
