@@ -212,6 +212,11 @@ static const struct config_option config_options[] = {
 	{.name = "kernel-cache-max-mb", .type = CONFIG_KERNEL, .def = "0",
 	 .env = "FA_KERNEL_CACHE_MAX_MB", .metavar = "MB",
 	 .help = "bound of the kernel disk cache in MiB; 0 = 512", FIELD(kernels)},
+	{.name = "bwd-det-group", .type = CONFIG_KERNEL, .def = "0", .env = "FA_BWD_DET_GROUP",
+	 .metavar = "N",
+	 .help = "gpu backend: key blocks the deterministic backward runs as one group (1, 2, 4 "
+	         "or 8; 0 = 1, as measured)",
+	 FIELD(kernels)},
 	{.name = "cuda-home", .type = CONFIG_KERNEL, .def = "", .env = "CUDA_HOME", .metavar = "DIR",
 	 .help = "a CUDA toolkit whose lib64/libnvrtc.so.13 is tried after the one built in",
 	 FIELD(kernels)},

@@ -135,8 +135,8 @@ typedef u16 in_t;
 /* FA_DET 1: the deterministic dQ's kernel (PERF-NOTES.md, backward; its own specialisation,
  * gpu_bwd.c asks for it with the tile's rt = 2, so that the atomic kernel carries none of its
  * registers: near the 16-bit tiles' 255, they spilled). Consecutive key blocks of a (batch, kv
- * head) run as groups of 2^dgrp_lg (gpu_bwd.c's FA_BWD_DET_GROUP_LG, at most the blocks that can
- * be resident at once), each member starting its query blocks 2 x its rank further on, so that
+ * head) run as groups of 2^dgrp_lg (gpu_bwd.c's det_group_lg, from the setting
+ * FA_BWD_DET_GROUP; at most the blocks that can be resident at once), each member starting its query blocks 2 x its rank further on, so that
  * the members add to different dQ rows at any time while sharing Q, dO and the accumulator in
  * L2. With groups of one (the default) a key block's adds follow key block n - 1's. */
 #ifndef FA_DET

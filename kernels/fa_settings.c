@@ -13,7 +13,7 @@ static const struct fa_kernel_settings defaults = FA_KERNEL_SETTINGS_INIT;
 static const char *const names[] = {
 	"FA_WGMMA",   "FA_WGMMA16",          "FA_WG_BC",              "FA_WG_STAGES",
 	"FA_WG_NWG",  "FA_NVRTC_EXTRA",      "FA_KERNEL_CACHE_MAX_MB", "CUDA_HOME",
-	"FA_DECODE",  "FA_DECODE_SPLITS",    "FA_DECODE_STAGES",
+	"FA_DECODE",  "FA_DECODE_SPLITS",    "FA_DECODE_STAGES",      "FA_BWD_DET_GROUP",
 	NULL,
 };
 
@@ -113,6 +113,10 @@ fa_status fa_kernel_settings_set(struct fa_kernel_settings *s, const char *name,
 		if (!parse_count(value, 8, &x) || x == 1)
 			return bad(err, errlen, name, value, "0 (the planner's) or 2..8");
 		s->decode_stages = (int)x;
+	} else if (strcmp(name, "FA_BWD_DET_GROUP") == 0) {
+		if (!parse_count(value, 8, &x) || (x & (x - 1)) != 0)
+			return bad(err, errlen, name, value, "0 (groups of one), 1, 2, 4 or 8");
+		s->bwd_det_group = (int)x;
 	} else {
 		return fa_err(err, errlen, FA_EINVAL, "unknown kernel setting %.64s", name);
 	}
@@ -148,6 +152,8 @@ bool fa_kernel_settings_get(const struct fa_kernel_settings *s, const char *name
 		snprintf(buf, cap, "%d", s->decode_splits);
 	else if (strcmp(name, "FA_DECODE_STAGES") == 0)
 		snprintf(buf, cap, "%d", s->decode_stages);
+	else if (strcmp(name, "FA_BWD_DET_GROUP") == 0)
+		snprintf(buf, cap, "%d", s->bwd_det_group);
 	else
 		return false;
 	return true;

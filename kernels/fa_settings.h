@@ -61,13 +61,19 @@ struct fa_kernel_settings {
 	/* FA_DECODE_STAGES: K/V tiles in each decode warp's ring (0, default: the planner's; else
 	 * 2..8). */
 	int decode_stages;
+	/* FA_BWD_DET_GROUP: consecutive key blocks the deterministic backward runs as one group
+	 * (attn_bwd.cu, det_member): 0 (default) or 1 groups of one, as measured on the H200; 2, 4
+	 * or 8 share Q, dO and the dQ rows in L2 (built, checked by simulation; the measurement
+	 * that decides the default). A group larger than the blocks resident at once runs as
+	 * groups of one. */
+	int bwd_det_group;
 };
 
 /* The defaults, as an initialiser: struct fa_kernel_settings s = FA_KERNEL_SETTINGS_INIT; */
 #define FA_KERNEL_SETTINGS_INIT                                                                 \
 	{ .wgmma = true, .wgmma16 = FA_WGMMA16_MEASURED, .wg_bc = 0, .wg_stages = 0, .wg_nwg = 0,  \
 	  .nvrtc_extra = "", .kernel_cache_max_mb = 0, .cuda_home = "", .decode = FA_DECODE_AUTO,  \
-	  .decode_splits = 0, .decode_stages = 0 }
+	  .decode_splits = 0, .decode_stages = 0, .bwd_det_group = 0 }
 
 /* The defaults, for a struct that exists already. */
 void fa_kernel_settings_init(struct fa_kernel_settings *s);
@@ -80,6 +86,7 @@ const char *const *fa_kernel_settings_names(void);
 
 /* Set one setting by name from text: FA_WGMMA "0"/"1"; FA_WGMMA16 and FA_DECODE "auto"/"0"/"1";
  * FA_WG_* and FA_DECODE_SPLITS a count in [0, 1024]; FA_DECODE_STAGES 0 or 2..8;
+ * FA_BWD_DET_GROUP 0, 1, 2, 4 or 8;
  * FA_KERNEL_CACHE_MAX_MB in [0, 2^40); the strings as they are. value NULL
  * leaves the setting as it is. FA_OK, FA_EINVAL (unknown name, bad value, too long: err says
  * which). */

@@ -23,13 +23,19 @@
 #include <stdio.h>
 #include <string.h>
 
-/* log2 of the consecutive key blocks the deterministic mode runs as one group (attn_bwd.cu).
- * 0 (groups of one): the protocol measured on the H200 (kernels/PERF-NOTES.md, backward: +41%
- * bf16, +7% fp32 against the atomic mode). 3 (groups of 8, each member rotated) is built and
- * checked by simulation (order, no deadlock with the group resident), predicted to cut the
- * bf16 cost to about +10-15% by sharing Q, dO and the dQ rows in L2, and not yet run on a GPU:
- * the next device session measures it before it becomes the default. */
-#define FA_BWD_DET_GROUP_LG 0
+/* The consecutive key blocks the deterministic mode runs as one group (attn_bwd.cu) come from
+ * the kernel settings (FA_BWD_DET_GROUP, fa_settings.h). Groups of one (the default): the
+ * protocol measured on the H200 (kernels/PERF-NOTES.md, backward: +41% bf16, +7% fp32 against
+ * the atomic mode). Groups of 2..8 (each member rotated) are built and checked by simulation
+ * (order, no deadlock with the group resident: tests/unit/test_bwd_det_turns.c), predicted to
+ * cut the bf16 cost by sharing Q, dO and the dQ rows in L2; the setting measures them. */
+static int det_group_lg(const struct fa_kernel_settings *ks)
+{
+	int lg = 0;
+	while (ks && (1 << (lg + 1)) <= ks->bwd_det_group && lg < 3)
+		lg++;
+	return lg;
+}
 
 /* attn_bwd.cu's fa_bwd_params, fa_bwd_pre_params, fa_bwd_dq_params (same order, same types). */
 struct bwd_params {
@@ -154,7 +160,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	/* deterministic: groups of FA_BWD_DET_GROUP consecutive key blocks run together
 	 * (attn_bwd.cu, det_member); a group's members wait on each other, so a group may not be
 	 * larger than the blocks that can be resident at once (else groups of one) */
-	int dgrp_lg = FA_BWD_DET_GROUP_LG;
+	int dgrp_lg = det_group_lg(fa_gpu_settings(g));
 	{
 		const struct fa_device_model *m = fa_gpu_model(g);
 		const int bps = spec.tile.blocks_per_sm > 0 ? spec.tile.blocks_per_sm : 1;

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "fa_planner.h"
+#include "fa_settings.h"
 
 static struct fa_plan_req req(fa_dtype dt, fa_precision p, int D, fa_mask m)
 {
@@ -196,6 +197,34 @@ static void test_planner_bwd_rejects_bad_requests(void **state)
 	assert_int_equal(fa_plan_bwd(dev, NULL, t, 4, &n, err, sizeof err), FA_EINVAL);
 }
 
+/* FA_BWD_DET_GROUP: the deterministic backward's group size, a power of two up to 8 (0: the
+ * default, groups of one); anything else refused by name, and the value reads back. */
+static void test_planner_bwd_det_group_setting(void **state)
+{
+	(void)state;
+	struct fa_kernel_settings ks = FA_KERNEL_SETTINGS_INIT;
+	char err[256], buf[32];
+	assert_int_equal(ks.bwd_det_group, 0);
+	static const char *const good[] = {"0", "1", "2", "4", "8"};
+	for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+		assert_int_equal(fa_kernel_settings_set(&ks, "FA_BWD_DET_GROUP", good[i], err,
+		                                        sizeof err), FA_OK);
+		assert_true(fa_kernel_settings_get(&ks, "FA_BWD_DET_GROUP", buf, sizeof buf));
+		assert_string_equal(buf, good[i]);
+	}
+	static const char *const bad[] = {"3", "6", "16", "-1", "x", ""};
+	for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+		assert_int_equal(fa_kernel_settings_set(&ks, "FA_BWD_DET_GROUP", bad[i], err,
+		                                        sizeof err), FA_EINVAL);
+		assert_non_null(strstr(err, "FA_BWD_DET_GROUP"));
+		assert_int_equal(ks.bwd_det_group, 8); /* a refused value changes nothing */
+	}
+	bool listed = false;
+	for (const char *const *n = fa_kernel_settings_names(); *n; n++)
+		listed |= strcmp(*n, "FA_BWD_DET_GROUP") == 0;
+	assert_true(listed);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -205,6 +234,7 @@ int main(void)
 		cmocka_unit_test(test_planner_bwd_every_shape_plans_within_the_limit),
 		cmocka_unit_test(test_planner_bwd_explains_when_nothing_fits),
 		cmocka_unit_test(test_planner_bwd_rejects_bad_requests),
+		cmocka_unit_test(test_planner_bwd_det_group_setting),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
