@@ -87,6 +87,9 @@ struct board {
 	/* (4): launch call host time p50 [0 tiny, 1 large][0 memo on, 1 off]; a new shape's first
 	 * launch and its repeats (p50), memo on */
 	double lh50[2][2], lh_first_us, lh_repeat_us;
+	/* where a launch call's host time goes, per call (mean ns): the planning a memo hit skips
+	 * (fa_gpu_plan, the large shape), the context call before (set) and now (get) */
+	double plan_ns, ctx_set_ns, ctx_get_ns;
 	uint64_t memo_hits, memo_misses;
 	int lh_ok;
 	double in_gapped_ms;          /* the kernel by events, launched alone after ~350 us idle */
@@ -212,6 +215,29 @@ static int launch_host_times(struct fa_gpu *g, const struct fa_kernel_settings *
 		cu.MemFree(m);
 		free(v[0]);
 		free(v[1]);
+	}
+	{
+		struct fa_case_layout l;
+		struct fa_attn_fwd_desc d;
+		struct fa_tile t;
+		fa_case_layout(&large, &l);
+		fa_case_desc(&large, &l, &d);
+		const int reps = 20000;
+		int nt = 0;
+		uint64_t t0 = now_ns();
+		for (int i = 0; i < reps; i++)
+			CHECK(fa_gpu_plan(g, &d, &t, 1, &nt, err, sizeof err) == FA_OK, "plan: %s", err);
+		B->plan_ns = (double)(now_ns() - t0) / reps;
+		fa_cu_ctx ctx = NULL;
+		CHECK(cu.CtxGetCurrent(&ctx) == 0 && ctx != NULL, "cuCtxGetCurrent");
+		t0 = now_ns();
+		for (int i = 0; i < reps; i++)
+			cu.CtxSetCurrent(ctx);
+		B->ctx_set_ns = (double)(now_ns() - t0) / reps;
+		t0 = now_ns();
+		for (int i = 0; i < reps; i++)
+			cu.CtxGetCurrent(&ctx);
+		B->ctx_get_ns = (double)(now_ns() - t0) / reps;
 	}
 	struct fa_gpu_memo_stats ms;
 	fa_gpu_launch_memo_stats(g, &ms);
@@ -702,6 +728,9 @@ int main(int argc, char **argv)
 	       " misses %" PRIu64 "%s\n", B->lh50[0][0], B->lh50[0][1], B->lh50[1][0],
 	       B->lh50[1][1], B->lh_first_us, B->lh_repeat_us, B->memo_hits, B->memo_misses,
 	       B->lh_ok ? "" : " (failed)");
+	printf("    per call: the planning a hit skips (fa_gpu_plan, large) %.0f ns; cuCtxSetCurrent "
+	       "(every launch before) %.0f ns, cuCtxGetCurrent (now) %.0f ns\n", B->plan_ns,
+	       B->ctx_set_ns, B->ctx_get_ns);
 	if (g_anchors_only) {
 		printf("    tiny in-process launch+sync p50 %.1f us p99 %.1f us; large launch call "
 		       "(once, after a sync) %.1f us\n", B->in_tiny50, B->in_tiny99,
