@@ -117,6 +117,7 @@ enum {
 	X(DevicePrimaryCtxRelease, (fa_cu_dev dev))                                               \
 	X(DeviceGetDefaultMemPool, (fa_cu_pool *pool, fa_cu_dev dev))                             \
 	X(CtxSetCurrent, (fa_cu_ctx ctx))                                                         \
+	X(CtxGetCurrent, (fa_cu_ctx *ctx))                                                        \
 	X(CtxPushCurrent, (fa_cu_ctx ctx))                                                        \
 	X(CtxPopCurrent, (fa_cu_ctx *ctx))                                                        \
 	X(CtxSynchronize, (void))                                                                 \

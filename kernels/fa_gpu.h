@@ -252,6 +252,21 @@ struct fa_gpu_cache_stats {
 /* A consistent snapshot of the counters. Thread-safe. */
 void fa_gpu_cache_stats(const struct fa_gpu *g, struct fa_gpu_cache_stats *out);
 
+/* The launch memo (fa_launch_memo.h): a launch without a caller's tile remembers, per shape
+ * (dtype, precision, mask, D, B, Sq, Sk, Hq, Hkv, window, softcap), the tile or decode plan it
+ * chose and the loaded kernel, so a repeat shape skips the planner, the tuning table's search
+ * and the kernel cache's scan (the checks and the parameter block are every launch's). On by
+ * default; FA_LAUNCH_MEMO=0 in the environment at fa_gpu_open, or fa_gpu_set_launch_memo(g,
+ * false), plans every launch. The choice is the same either way (tests/unit/test_launch_memo.c);
+ * a tuning table's new results or another table make the remembered plans stale. Setting it
+ * clears the memo. Thread-safe. */
+void fa_gpu_set_launch_memo(struct fa_gpu *g, bool on);
+struct fa_gpu_memo_stats {
+	bool on;
+	uint64_t hits, misses, stale, evictions;
+};
+void fa_gpu_launch_memo_stats(struct fa_gpu *g, struct fa_gpu_memo_stats *out);
+
 /* ---- helpers for tests and benchmarks (synchronous, on the device's context) ------------- */
 fa_status fa_gpu_alloc(struct fa_gpu *g, size_t bytes, CUdeviceptr *p, char *err, size_t errlen);
 void fa_gpu_free(struct fa_gpu *g, CUdeviceptr p);

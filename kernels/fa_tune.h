@@ -138,6 +138,14 @@ enum fa_tune_src {
 };
 const char *fa_tune_src_name(enum fa_tune_src s);
 
+/* A pick of class k counted as fa_tune_pick counts it (src an enum fa_tune_src: hits, unfit,
+ * misses; a miss remembers k for fa_tune_table_next_wanted): the launch memo's hits count as the
+ * picks they replace. */
+void fa_tune_table_note(struct fa_tune_table *t, const struct fa_tune_key *k, int src);
+/* A number that grows whenever an entry is added or replaced (put, open, a save's merge): plans
+ * chosen under the table remember it and are stale once it moved (fa_launch_memo.h). */
+uint64_t fa_tune_table_generation(const struct fa_tune_table *t);
+
 /* The tile to launch for d: the tuned one when the class is tuned and the tile is still one of
  * the planner's fitting candidates on the table's device, else the planner's first choice.
  * t NULL: the heuristic with the default settings (model must then be given; with a table, model

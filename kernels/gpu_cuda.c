@@ -9,11 +9,13 @@
 #include "fa_err.h"
 #include "fa_diskcache.h"
 #include "fa_tune.h"
+#include "fa_launch_memo.h"
 #include "gpu_int.h"
 
 #include <stddef.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,6 +141,10 @@ struct fa_gpu {
 	fa_gpu_log_fn log_fn;
 	void *log_ctx;
 	struct fa_gpu_cache_stats stats; /* under lock; kernels, disk_* filled by the reader */
+	/* A repeat shape's plan and kernel (fa_launch_memo.h); off with FA_LAUNCH_MEMO=0 or
+	 * fa_gpu_set_launch_memo (every launch plans, as before the memo). */
+	struct fa_launch_memo memo;
+	_Atomic bool memo_on;
 };
 
 /* A status for a driver error: faults that poison the context are FA_EDEVICE, like the rest. */
@@ -159,6 +165,9 @@ fa_status fa_gpu_open(struct fa_gpu **out, int ordinal, const struct fa_kernel_s
 		return FA_ENOMEM;
 	g->ks = ks ? *ks : *fa_kernel_settings_default();
 	pthread_mutex_init(&g->lock, NULL);
+	fa_launch_memo_init(&g->memo);
+	const char *memo_env = getenv("FA_LAUNCH_MEMO");
+	atomic_store(&g->memo_on, !(memo_env && strcmp(memo_env, "0") == 0));
 	fa_status st = fa_cu_load();
 	if (st != FA_OK) {
 		snprintf(err, errlen, "%s", fa_cu_why());
@@ -233,6 +242,7 @@ void fa_gpu_close(struct fa_gpu *g)
 	free(g->cache);
 	fa_diskcache_close(g->disk);
 	fa_nvrtc_close(g->nvrtc);
+	fa_launch_memo_destroy(&g->memo);
 	pthread_mutex_destroy(&g->lock);
 	free(g);
 }
@@ -250,25 +260,60 @@ void fa_gpu_set_tune_table(struct fa_gpu *g, struct fa_tune_table *t)
 	pthread_mutex_lock(&g->lock);
 	g->tune = t;
 	pthread_mutex_unlock(&g->lock);
+	/* plans chosen under the old table (which may be closed and its address reused) */
+	fa_launch_memo_clear(&g->memo);
 }
 
-/* The tile for d when the caller gave none: the tuning table's winner when there is a table and
- * the class is tuned and the tile fits this device, else the planner's first choice (a stale or
- * foreign table never breaks a launch: fa_tune_pick checks the tile against fa_plan's list). */
-static fa_status choose_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
-                             struct fa_tile *t, char *err, size_t errlen)
+void fa_gpu_set_launch_memo(struct fa_gpu *g, bool on)
+{
+	atomic_store(&g->memo_on, on);
+	fa_launch_memo_clear(&g->memo);
+}
+
+void fa_gpu_launch_memo_stats(struct fa_gpu *g, struct fa_gpu_memo_stats *out)
+{
+	struct fa_launch_memo_stats st;
+	fa_launch_memo_stats(&g->memo, &st);
+	out->on = atomic_load(&g->memo_on);
+	out->hits = st.hits;
+	out->misses = st.misses;
+	out->stale = st.stale;
+	out->evictions = st.evictions;
+}
+
+/* The tuning table now and its generation (read before planning: a table that changes during
+ * the planning leaves the plan with the older generation, so the next lookup plans again). */
+static struct fa_tune_table *tune_now(struct fa_gpu *g, uint64_t *gen)
 {
 	pthread_mutex_lock(&g->lock);
 	struct fa_tune_table *tt = g->tune;
 	pthread_mutex_unlock(&g->lock);
+	*gen = tt ? fa_tune_table_generation(tt) : 0;
+	return tt;
+}
+
+/* The tile for d when the caller gave none: the tuning table's winner when there is a table and
+ * the class is tuned and the tile fits this device, else the planner's first choice (a stale or
+ * foreign table never breaks a launch: fa_tune_pick checks the tile against fa_plan's list).
+ * fa_launch_plan_make (launch_memo.c) makes the same choice for the launches. */
+static fa_status choose_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                             struct fa_tile *t, char *err, size_t errlen)
+{
+	uint64_t gen;
+	struct fa_tune_table *tt = tune_now(g, &gen);
 	if (tt)
 		return fa_tune_pick(tt, &g->model, d, t, NULL, err, errlen);
 	int n = 0;
 	return fa_gpu_plan(g, d, t, 1, &n, err, errlen);
 }
 
+/* The context current on this thread only when it is not already: cuCtxGetCurrent reads the
+ * thread's state, where cuCtxSetCurrent validates and swaps it on every call. */
 fa_status fa_gpu_make_current(struct fa_gpu *g, char *err, size_t errlen)
 {
+	cuctx cur = NULL;
+	if (g->cu.CtxGetCurrent(&cur) == 0 && cur == g->ctx)
+		return FA_OK;
 	curesult r = g->cu.CtxSetCurrent(g->ctx);
 	return r ? cu_fail(g, r, "cuCtxSetCurrent", err, errlen) : FA_OK;
 }
@@ -686,26 +731,29 @@ static fa_status launch_cvt_flat(struct fa_gpu *g, cufunc f, CUdeviceptr k, CUde
  * scratch from the device's memory pool (kept by the pool: fa_gpu_open raised its release
  * threshold, so repeated decodes reuse the same memory) merged by fa_decode_merge, one warp per
  * output row; the scratch is freed in stream order after the merge. */
-static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
-                               const struct fa_decode_plan *dp,
-                               const struct fa_gpu_decode_layout *lay, CUdeviceptr q,
-                               CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse,
-                               CUstream s, char *err, size_t errlen)
+static void decode_spec(const struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                        const struct fa_decode_plan *dp, const struct fa_gpu_decode_layout *lay,
+                        struct fa_kernel_spec *spec)
 {
-	struct fa_kernel_spec spec;
-	fa_status st;
-	fa_kernel_spec_make(&spec, g->model.sm, d->dtype, d->precision, (int)d->D, d->mask,
+	fa_kernel_spec_make(spec, g->model.sm, d->dtype, d->precision, (int)d->D, d->mask,
 	                    &dp->tile);
-	fa_kernel_spec_mask_ext(&spec, d);
+	fa_kernel_spec_mask_ext(spec, d);
 	/* a window over a layout resolves per sequence: its own specialisation (attn_decode.cu
 	 * FA_LAYOUT), so that the other decodes, over layouts or not, keep their kernel */
-	if (lay && spec.window)
-		spec.layout = FA_KLAYOUT_SEQ;
-	if ((st = fa_gpu_make_current(g, err, errlen)))
-		return st;
-	struct kcache_entry *ke = NULL;
-	if ((st = get_kernel(g, &spec, &ke, err, errlen)))
-		return st;
+	if (lay && spec->window)
+		spec->layout = FA_KLAYOUT_SEQ;
+}
+
+/* The decode launch with its kernel loaded (spec: decode_spec's) and the context current. */
+static fa_status launch_decode_ke(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                                  const struct fa_decode_plan *dp,
+                                  const struct fa_gpu_decode_layout *lay,
+                                  const struct fa_kernel_spec *specp,
+                                  const struct kcache_entry *ke, CUdeviceptr q, CUdeviceptr k,
+                                  CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
+                                  char *err, size_t errlen)
+{
+	const struct fa_kernel_spec spec = *specp;
 	struct fa_dparams p;
 	memset(&p, 0, sizeof p);
 	p.q = q;
@@ -761,6 +809,23 @@ static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	if (r)
 		return cu_fail(g, r, "launching fa_attn_decode / fa_decode_merge", err, errlen);
 	return FA_OK;
+}
+
+static fa_status launch_decode(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                               const struct fa_decode_plan *dp,
+                               const struct fa_gpu_decode_layout *lay, CUdeviceptr q,
+                               CUdeviceptr k, CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse,
+                               CUstream s, char *err, size_t errlen)
+{
+	struct fa_kernel_spec spec;
+	fa_status st;
+	decode_spec(g, d, dp, lay, &spec);
+	if ((st = fa_gpu_make_current(g, err, errlen)))
+		return st;
+	struct kcache_entry *ke = NULL;
+	if ((st = get_kernel(g, &spec, &ke, err, errlen)))
+		return st;
+	return launch_decode_ke(g, d, dp, lay, &spec, ke, q, k, v, o, lse, s, err, errlen);
 }
 
 /* gpu_int.h: the inference layouts' launch (gpu_fwd_infer.c plans and checks). The parameter
@@ -849,6 +914,39 @@ fa_status fa_gpu_decode_launch(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	return launch_decode(g, d, dp, lay, q, k, v, o, lse, s, err, errlen);
 }
 
+/* What a launch of d runs, its kernel loaded and the context current: the caller's tile, else
+ * the memo's plan of d's shape (fa_launch_memo.h), else the planners' choice, remembered. On a
+ * memo hit the tuning table counts the pick as fa_tune_pick would have. */
+static fa_status resolve_launch(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
+                                const struct fa_tile *tile, struct fa_launch_plan *pl,
+                                char *err, size_t errlen)
+{
+	fa_status st;
+	struct fa_launch_key key;
+	uint64_t gen = 0;
+	struct fa_tune_table *tt = tile ? NULL : tune_now(g, &gen);
+	const bool memo = !tile && atomic_load_explicit(&g->memo_on, memory_order_relaxed);
+	if (memo) {
+		fa_launch_key_make(d, &key);
+		if (fa_launch_memo_get(&g->memo, &key, tt, gen, pl)) {
+			if (pl->tuned)
+				fa_tune_table_note(tt, &pl->tune_key, pl->tune_src);
+			return fa_gpu_make_current(g, err, errlen);
+		}
+	}
+	if ((st = fa_launch_plan_make(&g->model, &g->ks, tt, d, tile, pl, err, errlen)) != FA_OK)
+		return st;
+	if ((st = fa_gpu_make_current(g, err, errlen)))
+		return st;
+	struct kcache_entry *ke = NULL;
+	if ((st = get_kernel(g, &pl->spec, &ke, err, errlen)))
+		return st;
+	pl->kernel = ke;
+	if (memo)
+		fa_launch_memo_put(&g->memo, &key, tt, gen, pl);
+	return FA_OK;
+}
+
 fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
                                const struct fa_tile *tile, CUdeviceptr q, CUdeviceptr k,
                                CUdeviceptr v, CUdeviceptr o, CUdeviceptr lse, CUstream s,
@@ -873,35 +971,14 @@ fa_status fa_gpu_attn_fwd_tile(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	if (lse % 4) {
 		return fa_err(err, errlen, FA_EALIGN, "lse: device pointer is not 4-byte aligned");
 	}
-	if (tile ? fa_kpath_is_decode(tile->path) : fa_decode_wanted(&g->model, d, &g->ks)) {
-		struct fa_decode_plan dp;
-		if ((st = fa_plan_decode(&g->model, d, &g->ks, tile, &dp, err, errlen)))
-			return st;
-		return launch_decode(g, d, &dp, NULL, q, k, v, o, lse, s, err, errlen);
-	}
-	struct fa_tile t;
-	if (tile) {
-		t = *tile;
-	} else {
-		st = choose_tile(g, d, &t, err, errlen);
-		if (st != FA_OK)
-			return st;
-	}
-	struct fa_kernel_spec spec;
-	fa_kernel_spec_make(&spec, g->model.sm, d->dtype, d->precision, (int)d->D, d->mask, &t);
-	fa_kernel_spec_mask_ext(&spec, d);
-	if (spec.tile.smem > g->model.smem_optin) {
-		char tb[48];
-		fa_tile_format(&spec.tile, tb, sizeof tb);
-		return fa_err(err, errlen, FA_ENOFIT,
-		              "tile %s needs %zu bytes of shared memory, %s allows %zu", tb,
-		              spec.tile.smem, g->name, g->model.smem_optin);
-	}
-	if ((st = fa_gpu_make_current(g, err, errlen)))
+	struct fa_launch_plan pl;
+	if ((st = resolve_launch(g, d, tile, &pl, err, errlen)))
 		return st;
-	struct kcache_entry *ke = NULL;
-	if ((st = get_kernel(g, &spec, &ke, err, errlen)))
-		return st;
+	const struct kcache_entry *ke = pl.kernel;
+	if (pl.decode)
+		return launch_decode_ke(g, d, &pl.dp, NULL, &pl.spec, ke, q, k, v, o, lse, s, err,
+		                        errlen);
+	const struct fa_kernel_spec spec = pl.spec;
 
 	if (fa_kpath_is_wg(spec.tile.path))
 		return launch_wg(g, ke, &spec, d, q, k, v, o, lse, s, err, errlen);

@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,6 +49,9 @@ struct fa_tune_table {
 	int nwanted;
 	struct fa_tune_stats st;
 	unsigned tmp_seq;
+	/* bumped whenever an entry is added or replaced (put, open, the merge of a save): the
+	 * launch memo's plans chosen under an older generation are stale (fa_launch_memo.h) */
+	_Atomic uint64_t gen;
 };
 
 /* ---- identity and keys ------------------------------------------------------------------- */
@@ -300,8 +304,10 @@ static void put_locked(struct fa_tune_table *t, const struct fa_tune_entry *e, b
 {
 	int i = find(t, &e->key);
 	if (i >= 0) {
-		if (!newer_only || e->when > t->e[i].when)
+		if (!newer_only || e->when > t->e[i].when) {
 			t->e[i] = *e;
+			atomic_fetch_add(&t->gen, 1);
+		}
 		return;
 	}
 	if (t->n >= t->max) {
@@ -315,6 +321,7 @@ static void put_locked(struct fa_tune_table *t, const struct fa_tune_entry *e, b
 		t->st.evicted++;
 	}
 	t->e[t->n++] = *e;
+	atomic_fetch_add(&t->gen, 1);
 }
 
 /* Read the file of t's identity: entries into the table through put_locked (newer wins).
@@ -586,8 +593,12 @@ bool fa_tune_table_next_wanted(struct fa_tune_table *t, struct fa_tune_key *k)
 	return got;
 }
 
-/* For fa_tune_pick (tuner.c): count and remember. Declared in tuner.c. */
-void fa_tune_table_note(struct fa_tune_table *t, const struct fa_tune_key *k, int src);
+uint64_t fa_tune_table_generation(const struct fa_tune_table *t)
+{
+	return atomic_load(&((struct fa_tune_table *)t)->gen);
+}
+
+/* fa_tune.h: count and remember a pick. */
 void fa_tune_table_note(struct fa_tune_table *t, const struct fa_tune_key *k, int src)
 {
 	pthread_mutex_lock(&t->lock);

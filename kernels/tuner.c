@@ -20,9 +20,6 @@
 
 #define MAX_RUNS 31
 
-/* tune_cache.c: hit / miss counters and the wanted list. */
-void fa_tune_table_note(struct fa_tune_table *t, const struct fa_tune_key *k, int src);
-
 struct cand {
 	struct fa_tile tile;
 	double t[MAX_RUNS];

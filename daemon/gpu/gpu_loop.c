@@ -136,7 +136,11 @@ static bool gpu_try_inline(struct gpu_backend *b, struct gpu_dev *d, struct back
 		return false;
 	bool sticky = false, s2 = false;
 	uint64_t t0 = fa_now_ns();
-	fa_cu->CtxSetCurrent(d->ctx);
+	/* the loop serves every device: set the context only when another one is current
+	 * (cuCtxGetCurrent reads the thread's state; the launch inside checks the same way) */
+	fa_cu_ctx cur = NULL;
+	if (fa_cu->CtxGetCurrent(&cur) != 0 || cur != d->ctx)
+		fa_cu->CtxSetCurrent(d->ctx);
 	gpu_enqueue(d, job, d->inline_stream, d->inline_ev, &sticky);
 	gpu_complete(d, job, d->inline_ev, &s2);
 	job->compute_ns = fa_now_ns() - t0;

@@ -24,6 +24,12 @@
  * as the daemon sees a client's buffers. The daemon's launch calls' host time per job (STATS
  * gpu_enqueue_host_us) is printed beside the in-process one's.
  *
+ * (4) The host time of one fa_gpu_attn_fwd call in-process (the call alone, no sync), p50, for
+ *     the tiny and the large shape, with the launch memo (kernels/fa_launch_memo.h) against
+ *     without (a second fa_gpu with fa_gpu_set_launch_memo off, launches alternating between
+ *     the two), and a shape's first launch (kernel loaded, plan not remembered yet) against its
+ *     repeat. -a: the in-process anchors only (no daemons, no IPC anchor: a quick run).
+ *
  * CUDA never in this process: each part is a forked child (the fork rule of bench_serving.c).
  * Without a GPU it prints why and exits 0. Figures only; exit 1 only when something fails.
  */
@@ -34,6 +40,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fa_cudrv.h"
@@ -77,6 +84,14 @@ struct board {
 	char why[256];
 	double in_tiny50, in_tiny99, in_kernel_ms, in_tflops;
 	double in_launch_us;          /* host time of one large fa_gpu_attn_fwd call (the launch) */
+	/* (4): launch call host time p50 [0 tiny, 1 large][0 memo on, 1 off]; a new shape's first
+	 * launch and its repeats (p50), memo on */
+	double lh50[2][2], lh_first_us, lh_repeat_us;
+	/* where a launch call's host time goes, per call (mean ns): the planning a memo hit skips
+	 * (fa_gpu_plan, the large shape), the context call before (set) and now (get) */
+	double plan_ns, ctx_set_ns, ctx_get_ns;
+	uint64_t memo_hits, memo_misses;
+	int lh_ok;
 	double in_gapped_ms;          /* the kernel by events, launched alone after ~350 us idle */
 	double in_ipc_ms, in_ipc_tflops; /* on memory another process exported by CUDA IPC */
 	int in_ok, ipc_ok;
@@ -90,6 +105,15 @@ static struct board *B;
 static char g_url[FA_TEST_PATH_MAX + 8];
 static char g_cache[64];
 static int g_n = 2000, g_large = 30, g_variant;
+static bool g_anchors_only;
+
+/* Nanoseconds (the launch call's host time is a few microseconds). */
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static int cmpd(const void *a, const void *b)
 {
@@ -133,6 +157,95 @@ static fa_status launch(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, cu_p
 {
 	return fa_gpu_attn_fwd(g, d, m + l->q_off, m + l->k_off, m + l->v_off, m + l->o_off, 0,
 	                       (CUstream)s, err, errlen);
+}
+
+/* (4): the launch call's host time, memo on (g) against off (a second fa_gpu), alternating. */
+static int launch_host_times(struct fa_gpu *g, const struct fa_kernel_settings *ks, void *s)
+{
+	char err[1024];
+	struct fa_gpu *off = NULL;
+	const struct fa_case *cs[2] = {&tiny, &large};
+	const int n[2] = {g_n, g_large * 4};
+	CHECK(fa_gpu_open(&off, 0, ks, err, sizeof err) == FA_OK, "fa_gpu_open: %s", err);
+	fa_gpu_set_cache_dir(off, g_cache, err, sizeof err);
+	fa_gpu_set_launch_memo(off, false);
+	for (int c = 0; c < 2; c++) {
+		struct fa_case_layout l;
+		struct fa_attn_fwd_desc d;
+		cu_ptr m = 0;
+		double *v[2] = {calloc((size_t)n[c], sizeof(double)), calloc((size_t)n[c],
+		                                                              sizeof(double))};
+		CHECK(v[0] && v[1], "calloc");
+		CHECK(upload(cs[c], &l, &m) == 0, "upload");
+		fa_case_desc(cs[c], &l, &d);
+		for (int i = -10; i < n[c]; i++)
+			for (int k = 0; k < 2; k++) {
+				uint64_t t0 = now_ns();
+				CHECK(launch(k ? off : g, &d, m, &l, s, err, sizeof err) == FA_OK,
+				      "launch: %s", err);
+				uint64_t t1 = now_ns();
+				if (i >= 0)
+					v[k][i] = (double)(t1 - t0) / 1e3;
+				/* the tiny one as a synchronous client runs it; the large one's queue
+				 * stays a few launches deep so the call never waits for the GPU */
+				if (c == 0 || i % 4 == 3)
+					CHECK(cu.StreamSynchronize(s) == 0, "sync");
+			}
+		CHECK(cu.StreamSynchronize(s) == 0, "sync");
+		double p99;
+		pct(v[0], n[c], &B->lh50[c][0], &p99);
+		pct(v[1], n[c], &B->lh50[c][1], &p99);
+		if (c == 1) {
+			/* a new shape whose kernel is loaded (fa_gpu_prepare) but whose plan is not
+			 * remembered: the first launch plans, the repeats do not */
+			d.B = 7;
+			CHECK(fa_gpu_prepare(g, &d, NULL, err, sizeof err) == FA_OK, "prepare: %s", err);
+			uint64_t t0 = now_ns();
+			CHECK(launch(g, &d, m, &l, s, err, sizeof err) == FA_OK, "launch: %s", err);
+			B->lh_first_us = (double)(now_ns() - t0) / 1e3;
+			for (int i = 0; i < 9; i++) {
+				t0 = now_ns();
+				CHECK(launch(g, &d, m, &l, s, err, sizeof err) == FA_OK, "launch: %s",
+				      err);
+				v[0][i] = (double)(now_ns() - t0) / 1e3;
+			}
+			pct(v[0], 9, &B->lh_repeat_us, &p99);
+			CHECK(cu.StreamSynchronize(s) == 0, "sync");
+		}
+		cu.MemFree(m);
+		free(v[0]);
+		free(v[1]);
+	}
+	{
+		struct fa_case_layout l;
+		struct fa_attn_fwd_desc d;
+		struct fa_tile t;
+		fa_case_layout(&large, &l);
+		fa_case_desc(&large, &l, &d);
+		const int reps = 20000;
+		int nt = 0;
+		uint64_t t0 = now_ns();
+		for (int i = 0; i < reps; i++)
+			CHECK(fa_gpu_plan(g, &d, &t, 1, &nt, err, sizeof err) == FA_OK, "plan: %s", err);
+		B->plan_ns = (double)(now_ns() - t0) / reps;
+		fa_cu_ctx ctx = NULL;
+		CHECK(cu.CtxGetCurrent(&ctx) == 0 && ctx != NULL, "cuCtxGetCurrent");
+		t0 = now_ns();
+		for (int i = 0; i < reps; i++)
+			cu.CtxSetCurrent(ctx);
+		B->ctx_set_ns = (double)(now_ns() - t0) / reps;
+		t0 = now_ns();
+		for (int i = 0; i < reps; i++)
+			cu.CtxGetCurrent(&ctx);
+		B->ctx_get_ns = (double)(now_ns() - t0) / reps;
+	}
+	struct fa_gpu_memo_stats ms;
+	fa_gpu_launch_memo_stats(g, &ms);
+	B->memo_hits = ms.hits;
+	B->memo_misses = ms.misses;
+	B->lh_ok = 1;
+	fa_gpu_close(off);
+	return 0;
 }
 
 /* The anchors: in-process launch + sync (tiny), back-to-back launches timed by events (large). */
@@ -205,6 +318,8 @@ static int child_inproc(void)
 	B->in_gapped_ms = gms;
 	B->in_ok = 1;
 	cu.MemFree(m);
+	if (launch_host_times(g, &ks, s) != 0)
+		fprintf(stderr, "bench_ring: the launch host times failed (a figure only)\n");
 	fa_gpu_close(g);
 	free(v);
 	return 0;
@@ -559,8 +674,10 @@ int main(int argc, char **argv)
 			g_large = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "-x"))
 			only_new = true;
+		else if (!strcmp(argv[i], "-a"))
+			g_anchors_only = true;
 		else {
-			fprintf(stderr, "usage: %s [-n N] [-l LARGE] [-x]\n", argv[0]);
+			fprintf(stderr, "usage: %s [-n N] [-l LARGE] [-x] [-a]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -580,14 +697,14 @@ int main(int argc, char **argv)
 	int rc = 0;
 	/* The daemons' runs first (they compile the kernels into the cache the in-process
 	 * children then load), the legacy daemon before the new one. */
-	for (int v = only_new ? 1 : 0; v < VARIANTS; v++)
+	for (int v = only_new ? 1 : 0; v < VARIANTS && !g_anchors_only; v++)
 		rc |= run_variant(v);
 	if (run_child(2) != 0) {
 		fprintf(stderr, "bench_ring: the in-process part failed\n");
 		rc = 1;
 	}
-	pid_t exporter = spawn_child(4);
-	if (exporter < 0 || run_child(3) != 0)
+	pid_t exporter = g_anchors_only ? -1 : spawn_child(4);
+	if (!g_anchors_only && (exporter < 0 || run_child(3) != 0))
 		fprintf(stderr, "bench_ring: the IPC anchor failed (a figure only)\n");
 	__atomic_store_n(&B->ipc_state, 2, __ATOMIC_SEQ_CST);
 	if (exporter > 0)
@@ -605,6 +722,21 @@ int main(int argc, char **argv)
 	       B->in_kernel_ms, B->in_gapped_ms, ratio(B->in_gapped_ms, B->in_kernel_ms),
 	       B->in_ipc_ms, ratio(B->in_ipc_ms, B->in_kernel_ms), B->in_ipc_tflops,
 	       B->ipc_ok ? "" : " (IPC anchor failed)");
+	printf("(4) in-process launch call host time (fa_gpu_attn_fwd alone, p50), launch memo on "
+	       "vs off: tiny %.1f vs %.1f us, large %.1f vs %.1f us; a new shape (large, B=7, "
+	       "kernel loaded): first launch %.1f us, repeats %.1f us; memo hits %" PRIu64
+	       " misses %" PRIu64 "%s\n", B->lh50[0][0], B->lh50[0][1], B->lh50[1][0],
+	       B->lh50[1][1], B->lh_first_us, B->lh_repeat_us, B->memo_hits, B->memo_misses,
+	       B->lh_ok ? "" : " (failed)");
+	printf("    per call: the planning a hit skips (fa_gpu_plan, large) %.0f ns; cuCtxSetCurrent "
+	       "(every launch before) %.0f ns, cuCtxGetCurrent (now) %.0f ns\n", B->plan_ns,
+	       B->ctx_set_ns, B->ctx_get_ns);
+	if (g_anchors_only) {
+		printf("    tiny in-process launch+sync p50 %.1f us p99 %.1f us; large launch call "
+		       "(once, after a sync) %.1f us\n", B->in_tiny50, B->in_tiny99,
+		       B->in_launch_us);
+		return rc || !B->in_ok || !B->lh_ok;
+	}
 	for (int v = only_new ? 1 : 0; v < VARIANTS; v++)
 		print_variant(v);
 	for (int v = only_new ? 1 : 0; v < VARIANTS; v++)
