@@ -529,6 +529,7 @@ static bool run_case(const struct gcase *c, int verbose)
 				tot.num[w] += jobs[t].a.num[w];
 				tot.den[w] += jobs[t].a.den[w];
 				tot.mag[w] += jobs[t].a.mag[w];
+				tot.mabs[w] += jobs[t].a.mabs[w];
 			}
 			tot.bad |= jobs[t].a.bad;
 		}
