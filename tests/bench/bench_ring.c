@@ -721,7 +721,9 @@ int main(int argc, char **argv)
 	       "another process (%.3fx; back to back %.1f TFLOP/s)%s\n", B->in_tflops,
 	       B->in_kernel_ms, B->in_gapped_ms, ratio(B->in_gapped_ms, B->in_kernel_ms),
 	       B->in_ipc_ms, ratio(B->in_ipc_ms, B->in_kernel_ms), B->in_ipc_tflops,
-	       B->ipc_ok ? "" : " (IPC anchor failed)");
+	       B->ipc_ok         ? ""
+	       : g_anchors_only ? " (IPC anchor not run: -a)"
+	                        : " (IPC anchor failed)");
 	printf("(4) in-process launch call host time (fa_gpu_attn_fwd alone, p50), launch memo on "
 	       "vs off: tiny %.1f vs %.1f us, large %.1f vs %.1f us; a new shape (large, B=7, "
 	       "kernel loaded): first launch %.1f us, repeats %.1f us; memo hits %" PRIu64
