@@ -556,28 +556,12 @@ static struct fa_kscale kscale_of(const struct fa_attn_fwd_desc *d)
 	return (struct fa_kscale){(float)(fabs(d->scale) * 1.4426950408889634), d->scale < 0};
 }
 
-/* The window as the range of j - i (fa_attn_key_range's rule with the mask folded in: diagonal
- * at j - i = a, a = 0 top-left, else Sk - Sq; a side bounds only when >= 0 and below Sk, or
- * Sk + Sq for the left), clamped to [-Sq - 1, Sk + 1] where j - i lies in [1 - Sq, Sk - 1]:
- * int-sized for Sq, Sk < 2^30 (the grid check). Unbounded sides get the clamp. */
+/* The window as the range of j - i with the mask folded in (fa_attn_window_diffs, the backward's
+ * rule too), int-sized for Sq, Sk < 2^30 (the grid check), and the softcap's constants. */
 static struct fa_kmaskx kmaskx_of(const struct fa_attn_fwd_desc *d)
 {
-	const int64_t a = d->mask == FA_MASK_CAUSAL_TOP_LEFT ? 0 : d->Sk - d->Sq;
-	int64_t lo = -d->Sq - 1, hi = d->Sk + 1;
-	if (d->mask == FA_MASK_CAUSAL_BOTTOM_RIGHT || d->mask == FA_MASK_CAUSAL_TOP_LEFT)
-		hi = a;
-	if (d->window && d->window_right >= 0 && d->window_right < d->Sk && a + d->window_right < hi)
-		hi = a + d->window_right;
-	if (d->window && d->window_left >= 0 && d->window_left < d->Sk + d->Sq)
-		lo = a - d->window_left;
-	if (lo < -d->Sq - 1)
-		lo = -d->Sq - 1;
-	if (hi < -d->Sq - 1)
-		hi = -d->Sq - 1;
-	if (lo > d->Sk + 1)
-		lo = d->Sk + 1;
-	if (hi > d->Sk + 1)
-		hi = d->Sk + 1;
+	int64_t lo, hi;
+	fa_attn_window_diffs(d, &lo, &hi);
 	struct fa_kmaskx m = {(int)lo, (int)hi, 0.f, 0.f};
 	if (d->softcap > 0) {
 		m.scale_cap = (float)(fabs(d->scale) / d->softcap);
