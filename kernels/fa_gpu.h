@@ -196,8 +196,8 @@ fa_status fa_gpu_prepare(struct fa_gpu *g, const struct fa_attn_fwd_desc *d,
  * kernel fa_gpu_attn_fwd(d) would launch now (the tile it would choose now) loaded in memory?
  * *ready says so; name gets that specialisation's fa_kernel_spec_name (the key to compile each
  * one once; may be truncated to namelen). Counts nothing: no cache hit, no tuning-table pick,
- * no wanted class. Cheap (the planner, a table lookup, a scan of the loaded kernels) and
- * thread-safe. FA_OK, or the planner's status with err (the launch will report the same). */
+ * no wanted class, no launch-memo hit. Cheap (a shape launched before: the launch memo's entry;
+ * else the planner, a table lookup, a scan of the loaded kernels) and thread-safe. FA_OK, or the planner's status with err (the launch will report the same). */
 fa_status fa_gpu_kernel_lookup(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, bool *ready,
                                char *name, size_t namelen, char *err, size_t errlen);
 

@@ -91,6 +91,11 @@ void fa_launch_memo_destroy(struct fa_launch_memo *m);
 bool fa_launch_memo_get(struct fa_launch_memo *m, const struct fa_launch_key *k,
                         const struct fa_tune_table *table, uint64_t gen,
                         struct fa_launch_plan *out);
+/* fa_launch_memo_get for a query (fa_gpu_kernel_lookup): the same answer, nothing counted and
+ * the LRU order unchanged. */
+bool fa_launch_memo_peek(struct fa_launch_memo *m, const struct fa_launch_key *k,
+                         const struct fa_tune_table *table, uint64_t gen,
+                         struct fa_launch_plan *out);
 /* Remember plan for k (replacing k's entry, else the set's least recently used one). */
 void fa_launch_memo_put(struct fa_launch_memo *m, const struct fa_launch_key *k,
                         const struct fa_tune_table *table, uint64_t gen,

@@ -1100,6 +1100,20 @@ fa_status fa_gpu_kernel_lookup(struct fa_gpu *g, const struct fa_attn_fwd_desc *
 	*ready = false;
 	if (namelen > 0)
 		name[0] = '\0';
+	/* a shape launched before under the same tuning state: its kernel is loaded (a loaded
+	 * kernel stays loaded), and the memo has its specialisation; no planner run */
+	if (atomic_load_explicit(&g->memo_on, memory_order_relaxed)) {
+		uint64_t gen = 0;
+		struct fa_tune_table *tt = tune_now(g, &gen);
+		struct fa_launch_key key;
+		struct fa_launch_plan pl;
+		fa_launch_key_make(d, &key);
+		if (fa_launch_memo_peek(&g->memo, &key, tt, gen, &pl)) {
+			fa_kernel_spec_name(&pl.spec, name, namelen);
+			*ready = true;
+			return FA_OK;
+		}
+	}
 	fa_status st = peek_tile(g, d, &t, err, errlen);
 	if (st != FA_OK)
 		return st;

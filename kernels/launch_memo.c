@@ -103,9 +103,11 @@ void fa_launch_memo_destroy(struct fa_launch_memo *m)
 	pthread_mutex_destroy(&m->lock);
 }
 
-bool fa_launch_memo_get(struct fa_launch_memo *m, const struct fa_launch_key *k,
-                        const struct fa_tune_table *table, uint64_t gen,
-                        struct fa_launch_plan *out)
+/* get and peek: the plan of k under (table, gen); count: a launch's lookup (the stats, the
+ * LRU clock), else a query that leaves both as they were. */
+static bool memo_find(struct fa_launch_memo *m, const struct fa_launch_key *k,
+                      const struct fa_tune_table *table, uint64_t gen,
+                      struct fa_launch_plan *out, bool count)
 {
 	struct fa_launch_memo_slot *set = m->slot[key_set(k)];
 	bool hit = false;
@@ -115,20 +117,36 @@ bool fa_launch_memo_get(struct fa_launch_memo *m, const struct fa_launch_key *k,
 		if (!s->used || !fa_launch_key_equal(&s->key, k))
 			continue;
 		if (s->table != table || s->table_gen != gen) {
-			m->st.stale++; /* chosen under another table state: plan again */
+			if (count)
+				m->st.stale++; /* chosen under another table state: plan again */
 			break;
 		}
-		s->last = ++m->clock;
+		if (count)
+			s->last = ++m->clock;
 		*out = s->plan;
 		hit = true;
 		break;
 	}
-	if (hit)
+	if (count && hit)
 		m->st.hits++;
-	else
+	else if (count)
 		m->st.misses++;
 	pthread_mutex_unlock(&m->lock);
 	return hit;
+}
+
+bool fa_launch_memo_get(struct fa_launch_memo *m, const struct fa_launch_key *k,
+                        const struct fa_tune_table *table, uint64_t gen,
+                        struct fa_launch_plan *out)
+{
+	return memo_find(m, k, table, gen, out, true);
+}
+
+bool fa_launch_memo_peek(struct fa_launch_memo *m, const struct fa_launch_key *k,
+                         const struct fa_tune_table *table, uint64_t gen,
+                         struct fa_launch_plan *out)
+{
+	return memo_find(m, k, table, gen, out, false);
 }
 
 void fa_launch_memo_put(struct fa_launch_memo *m, const struct fa_launch_key *k,

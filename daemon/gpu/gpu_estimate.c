@@ -18,9 +18,9 @@
 
 #include <string.h>
 
-/* The descriptor's fields a kernel's time (and its tile) depends on, and whether host memory is
- * staged. */
-void gpu_shape_key(const struct backend_job *job, struct gpu_est_entry *k)
+/* A job's shape: the descriptor's fields a kernel's time (and its tile) depends on, and whether
+ * host memory is staged (ns and used zero). */
+static void gpu_shape_key(const struct backend_job *job, struct gpu_est_entry *k)
 {
 	const struct fa_attn_fwd_desc *d = &job->desc;
 
@@ -42,7 +42,7 @@ void gpu_shape_key(const struct backend_job *job, struct gpu_est_entry *k)
 	k->softcap = d->softcap;
 }
 
-bool gpu_shape_same(const struct gpu_est_entry *a, const struct gpu_est_entry *b)
+static bool gpu_shape_same(const struct gpu_est_entry *a, const struct gpu_est_entry *b)
 {
 	return a->dtype == b->dtype && a->precision == b->precision && a->mask == b->mask &&
 	       a->window == b->window && a->bwd == b->bwd && a->host == b->host &&

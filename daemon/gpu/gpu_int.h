@@ -117,7 +117,6 @@ struct region;
 #define GPU_GAP_SHORT_NS 2000000ull /* gpu_timing.c: a longer gap is an idle device (or
                                      * session stream), not a slow hand-off */
 #define GPU_EST_ENTRIES 16         /* shapes whose last GPU time a device remembers */
-#define GPU_READY_ENTRIES 32       /* shapes whose kernel a device's submit knows is loaded */
 #define GPU_CU_NOT_READY 600       /* CUDA_ERROR_NOT_READY: cuStreamQuery, cuEventElapsedTime */
 #define GPU_ATIMING_SLOTS 16       /* asynchronous jobs timed in flight per session stream */
 
@@ -286,11 +285,6 @@ struct gpu_dev {
 	                                          * priority, so a high-priority job may run
 	                                          * inline beside a busy worker */
 	fa_cu_event inline_ev;                     /* loop */
-	/* Shapes whose kernel the submit's lookup found loaded (gpu_loop.c): a loaded kernel
-	 * stays loaded, so only a new tuning result (tuned_seen) can change the answer. */
-	struct gpu_est_entry ready[GPU_READY_ENTRIES]; /* loop */
-	unsigned nready, ready_next;             /* loop */
-	uint64_t tuned_seen;                     /* loop: b->tuned when they were found */
 	uint64_t inline_jobs;                    /* mu */
 	/* The canary (gpu_canary.c) */
 	struct fa_attn_fwd_desc canary_desc;     /* open */
@@ -478,11 +472,6 @@ void gpu_split_piece(const struct backend_job *job, int64_t k, struct fa_attn_fw
                      uint64_t off[5]);
 
 /* ---- gpu_estimate.c: expected GPU times (no CUDA, the worker's) -------------------------- */
-
-/* A job's shape: the descriptor's fields its kernel's tile and time depend on, and whether it
- * stages host memory (ns and used zero); the same shape as another. */
-void gpu_shape_key(const struct backend_job *job, struct gpu_est_entry *k);
-bool gpu_shape_same(const struct gpu_est_entry *a, const struct gpu_est_entry *b);
 
 /* Remember a finished job's GPU time (its shape's entry, and the device's rate for large
  * jobs). Inference jobs and gpu_ns 0 are ignored. */

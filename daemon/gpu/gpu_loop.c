@@ -171,38 +171,6 @@ static void gpu_spin_cb(uv_idle_t *h)
 	gpu_spin_check(h->data);
 }
 
-/* Whether the submit's lookup found this job's shape's kernel loaded on d before (its planner
- * run costs microseconds of every request's latency on the loop). A kernel once loaded stays
- * loaded; the tile for a shape changes only with a new tuning result, which empties the list.
- * (Between a tuner's store and its count a stale answer names the old tile: the new one, a
- * tuning candidate, was compiled before it was timed, so it is loaded too.) */
-static bool gpu_ready_known(struct gpu_backend *b, struct gpu_dev *d, const struct backend_job *job)
-{
-	struct gpu_est_entry k;
-
-	pthread_mutex_lock(&b->mu);
-	uint64_t tuned = b->tuned;
-	pthread_mutex_unlock(&b->mu);
-	if (tuned != d->tuned_seen) {
-		d->tuned_seen = tuned;
-		d->nready = d->ready_next = 0;
-		return false;
-	}
-	gpu_shape_key(job, &k);
-	for (unsigned i = 0; i < d->nready; i++)
-		if (gpu_shape_same(&d->ready[i], &k))
-			return true;
-	return false;
-}
-
-static void gpu_ready_remember(struct gpu_dev *d, const struct backend_job *job)
-{
-	gpu_shape_key(job, &d->ready[d->ready_next]);
-	d->ready_next = (d->ready_next + 1) % GPU_READY_ENTRIES;
-	if (d->nready < GPU_READY_ENTRIES)
-		d->nready++;
-}
-
 /* Queue a job on its device: the one of its device buffers, else round robin. */
 fa_status gpu_submit(struct backend *base, struct backend_job *job)
 {
@@ -231,16 +199,11 @@ fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	 * use: no lookup here.) */
 	if (b->ncompile > 0 && !fault_marked(&b->base) && !job->is_bwd && !job->infer &&
 	    !job->words_release) {
-		if (gpu_ready_known(b, d, job)) {
-			known = ready = true;
-		} else {
-			known = fa_gpu_kernel_lookup(d->g, &job->desc, &ready, key + kl,
-			                             sizeof key - (size_t)kl, why, sizeof why) == FA_OK;
-			if (known && ready)
-				gpu_ready_remember(d, job);
-			if (!known)
-				ready = true;
-		}
+		/* (a shape launched before: the launch memo answers without a planner run) */
+		known = fa_gpu_kernel_lookup(d->g, &job->desc, &ready, key + kl,
+		                             sizeof key - (size_t)kl, why, sizeof why) == FA_OK;
+		if (!known)
+			ready = true;
 	}
 	/* the loop never compiles: only a kernel known to be loaded runs inline */
 	if (known && ready && gpu_try_inline(b, d, job))

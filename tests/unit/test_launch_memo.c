@@ -486,6 +486,47 @@ static void test_memo_plan_make_reports_a_tile_that_does_not_fit(void **state)
 	assert_non_null(strstr(err, "head dim 12"));
 }
 
+/* A query (fa_launch_memo_peek, fa_gpu_kernel_lookup's) gives get's answer, stale and missing
+ * entries included, and counts nothing: the stats and the LRU order stay as they were. */
+static void test_memo_peek_answers_as_get_and_counts_nothing(void **state)
+{
+	(void)state;
+	const struct fa_device_model *dev = fa_device_model_find("sm_90");
+	struct fa_launch_memo *m = malloc(sizeof *m);
+	char err[256];
+	assert_non_null(m);
+	fa_launch_memo_init(m);
+	const struct fa_attn_fwd_desc d = desc(FA_DTYPE_BF16, FA_PREC_DEFAULT, FA_MASK_NONE, 8, 4096,
+	                                       4096, 16, 16, 128);
+	const struct fa_attn_fwd_desc other = desc(FA_DTYPE_FP16, FA_PREC_DEFAULT, FA_MASK_NONE, 1,
+	                                           128, 128, 16, 16, 64);
+	struct fa_launch_key k, ko;
+	struct fa_launch_plan p, got;
+	fa_launch_key_make(&d, &k);
+	fa_launch_key_make(&other, &ko);
+	assert_int_equal(fa_launch_plan_make(dev, NULL, NULL, &d, NULL, &p, err, sizeof err), FA_OK);
+	fa_launch_memo_put(m, &k, NULL, 0, &p);
+	struct fa_launch_memo_stats st0, st1;
+	fa_launch_memo_stats(m, &st0);
+	const uint64_t clock0 = m->clock;
+	memset(&got, 0, sizeof got);
+	assert_true(fa_launch_memo_peek(m, &k, NULL, 0, &got));
+	assert_true(plan_same(&got, &p));
+	assert_false(fa_launch_memo_peek(m, &ko, NULL, 0, &got));             /* missing */
+	assert_false(fa_launch_memo_peek(m, &k, (const void *)m, 1, &got));  /* another table */
+	fa_launch_memo_stats(m, &st1);
+	assert_memory_equal(&st0, &st1, sizeof st0);
+	assert_true(m->clock == clock0);
+	/* get says the same, and counts */
+	assert_true(fa_launch_memo_get(m, &k, NULL, 0, &got));
+	assert_false(fa_launch_memo_get(m, &ko, NULL, 0, &got));
+	fa_launch_memo_stats(m, &st1);
+	assert_int_equal(st1.hits, st0.hits + 1);
+	assert_int_equal(st1.misses, st0.misses + 1);
+	fa_launch_memo_destroy(m);
+	free(m);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -497,6 +538,7 @@ int main(void)
 		cmocka_unit_test(test_memo_evicts_and_clears),
 		cmocka_unit_test(test_memo_is_consistent_under_threads),
 		cmocka_unit_test(test_memo_plan_make_reports_a_tile_that_does_not_fit),
+		cmocka_unit_test(test_memo_peek_answers_as_get_and_counts_nothing),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
