@@ -64,6 +64,7 @@ static const uint32_t kvcache_fields[] = {
 	T(fa_attn_kvcache_args, lse),           T(fa_attn_kvcache_args, cache_seqlens),
 	T(fa_attn_kvcache_args, page_table),    T(fa_attn_kvcache_args, cu_seqlens_q)};
 #undef T
+#define NFIELDS(a) ((unsigned)(sizeof(a) / sizeof((a)[0])))
 
 struct op_info {
 	const char *name;
@@ -77,18 +78,20 @@ static bool op_info(fa_prepared_op op, struct op_info *o)
 {
 	switch (op) {
 	case FA_PREPARED_FWD:
-		*o = (struct op_info){"FA_PREPARED_FWD", sizeof(fa_attn_fwd_args), fwd_fields, 5};
+		*o = (struct op_info){"FA_PREPARED_FWD", sizeof(fa_attn_fwd_args), fwd_fields,
+		                      NFIELDS(fwd_fields)};
 		return true;
 	case FA_PREPARED_BWD:
-		*o = (struct op_info){"FA_PREPARED_BWD", sizeof(fa_attn_bwd_args), bwd_fields, 9};
+		*o = (struct op_info){"FA_PREPARED_BWD", sizeof(fa_attn_bwd_args), bwd_fields,
+		                      NFIELDS(bwd_fields)};
 		return true;
 	case FA_PREPARED_VARLEN:
 		*o = (struct op_info){"FA_PREPARED_VARLEN", sizeof(fa_attn_varlen_args),
-		                      varlen_fields, 7};
+		                      varlen_fields, NFIELDS(varlen_fields)};
 		return true;
 	case FA_PREPARED_KVCACHE:
 		*o = (struct op_info){"FA_PREPARED_KVCACHE", sizeof(fa_attn_kvcache_args),
-		                      kvcache_fields, 8};
+		                      kvcache_fields, NFIELDS(kvcache_fields)};
 		return true;
 	}
 	return false;
