@@ -880,6 +880,24 @@ static const char *verdict(bool ok)
 	return ok ? "met" : "NOT met";
 }
 
+/* One throughput row without its line end (the caller adds its targets): the rate, TFLOP/s,
+ * the ratio to the back-to-back launches and the spread over the clients; false (and the line
+ * ended) when the run failed. */
+static bool tput_row(const char *mode, const struct tput_result *r, double flops, double base)
+{
+	if (r->rate <= 0) {
+		printf("  %-24s %-12s %11s\n", "", mode, "- (failed)");
+		return false;
+	}
+	printf("  %-24s %-12s %11.1f %8.1f", "", mode, r->rate, r->rate * flops / 1e12);
+	if (base > 0)
+		printf(" %10.2f", r->rate / base);
+	else
+		printf(" %10s", "-");
+	printf("   %" PRIu64 "..%" PRIu64, r->cmin, r->cmax);
+	return true;
+}
+
 /* The tables, from what the board holds (a missing figure prints as "-"). */
 static void print_results(bool lat_ok, const struct tput_result res[NTPUT][NRUNS],
 			  const struct tput_result ires[NTPUT][NRUNS], const char *stats)
@@ -948,42 +966,26 @@ static void print_results(bool lat_ok, const struct tput_result res[NTPUT][NRUNS
 		else
 			printf("  %-24s %-12s %11s\n", name, "in-process", "-");
 		for (int j = 0; j < NRUNS; j++) {
-			const struct tput_result *r = &res[k][j];
+			const struct tput_result *r = &res[k][j], *ir = &ires[k][j];
 			char mode[24];
 			snprintf(mode, sizeof mode, "%d client%s", run_clients[j],
 				 run_clients[j] > 1 ? "s" : "");
-			if (r->rate <= 0) {
-				printf("  %-24s %-12s %11s\n", "", mode, "- (failed)");
-				continue;
+			if (tput_row(mode, r, flops, base)) {
+				if (run_clients[j] > 1 && base > 0)
+					printf("   target >= 0.95x back to back: %s",
+					       verdict(r->rate / base >= 0.95));
+				printf("\n");
 			}
-			printf("  %-24s %-12s %11.1f %8.1f", "", mode, r->rate,
-			       r->rate * flops / 1e12);
-			if (base > 0)
-				printf(" %10.2f", r->rate / base);
-			else
-				printf(" %10s", "-");
-			printf("   %" PRIu64 "..%" PRIu64, r->cmin, r->cmax);
-			if (run_clients[j] > 1 && base > 0)
-				printf("   target >= 0.95x back to back: %s",
-				       verdict(r->rate / base >= 0.95));
-			printf("\n");
 			/* the same processes each launching in-process (own contexts, time-sliced) */
-			const struct tput_result *ir = &ires[k][j];
 			snprintf(mode, sizeof mode, "%d in-proc", run_clients[j]);
-			if (ir->rate <= 0) {
-				printf("  %-24s %-12s %11s\n", "", mode, "- (failed)");
+			if (!tput_row(mode, ir, flops, base))
 				continue;
+			if (r->rate > 0) {
+				printf("   daemon / these %.2fx", r->rate / ir->rate);
+				if (run_clients[j] > 1)
+					printf(" (target >= 1.1x: %s)",
+					       verdict(r->rate / ir->rate >= 1.1));
 			}
-			printf("  %-24s %-12s %11.1f %8.1f", "", mode, ir->rate,
-			       ir->rate * flops / 1e12);
-			if (base > 0)
-				printf(" %10.2f", ir->rate / base);
-			else
-				printf(" %10s", "-");
-			printf("   %" PRIu64 "..%" PRIu64 "   daemon / these %.2fx", ir->cmin, ir->cmax,
-			       r->rate / ir->rate);
-			if (run_clients[j] > 1)
-				printf(" (target >= 1.1x: %s)", verdict(r->rate / ir->rate >= 1.1));
 			printf("\n");
 		}
 	}
