@@ -159,6 +159,48 @@ static fa_status launch(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, cu_p
 	                       (CUstream)s, err, errlen);
 }
 
+/* The kernel's mean time by events over n launches one at a time, each after gap_us of idle
+ * (0: none). 0, or -1 with err (a launch's text, or the event that failed). */
+static int kernel_ms(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, cu_ptr m,
+                     const struct fa_case_layout *l, void *s, void *ev[2], int n,
+                     unsigned gap_us, double *out, char *err, size_t errlen)
+{
+	double sum = 0;
+	for (int i = 0; i < n; i++) {
+		float ms = 0;
+		if (gap_us > 0)
+			usleep(gap_us);
+		cu.EventRecord(ev[0], s);
+		if (launch(g, d, m, l, s, err, errlen) != FA_OK)
+			return -1;
+		cu.EventRecord(ev[1], s);
+		if (cu.EventSynchronize(ev[1]) != 0 || cu.EventElapsedTime(&ms, ev[0], ev[1]) != 0) {
+			snprintf(err, errlen, "the timing events failed");
+			return -1;
+		}
+		sum += ms;
+	}
+	*out = sum / n;
+	return 0;
+}
+
+/* g_large launches back to back, synchronised at the end: TFLOP/s. 0, or -1 with err. */
+static int back_to_back_tflops(struct fa_gpu *g, const struct fa_attn_fwd_desc *d, cu_ptr m,
+                               const struct fa_case_layout *l, void *s, double *out, char *err,
+                               size_t errlen)
+{
+	uint64_t t0 = fa_test_now_us();
+	for (int i = 0; i < g_large; i++)
+		if (launch(g, d, m, l, s, err, errlen) != FA_OK)
+			return -1;
+	if (cu.StreamSynchronize(s) != 0) {
+		snprintf(err, errlen, "cuStreamSynchronize failed");
+		return -1;
+	}
+	*out = flop(&large) * g_large / ((double)(fa_test_now_us() - t0) / 1e6) / 1e12;
+	return 0;
+}
+
 /* (4): the launch call's host time, memo on (g) against off (a second fa_gpu), alternating. */
 static int launch_host_times(struct fa_gpu *g, const struct fa_kernel_settings *ks, void *s)
 {
@@ -282,40 +324,18 @@ static int child_inproc(void)
 	for (int i = 0; i < 3; i++)
 		CHECK(launch(g, &d, m, &l, s, err, sizeof err) == FA_OK, "large: %s", err);
 	CHECK(cu.StreamSynchronize(s) == 0, "sync");
-	double kms = 0;
-	for (int i = 0; i < 5; i++) { /* the kernel alone, one at a time */
-		float ms = 0;
-		cu.EventRecord(ev[0], s);
-		CHECK(launch(g, &d, m, &l, s, err, sizeof err) == FA_OK, "large: %s", err);
-		cu.EventRecord(ev[1], s);
-		CHECK(cu.EventSynchronize(ev[1]) == 0 && cu.EventElapsedTime(&ms, ev[0], ev[1]) == 0,
-		      "elapsed");
-		kms += ms / 5.0;
-	}
-	B->in_kernel_ms = kms;
+	/* the kernel alone, one at a time */
+	CHECK(kernel_ms(g, &d, m, &l, s, ev, 5, 0, &B->in_kernel_ms, err, sizeof err) == 0,
+	      "large: %s", err);
 	uint64_t tl = fa_test_now_us();
 	CHECK(launch(g, &d, m, &l, s, err, sizeof err) == FA_OK, "large: %s", err);
 	B->in_launch_us = (double)(fa_test_now_us() - tl);
 	CHECK(cu.StreamSynchronize(s) == 0, "sync");
-	uint64_t t0 = fa_test_now_us();
-	for (int i = 0; i < g_large; i++)
-		CHECK(launch(g, &d, m, &l, s, err, sizeof err) == FA_OK, "large: %s", err);
-	CHECK(cu.StreamSynchronize(s) == 0, "sync");
-	double secs = (double)(fa_test_now_us() - t0) / 1e6;
-	B->in_tflops = flop(&large) * g_large / secs / 1e12;
+	CHECK(back_to_back_tflops(g, &d, m, &l, s, &B->in_tflops, err, sizeof err) == 0,
+	      "large: %s", err);
 	/* one at a time after an idle gap like the daemon's old one: clocks, power */
-	double gms = 0;
-	for (int i = 0; i < 10; i++) {
-		float ms = 0;
-		usleep(350);
-		cu.EventRecord(ev[0], s);
-		CHECK(launch(g, &d, m, &l, s, err, sizeof err) == FA_OK, "large: %s", err);
-		cu.EventRecord(ev[1], s);
-		CHECK(cu.EventSynchronize(ev[1]) == 0 && cu.EventElapsedTime(&ms, ev[0], ev[1]) == 0,
-		      "elapsed");
-		gms += ms / 10.0;
-	}
-	B->in_gapped_ms = gms;
+	CHECK(kernel_ms(g, &d, m, &l, s, ev, 10, 350, &B->in_gapped_ms, err, sizeof err) == 0,
+	      "large: %s", err);
 	B->in_ok = 1;
 	cu.MemFree(m);
 	if (launch_host_times(g, &ks, s) != 0)
@@ -375,25 +395,9 @@ static int child_ipc_import(void)
 		if (launch(g, &d, m, &l, s, err, sizeof err) != FA_OK)
 			goto out;
 	cu.StreamSynchronize(s);
-	double kms = 0;
-	for (int i = 0; i < 5; i++) {
-		float ms = 0;
-		cu.EventRecord(ev[0], s);
-		if (launch(g, &d, m, &l, s, err, sizeof err) != FA_OK)
-			goto out;
-		cu.EventRecord(ev[1], s);
-		if (cu.EventSynchronize(ev[1]) != 0 || cu.EventElapsedTime(&ms, ev[0], ev[1]) != 0)
-			goto out;
-		kms += ms / 5.0;
-	}
-	B->in_ipc_ms = kms;
-	uint64_t t0 = fa_test_now_us();
-	for (int i = 0; i < g_large; i++)
-		if (launch(g, &d, m, &l, s, err, sizeof err) != FA_OK)
-			goto out;
-	if (cu.StreamSynchronize(s) != 0)
+	if (kernel_ms(g, &d, m, &l, s, ev, 5, 0, &B->in_ipc_ms, err, sizeof err) != 0 ||
+	    back_to_back_tflops(g, &d, m, &l, s, &B->in_ipc_tflops, err, sizeof err) != 0)
 		goto out;
-	B->in_ipc_tflops = flop(&large) * g_large / ((double)(fa_test_now_us() - t0) / 1e6) / 1e12;
 	B->ipc_ok = 1;
 	rc = 0;
 out:
