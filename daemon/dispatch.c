@@ -522,29 +522,52 @@ static bool dispatch_release_submit(struct server *srv, struct request *r, fa_st
 	return backend_submit(srv->backend, &r->job) == FA_OK;
 }
 
-/* A refused asynchronous ATTN_FWD from a ring, with completion words: release its done word
- * (the session's words region, if it really is one) and answer once that is enqueued. True
- * when handed to the backend (the reply then comes from dispatch_fwd_done). */
+/* The completion-word fields of an asynchronous attention request (ATTN_FWD, ATTN_BWD,
+ * ATTN_VARLEN, ATTN_KVCACHE): true with them, false for any other op or a synchronous call. */
+static bool dispatch_req_words(const struct fa_proto_req *q, uint64_t *region, uint64_t *seq,
+                               uint32_t *slot)
+{
+	switch (q->op) {
+	case FA_OP_ATTN_FWD:
+		*region = q->u.fwd.words_region, *seq = q->u.fwd.words_seq, *slot = q->u.fwd.slot;
+		return q->u.fwd.async;
+	case FA_OP_ATTN_BWD:
+		*region = q->u.bwd.words_region, *seq = q->u.bwd.words_seq, *slot = q->u.bwd.slot;
+		return q->u.bwd.async;
+	case FA_OP_ATTN_VARLEN:
+	case FA_OP_ATTN_KVCACHE:
+		*region = q->u.infer.words_region, *seq = q->u.infer.words_seq;
+		*slot = q->u.infer.slot;
+		return q->u.infer.async;
+	default:
+		return false;
+	}
+}
+
+/* A refused asynchronous attention call from a ring, with completion words: release its done
+ * word (the session's words region, if it really is one) and answer once that is enqueued.
+ * True when handed to the backend (the reply then comes from dispatch_fwd_done). */
 static bool dispatch_words_refused(struct dispatch_ctx *c, fa_status st)
 {
 	struct server *srv = c->srv;
 	const struct fa_proto_req *q = c->req;
 	struct session *s = c->session;
+	uint64_t wrg = 0, wq = 0;
+	uint32_t slot = 0;
 
-	if (!ring_hdr_is(c->hdr) || q->op != FA_OP_ATTN_FWD || !q->u.fwd.async || s == NULL ||
-	    q->u.fwd.words_region == 0 || q->u.fwd.words_seq == 0 ||
-	    q->u.fwd.slot >= FA_PROTO_MAX_SLOTS || !srv->backend->async_words ||
-	    st == FA_ESESSION)
+	if (!ring_hdr_is(c->hdr) || !dispatch_req_words(q, &wrg, &wq, &slot) || s == NULL ||
+	    wrg == 0 || wq == 0 || slot >= FA_PROTO_MAX_SLOTS || !srv->backend->async_words ||
+	    st == FA_ESESSION || ring_old_daemon())
 		return false;
-	struct region *wr = session_region_find(s, q->u.fwd.words_region);
+	struct region *wr = session_region_find(s, wrg);
 	if (wr == NULL || !wr->words || wr->dev < 0)
 		return false;
 	struct request *r = calloc(1, sizeof *r);
 	if (r == NULL)
 		return false;
 	r->job.words = wr->base;
-	r->job.words_seq = q->u.fwd.words_seq;
-	r->job.slot = q->u.fwd.slot;
+	r->job.words_seq = wq;
+	r->job.slot = slot;
 	r->job.dev = wr->dev;
 	r->job.owner = s;
 	r->job.owner_state = &s->backend_state;
@@ -567,14 +590,13 @@ static bool dispatch_words_refused(struct dispatch_ctx *c, fa_status st)
 	return true;
 }
 
-/* An asynchronous ATTN_FWD's completion words: a words region of the session, on the GPU
- * backend that serves them. FA_OK with *out, or the client's status with the detail. */
-static fa_status dispatch_words_region(struct dispatch_ctx *c, struct region **out)
+/* An asynchronous call's completion words (region id): a words region of the session, on the
+ * GPU backend that serves them. FA_OK with *out, or the client's status with the detail. */
+static fa_status dispatch_words_region(struct dispatch_ctx *c, uint64_t id, struct region **out)
 {
 	struct server *srv = c->srv;
 	char *err = c->rep->detail;
 	size_t errlen = sizeof c->rep->detail;
-	uint64_t id = c->req->u.fwd.words_region;
 
 	if (!srv->backend->async_words)
 		return fa_err(err, errlen, FA_ENOTSUP,
@@ -592,6 +614,42 @@ static fa_status dispatch_words_region(struct dispatch_ctx *c, struct region **o
 		              "completion words: region %016" PRIx64 " was not registered as "
 		              "completion words (REGISTER with \"wds\")", id);
 	*out = r;
+	return FA_OK;
+}
+
+/* The refusal an older daemon's decoder gives a request with `key` (fa_proto.c, check_keys). */
+static fa_status dispatch_old_refusal(struct dispatch_ctx *c, const char *key)
+{
+	return fa_err(c->rep->detail, sizeof c->rep->detail, FA_EPROTO, "unknown key '%s'", key);
+}
+
+/* An asynchronous inference call's tensor i (validate_infer.h's order, index tensors last):
+ * device memory, and not the completion words. Host index tables are refused rather than
+ * snapshotted at the enqueue: an asynchronous call's inputs are read in the caller's stream
+ * order, and a table the CPU wrote would need a second rule (read at the call) that a caller
+ * mixing both could get wrong; PROTOCOL.md 4.3. */
+static fa_status dispatch_infer_async_tensor(struct dispatch_ctx *c, bool async,
+                                             const struct validate_infer_result *vr, int i)
+{
+	static const char *const names[VALIDATE_INFER_N] = {
+	    "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "cache_seqlens",
+	    "page_table"};
+	char *err = c->rep->detail;
+	size_t errlen = sizeof c->rep->detail;
+
+	if (vr->region[i]->words)
+		return fa_err(err, errlen, FA_EINVAL,
+		              "%s is in region %016" PRIx64 ", which holds the session's "
+		              "completion words: register the tensor's buffer itself",
+		              names[i], vr->region[i]->id);
+	if (async && !vr->on_device[i])
+		return fa_err(err, errlen, FA_EINVAL,
+		              "asynchronous mode takes device buffers only; %s is in host memory%s",
+		              names[i], i >= FA_FWD_NTENSORS
+		                            ? " (an index table is read in stream order, after the "
+		                              "caller's earlier work: copy it to the device on the "
+		                              "caller's stream)"
+		                            : "");
 	return FA_OK;
 }
 
@@ -625,7 +683,7 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 		              "backend: use synchronous mode",
 		              backend_name(srv->backend));
 	struct region *wr = NULL;
-	if (words && (st = dispatch_words_region(c, &wr)) != FA_OK)
+	if (words && (st = dispatch_words_region(c, c->req->u.fwd.words_region, &wr)) != FA_OK)
 		return st;
 	st = validate_attn_fwd(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
@@ -712,7 +770,11 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 	if ((st = dispatch_inflight_ok(c)) != FA_OK)
 		return st;
 	bool async = c->req->u.bwd.async;
-	if (async && s->uid != (uint32_t)geteuid())
+	bool words = async && c->req->u.bwd.words_region != 0;
+	if (words && ring_old_daemon())
+		return dispatch_old_refusal(c, "wrg");
+	/* Events only between processes of one user; completion words across users (ATTN_FWD). */
+	if (async && !words && s->uid != (uint32_t)geteuid())
 		return fa_err(err, errlen, FA_EPERM,
 		              "asynchronous mode needs CUDA IPC events, which the driver shares "
 		              "only between processes of one user (this client is uid %u, the "
@@ -723,6 +785,9 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 		              "asynchronous mode needs the GPU backend; this daemon runs the %s "
 		              "backend: use synchronous mode",
 		              backend_name(srv->backend));
+	struct region *wr = NULL;
+	if (words && (st = dispatch_words_region(c, c->req->u.bwd.words_region, &wr)) != FA_OK)
+		return st;
 	st = validate_attn_bwd(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
 		return st;
@@ -736,6 +801,11 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 			return fa_err(err, errlen, FA_EINVAL,
 			              "asynchronous mode takes device buffers only; %s is in "
 			              "host memory", fa_bwd_names[i]);
+		if (vr.region[i] != NULL && vr.region[i]->words)
+			return fa_err(err, errlen, FA_EINVAL,
+			              "%s is in region %016" PRIx64 ", which holds the session's "
+			              "completion words: register the tensor's buffer itself",
+			              fa_bwd_names[i], vr.region[i]->id);
 		if (!vr.on_device[i])
 			continue;
 		if (dev >= 0 && vr.region[i]->dev != dev)
@@ -745,6 +815,11 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 			              fa_bwd_names[i], vr.region[i]->dev, dev);
 		dev = vr.region[i]->dev;
 	}
+	if (wr != NULL && wr->dev != dev)
+		return fa_err(err, errlen, FA_EINVAL,
+		              "the completion words (region %016" PRIx64 ") are on the daemon's GPU "
+		              "%d, the tensors on GPU %d: register words on the tensors' GPU",
+		              wr->id, wr->dev, dev);
 	if ((r = calloc(1, sizeof(*r))) == NULL)
 		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	r->job.is_bwd = true;
@@ -769,14 +844,23 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 	r->job.has_wait_event = c->req->u.bwd.has_event;
 	memcpy(r->job.wait_event, c->req->u.bwd.event, sizeof r->job.wait_event);
 	r->job.owner_state = &s->backend_state;
+	if (wr != NULL) {
+		r->job.words = wr->base;
+		r->job.words_seq = c->req->u.bwd.words_seq;
+	}
 	r->session = s;
 	session_ref(s);
 	dispatch_hold_regions(r, vr.region, FA_BWD_NTENSORS);
+	if (wr != NULL) {
+		region_ref(wr); /* the stream writes the done word after the kernels */
+		r->regions[r->nregions++] = wr;
+	}
 	return dispatch_submit(c, r);
 }
 
 /* ATTN_VARLEN, ATTN_KVCACHE: the in-flight limit, validation (the index tensors' values are
- * checked on the backend's copy, backend_infer.h), references, the backend. Synchronous only. */
+ * checked on the backend's copy, backend_infer.h), references, the backend. Asynchronous with
+ * completion words only, every tensor and index tensor in device memory (PROTOCOL.md 4.3). */
 static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 {
 	struct server *srv = c->srv;
@@ -789,9 +873,20 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 
 	if ((st = dispatch_inflight_ok(c)) != FA_OK)
 		return st;
+	bool async = c->req->u.infer.async;
+	if (async && ring_old_daemon())
+		return dispatch_old_refusal(c, "slot");
 	if (!srv->backend->infer)
 		return fa_err(err, errlen, FA_ENOTSUP, "%s is not yet on the %s backend",
 		              fa_proto_op_name(c->req->op), backend_name(srv->backend));
+	if (async && !srv->backend->async_events)
+		return fa_err(err, errlen, FA_ENOTSUP,
+		              "asynchronous mode needs the GPU backend; this daemon runs the %s "
+		              "backend: use synchronous mode",
+		              backend_name(srv->backend));
+	struct region *wr = NULL;
+	if (async && (st = dispatch_words_region(c, c->req->u.infer.words_region, &wr)) != FA_OK)
+		return st;
 	if ((st = validate_attn_infer(s, c->req, srv->backend->align, &vr, err, errlen)) != FA_OK)
 		return st;
 	/* The work limit on a bound that needs no index value (those are read on a worker): every
@@ -817,7 +912,14 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 	/* One GPU per request, as ATTN_FWD's (index tensors included; host buffers go anywhere). */
 	int dev = -1;
 	for (int i = 0; i < VALIDATE_INFER_N; i++) {
-		if (vr.region[i] == NULL || !vr.on_device[i])
+		if (vr.region[i] == NULL)
+			continue;
+		if ((st = dispatch_infer_async_tensor(c, async, &vr, i)) != FA_OK) {
+			backend_infer_free(vr.bi);
+			free(r);
+			return st;
+		}
+		if (!vr.on_device[i])
 			continue;
 		if (dev >= 0 && vr.region[i]->dev != dev) {
 			backend_infer_free(vr.bi);
@@ -828,6 +930,14 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 			              vr.region[i]->dev, dev);
 		}
 		dev = vr.region[i]->dev;
+	}
+	if (wr != NULL && wr->dev != dev) {
+		backend_infer_free(vr.bi);
+		free(r);
+		return fa_err(err, errlen, FA_EINVAL,
+		              "the completion words (region %016" PRIx64 ") are on the daemon's GPU "
+		              "%d, the tensors on GPU %d: register words on the tensors' GPU",
+		              wr->id, wr->dev, dev);
 	}
 	memcpy(r->job.on_device, vr.on_device, sizeof vr.on_device);
 	r->job.infer = vr.bi;
@@ -840,9 +950,19 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 	r->job.owner = s;
 	r->job.dev = dev;
 	r->job.owner_state = &s->backend_state;
+	if (wr != NULL) {
+		r->job.async = true;
+		r->job.slot = c->req->u.infer.slot;
+		r->job.words = wr->base;
+		r->job.words_seq = c->req->u.infer.words_seq;
+	}
 	r->session = s;
 	session_ref(s);
 	dispatch_hold_regions(r, vr.region, VALIDATE_INFER_N);
+	if (wr != NULL) {
+		region_ref(wr); /* the stream writes the done word after the kernel */
+		r->regions[r->nregions++] = wr;
+	}
 	return dispatch_submit(c, r);
 }
 

@@ -201,6 +201,18 @@ static void ring_store(uint32_t *w, uint32_t v)
 	__atomic_store_n(w, v, __ATOMIC_SEQ_CST);
 }
 
+bool ring_old_daemon(void)
+{
+	static atomic_int old = -1;
+	int v = atomic_load(&old);
+	if (v < 0) {
+		const char *e = getenv("FA_TEST_OLD_DAEMON");
+		v = e != NULL && strcmp(e, "1") == 0;
+		atomic_store(&old, v);
+	}
+	return v == 1;
+}
+
 /* Put r on the loop's list (once) and wake the loop. */
 static void ring_queue(struct ring *r)
 {
@@ -673,6 +685,7 @@ fa_status ring_open(struct rings *t, uint64_t session, uint32_t uid, uint32_t pi
 	ring_store(&h->cq_tail, tail);
 	ring_store(&h->sq_head, tail);
 	ring_store(&h->dead, FA_RING_LIVE);
+	ring_store(&h->features, ring_old_daemon() ? 0 : FA_RING_FEATURES);
 	r->sig_index = ring_sig_add(rg->base, (size_t)rg->size, &r->broken);
 	do {
 		if ((st = util_random_u64(&r->id)) != FA_OK)

@@ -63,7 +63,7 @@ enum key {
 	K_BE,    /* uint: enum fa_backend_kind (HELLO reply) */
 	K_NS,    /* uint64: backend time in ns (ATTN_FWD reply) */
 	K_TXT,   /* str < 16384: statistics text (STATS reply) */
-	K_SLOT,  /* uint < FA_PROTO_MAX_SLOTS: asynchronous mode's slot (ATTN_FWD, optional) */
+	K_SLOT,  /* uint < FA_PROTO_MAX_SLOTS: asynchronous mode's slot (attention ops, optional) */
 	K_EV,    /* bin 64: CUDA IPC event handle (async ATTN_FWD/ATTN_BWD: the client's; its
 	          * reply: the daemon's) */
 	K_TDO,   /* tensor: dout, the upstream gradient (ATTN_BWD) */
@@ -75,8 +75,8 @@ enum key {
 	K_CL,    /* array <= FA_PROTO_CLIENTS_MAX of client maps (CLIENTS reply) */
 	K_PRI,   /* uint: enum fa_priority (ATTN_FWD, ATTN_BWD, optional; absent: normal) */
 	K_WDS,   /* uint 0..1: the region holds completion words (REGISTER, CUDA_IPC, optional) */
-	K_WRG,   /* uint64 != 0: the completion words' region (async ATTN_FWD, optional) */
-	K_WQ,    /* uint64 != 0: the call's completion-word value (async ATTN_FWD, with K_WRG) */
+	K_WRG,   /* uint64 != 0: the completion words' region (async attention ops, optional) */
+	K_WQ,    /* uint64 != 0: the call's completion-word value (async, with K_WRG) */
 	K_COUNT
 };
 
@@ -154,11 +154,12 @@ static const struct op_info {
 	{FA_OP_ATTN_VARLEN, "ATTN_VARLEN",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_CUQ) | KB(K_CUK) | KB(K_MQ) |
 		 KB(K_MK) | KB(K_SCALE) | KB(K_MASK) | KB(K_PREC),
-	 KB(K_LSE) | INFER_OPT, KB(K_NS), 0},
+	 KB(K_LSE) | INFER_OPT | KB(K_SLOT) | KB(K_WRG) | KB(K_WQ), KB(K_NS), 0},
 	{FA_OP_ATTN_KVCACHE, "ATTN_KVCACHE",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_CSL) | KB(K_SCALE) |
 		 KB(K_MASK) | KB(K_PREC),
-	 KB(K_LSE) | KB(K_CUQ) | KB(K_MQ) | KB(K_PT) | INFER_OPT, KB(K_NS), 0},
+	 KB(K_LSE) | KB(K_CUQ) | KB(K_MQ) | KB(K_PT) | INFER_OPT | KB(K_SLOT) | KB(K_WRG) |
+		 KB(K_WQ), KB(K_NS), 0},
 	{FA_OP_ATTN_FWD, "ATTN_FWD",
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_SCALE) | KB(K_MASK) |
 		 KB(K_PREC),
@@ -168,7 +169,8 @@ static const struct op_info {
 	 KB(K_SID) | KB(K_TQ) | KB(K_TK) | KB(K_TV) | KB(K_TO) | KB(K_LSE) | KB(K_TDO) |
 		 KB(K_TDQ) | KB(K_TDK) | KB(K_TDV) | KB(K_SCALE) | KB(K_MASK) | KB(K_PREC) |
 		 KB(K_FL),
-	 KB(K_SLOT) | KB(K_EV) | KB(K_PRI) | INFER_OPT, KB(K_NS), KB(K_EV)},
+	 KB(K_SLOT) | KB(K_EV) | KB(K_PRI) | INFER_OPT | KB(K_WRG) | KB(K_WQ), KB(K_NS),
+	 KB(K_EV)},
 	{FA_OP_CLIENTS, "CLIENTS", KB(K_SID), KB(K_AFTER), KB(K_CL), 0},
 	{FA_OP_RING_OPEN, "RING_OPEN", KB(K_SID) | KB(K_SHM) | KB(K_SIZE), 0, KB(K_RID), 0},
 };
@@ -440,8 +442,9 @@ static fa_status decode_priority(const msgpack_object *const *val, uint8_t *prio
 	return FA_OK;
 }
 
-/* Completion words instead of events (ATTN_FWD): both keys, a slot, no event. */
-static fa_status decode_words(const msgpack_object *const *val, struct fa_proto_req *out,
+/* Completion words instead of events (ATTN_FWD, ATTN_BWD, the inference ops): both keys, a
+ * slot, no event. */
+static fa_status decode_words(const msgpack_object *const *val, uint64_t *region, uint64_t *seq,
                               char *err, size_t errlen)
 {
 	uint64_t u;
@@ -458,10 +461,10 @@ static fa_status decode_words(const msgpack_object *const *val, struct fa_proto_
 			              "waits on completion words or on an event, not both");
 		if (!get_uint(val[K_WRG], UINT64_MAX, &u) || u == 0)
 			return fa_err(err, errlen, FA_EPROTO, "key 'wrg': must be a region id > 0");
-		out->u.fwd.words_region = u;
+		*region = u;
 		if (!get_uint(val[K_WQ], UINT64_MAX, &u) || u == 0)
 			return fa_err(err, errlen, FA_EPROTO, "key 'wq': must be an unsigned integer > 0");
-		out->u.fwd.words_seq = u;
+		*seq = u;
 	}
 	return FA_OK;
 }
@@ -650,6 +653,17 @@ static fa_status decode_infer(const msgpack_object *const *val, struct fa_proto_
 	if ((st = decode_settings(val, &out->u.infer.scale, &out->u.infer.mask,
 	                          &out->u.infer.precision, err, errlen)) != FA_OK)
 		return st;
+	/* Asynchronous mode: completion words only ('ev' is not a key of these ops). */
+	bool no_event = false;
+	uint8_t no_handle[FA_PROTO_IPC_HANDLE_LEN];
+	if ((st = decode_async(val, &out->u.infer.async, &out->u.infer.slot, &no_event, no_handle,
+	                       err, errlen)) != FA_OK ||
+	    (st = decode_words(val, &out->u.infer.words_region, &out->u.infer.words_seq, err,
+	                       errlen)) != FA_OK)
+		return st;
+	if (out->u.infer.async && out->u.infer.words_region == 0)
+		return fa_err(err, errlen, FA_EPROTO, "key 'slot' without 'wrg' and 'wq': the "
+		              "inference ops' asynchronous mode takes completion words only");
 	return decode_window(val, &out->u.infer.win, err, errlen);
 }
 
@@ -676,7 +690,8 @@ static fa_status decode_fwd(const msgpack_object *const *val, struct fa_proto_re
 	if ((st = decode_async(val, &out->u.fwd.async, &out->u.fwd.slot, &out->u.fwd.has_event,
 	                       out->u.fwd.event, err, errlen)) != FA_OK)
 		return st;
-	if ((st = decode_words(val, out, err, errlen)) != FA_OK)
+	if ((st = decode_words(val, &out->u.fwd.words_region, &out->u.fwd.words_seq, err,
+	                       errlen)) != FA_OK)
 		return st;
 	return decode_window(val, &out->u.fwd.win, err, errlen);
 }
@@ -713,6 +728,9 @@ static fa_status decode_bwd(const msgpack_object *const *val, struct fa_proto_re
 		return st;
 	if ((st = decode_async(val, &out->u.bwd.async, &out->u.bwd.slot, &out->u.bwd.has_event,
 	                       out->u.bwd.event, err, errlen)) != FA_OK)
+		return st;
+	if ((st = decode_words(val, &out->u.bwd.words_region, &out->u.bwd.words_seq, err,
+	                       errlen)) != FA_OK)
 		return st;
 	return decode_window(val, &out->u.bwd.win, err, errlen);
 }
@@ -1209,7 +1227,10 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 		if (!tensor_ok(&r->q) || !tensor_ok(&r->k) || !tensor_ok(&r->v) || !tensor_ok(&r->o) ||
 		    (r->lse.region != 0 && !tensor_ok(&r->lse)) || !isfinite(r->scale) ||
 		    r->mask > FA_MASK_CAUSAL_TOP_LEFT || r->precision > FA_PREC_BF16 ||
-		    r->max_q > INT32_MAX || r->max_k > INT32_MAX)
+		    r->max_q > INT32_MAX || r->max_k > INT32_MAX ||
+		    (r->async && (r->slot >= FA_PROTO_MAX_SLOTS || r->words_region == 0 ||
+		                  r->words_seq == 0)) ||
+		    (!r->async && r->words_region != 0))
 			return FA_EINVAL;
 		if (varlen ? !index_ok(&r->cu_q) || !index_ok(&r->cu_k) || r->cache_len.region ||
 		                 r->page_table.region
@@ -1220,7 +1241,8 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 			return FA_EINVAL;
 		/* v op seq sid + q k v o scale mask prec + the op's own */
 		*n += 7 + (r->lse.region != 0) +
-		      (varlen ? 4 : 1 + 2 * (r->cu_q.region != 0) + (r->page_table.region != 0));
+		      (varlen ? 4 : 1 + 2 * (r->cu_q.region != 0) + (r->page_table.region != 0)) +
+		      3 * r->async; /* slot wrg wq */
 		return window_ok(&r->win, n) ? FA_OK : FA_EINVAL;
 	}
 	case FA_OP_ATTN_BWD: {
@@ -1234,10 +1256,12 @@ static fa_status req_check(const struct fa_proto_req *req, const struct op_info 
 		    req->u.bwd.precision > FA_PREC_BF16 || (req->u.bwd.flags & ~FA_PROTO_BWD_FLAGS) ||
 		    (req->u.bwd.async && req->u.bwd.slot >= FA_PROTO_MAX_SLOTS) ||
 		    (req->u.bwd.has_event && !req->u.bwd.async) ||
-		    req->u.bwd.priority > FA_PRIORITY_LOW)
+		    req->u.bwd.priority > FA_PRIORITY_LOW ||
+		    (req->u.bwd.words_region != 0 &&
+		     (!req->u.bwd.async || req->u.bwd.has_event || req->u.bwd.words_seq == 0)))
 			return FA_EINVAL;
 		*n += 13 + req->u.bwd.async + req->u.bwd.has_event +
-		      (req->u.bwd.priority != FA_PRIORITY_NORMAL);
+		      (req->u.bwd.priority != FA_PRIORITY_NORMAL) + 2 * (req->u.bwd.words_region != 0);
 		return window_ok(&req->u.bwd.win, n) ? FA_OK : FA_EINVAL;
 	}
 	default:
@@ -1339,6 +1363,11 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 		rc |= pk_u64(&pk, K_MASK, r->mask);
 		rc |= pk_u64(&pk, K_PREC, r->precision);
 		rc |= pk_window(&pk, &r->win);
+		if (r->async) {
+			rc |= pk_u64(&pk, K_SLOT, r->slot);
+			rc |= pk_u64(&pk, K_WRG, r->words_region);
+			rc |= pk_u64(&pk, K_WQ, r->words_seq);
+		}
 		break;
 	}
 	case FA_OP_ATTN_BWD:
@@ -1362,6 +1391,10 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 		if (req->u.bwd.priority != FA_PRIORITY_NORMAL)
 			rc |= pk_u64(&pk, K_PRI, req->u.bwd.priority); /* absent: normal */
 		rc |= pk_window(&pk, &req->u.bwd.win);
+		if (req->u.bwd.words_region != 0) {
+			rc |= pk_u64(&pk, K_WRG, req->u.bwd.words_region);
+			rc |= pk_u64(&pk, K_WQ, req->u.bwd.words_seq);
+		}
 		break;
 	case FA_OP_CLIENTS:
 		if (req->u.clients.after != 0)

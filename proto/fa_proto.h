@@ -177,6 +177,8 @@ struct fa_proto_req {
 			bool has_event;
 			uint8_t event[FA_PROTO_IPC_HANDLE_LEN];
 			struct fa_proto_window win; /* optional keys, as the forward's; zero: off */
+			uint64_t words_region;      /* "wrg", "wq": completion words, as the forward's */
+			uint64_t words_seq;
 		} bwd;
 		struct {
 			uint64_t after; /* only sessions with a larger id ("after", optional: 0) */
@@ -184,7 +186,8 @@ struct fa_proto_req {
 		/* ATTN_VARLEN: q, o [1, total_q, Hq, D], k, v [1, total_k, Hkv, D], cu_q and cu_k
 		 * [B + 1, 1]. ATTN_KVCACHE: k, v a cache [B, rows, Hkv, D] or, with page_table
 		 * [B, pages per sequence], pools [pages, page size, Hkv, D]; cache_len [B, 1]; q, o
-		 * dense [B, Sq, Hq, D] or, with cu_q, packed. Synchronous only. */
+		 * dense [B, Sq, Hq, D] or, with cu_q, packed. Asynchronous ("slot") only with
+		 * completion words ("wrg", "wq": no IPC events for these ops). */
 		struct {
 			struct fa_proto_tensor q, k, v, o;
 			struct fa_proto_tensor lse;        /* region 0: not wanted */
@@ -196,6 +199,10 @@ struct fa_proto_req {
 			uint8_t mask;
 			uint8_t precision;
 			struct fa_proto_window win;
+			bool async;                        /* "slot" present */
+			uint32_t slot;                     /* < FA_PROTO_MAX_SLOTS */
+			uint64_t words_region;             /* "wrg": required with slot */
+			uint64_t words_seq;                /* "wq": > 0 */
 		} infer;
 	} u;
 };

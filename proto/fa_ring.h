@@ -69,7 +69,19 @@ struct fa_ring_hdr {
 	/* daemon: enum fa_ring_dead; nonzero for good (the client falls back to the socket) */
 	uint32_t dead;
 	uint8_t pad6[60];
+	/* daemon: FA_RING_FEAT_* bits, written once before RING_OPEN's reply. Added inside layout
+	 * 1's header page (bytes the client zeroes and an older daemon never writes), so a daemon
+	 * that predates a feature reads as "without it" and nothing else changes. */
+	uint32_t features;
+	uint8_t pad7[60];
 };
+
+/* What the daemon serving a ring understands beyond layout 1's first release (the `features`
+ * word). A client sends a request that needs a feature only to a daemon that sets its bit: an
+ * older daemon would refuse the new keys (FA_EPROTO, "unknown key"). */
+#define FA_RING_FEAT_ASYNC_BWD 1u   /* ATTN_BWD with completion words ("wrg", "wq") */
+#define FA_RING_FEAT_ASYNC_INFER 2u /* ATTN_VARLEN, ATTN_KVCACHE with "slot", "wrg", "wq" */
+#define FA_RING_FEATURES (FA_RING_FEAT_ASYNC_BWD | FA_RING_FEAT_ASYNC_INFER) /* this side's */
 
 /* A submission entry: `len` bytes of an encoded request (fa_proto_encode_req) at msg; `tag` is
  * the client's, echoed in the completion. */

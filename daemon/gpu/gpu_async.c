@@ -265,6 +265,55 @@ static fa_status gpu_words_wait(struct gpu_owner_dev *od, struct backend_job *jo
 	return FA_OK;
 }
 
+/* What an asynchronous inference snapshot waits for (gpu_snapshot_wait_fn's arg). */
+struct gpu_snap_wait {
+	struct gpu_owner_dev *od;
+	fa_cu_ptr ready;   /* the call's ready word */
+	uint64_t seq, n;   /* its value; its words ticket's ordinal (the *passed marker) */
+};
+
+/* gpu_snapshot_wait_fn of the asynchronous inference calls (od's thread): poll the stream
+ * instead of synchronizing, because this thread also watches the session's ready words
+ * (gpu_words_watch_locked) and would otherwise wait for ever on a client that never writes its
+ * word. The call's own wait counts from when no earlier ticket is left (the stream is then at
+ * its wait) and is released, as a ticket's, after --async-wait-ms or when the session closes. */
+static fa_cu_res gpu_snap_wait(void *arg, fa_cu_stream s, fa_status *why)
+{
+	struct gpu_snap_wait *w = arg;
+	struct gpu_owner_dev *od = w->od;
+	struct gpu_backend *b = od->d->b;
+	uint64_t since = 0, pause_ns = 5000;
+
+	for (;;) {
+		fa_cu_res r = fa_cu->StreamQuery(s);
+		if (r != 600 /* CUDA_ERROR_NOT_READY */)
+			return r;
+		pthread_mutex_lock(&b->mu);
+		gpu_words_watch_locked(od); /* earlier tickets: the head may be stuck on its word */
+		uint64_t passed = __atomic_load_n(od->passed, __ATOMIC_ACQUIRE), now = fa_now_ns();
+		bool release = false;
+		if (*why == FA_OK && passed < w->n) {
+			if (od->wq_head == NULL && since == 0)
+				since = now;
+			if (od->release_all)
+				*why = FA_ECLOSED, release = true;
+			else if (since != 0 && now - since >= b->async_wait_ns)
+				*why = FA_ETIMEDOUT, release = true;
+			if (release) {
+				b->async_released++;
+				if (*why == FA_ETIMEDOUT)
+					b->async_timeouts++;
+			}
+		}
+		pthread_mutex_unlock(&b->mu);
+		if (release && (r = gpu_words_release(od, w->ready, w->seq)) != 0)
+			return r;
+		struct timespec ts = {0, (long)pause_ns};
+		nanosleep(&ts, NULL);
+		pause_ns = pause_ns < 200000 ? pause_ns * 2 : pause_ns; /* 5 us .. 320 us */
+	}
+}
+
 /* Where the host function of the job just enqueued on od->stream goes (od's thread): the side
  * stream, made to wait for everything enqueued so far (the kernel, its done word), so the
  * kernel's stream goes on to the next call while the driver runs the function; od->stream
@@ -394,7 +443,11 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	uint64_t tl = t->t0;
 	gpu_atiming_read(&od->tm, d); /* the pairs that completed meanwhile free their slots */
 	gpu_atiming_start(&od->tm, od->stream);
-	if (job->is_bwd)
+	struct gpu_snap_wait sw = {.od = od, .ready = ready, .seq = job->words_seq, .n = n};
+	if (job->infer != NULL)
+		st = words ? gpu_launch_infer_async(d, job, od->stream, gpu_snap_wait, &sw, sticky)
+		           : FA_EPROTO; /* dispatch: inference calls are asynchronous with words */
+	else if (job->is_bwd)
 		st = gpu_launch_bwd(d, job, od->stream);
 	else
 		st = fa_gpu_attn_fwd(d->g, ds, (CUdeviceptr)(uintptr_t)job->q,

@@ -66,7 +66,7 @@ static int64_t index_span(const struct backend_index_src *s)
  * detail (a bad entry: backend_infer_prepare's text). */
 static fa_status infer_snapshot(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream,
                                 int32_t **host, fa_cu_ptr *dev, struct fa_gpu_infer_index *ix,
-                                bool *sticky)
+                                bool *sticky, gpu_snapshot_wait_fn wait, void *wait_arg)
 {
 	const struct fa_cu_api *cu = fa_cu;
 	struct backend_infer *bi = job->infer;
@@ -123,8 +123,18 @@ static fa_status infer_snapshot(struct gpu_dev *d, struct backend_job *job, fa_c
 	}
 	if (stage)
 		cu->MemFreeAsync(stage, stream);
-	if ((r = cu->StreamSynchronize(stream)) != 0)
+	fa_status why = FA_OK;
+	if ((r = wait != NULL ? wait(wait_arg, stream, &why) : cu->StreamSynchronize(stream)) != 0)
 		return gpu_job_cuerr(d, job, r, "copying the index tensors", sticky);
+	if (why != FA_OK) {
+		snprintf(job->detail, sizeof job->detail,
+		         why == FA_ETIMEDOUT
+		             ? "the call's inputs were not marked ready (its completion word "
+		               "unwritten) within --async-wait-ms; nothing was launched"
+		             : "the session closed before the call's inputs were marked ready; "
+		               "nothing was launched");
+		return why;
+	}
 	/* from here on the tables are the daemon's own bytes */
 	for (int i = 0; i < INFER_NINDEX; i++)
 		if (bi->src[i].base != NULL)
@@ -174,7 +184,7 @@ void gpu_enqueue_infer(struct gpu_dev *d, struct backend_job *job, fa_cu_stream 
 	*sticky = false;
 	job->status = FA_OK;
 	job->detail[0] = '\0';
-	if ((st = infer_snapshot(d, job, stream, &host, &dix, &ix, sticky)) != FA_OK) {
+	if ((st = infer_snapshot(d, job, stream, &host, &dix, &ix, sticky, NULL, NULL)) != FA_OK) {
 		job->status = st;
 		goto sync;
 	}
@@ -212,4 +222,33 @@ sync:
 		job->status = gpu_job_cuerr(d, job, r, "recording the job's event", sticky);
 	job->bytes_in = sg.bytes_in;
 	job->bytes_out = sg.bytes_out;
+}
+
+/* The asynchronous mode's launch (gpu_async.c, the session's thread; every tensor and table in
+ * device memory, the stream already behind the client's ready word): the snapshot as the
+ * synchronous path's, read in stream order (so a table the caller's stream wrote before the
+ * call is what is read), waited for by `wait`, then the kernel. The stream idles between the
+ * snapshot's copies and the kernel (one host check: daemon/RESULTS.md measures it); the
+ * caller's host does not wait for any of it. */
+fa_status gpu_launch_infer_async(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream,
+                                 gpu_snapshot_wait_fn wait, void *wait_arg, bool *sticky)
+{
+	const struct fa_cu_api *cu = fa_cu;
+	fa_cu_ptr dix = 0;
+	struct fa_gpu_infer_index ix = {0};
+	int32_t *host = NULL;
+	fa_status st;
+
+	*sticky = false;
+	st = infer_snapshot(d, job, stream, &host, &dix, &ix, sticky, wait, wait_arg);
+	if (st == FA_OK)
+		st = fa_gpu_attn_infer(d->g, &job->infer->desc, &ix, (CUdeviceptr)(uintptr_t)job->q,
+		                       (CUdeviceptr)(uintptr_t)job->k, (CUdeviceptr)(uintptr_t)job->v,
+		                       (CUdeviceptr)(uintptr_t)job->o,
+		                       (CUdeviceptr)(uintptr_t)job->lse, (CUstream)stream, job->detail,
+		                       sizeof job->detail);
+	if (dix)
+		cu->MemFreeAsync(dix, stream); /* after the kernel, in stream order */
+	free(host);
+	return st;
 }

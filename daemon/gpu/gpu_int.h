@@ -570,6 +570,17 @@ fa_status gpu_launch_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_strea
 void gpu_enqueue_infer(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream,
                        fa_cu_event ev, bool *sticky);
 
+/* How an asynchronous snapshot waits for its copies on stream s: 0 once they are done, or a
+ * CUDA error; *why set (not FA_OK) when it gave up on the client (its ready word released:
+ * FA_ETIMEDOUT, FA_ECLOSED), the job then fails with nothing launched. */
+typedef fa_cu_res (*gpu_snapshot_wait_fn)(void *arg, fa_cu_stream s, fa_status *why);
+
+/* An asynchronous inference job (every tensor and table on the device) on `stream`, behind the
+ * client's ready word: the snapshot as gpu_enqueue_infer's, waited for by wait(wait_arg), then
+ * fa_gpu_attn_infer. Returns its status with job->detail (a bad entry: nothing launched). */
+fa_status gpu_launch_infer_async(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream,
+                                 gpu_snapshot_wait_fn wait, void *wait_arg, bool *sticky);
+
 /* ---- gpu_worker.c --------------------------------------------------------------------------- */
 
 /* A device's worker thread (arg: its struct gpu_dev), started by gpu_open, joined by
