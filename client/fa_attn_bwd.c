@@ -12,6 +12,7 @@
 
 #include "fa_check.h"
 #include "fa_client_int.h"
+#include "fa_ring.h"
 #include "fa_infer_int.h"
 
 /* The arguments in FA_BWD_* order. */
@@ -109,8 +110,11 @@ FA_API fa_status fa_attn_bwd(fa_client *c, const fa_attn_bwd_args *args)
 	return st;
 }
 
-/* Backward attention ordered on the caller's CUDA stream; see fa_client.h. The slot and event
- * pair are fa_attn_fwd_async's (fa_client.c says why one daemon event per slot is enough). */
+/* Backward attention ordered on the caller's CUDA stream; see fa_client.h. Completion words
+ * first (fa_async.c: the ring, or the socket), as the forward's; the IPC-event path below only
+ * where the forward's falls back too (no words in stream's context) or the daemon predates the
+ * backward's words. The event pair per slot is fa_attn_fwd_async's (fa_client.c says why one
+ * daemon event per slot is enough). */
 FA_API fa_status fa_attn_bwd_async(fa_client *c, const fa_attn_bwd_args *args, void *stream)
 {
 	const fa_tensor *t[FA_BWD_NTENSORS];
@@ -132,15 +136,17 @@ FA_API fa_status fa_attn_bwd_async(fa_client *c, const fa_attn_bwd_args *args, v
 			return fa__fail(FA_EINVAL, "fa_attn_bwd_async: %s is a host buffer; the "
 			                "asynchronous mode takes device buffers "
 			                "(fa_buffer_register_device) only", fa_bwd_names[i]);
-	if (fa__socket_file_gone(c))
-		return fa__fail(FA_EUNAVAIL, "no daemon socket at %s: the daemon stopped", c->path);
+	bool use_events = false;
+	st = fa__async_words_call(c, &req, stream, FA_RING_FEAT_ASYNC_BWD, &use_events);
+	if (st != FA_OK || !use_events)
+		return st;
 	if ((rep = fa__rep_alloc()) == NULL)
 		return FA_ENOMEM;
 	int64_t deadline = fa__deadline(atomic_load(&c->timeout_ms));
-	/* The backward goes by the socket (IPC events, not completion words): the daemon must
-	 * see every earlier ring call of this session first, or its stream would wait for this
-	 * call's event ahead of the forward kernel that event waits for (a GPU deadlock). So the
-	 * ring's asynchronous calls finish first; that costs one wait for the forward kernel. */
+	/* The event path goes by the socket: the daemon must see every earlier ring call of this
+	 * session first, or its stream would wait for this call's event ahead of the forward
+	 * kernel that event waits for (a GPU deadlock). So the ring's asynchronous calls finish
+	 * first; that costs one wait for the forward kernel. */
 	if (fa__ring_live(c->ring) && (st = fa__ring_flush(c->ring, deadline)) != FA_OK) {
 		free(rep);
 		return st;

@@ -14,6 +14,7 @@
 #include "fa_check_infer.h"
 #include "fa_client_int.h"
 #include "fa_infer_int.h"
+#include "fa_ring.h"
 
 /* Check an index tensor's buffer and layout and write it for the wire (absent and optional:
  * region 0). */
@@ -111,59 +112,59 @@ static fa_status infer_call(fa_client *c, struct fa_proto_req *req)
 	return st;
 }
 
-/* Variable-length forward; see fa_client.h. */
-FA_API fa_status fa_attn_varlen(fa_client *c, const fa_attn_varlen_args *a)
+/* The checked request of a variable-length forward (fn: the call's name for the texts). */
+static fa_status varlen_request(fa_client *c, const fa_attn_varlen_args *a, const char *fn,
+                                struct fa_proto_req *r)
 {
-	struct fa_proto_req req;
 	fa_status st;
 
 	fa__detail_clear();
 	if (c == NULL || a == NULL)
-		return fa__fail(FA_EINVAL, "fa_attn_varlen: %s is NULL", c == NULL ? "client" : "args");
-	fa__req_init(c, &req, FA_OP_ATTN_VARLEN);
+		return fa__fail(FA_EINVAL, "%s: %s is NULL", fn, c == NULL ? "client" : "args");
+	fa__req_init(c, r, FA_OP_ATTN_VARLEN);
 	const fa_tensor *t[FA_FWD_NTENSORS] = {&a->q, &a->k, &a->v, &a->o, &a->lse};
-	struct fa_proto_tensor *w[FA_FWD_NTENSORS] = {&req.u.infer.q, &req.u.infer.k,
-	                                              &req.u.infer.v, &req.u.infer.o,
-	                                              &req.u.infer.lse};
+	struct fa_proto_tensor *w[FA_FWD_NTENSORS] = {&r->u.infer.q, &r->u.infer.k,
+	                                              &r->u.infer.v, &r->u.infer.o,
+	                                              &r->u.infer.lse};
 	if ((st = tensors(c, t, w)) != FA_OK ||
-	    (st = index_buffer(c, "cu_seqlens_q", &a->cu_seqlens_q, false, &req.u.infer.cu_q)) !=
+	    (st = index_buffer(c, "cu_seqlens_q", &a->cu_seqlens_q, false, &r->u.infer.cu_q)) !=
 	        FA_OK ||
-	    (st = index_buffer(c, "cu_seqlens_k", &a->cu_seqlens_k, false, &req.u.infer.cu_k)) !=
+	    (st = index_buffer(c, "cu_seqlens_k", &a->cu_seqlens_k, false, &r->u.infer.cu_k)) !=
 	        FA_OK ||
 	    (st = fa_check_varlen_shapes(a->q.shape, a->k.shape, a->v.shape, a->o.shape,
 	                                 a->lse.buf != NULL ? a->lse.shape : NULL,
 	                                 a->cu_seqlens_q.shape, a->cu_seqlens_k.shape, fa__detail(),
 	                                 FA_PROTO_DETAIL_MAX)) != FA_OK ||
-	    (st = max_len("max_seqlen_q", a->max_seqlen_q, &req.u.infer.max_q)) != FA_OK ||
-	    (st = max_len("max_seqlen_k", a->max_seqlen_k, &req.u.infer.max_k)) != FA_OK ||
-	    (st = settings(a->scale, a->mask, a->precision, &req)) != FA_OK ||
+	    (st = max_len("max_seqlen_q", a->max_seqlen_q, &r->u.infer.max_q)) != FA_OK ||
+	    (st = max_len("max_seqlen_k", a->max_seqlen_k, &r->u.infer.max_k)) != FA_OK ||
+	    (st = settings(a->scale, a->mask, a->precision, r)) != FA_OK ||
 	    (st = fa__window(a->window, a->window_left, a->window_right, a->softcap,
-	                     &req.u.infer.win)) != FA_OK)
+	                     &r->u.infer.win)) != FA_OK)
 		return st;
-	return infer_call(c, &req);
+	return FA_OK;
 }
 
-/* Forward against a KV cache; see fa_client.h. */
-FA_API fa_status fa_attn_kvcache(fa_client *c, const fa_attn_kvcache_args *a)
+/* The checked request of a forward against a KV cache. */
+static fa_status kvcache_request(fa_client *c, const fa_attn_kvcache_args *a, const char *fn,
+                                 struct fa_proto_req *r)
 {
-	struct fa_proto_req req;
 	fa_status st;
 
 	fa__detail_clear();
 	if (c == NULL || a == NULL)
-		return fa__fail(FA_EINVAL, "fa_attn_kvcache: %s is NULL", c == NULL ? "client" : "args");
-	fa__req_init(c, &req, FA_OP_ATTN_KVCACHE);
+		return fa__fail(FA_EINVAL, "%s: %s is NULL", fn, c == NULL ? "client" : "args");
+	fa__req_init(c, r, FA_OP_ATTN_KVCACHE);
 	const fa_tensor *t[FA_FWD_NTENSORS] = {&a->q, &a->k, &a->v, &a->o, &a->lse};
-	struct fa_proto_tensor *w[FA_FWD_NTENSORS] = {&req.u.infer.q, &req.u.infer.k,
-	                                              &req.u.infer.v, &req.u.infer.o,
-	                                              &req.u.infer.lse};
+	struct fa_proto_tensor *w[FA_FWD_NTENSORS] = {&r->u.infer.q, &r->u.infer.k,
+	                                              &r->u.infer.v, &r->u.infer.o,
+	                                              &r->u.infer.lse};
 	bool paged = a->page_table.buf != NULL, packed = a->cu_seqlens_q.buf != NULL;
 	if ((st = tensors(c, t, w)) != FA_OK ||
 	    (st = index_buffer(c, "cache_seqlens", &a->cache_seqlens, false,
-	                       &req.u.infer.cache_len)) != FA_OK ||
-	    (st = index_buffer(c, "page_table", &a->page_table, true, &req.u.infer.page_table)) !=
+	                       &r->u.infer.cache_len)) != FA_OK ||
+	    (st = index_buffer(c, "page_table", &a->page_table, true, &r->u.infer.page_table)) !=
 	        FA_OK ||
-	    (st = index_buffer(c, "cu_seqlens_q", &a->cu_seqlens_q, true, &req.u.infer.cu_q)) !=
+	    (st = index_buffer(c, "cu_seqlens_q", &a->cu_seqlens_q, true, &r->u.infer.cu_q)) !=
 	        FA_OK ||
 	    (st = fa_check_kvcache_shapes(a->q.shape, a->k.shape, a->v.shape, a->o.shape,
 	                                  a->lse.buf != NULL ? a->lse.shape : NULL,
@@ -174,10 +175,83 @@ FA_API fa_status fa_attn_kvcache(fa_client *c, const fa_attn_kvcache_args *a)
 	if (!packed && a->max_seqlen_q != 0)
 		return fa__fail(FA_EINVAL, "max_seqlen_q is %" PRId64 " without cu_seqlens_q: dense "
 		                "queries have q's length", a->max_seqlen_q);
-	if ((st = max_len("max_seqlen_q", a->max_seqlen_q, &req.u.infer.max_q)) != FA_OK ||
-	    (st = settings(a->scale, a->mask, a->precision, &req)) != FA_OK ||
+	if ((st = max_len("max_seqlen_q", a->max_seqlen_q, &r->u.infer.max_q)) != FA_OK ||
+	    (st = settings(a->scale, a->mask, a->precision, r)) != FA_OK ||
 	    (st = fa__window(a->window, a->window_left, a->window_right, a->softcap,
-	                     &req.u.infer.win)) != FA_OK)
+	                     &r->u.infer.win)) != FA_OK)
 		return st;
-	return infer_call(c, &req);
+	return FA_OK;
+}
+
+/* Variable-length forward; see fa_client.h. */
+FA_API fa_status fa_attn_varlen(fa_client *c, const fa_attn_varlen_args *a)
+{
+	struct fa_proto_req req;
+	fa_status st = varlen_request(c, a, "fa_attn_varlen", &req);
+	return st != FA_OK ? st : infer_call(c, &req);
+}
+
+/* Forward against a KV cache; see fa_client.h. */
+FA_API fa_status fa_attn_kvcache(fa_client *c, const fa_attn_kvcache_args *a)
+{
+	struct fa_proto_req req;
+	fa_status st = kvcache_request(c, a, "fa_attn_kvcache", &req);
+	return st != FA_OK ? st : infer_call(c, &req);
+}
+
+/* An asynchronous inference call's buffers: every tensor and index table in device memory
+ * (the daemon reads the tables in the caller's stream order: a host table would need a rule of
+ * its own, PROTOCOL.md 4.3), then the completion-word path (fa_async.c); these calls have no
+ * IPC-event fallback. */
+static fa_status infer_async(fa_client *c, struct fa_proto_req *req, const char *fn,
+                             const fa_tensor *const t[FA_FWD_NTENSORS],
+                             const fa_index *const ix[3], const char *const ixn[3], void *stream)
+{
+	for (int i = 0; i < FA_FWD_NTENSORS; i++)
+		if (t[i]->buf != NULL && t[i]->buf->ops->kind != FA_REGION_CUDA_IPC)
+			return fa__fail(FA_EINVAL, "%s: %s is a host buffer; the asynchronous mode "
+			                "takes device buffers (fa_buffer_register_device) only", fn,
+			                fa_fwd_names[i]);
+	for (int i = 0; i < 3; i++)
+		if (ix[i] != NULL && ix[i]->buf != NULL &&
+		    ix[i]->buf->ops->kind != FA_REGION_CUDA_IPC)
+			return fa__fail(FA_EINVAL, "%s: %s is a host buffer; the asynchronous mode reads "
+			                "index tables in stream order from device buffers only: copy it "
+			                "to the device on the stream", fn, ixn[i]);
+	bool no_words = false;
+	fa_status st = fa__async_words_call(c, req, stream, FA_RING_FEAT_ASYNC_INFER, &no_words);
+	if (st == FA_OK && no_words)
+		return fa__fail(FA_ENOTSUP, "%s: needs completion words (a GPU with 64-bit stream "
+		                "memory operations, FA_ASYNC_EVENTS unset, and a daemon that serves "
+		                "asynchronous inference calls): use the synchronous call", fn);
+	return st;
+}
+
+/* Variable-length forward ordered on the caller's stream; see fa_client.h. */
+FA_API fa_status fa_attn_varlen_async(fa_client *c, const fa_attn_varlen_args *a, void *stream)
+{
+	static const char fn[] = "fa_attn_varlen_async";
+	static const char *const ixn[3] = {"cu_seqlens_q", "cu_seqlens_k", ""};
+	struct fa_proto_req req;
+	fa_status st = varlen_request(c, a, fn, &req);
+	if (st != FA_OK)
+		return st;
+	const fa_tensor *t[FA_FWD_NTENSORS] = {&a->q, &a->k, &a->v, &a->o, &a->lse};
+	const fa_index *ix[3] = {&a->cu_seqlens_q, &a->cu_seqlens_k, NULL};
+	return infer_async(c, &req, fn, t, ix, ixn, stream);
+}
+
+/* Forward against a KV cache ordered on the caller's stream; see fa_client.h. */
+FA_API fa_status fa_attn_kvcache_async(fa_client *c, const fa_attn_kvcache_args *a,
+                                       void *stream)
+{
+	static const char fn[] = "fa_attn_kvcache_async";
+	static const char *const ixn[3] = {"cache_seqlens", "page_table", "cu_seqlens_q"};
+	struct fa_proto_req req;
+	fa_status st = kvcache_request(c, a, fn, &req);
+	if (st != FA_OK)
+		return st;
+	const fa_tensor *t[FA_FWD_NTENSORS] = {&a->q, &a->k, &a->v, &a->o, &a->lse};
+	const fa_index *ix[3] = {&a->cache_seqlens, &a->page_table, &a->cu_seqlens_q};
+	return infer_async(c, &req, fn, t, ix, ixn, stream);
 }

@@ -117,6 +117,9 @@ const char *fa__ring_name(const struct fa_ring *r);
 void fa__ring_set_id(struct fa_ring *r, uint64_t id);
 /* Is the ring served (not NULL, not dead on either side)? */
 bool fa__ring_live(struct fa_ring *r);
+/* Does the daemon serving the ring set every bit of `features` (FA_RING_FEAT_*) in its header?
+ * False for a dead ring, and for a daemon that predates them. */
+bool fa__ring_has(struct fa_ring *r, uint32_t features);
 /* One call through the ring until deadline_ns (0: forever). *taken false: the request did not
  * go (too large for an entry, or the ring is dead): send it on the socket. Otherwise as
  * fa_transport_roundtrip: FA_OK when rep holds the reply, or FA_ETIMEDOUT, FA_ECLOSED (the
@@ -308,5 +311,16 @@ bool fa__socket_gid(const fa_client *c, gid_t *gid);
  * buffer's offset in its allocation), dtype, shape and strides into *w (zeroed first). */
 fa_status fa__tensor_buffer(fa_client *c, const char *name, const fa_tensor *t, bool optional,
                             struct fa_proto_tensor *w);
+
+/* ---- the completion-word path of ATTN_BWD and the inference ops (fa_async.c) ------------------ */
+
+/* Send req (ATTN_BWD, ATTN_VARLEN or ATTN_KVCACHE, checked, synchronous fields) asynchronously
+ * with completion words, ordered on stream: through the ring when the daemon serving it sets
+ * `feature` (FA_RING_FEAT_*), else on a pooled socket. *use_events true (FA_OK returned, nothing
+ * sent): the words path is not open to this call (no words in stream's context, or the daemon
+ * predates the op's async keys); the caller falls back or refuses. Otherwise the statuses of
+ * fa_attn_fwd_async's words paths (a ring call's failure is sticky: reported later). */
+fa_status fa__async_words_call(fa_client *c, struct fa_proto_req *req, void *stream,
+                               uint32_t feature, bool *use_events);
 
 #endif /* FA_CLIENT_INT_H */

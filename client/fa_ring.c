@@ -493,6 +493,11 @@ bool fa__ring_live(struct fa_ring *r)
 	return r != NULL && !r->dead && ld(&r->hdr->dead) == 0;
 }
 
+bool fa__ring_has(struct fa_ring *r, uint32_t features)
+{
+	return fa__ring_live(r) && (ld(&r->hdr->features) & features) == features;
+}
+
 void fa__ring_free(struct fa_ring *r)
 {
 	if (r == NULL)

@@ -284,17 +284,24 @@ FA_API fa_status fa_attn_bwd(fa_client *c, const fa_attn_bwd_args *args);
 
 /* The backward pass ordered on the caller's CUDA stream (asynchronous mode; device buffers
  * only), exactly as fa_attn_fwd_async orders the forward: the daemon's stream waits for the
- * work already queued on `stream` (which writes q, k, v, o, dout and lse), and `stream` waits
- * for the daemon's completion event before later work reads dq, dk and dv. Returns once the
- * kernels are enqueued; buffers must stay registered until `stream` passed that point.
- * It travels by the socket with CUDA IPC events (the backward has no completion words yet), so
- * it first waits for this client's asynchronous calls still out in the submission ring to
- * finish (their kernels, as fa_client_flush does): the daemon must see them before it, or its
- * stream would wait for this call ahead of the forward it depends on. A failure of one of them
- * is returned here (the sticky error). Same-user daemons only (IPC events).
- * Returns the statuses of fa_attn_bwd(), and those fa_attn_fwd_async() adds: FA_EPERM (another
- * user's daemon), FA_ENOTSUP (no GPU backend), FA_EINVAL (a host buffer, or `stream` is not a
- * stream of a live context), FA_ENOGPU (no CUDA driver here). */
+ * work already queued on `stream` (which writes q, k, v, o, dout and lse: a forward enqueued
+ * by fa_attn_fwd_async on the same stream included), and `stream` waits for the daemon's done
+ * word before later work reads dq, dk and dv. Returns once the call is enqueued (through the
+ * submission ring: published, a few microseconds, nothing waited for); buffers must stay
+ * registered until `stream` passed that point. Completion words, so it works with a daemon of
+ * another user, and it keeps its place among this client's ring calls (no flush).
+ * Through the ring a refusal or a failed kernel is reported later, as fa_attn_fwd_async's: by
+ * the next asynchronous call of this client, or by fa_client_flush() (the sticky error); the
+ * failed call's done word is written all the same, its gradients are undefined.
+ * Where fa_attn_fwd_async uses CUDA IPC events (no 64-bit stream memory operations,
+ * FA_ASYNC_EVENTS=1) or the daemon predates the backward's completion words, it travels by the
+ * socket with IPC events (~125 us more): it then first waits for this client's ring calls still
+ * out (as fa_client_flush does, their failure returned here), and works with same-user daemons
+ * only (FA_EPERM otherwise).
+ * Thread-safe. Returns the statuses of fa_attn_bwd(), and those fa_attn_fwd_async() adds: FA_EPERM
+ * (IPC events and another user's daemon), FA_ENOTSUP (no GPU backend), FA_EINVAL (a host buffer,
+ * or `stream` is not a stream of a live context), FA_ENOGPU (no CUDA driver here), an earlier
+ * ring call's failure (sticky). */
 FA_API fa_status fa_attn_bwd_async(fa_client *c, const fa_attn_bwd_args *args, void *stream);
 /* fp16 (IEEE binary16) and bf16 (bfloat16) from and to float, for filling and reading tensors
  * from C: round to nearest, ties to even; infinities, subnormals and NaN (kept quiet) as IEEE 754
@@ -381,6 +388,37 @@ typedef struct fa_attn_kvcache_args {
  * fa_attn_varlen(); a bad page index or length is FA_EINVAL naming the entry ("page_table[3][7]
  * = 912: the pools have 512 pages"), with nothing written. */
 FA_API fa_status fa_attn_kvcache(fa_client *c, const fa_attn_kvcache_args *args);
+
+/* fa_attn_varlen and fa_attn_kvcache ordered on the caller's CUDA stream (asynchronous mode), as
+ * fa_attn_fwd_async orders the forward: the daemon's stream waits for the work already queued
+ * on `stream` (which writes q, k, v and the index tables), and `stream` waits for the daemon's
+ * done word before later work reads o and lse. The call returns once it is enqueued (through
+ * the submission ring: published, a few microseconds, nothing waited for; else after the
+ * socket's reply). Works with a daemon of another user (completion words).
+ * Every tensor and every index table (cu_seqlens_q, cu_seqlens_k, cache_seqlens, page_table)
+ * must be in a device buffer (fa_buffer_register_device), else FA_EINVAL: the daemon reads the
+ * tables in `stream`'s order, so a table written by a kernel or copy queued on `stream` before
+ * the call is what it reads (the daemon copies it, checks every entry as the synchronous call
+ * does, and computes from its copy: rewriting it later changes nothing). A host table would need
+ * a rule of its own (read when the call is made, not in stream order): copy it to the device on
+ * the stream instead (cudaMemcpyAsync).
+ * `args` and the index tables' fa_index descriptions are read before the call returns; buffers
+ * must stay registered (and allocated) until `stream` passed the call.
+ * Errors found after the enqueue (a bad table entry: FA_EINVAL naming it, as the synchronous
+ * call's; a kernel's failure) are reported later, as fa_attn_fwd_async's: by the next
+ * asynchronous call of this client or by fa_client_flush() (the sticky error, then cleared). The
+ * failed call's done word is written all the same (`stream` is not held); nothing is launched
+ * for a bad entry, o and lse keep what they held.
+ * These calls need completion words: without them (a GPU without 64-bit stream memory
+ * operations, FA_ASYNC_EVENTS=1, or a daemon older than these calls) they return FA_ENOTSUP and
+ * the synchronous calls remain. A daemon on the CPU backend answers FA_ENOTSUP.
+ * Thread-safe. Returns the statuses of fa_attn_varlen() (for the checks made before sending),
+ * FA_ENOTSUP, FA_EINVAL (a host buffer or table, or `stream` is not a stream of a live
+ * context), FA_ENOGPU (no CUDA driver here), an earlier ring call's failure (sticky). */
+FA_API fa_status fa_attn_varlen_async(fa_client *c, const fa_attn_varlen_args *args,
+                                      void *stream);
+FA_API fa_status fa_attn_kvcache_async(fa_client *c, const fa_attn_kvcache_args *args,
+                                       void *stream);
 
 /* ---- prepared calls: one argument block, called again and again as its tensors move ---------
  *
