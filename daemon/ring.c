@@ -208,6 +208,9 @@ bool ring_old_daemon(void)
 	if (v < 0) {
 		const char *e = getenv("FA_TEST_OLD_DAEMON");
 		v = e != NULL && strcmp(e, "1") == 0;
+		if (v == 1 && atomic_exchange(&old, v) < 0)
+			log_warn("ring: FA_TEST_OLD_DAEMON=1: acting as the daemon before "
+			         "asynchronous backward and inference calls (a test switch)");
 		atomic_store(&old, v);
 	}
 	return v == 1;

@@ -409,6 +409,145 @@ static void test_decoder_rejects_mq_without_cuq(void **state)
 	msgpack_sbuffer_destroy(&sb);
 }
 
+/* Encode r and re-pack its map with one more key: `key` = the unsigned `value`, into sb (the
+ * caller destroys it). */
+static void encode_with(const struct fa_proto_req *r, const char *key, uint64_t value,
+                        msgpack_sbuffer *sb)
+{
+	size_t len = 0, off = 0;
+	msgpack_packer pk;
+	msgpack_unpacked up;
+	assert_int_equal(fa_proto_encode_req(r, enc, sizeof enc, &len), FA_OK);
+	msgpack_sbuffer_init(sb);
+	msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+	msgpack_unpacked_init(&up);
+	assert_int_equal(msgpack_unpack_next(&up, (const char *)enc, len, &off),
+	                 MSGPACK_UNPACK_SUCCESS);
+	msgpack_object_map *m = &up.data.via.map;
+	msgpack_pack_map(&pk, m->size + 1);
+	for (uint32_t i = 0; i < m->size; i++) {
+		msgpack_pack_object(&pk, m->ptr[i].key);
+		msgpack_pack_object(&pk, m->ptr[i].val);
+	}
+	msgpack_pack_str(&pk, strlen(key));
+	msgpack_pack_str_body(&pk, key, strlen(key));
+	msgpack_pack_uint64(&pk, value);
+	msgpack_unpacked_destroy(&up);
+}
+
+/* Asynchronous ATTN_BWD with completion words, and asynchronous ATTN_VARLEN / ATTN_KVCACHE
+ * (words only): the keys there and back; a synchronous request carries none of them, so an
+ * older daemon still decodes it byte for byte as before. */
+static void test_async_bwd_and_inference_round_trip_with_completion_words(void **state)
+{
+	(void)state;
+	struct fa_proto_req r = bwd_req(), out;
+	size_t sync_len = 0, len = 0;
+	assert_int_equal(fa_proto_encode_req(&r, enc, sizeof enc, &sync_len), FA_OK);
+	assert_null(memmem(enc, sync_len, "\xa3wrg", 4));
+	r.u.bwd.async = true;
+	r.u.bwd.slot = 63;
+	r.u.bwd.words_region = UINT64_MAX;
+	r.u.bwd.words_seq = 1;
+	round_trip(&r);
+	assert_int_equal(fa_proto_encode_req(&r, enc, sizeof enc, &len), FA_OK);
+	assert_int_equal(fa_proto_decode_req(enc, len, &out, err, sizeof err), FA_OK);
+	assert_true(out.u.bwd.async && !out.u.bwd.has_event && out.u.bwd.slot == 63);
+	assert_true(out.u.bwd.words_region == UINT64_MAX && out.u.bwd.words_seq == 1);
+	assert_true(len < FA_PROTO_MAX_MSG && len > sync_len);
+
+	struct fa_proto_req v[3] = {varlen_req(), kvcache_req(false, false), kvcache_req(true, true)};
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(fa_proto_encode_req(&v[i], enc, sizeof enc, &sync_len), FA_OK);
+		assert_null(memmem(enc, sync_len, "\xa4slot", 5));
+		v[i].u.infer.async = true;
+		v[i].u.infer.slot = (uint32_t)(i * 20);
+		v[i].u.infer.words_region = 77;
+		v[i].u.infer.words_seq = UINT64_MAX;
+		round_trip(&v[i]);
+		assert_int_equal(fa_proto_encode_req(&v[i], enc, sizeof enc, &len), FA_OK);
+		assert_int_equal(fa_proto_decode_req(enc, len, &out, err, sizeof err), FA_OK);
+		assert_true(out.u.infer.async && out.u.infer.slot == (uint32_t)(i * 20));
+		assert_true(out.u.infer.words_region == 77 && out.u.infer.words_seq == UINT64_MAX);
+		/* the whole entry fits a ring entry with room to spare */
+		assert_true(len + 16 <= 2048);
+	}
+}
+
+/* Malformed asynchronous keys on ATTN_BWD and the inference ops: each refused by the decoder
+ * with the key named, and by the encoder (FA_EINVAL) where it could write them. */
+static void test_decoder_and_encoder_refuse_malformed_async_keys(void **state)
+{
+	(void)state;
+	msgpack_sbuffer sb;
+	size_t len = 0;
+	struct fa_proto_req b = bwd_req();
+	b.u.bwd.async = true;
+	b.u.bwd.slot = 3;
+	b.u.bwd.words_region = 9;
+	b.u.bwd.words_seq = 5;
+	/* half a pair, no slot, zero values, an event beside the words */
+	encode_without(&b, "wq", &sb);
+	expect_proto(sb.data, sb.size, "'wrg' without 'wq'");
+	msgpack_sbuffer_destroy(&sb);
+	encode_without(&b, "slot", &sb);
+	expect_proto(sb.data, sb.size, "without 'slot'");
+	msgpack_sbuffer_destroy(&sb);
+	len = encode_patched(&b, "\xa2wq\x05", "\xa2wq\x00", 4);
+	expect_proto(enc, len, "key 'wq'");
+	len = encode_patched(&b, "\xa3wrg\x09", "\xa3wrg\x00", 5);
+	expect_proto(enc, len, "key 'wrg'");
+	len = encode_patched(&b, "\xa4slot\x03", "\xa4slot\x40", 6);
+	expect_proto(enc, len, "key 'slot': must be 0..63");
+	b.u.bwd.has_event = true;
+	assert_int_equal(fa_proto_encode_req(&b, enc, sizeof enc, &len), FA_EINVAL);
+	b.u.bwd.has_event = false;
+	b.u.bwd.async = false;
+	assert_int_equal(fa_proto_encode_req(&b, enc, sizeof enc, &len), FA_EINVAL);
+
+	struct fa_proto_req v = varlen_req();
+	v.u.infer.async = true;
+	v.u.infer.slot = 2;
+	v.u.infer.words_region = 9;
+	v.u.infer.words_seq = 5;
+	/* a slot without words: the inference ops have no event path */
+	msgpack_sbuffer sb2;
+	encode_without(&v, "wrg", &sb);
+	expect_proto(sb.data, sb.size, "'wq' without 'wrg'");
+	msgpack_sbuffer_destroy(&sb);
+	struct fa_proto_req s = varlen_req();
+	encode_with(&s, "slot", 4, &sb2);
+	expect_proto(sb2.data, sb2.size, "completion words only");
+	msgpack_sbuffer_destroy(&sb2);
+	/* "ev" is no key of theirs (an IPC event handle would be a bin 64; any value is refused) */
+	encode_with(&v, "ev", 1, &sb);
+	expect_proto(sb.data, sb.size, "'ev'");
+	msgpack_sbuffer_destroy(&sb);
+	/* words without a slot */
+	encode_without(&v, "slot", &sb);
+	expect_proto(sb.data, sb.size, "without 'slot'");
+	msgpack_sbuffer_destroy(&sb);
+	/* the encoder: slot out of range, async without words, words without async */
+	v.u.infer.slot = 64;
+	assert_int_equal(fa_proto_encode_req(&v, enc, sizeof enc, &len), FA_EINVAL);
+	v.u.infer.slot = 2;
+	v.u.infer.words_seq = 0;
+	assert_int_equal(fa_proto_encode_req(&v, enc, sizeof enc, &len), FA_EINVAL);
+	v.u.infer.words_seq = 5;
+	v.u.infer.async = false;
+	assert_int_equal(fa_proto_encode_req(&v, enc, sizeof enc, &len), FA_EINVAL);
+	/* and a key an older decoder did not know is still "unknown key" with its name, the
+	 * refusal an older daemon gives these requests (its key table lacked them for the op) */
+	struct fa_proto_req p;
+	memset(&p, 0, sizeof p);
+	p.op = FA_OP_PING;
+	p.session = 1;
+	p.seq = 2;
+	encode_with(&p, "wrg", 9, &sb);
+	expect_proto(sb.data, sb.size, "'wrg'");
+	msgpack_sbuffer_destroy(&sb);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -420,6 +559,8 @@ int main(void)
 		cmocka_unit_test(test_decoder_rejects_malformed_inference_keys),
 		cmocka_unit_test(test_decoder_rejects_malformed_bwd_window_keys),
 		cmocka_unit_test(test_decoder_rejects_mq_without_cuq),
+		cmocka_unit_test(test_async_bwd_and_inference_round_trip_with_completion_words),
+		cmocka_unit_test(test_decoder_and_encoder_refuse_malformed_async_keys),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
