@@ -15,7 +15,15 @@
  *   - fa_attn_bwd_async (the backward pass) chained after the forward on one stream likewise,
  *     each step's gradients checked against the float64 oracle (skipped, saying so, while the
  *     GPU backend has no backward kernels);
- * The cross-user refusal is also checked without a GPU in test_bad_input.c.
+ *   - fa_attn_bwd_async (deterministic dQ), fa_attn_kvcache_async (a paged decode) and
+ *     fa_attn_varlen_async give the synchronous calls' bytes, bit for bit, over a chain of
+ *     steps whose inputs and index tables (device tables) are uploaded on the caller's stream
+ *     with no synchronisation: a table read out of stream order gives other bytes; the same as
+ *     uid 65534 (completion words across users); a bad table entry found after the enqueue is
+ *     the sticky FA_EINVAL naming it, with nothing launched and the stream not held; a client
+ *     killed with a decode pending behind a ready word never written is released.
+ * The cross-user refusal is also checked without a GPU in test_bad_input.c; the CPU side of the
+ * new calls in test_async_cpu.c.
  *
  * CUDA does not survive fork(): the test process never initialises it; each case runs in a
  * forked child that loads the CUDA driver (common/fa_cu.h) and reports through its exit code.
@@ -36,6 +44,7 @@
 
 #include "fa_bwd_case.h"
 #include "fa_cudrv.h"
+#include "fa_infer_case.h"
 #include "fa_integ.h"
 #include "fa_raw.h"
 
@@ -65,6 +74,8 @@ static int in_child(int (*fn)(void *), void *arg, int timeout_ms)
 }
 
 /* ---- children ------------------------------------------------------------------------------------- */
+
+static int run_async_vs_sync(int which, const char *url);
 
 /* CHAIN asynchronous calls on one stream with no synchronisation between them: each uploads
  * its own inputs (into the same device buffer every time), poisons O, computes, and downloads
@@ -657,6 +668,10 @@ static int other_user_main(const char *url)
 	fa_buffer_free(b);
 	fa_client_close(c);
 	cu.MemFree(dmem);
+	/* The backward and the inference calls, asynchronous with completion words, across users:
+	 * the synchronous calls' bytes. */
+	for (int which = 0; which < 3; which++)
+		CHECK(run_async_vs_sync(which, url) == 0, "uid 65534, case %d", which);
 	return 0;
 }
 
@@ -834,6 +849,215 @@ static int child_ring_refusal_is_sticky(void *arg)
 	return 0;
 }
 
+
+/* ---- asynchronous backward and inference calls against the synchronous ones ---------------- */
+
+#define VS_STEPS 6
+
+/* VS_STEPS images of one problem (inputs, tables, poisoned outputs) uploaded, called
+ * asynchronously and downloaded on one stream with no synchronisation; then each image again
+ * through the synchronous call; the outputs' bytes must be equal. which: 0 backward
+ * (deterministic), 1 paged decode (fa_attn_kvcache_async), 2 varlen. url: the daemon's. CUDA
+ * started by the caller. */
+static int run_async_vs_sync(int which, const char *url)
+{
+	static const char *const names[3] = {"backward", "paged decode", "varlen"};
+	const struct fa_case bc = {.dtype = FA_DTYPE_BF16, .B = 2, .Sq = 256, .Sk = 384, .Hq = 8,
+	                           .Hkv = 2, .D = 64, .mask = FA_MASK_CAUSAL_BOTTOM_RIGHT};
+	const struct fa_infer_case ic =
+	    which == 1 ? (struct fa_infer_case){.dtype = FA_DTYPE_BF16, .B = 8, .Hq = 16, .Hkv = 4,
+	                                        .D = 128, .page = 16, .pages = 256, .pt_cols = 32}
+	               : (struct fa_infer_case){.varlen = true, .dtype = FA_DTYPE_FP16, .B = 5,
+	                                        .Hq = 8, .Hkv = 2, .D = 64, .total_q = 40,
+	                                        .total_k = 900};
+	struct fa_bwd_layout bl;
+	struct fa_infer_layout il;
+	fa_client *c = NULL;
+	fa_buffer *b = NULL;
+	fa_attn_fwd_args fa;
+	fa_attn_bwd_args ba;
+	fa_attn_kvcache_args ka;
+	fa_attn_varlen_args va;
+	cu_ptr dmem = 0;
+	void *stream = NULL, *pinned = NULL;
+	uint64_t rng = 0xc0ffee + (uint64_t)which;
+	size_t total;
+	/* the outputs compared: (offset, bytes) */
+	uint64_t out_off[3];
+	size_t out_len[3];
+	int nout;
+
+	if (which == 0) {
+		fa_bwd_layout(&bc, &bl);
+		total = bl.total;
+		size_t es = fa_dtype_size(bc.dtype);
+		out_off[0] = bl.dq_off, out_len[0] = (size_t)bl.f.q_span * es;
+		out_off[1] = bl.dk_off, out_len[1] = (size_t)bl.f.kv_span * es;
+		out_off[2] = bl.dv_off, out_len[2] = (size_t)bl.f.kv_span * es;
+		nout = 3;
+	} else {
+		fa_infer_layout(&ic, &il);
+		total = il.total;
+		out_off[0] = il.o, out_len[0] = il.o_bytes;
+		out_off[1] = il.lse, out_len[1] = il.lse_bytes;
+		nout = 2;
+	}
+	CHECK(cu.MemAlloc(&dmem, total) == 0, "cuMemAlloc %zu", total);
+	CHECK(cu.MemHostAlloc(&pinned, (2 * VS_STEPS + 1) * total, 0) == 0, "cuMemHostAlloc");
+	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
+	CHECK(fa_client_open(&c, url) == FA_OK, "open: %s", fa_last_error_detail());
+	fa_client_set_timeout(c, fa_test_ms(60000));
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)dmem, total, &b) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	char *in = (char *)pinned + VS_STEPS * total, *ref = (char *)pinned + 2 * VS_STEPS * total;
+	for (int i = 0; i < VS_STEPS; i++) {
+		if (which == 0)
+			fa_bwd_fill(&bc, &bl, in + (size_t)i * total, &rng);
+		else
+			fa_infer_fill(&ic, &il, in + (size_t)i * total, &rng);
+	}
+	if (which == 0)
+		fa_bwd_args(&bc, &bl, b, FA_BWD_DETERMINISTIC, &fa, &ba);
+	else if (which == 1)
+		fa_infer_kvcache_args(&ic, &il, b, &ka);
+	else
+		fa_infer_varlen_args(&ic, &il, b, &va);
+#define VS_SYNC()                                                                        \
+	(which == 0   ? (fa_attn_fwd(c, &fa) == FA_OK ? fa_attn_bwd(c, &ba) : FA_EINVAL)   \
+	 : which == 1 ? fa_attn_kvcache(c, &ka)                                             \
+	              : fa_attn_varlen(c, &va))
+	/* warm-up (kernels compiled, words made), synchronous and asynchronous */
+	CHECK(cu.MemcpyHtoDAsync(dmem, in, total, stream) == 0 && cu.StreamSynchronize(stream) == 0,
+	      "upload");
+	fa_status st = VS_SYNC();
+	CHECK(st == FA_OK, "%s warm-up: %s: %s", names[which], fa_status_name(st),
+	      fa_last_error_detail());
+	uint64_t t0 = fa_test_now_us();
+	for (int i = 0; i < VS_STEPS; i++) {
+		CHECK(cu.MemcpyHtoDAsync(dmem, in + (size_t)i * total, total, stream) == 0, "upload");
+		if (which == 0) {
+			st = fa_attn_fwd_async(c, &fa, stream);
+			if (st == FA_OK)
+				st = fa_attn_bwd_async(c, &ba, stream);
+		} else {
+			st = which == 1 ? fa_attn_kvcache_async(c, &ka, stream)
+			                : fa_attn_varlen_async(c, &va, stream);
+		}
+		CHECK(st == FA_OK, "%s async #%d: %s: %s", names[which], i, fa_status_name(st),
+		      fa_last_error_detail());
+		CHECK(cu.MemcpyDtoHAsync((char *)pinned + (size_t)i * total, dmem, total, stream) == 0,
+		      "download");
+	}
+	CHECK(cu.StreamSynchronize(stream) == 0, "cuStreamSynchronize");
+	uint64_t t1 = fa_test_now_us();
+	st = fa_client_flush(c);
+	CHECK(st == FA_OK, "%s: flush: %s: %s", names[which], fa_status_name(st),
+	      fa_last_error_detail());
+	for (int i = 0; i < VS_STEPS; i++) {
+		const char *got = (const char *)pinned + (size_t)i * total;
+		CHECK(cu.MemcpyHtoDAsync(dmem, in + (size_t)i * total, total, stream) == 0 &&
+		      cu.StreamSynchronize(stream) == 0, "upload");
+		st = VS_SYNC();
+		CHECK(st == FA_OK, "%s sync #%d: %s: %s", names[which], i, fa_status_name(st),
+		      fa_last_error_detail());
+		CHECK(cu.MemcpyDtoHAsync(ref, dmem, total, stream) == 0 &&
+		      cu.StreamSynchronize(stream) == 0, "download");
+		for (int k = 0; k < nout; k++) {
+			CHECK(memcmp(ref + out_off[k], in + (size_t)i * total + out_off[k], out_len[k]) != 0,
+			      "%s step %d: output %d still poison after the synchronous call", names[which],
+			      i, k);
+			CHECK(memcmp(got + out_off[k], ref + out_off[k], out_len[k]) == 0,
+			      "%s step %d: output %d differs from the synchronous call's bytes",
+			      names[which], i, k);
+		}
+	}
+	if (which == 0) { /* the synchronous call itself against the oracle, on the last image */
+		double err[3];
+		char why[256];
+		CHECK(fa_bwd_check(&bc, &bl, ref, 0, err, why, sizeof why), "oracle: %s", why);
+	}
+#undef VS_SYNC
+	fprintf(stderr, "async %s (uid %u): %d steps on one stream, %.1f us per step including the "
+	        "uploads and downloads; every output equals the synchronous call's, bit for bit\n",
+	        names[which], (unsigned)getuid(), VS_STEPS, (double)(t1 - t0) / VS_STEPS);
+	fa_buffer_free(b);
+	fa_client_close(c);
+	cu.StreamDestroy(stream);
+	cu.MemFreeHost(pinned);
+	cu.MemFree(dmem);
+	return 0;
+}
+
+static int child_async_vs_sync_of(void *arg)
+{
+	CHECK(cu_start(0) == 0, "no CUDA");
+	return run_async_vs_sync((int)(intptr_t)arg, g_daemon.url);
+}
+
+/* A bad table entry (a cache length past the capacity), written on the stream before an
+ * asynchronous decode: the call returns FA_OK (the ring), the stream is not held, the failure
+ * comes back once from fa_client_flush naming the entry, nothing was launched (o and lse keep
+ * their poison), and the next call is served. */
+static int child_async_decode_bad_entry(void *arg)
+{
+	(void)arg;
+	const struct fa_infer_case ic = {.dtype = FA_DTYPE_BF16, .B = 4, .Hq = 8, .Hkv = 2,
+	                                 .D = 128, .page = 16, .pages = 64, .pt_cols = 8};
+	struct fa_infer_layout il;
+	fa_client *c = NULL;
+	fa_buffer *b = NULL;
+	fa_attn_kvcache_args ka;
+	cu_ptr dmem = 0;
+	void *stream = NULL, *pinned = NULL;
+	uint64_t rng = 31;
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	fa_infer_layout(&ic, &il);
+	CHECK(cu.MemAlloc(&dmem, il.total) == 0, "cuMemAlloc");
+	CHECK(cu.MemHostAlloc(&pinned, 2 * il.total, 0) == 0, "cuMemHostAlloc");
+	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
+	CHECK(fa_client_open(&c, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)dmem, il.total, &b) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_infer_kvcache_args(&ic, &il, b, &ka);
+	char *img = pinned, *back = (char *)pinned + il.total;
+	fa_infer_fill(&ic, &il, img, &rng);
+	CHECK(cu.MemcpyHtoDAsync(dmem, img, il.total, stream) == 0, "upload");
+	CHECK(fa_attn_kvcache_async(c, &ka, stream) == FA_OK, "warm-up: %s",
+	      fa_last_error_detail());
+	CHECK(cu.StreamSynchronize(stream) == 0 && fa_client_flush(c) == FA_OK, "warm-up: %s",
+	      fa_last_error_detail());
+	((int32_t *)(void *)(img + il.t0))[3] = (int32_t)(ic.page * ic.pt_cols + 1);
+	CHECK(cu.MemcpyHtoDAsync(dmem, img, il.total, stream) == 0, "upload the bad table");
+	fa_status st = fa_attn_kvcache_async(c, &ka, stream);
+	CHECK(cu.MemcpyDtoHAsync(back, dmem, il.total, stream) == 0, "download");
+	uint64_t t0 = fa_test_now_ms();
+	CHECK(cu.StreamSynchronize(stream) == 0, "the stream after the bad call");
+	uint64_t held = fa_test_now_ms() - t0;
+	fa_status fl = st == FA_OK ? fa_client_flush(c) : st;
+	fprintf(stderr, "async decode, bad cache length: the call %s, the stream held %llu ms, "
+	        "then %s (%s)\n", fa_status_name(st), (unsigned long long)held,
+	        fa_status_name(fl), fa_last_error_detail());
+	CHECK(fl == FA_EINVAL && strstr(fa_last_error_detail(), "cache_seqlens[3]") != NULL,
+	      "the refusal: %s", fa_status_name(fl));
+	CHECK(fa_client_flush(c) == FA_OK, "reported once");
+	CHECK(memcmp(back + il.o, img + il.o, il.o_bytes) == 0 &&
+	      memcmp(back + il.lse, img + il.lse, il.lse_bytes) == 0,
+	      "o or lse written although the call was refused");
+	((int32_t *)(void *)(img + il.t0))[3] = 5;
+	CHECK(cu.MemcpyHtoDAsync(dmem, img, il.total, stream) == 0, "upload");
+	CHECK(fa_attn_kvcache_async(c, &ka, stream) == FA_OK, "after: %s", fa_last_error_detail());
+	CHECK(cu.MemcpyDtoHAsync(back, dmem, il.total, stream) == 0 &&
+	      cu.StreamSynchronize(stream) == 0 && fa_client_flush(c) == FA_OK, "after: %s",
+	      fa_last_error_detail());
+	CHECK(memcmp(back + il.o, img + il.o, il.o_bytes) != 0, "the good call wrote nothing");
+	fa_buffer_free(b);
+	fa_client_close(c);
+	cu.MemFreeHost(pinned);
+	cu.MemFree(dmem);
+	return 0;
+}
+
 /* The victim of the killed-client case (a fork of the test process, never a CUDA child's): its
  * stream waits on a host flag nobody sets, so its ready word is never written; its call is
  * enqueued (FA_OK), and it dies with SIGKILL, the session open and the daemon's stream
@@ -862,11 +1086,33 @@ static int victim_main(void)
 	fa_case_args(&cs, &l, b, &a);
 	CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK && cu.StreamSynchronize(stream) == 0,
 	      "warm-up: %s", fa_last_error_detail());
+	/* and a decode (its tables on the device), to leave one pending behind the forwards */
+	const struct fa_infer_case ic = {.dtype = FA_DTYPE_BF16, .B = 2, .Hq = 8, .Hkv = 2,
+	                                 .D = 128, .page = 16, .pages = 16, .pt_cols = 4};
+	struct fa_infer_layout il;
+	fa_infer_layout(&ic, &il);
+	cu_ptr imem = 0;
+	void *img = NULL;
+	fa_buffer *ib = NULL;
+	fa_attn_kvcache_args ka;
+	uint64_t rng = 3;
+	CHECK(cu.MemAlloc(&imem, il.total) == 0 && cu.MemHostAlloc(&img, il.total, 0) == 0,
+	      "decode memory");
+	fa_infer_fill(&ic, &il, img, &rng);
+	CHECK(cu.MemcpyHtoDAsync(imem, img, il.total, stream) == 0, "upload");
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)imem, il.total, &ib) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_infer_kvcache_args(&ic, &il, ib, &ka);
+	CHECK(fa_attn_kvcache_async(c, &ka, stream) == FA_OK && cu.StreamSynchronize(stream) == 0,
+	      "decode warm-up: %s", fa_last_error_detail());
 	CHECK(cu.StreamWaitValue32(stream, flag_dev, 1, 0 /* GEQ */) == 0, "cuStreamWaitValue32");
 	for (int i = 0; i < 3; i++)
 		CHECK(fa_attn_fwd_async(c, &a, stream) == FA_OK, "pending call %d: %s", i,
 		      fa_last_error_detail());
-	fprintf(stderr, "victim: 3 calls enqueued behind a ready word never written; SIGKILL\n");
+	CHECK(fa_attn_kvcache_async(c, &ka, stream) == FA_OK, "pending decode: %s",
+	      fa_last_error_detail());
+	fprintf(stderr, "victim: 3 forwards and a decode enqueued behind a ready word never "
+	        "written; SIGKILL\n");
 	fflush(stderr);
 	raise(SIGKILL);
 	return 2;
@@ -1123,6 +1369,36 @@ static void test_gpu_async_host_buffers_get_einval(void **state)
 	assert_true(fa_integ_wait_stat(NULL, g_daemon.url, "inflight", 0, fa_test_ms(10000), &v));
 }
 
+static void test_gpu_async_backward_equals_the_synchronous_call(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_async_vs_sync_of, (void *)(intptr_t)0, 180000), 0);
+}
+
+static void test_gpu_async_paged_decode_equals_the_synchronous_call(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_async_vs_sync_of, (void *)(intptr_t)1, 120000), 0);
+}
+
+static void test_gpu_async_varlen_equals_the_synchronous_call(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_async_vs_sync_of, (void *)(intptr_t)2, 120000), 0);
+}
+
+static void test_gpu_async_decode_bad_entry_is_sticky_and_launches_nothing(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_async_decode_bad_entry, NULL, 120000), 0);
+	uint64_t v = 0;
+	assert_true(fa_integ_wait_stat(NULL, g_daemon.url, "inflight", 0, fa_test_ms(10000), &v));
+}
+
 /* ---- setup ---------------------------------------------------------------------------------------- */
 
 static int setup(void **state)
@@ -1162,6 +1438,10 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_gpu_canary_runs_and_passes),
 		cmocka_unit_test(test_gpu_async_chain_is_ordered_both_ways),
 		cmocka_unit_test(test_gpu_async_backward_chain_is_ordered_both_ways),
+		cmocka_unit_test(test_gpu_async_backward_equals_the_synchronous_call),
+		cmocka_unit_test(test_gpu_async_paged_decode_equals_the_synchronous_call),
+		cmocka_unit_test(test_gpu_async_varlen_equals_the_synchronous_call),
+		cmocka_unit_test(test_gpu_async_decode_bad_entry_is_sticky_and_launches_nothing),
 		cmocka_unit_test(test_gpu_async_returns_before_the_kernel_finishes),
 		cmocka_unit_test(test_gpu_async_client_with_a_stuck_event_stalls_only_itself),
 		cmocka_unit_test(test_gpu_async_words_enqueue_costs_against_ipc_events),
