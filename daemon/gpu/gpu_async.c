@@ -445,7 +445,8 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	gpu_atiming_start(&od->tm, od->stream);
 	struct gpu_snap_wait sw = {.od = od, .ready = ready, .seq = job->words_seq, .n = n};
 	if (job->infer != NULL)
-		st = words ? gpu_launch_infer_async(d, job, od->stream, gpu_snap_wait, &sw, sticky)
+		st = words ? gpu_launch_infer_async(d, job, od->stream, gpu_snap_wait, &sw, &od->snap,
+		                                    sticky)
 		           : FA_EPROTO; /* dispatch: inference calls are asynchronous with words */
 	else if (job->is_bwd)
 		st = gpu_launch_bwd(d, job, od->stream);
@@ -754,6 +755,8 @@ void gpu_owner_free(struct backend *base, void *state)
 		gpu_atiming_fini(&od->tm);
 		if (od->passed != NULL)
 			fa_cu->MemFreeHost((void *)(uintptr_t)od->passed);
+		if (od->snap.p != NULL)
+			fa_cu->MemFreeHost(od->snap.p);
 		free(od);
 	}
 	free(o);

@@ -66,7 +66,8 @@ static int64_t index_span(const struct backend_index_src *s)
  * detail (a bad entry: backend_infer_prepare's text). */
 static fa_status infer_snapshot(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream,
                                 int32_t **host, fa_cu_ptr *dev, struct fa_gpu_infer_index *ix,
-                                bool *sticky, gpu_snapshot_wait_fn wait, void *wait_arg)
+                                bool *sticky, gpu_snapshot_wait_fn wait, void *wait_arg,
+                                struct gpu_snap_host *pinned)
 {
 	const struct fa_cu_api *cu = fa_cu;
 	struct backend_infer *bi = job->infer;
@@ -91,7 +92,22 @@ static fa_status infer_snapshot(struct gpu_dev *d, struct backend_job *job, fa_c
 		         "the GPU backend): pass them dense", total, GPU_INFER_MAX_INDEX_BYTES);
 		return FA_ENOTSUP;
 	}
-	if ((*host = malloc(total > 0 ? total : 4)) == NULL) {
+	int32_t *snap = NULL;
+	if (pinned != NULL) {
+		/* grown in 64 KiB steps: a cuMemHostAlloc costs far more than the copy */
+		size_t want = ((size_t)(total > 0 ? total : 4) + 65535) & ~(size_t)65535;
+		if (pinned->cap < want) {
+			void *p = NULL;
+			if ((r = cu->MemHostAlloc(&p, want, 0)) != 0)
+				return gpu_job_cuerr(d, job, r, "allocating pinned memory for the index "
+				                     "tensors", sticky);
+			if (pinned->p != NULL)
+				cu->MemFreeHost(pinned->p);
+			pinned->p = p;
+			pinned->cap = want;
+		}
+		snap = pinned->p;
+	} else if ((snap = *host = malloc(total > 0 ? total : 4)) == NULL) {
 		snprintf(job->detail, sizeof job->detail,
 		         "the daemon ran out of memory copying the index tensors");
 		return FA_ENOMEM;
@@ -105,7 +121,7 @@ static fa_status infer_snapshot(struct gpu_dev *d, struct backend_job *job, fa_c
 		if (s->base == NULL)
 			continue;
 		uint64_t bytes = (uint64_t)index_span(s) * 4;
-		char *dst = (char *)*host + at[i];
+		char *dst = (char *)snap + at[i];
 		if (job->on_device[FA_FWD_NTENSORS + i]) {
 			r = cu->MemcpyDtoHAsync(dst, (fa_cu_ptr)(uintptr_t)s->base, bytes, stream);
 		} else {
@@ -138,7 +154,7 @@ static fa_status infer_snapshot(struct gpu_dev *d, struct backend_job *job, fa_c
 	/* from here on the tables are the daemon's own bytes */
 	for (int i = 0; i < INFER_NINDEX; i++)
 		if (bi->src[i].base != NULL)
-			bi->src[i].base = (const int32_t *)(const void *)((char *)*host + at[i]);
+			bi->src[i].base = (const int32_t *)(const void *)((char *)snap + at[i]);
 	if ((st = backend_infer_prepare(bi)) != FA_OK) {
 		snprintf(job->detail, sizeof job->detail, "%s", bi->detail);
 		return st;
@@ -184,7 +200,8 @@ void gpu_enqueue_infer(struct gpu_dev *d, struct backend_job *job, fa_cu_stream 
 	*sticky = false;
 	job->status = FA_OK;
 	job->detail[0] = '\0';
-	if ((st = infer_snapshot(d, job, stream, &host, &dix, &ix, sticky, NULL, NULL)) != FA_OK) {
+	if ((st = infer_snapshot(d, job, stream, &host, &dix, &ix, sticky, NULL, NULL, NULL)) !=
+	    FA_OK) {
 		job->status = st;
 		goto sync;
 	}
@@ -231,7 +248,8 @@ sync:
  * snapshot's copies and the kernel (one host check: daemon/RESULTS.md measures it); the
  * caller's host does not wait for any of it. */
 fa_status gpu_launch_infer_async(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream,
-                                 gpu_snapshot_wait_fn wait, void *wait_arg, bool *sticky)
+                                 gpu_snapshot_wait_fn wait, void *wait_arg,
+                                 struct gpu_snap_host *pinned, bool *sticky)
 {
 	const struct fa_cu_api *cu = fa_cu;
 	fa_cu_ptr dix = 0;
@@ -240,7 +258,7 @@ fa_status gpu_launch_infer_async(struct gpu_dev *d, struct backend_job *job, fa_
 	fa_status st;
 
 	*sticky = false;
-	st = infer_snapshot(d, job, stream, &host, &dix, &ix, sticky, wait, wait_arg);
+	st = infer_snapshot(d, job, stream, &host, &dix, &ix, sticky, wait, wait_arg, pinned);
 	if (st == FA_OK)
 		st = fa_gpu_attn_infer(d->g, &job->infer->desc, &ix, (CUdeviceptr)(uintptr_t)job->q,
 		                       (CUdeviceptr)(uintptr_t)job->k, (CUdeviceptr)(uintptr_t)job->v,

@@ -203,6 +203,13 @@ struct gpu_owner_dev {
 	struct gpu_ticket *wq_head, *wq_tail;    /* mu: words tickets not finished, in order */
 	uint64_t wq_since;                       /* mu: when wq_head became the head */
 	bool release_all;                        /* mu: the session closed: release every wait */
+	/* Pinned host memory for the asynchronous inference calls' index snapshot (owner; grown
+	 * as needed): a copy to pageable memory returns only once done, and this copy waits for
+	 * the client's ready word, which would hold the thread that watches that word. */
+	struct gpu_snap_host {
+		void *p;
+		size_t cap;
+	} snap;
 };
 
 /* A session's backend state (*job->owner_state): created under mu, freed on the loop by
@@ -576,10 +583,11 @@ void gpu_enqueue_infer(struct gpu_dev *d, struct backend_job *job, fa_cu_stream 
 typedef fa_cu_res (*gpu_snapshot_wait_fn)(void *arg, fa_cu_stream s, fa_status *why);
 
 /* An asynchronous inference job (every tensor and table on the device) on `stream`, behind the
- * client's ready word: the snapshot as gpu_enqueue_infer's, waited for by wait(wait_arg), then
- * fa_gpu_attn_infer. Returns its status with job->detail (a bad entry: nothing launched). */
+ * client's ready word: the snapshot as gpu_enqueue_infer's (copied into *pinned, grown as
+ * needed), waited for by wait(wait_arg), then fa_gpu_attn_infer. Returns its status with job->detail (a bad entry: nothing launched). */
 fa_status gpu_launch_infer_async(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream,
-                                 gpu_snapshot_wait_fn wait, void *wait_arg, bool *sticky);
+                                 gpu_snapshot_wait_fn wait, void *wait_arg,
+                                 struct gpu_snap_host *pinned, bool *sticky);
 
 /* ---- gpu_worker.c --------------------------------------------------------------------------- */
 
