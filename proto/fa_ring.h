@@ -25,6 +25,7 @@
 #ifndef FA_RING_H
 #define FA_RING_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define FA_RING_NAME_PREFIX "/faring." /* then "<uid>.<pid>.<16 hex>", as a host buffer's */
@@ -102,6 +103,7 @@ struct fa_ring_cqe {
 };
 
 _Static_assert(sizeof(struct fa_ring_hdr) <= FA_RING_HDR_BYTES, "ring header fits its page");
+_Static_assert(offsetof(struct fa_ring_hdr, features) == 448, "PROTOCOL.md 11 names its byte");
 _Static_assert(sizeof(struct fa_ring_sqe) == FA_RING_ENTRY_BYTES, "submission entry size");
 _Static_assert(sizeof(struct fa_ring_cqe) == FA_RING_ENTRY_BYTES, "completion entry size");
 _Static_assert((FA_RING_ENTRIES & (FA_RING_ENTRIES - 1)) == 0, "entries: a power of two");
