@@ -206,7 +206,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False,
                            window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None, *,
-                           return_lse=False, out=None, precision=None, client=None):
+                           return_lse=False, out=None, precision=None, client=None,
+                           stream=None):
     """FlashAttention's flash_attn_varlen_func (same positional order), computed by fa-daemon:
     B sequences of different lengths packed along the token dimension. Forward only.
 
@@ -223,7 +224,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     backward in fa); so do dropout_p != 0, alibi_slopes and block_table (a paged cache: use
     flash_attn_with_kvcache). deterministic is accepted for FlashAttention's signature (it
     concerns a backward). The GPU backend serves every shape of it, the window and softcap
-    included (prefill and decode kernels over packed sequences)."""
+    included (prefill and decode kernels over packed sequences).
+    stream: None (the default) waits for PyTorch's current stream and returns when out is
+    written; "current" (or a stream) orders the call on that stream instead (fa's asynchronous
+    mode, fa_attn_varlen_async): q, k, v, out, lse and both cu_seqlens must be CUDA tensors,
+    read in stream order."""
     if dropout_p:
         raise _usage("FA_ENOTSUP", "dropout_p=%r: fa has no dropout" % dropout_p)
     if alibi_slopes is not None:
@@ -239,7 +244,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            scale=softmax_scale,
                            mask=_abi.FA_MASK_CAUSAL_BOTTOM_RIGHT if causal else
                            _abi.FA_MASK_NONE, window=window, softcap=cap, want_lse=want,
-                           out=out, client=client, precision=_precision(precision))
+                           out=out, client=client, precision=_precision(precision),
+                           stream=stream)
     if return_attn_probs:
         return o, lse, None
     return (o, lse) if return_lse else o
@@ -251,7 +257,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False, *, out=None, precision=None,
-                            client=None):
+                            client=None, stream=None):
     """FlashAttention's flash_attn_with_kvcache (same positional order), computed by fa-daemon:
     decode and chunked prefill against a KV cache. Forward only.
 
@@ -271,7 +277,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     return_softmax_lse=True (out, lse), lse float32 [B, Hq, Sq].
     Inputs that require grad raise FaNotSupportedError (no backward); so do rotary_cos/sin,
     cache_batch_idx, cache_leftpad and alibi_slopes (apply rotary embeddings before the call).
-    num_splits is accepted and ignored (fa's planner splits the keys)."""
+    num_splits is accepted and ignored (fa's planner splits the keys).
+    stream: None (the default) waits for PyTorch's current stream and returns when out is
+    written; "current" (or a stream) orders the call on that stream (fa_attn_kvcache_async):
+    every tensor on CUDA, cache_seqlens a CUDA int32 tensor (read in stream order, with
+    block_table), and no k/v to append (the append reads the lengths on the host: append
+    first, add Snew to cache_seqlens on the stream)."""
     for name, val in (("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                       ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad),
                       ("alibi_slopes", alibi_slopes)):
@@ -287,7 +298,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             mask=_abi.FA_MASK_CAUSAL_BOTTOM_RIGHT if causal else
                             _abi.FA_MASK_NONE, window=window, softcap=cap,
                             want_lse=return_softmax_lse, out=out, client=client,
-                            precision=_precision(precision))
+                            precision=_precision(precision), stream=stream)
     return (o, lse) if return_softmax_lse else o
 
 

@@ -230,6 +230,8 @@ PROTOTYPES = {
     "fa_attn_bwd_async": (fa_status, [fa_client_p, C.c_void_p, C.c_void_p]),
     "fa_attn_varlen": (fa_status, [fa_client_p, C.c_void_p]),
     "fa_attn_kvcache": (fa_status, [fa_client_p, C.c_void_p]),
+    "fa_attn_varlen_async": (fa_status, [fa_client_p, C.c_void_p, C.c_void_p]),
+    "fa_attn_kvcache_async": (fa_status, [fa_client_p, C.c_void_p, C.c_void_p]),
     # (client, op, args, n, field, span, out): the arrays as ctypes arrays, once per plan
     "fa_prepare": (fa_status, [fa_client_p, fa_enum, C.c_void_p, C.c_uint,
                                P(C.c_uint32), P(C.c_uint64), P(C.c_void_p)]),

@@ -177,17 +177,24 @@ def _outputs(vq, out, lse_out, out_shape, lse_shape, want_lse):
 
 
 def _call(c, fn_name, nbytes, cls, tensors, indexes, scale, mask, precision, window,
-          softcap, scalars):
-    """Resolve, pack and make one synchronous call. tensors: (field, View, name, is_lse) of q,
-    k, v, o and lse (in fa's 4-dimensional order already); indexes: (field, View, name);
-    scalars: (field, value) int64 fields."""
+          softcap, scalars, stream=None):
+    """Resolve, pack and make one call: synchronous (stream None), or asynchronous on the
+    stream `stream` names ("current", a stream; fa_attn_*_async: every tensor and index
+    table in device memory, else the library's FA_EINVAL says which). tensors: (field, View,
+    name, is_lse) of q, k, v, o and lse (in fa's 4-dimensional order already); indexes:
+    (field, View, name); scalars: (field, value) int64 fields."""
     lib = c._lib
+    from . import _lib
     fn = getattr(lib, fn_name, None)
     if fn is None:
-        from . import _lib
         raise usage("FA_ENOTSUP", "the loaded libfaclient (%s, %s) has no %s: it predates "
                     "the inference calls; install a newer one"
                     % (lib.fa_version_string().decode(), _lib.path(), fn_name))
+    fn_async = getattr(lib, fn_name + "_async", None)
+    if stream is not None and fn_async is None:
+        raise usage("FA_ENOTSUP", "the loaded libfaclient (%s, %s) has no %s_async: it "
+                    "predates the asynchronous inference calls; pass stream=None or install "
+                    "a newer one" % (lib.fa_version_string().decode(), _lib.path(), fn_name))
     entries = [(f, v, n, lse, True) for f, v, n, lse in tensors] + \
               [(f, v, n, False, False) for f, v, n in indexes]
     groups = {}
@@ -198,7 +205,8 @@ def _call(c, fn_name, nbytes, cls, tensors, indexes, scale, mask, precision, win
     for kind, idx in groups.items():
         views = [entries[i][1] for i in idx]
         names = [entries[i][2] for i in idx]
-        res, back, k = _attn.resolve(c, views, names, ("out", "lse"), kind, None, views[0])
+        res, back, k = _attn.resolve(c, views, names, ("out", "lse"), kind,
+                                     stream if kind == CUDA else None, views[0])
         if kind == HOST and back:
             # A staged output starts as the caller's array: rows the daemon does not write
             # (varlen padding) keep their contents, as they do unstaged.
@@ -223,7 +231,11 @@ def _call(c, fn_name, nbytes, cls, tensors, indexes, scale, mask, precision, win
     _attn._INT.pack_into(a, cls.mask.offset, mask)
     _attn._INT.pack_into(a, cls.precision.offset, precision)
     _attn.pack_window(a, cls, window, softcap)
-    c._call(fn, C.addressof(a), what=None)
+    if stream is None:
+        c._call(fn, C.addressof(a), what=None)
+    else:
+        vq = entries[0][1]
+        _attn.call(c, C.addressof(a), vq.kind, stream, vq, fn, fn_async, any(backs))
     for back in backs:
         _attn.copy_back(back)
     del keep
@@ -231,7 +243,7 @@ def _call(c, fn_name, nbytes, cls, tensors, indexes, scale, mask, precision, win
 
 def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, scale, mask,
            window, softcap, want_lse, out=None, lse_out=None, client=None,
-           precision=_abi.FA_PREC_DEFAULT):
+           precision=_abi.FA_PREC_DEFAULT, stream=None):
     """(out [total_q, Hq, Dv], lse float32 [Hq, total_q] or None) for packed q [total_q, Hq,
     D], k and v [total_k, Hkv, D] and int32 offsets [B + 1]. Raises FaError."""
     c = client if client is not None else default_client()
@@ -256,7 +268,7 @@ def varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, s
     scalars = [(F.max_seqlen_q.offset, _max_seqlen(max_seqlen_q, "max_seqlen_q")),
                (F.max_seqlen_k.offset, _max_seqlen(max_seqlen_k, "max_seqlen_k"))]
     _call(c, "fa_attn_varlen", _VARLEN_BYTES, F, tensors, indexes, scale, mask, precision,
-          window, softcap, scalars)
+          window, softcap, scalars, stream)
     return out, lse
 
 
@@ -275,7 +287,7 @@ def _max_seqlen(n, name):
 
 def kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, *, scale, mask,
             window, softcap, want_lse, out=None, lse_out=None, client=None,
-            precision=_abi.FA_PREC_DEFAULT):
+            precision=_abi.FA_PREC_DEFAULT, stream=None):
     """(out [B, Sq, Hq, Dv], lse float32 [B, Hq, Sq] or None): q against the cache, after
     writing k_new/v_new [B, Snew, Hkv, D] (when given) into it at cache_seqlens. Every check
     the append depends on is made before anything is written. Raises FaError."""
@@ -375,8 +387,14 @@ def kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens, block_table, *, sc
     indexes = [(F.cache_seqlens.offset, vsl, "cache_seqlens")]
     if paged:
         indexes.append((F.page_table.offset, vbt, "block_table"))
+    if stream is not None and (k_new is not None or seq_host is not None or
+                               cache_seqlens is None):
+        raise usage("FA_EINVAL", "stream=%r: the asynchronous KV-cache call reads "
+                    "cache_seqlens in stream order from a device tensor; pass it as one and "
+                    "append k/v into the cache yourself (this call's append reads the lengths "
+                    "on the host)" % (stream,))
     _call(c, "fa_attn_kvcache", _KVCACHE_BYTES, F, tensors, indexes, scale, mask, precision,
-          window, softcap, ())
+          window, softcap, (), stream)
     return out, lse
 
 

@@ -261,6 +261,35 @@ class InferenceOnCpuBackend(unittest.TestCase):
             fa.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, window_size=(1,), client=self.c)
         self.assertStatus(cm, "FA_EINVAL", fa.FaArgumentError, "window_size")
 
+    def test_async_inference_calls_refuse_what_they_cannot_order(self):
+        """stream= asks for fa_attn_varlen_async / fa_attn_kvcache_async: host (NumPy) arrays
+        are refused with the reason before anything is sent, so is a KV-cache call whose
+        lengths would be read on the host (an int, None, or an append); stream=None still
+        computes."""
+        rng = np.random.default_rng(41)
+        q = rand(rng, (6, 2, 8), np.float32)
+        cu = np.array([0, 2, 6], np.int32)
+        with self.assertRaises(fa.FaError) as cm:
+            fa.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, client=self.c, stream=12345)
+        self.assertStatus(cm, "FA_EINVAL", fa.FaArgumentError, "host buffer")
+        with self.assertRaises(fa.FaError) as cm:
+            fa.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, client=self.c, stream="current")
+        self.assertStatus(cm, "FA_EINVAL", fa.FaArgumentError, "PyTorch")
+        fa.flash_attn_varlen_func(q, q, q, cu, cu, 4, 4, client=self.c, stream=None)
+        qk = rand(rng, (2, 1, 2, 8), np.float32)
+        kp, vp, bt = self.paged_cache(rng, 2, 16, 2, 1, 8, np.float32, spare=0)
+        lens = np.array([3, 5], np.int32)
+        for kw in (dict(cache_seqlens=4), dict(cache_seqlens=None),
+                   dict(cache_seqlens=lens, k=qk[:, :, :1], v=qk[:, :, :1])):
+            with self.assertRaises(fa.FaError) as cm:
+                fa.flash_attn_with_kvcache(qk, kp, vp, block_table=bt, client=self.c,
+                                           stream=7, **kw)
+            self.assertStatus(cm, "FA_EINVAL", fa.FaArgumentError, "stream order")
+        with self.assertRaises(fa.FaError) as cm:
+            fa.flash_attn_with_kvcache(qk, kp, vp, cache_seqlens=lens, block_table=bt,
+                                       client=self.c, stream=7)
+        self.assertStatus(cm, "FA_EINVAL", fa.FaArgumentError, "host buffer")
+
     def test_kvcache_errors_write_nothing(self):
         rng = np.random.default_rng(40)
         q = rand(rng, (2, 1, 2, 8), np.float32)
