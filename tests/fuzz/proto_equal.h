@@ -87,7 +87,9 @@ static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa
 		if (a->u.bwd.async != b->u.bwd.async || a->u.bwd.has_event != b->u.bwd.has_event ||
 		    (a->u.bwd.async && a->u.bwd.slot != b->u.bwd.slot) ||
 		    (a->u.bwd.has_event &&
-		     memcmp(a->u.bwd.event, b->u.bwd.event, FA_PROTO_IPC_HANDLE_LEN) != 0))
+		     memcmp(a->u.bwd.event, b->u.bwd.event, FA_PROTO_IPC_HANDLE_LEN) != 0) ||
+		    a->u.bwd.words_region != b->u.bwd.words_region ||
+		    (a->u.bwd.words_region != 0 && a->u.bwd.words_seq != b->u.bwd.words_seq))
 			return false;
 		return memcmp(&a->u.bwd.scale, &b->u.bwd.scale, sizeof(double)) == 0 &&
 		       a->u.bwd.mask == b->u.bwd.mask && a->u.bwd.precision == b->u.bwd.precision &&
@@ -107,7 +109,9 @@ static inline bool proto_req_equal(const struct fa_proto_req *a, const struct fa
 		       proto_index_equal(&x->page_table, &y->page_table) && x->max_q == y->max_q &&
 		       x->max_k == y->max_k && memcmp(&x->scale, &y->scale, sizeof(double)) == 0 &&
 		       x->mask == y->mask && x->precision == y->precision &&
-		       proto_window_equal(&x->win, &y->win);
+		       proto_window_equal(&x->win, &y->win) && x->async == y->async &&
+		       (!x->async || (x->slot == y->slot && x->words_region == y->words_region &&
+		                      x->words_seq == y->words_seq));
 	}
 	case FA_OP_CLIENTS:
 		return a->u.clients.after == b->u.clients.after;
