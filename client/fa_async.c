@@ -12,7 +12,7 @@
  *   1. ring + words when the ring is live and its header says the daemon knows the op's new keys
  *      (FA_RING_FEAT_*); a daemon that predates them leaves the bit 0;
  *   2. socket + words when there is no ring (FA_RING=0, --max-rings reached); a daemon that
- *      answers FA_EPROTO "unknown key" predates them;
+ *      answers FA_EPROTO "key 'wrg' not allowed" (or "unknown key") predates them;
  *   3. otherwise the backward falls back to the IPC-event path (its caller's), the inference
  *      calls, which never had one, return FA_ENOTSUP.
  */
@@ -82,6 +82,20 @@ static fa_status ring_path(fa_client *c, struct fa_words *w, struct fa_tslot *s,
 	return st;
 }
 
+/* Whether an FA_EPROTO detail is an older daemon's decoder refusing this call's new keys: "key
+ * 'wrg' not allowed in a ATTN_BWD request" (it knew the key for the forward), or "unknown key
+ * 'slot'" from one older still. */
+static bool old_daemon_refusal(const char *detail)
+{
+	static const char *const keys[3] = {"'wrg'", "'wq'", "'slot'"};
+	if (strstr(detail, "not allowed in") == NULL && strstr(detail, "unknown key") == NULL)
+		return false;
+	for (int i = 0; i < 3; i++)
+		if (strstr(detail, keys[i]) != NULL)
+			return true;
+	return false;
+}
+
 /* The socket path (2) on the held slot s: ready word, the request, and once the daemon enqueued
  * the kernels the stream's wait for the done word. *old: the daemon did not know the keys. */
 static fa_status socket_path(fa_client *c, struct fa_words *w, struct fa_tslot *s, void *stream,
@@ -104,7 +118,7 @@ static fa_status socket_path(fa_client *c, struct fa_words *w, struct fa_tslot *
 		fa_cuda_words_lost(w, slot, seq); /* enqueued or not: nobody waits on it for ever */
 		return st;
 	}
-	if (rep->status == FA_EPROTO && strstr(rep->detail, "unknown key") != NULL) {
+	if (rep->status == FA_EPROTO && old_daemon_refusal(rep->detail)) {
 		*old = true; /* nothing enqueued: the ready word is simply never waited for */
 		*f.async = false;
 		*f.region = *f.seq = 0;

@@ -557,7 +557,7 @@ static bool dispatch_words_refused(struct dispatch_ctx *c, fa_status st)
 
 	if (!ring_hdr_is(c->hdr) || !dispatch_req_words(q, &wrg, &wq, &slot) || s == NULL ||
 	    wrg == 0 || wq == 0 || slot >= FA_PROTO_MAX_SLOTS || !srv->backend->async_words ||
-	    st == FA_ESESSION || ring_old_daemon())
+	    st == FA_ESESSION || (q->op != FA_OP_ATTN_FWD && ring_old_daemon()))
 		return false;
 	struct region *wr = session_region_find(s, wrg);
 	if (wr == NULL || !wr->words || wr->dev < 0)
@@ -617,10 +617,12 @@ static fa_status dispatch_words_region(struct dispatch_ctx *c, uint64_t id, stru
 	return FA_OK;
 }
 
-/* The refusal an older daemon's decoder gives a request with `key` (fa_proto.c, check_keys). */
+/* The refusal an older daemon's decoder gives a request with `key`, a key it knew for another
+ * op (fa_proto.c, check_keys; a daemon older still said "unknown key 'KEY'"). */
 static fa_status dispatch_old_refusal(struct dispatch_ctx *c, const char *key)
 {
-	return fa_err(c->rep->detail, sizeof c->rep->detail, FA_EPROTO, "unknown key '%s'", key);
+	return fa_err(c->rep->detail, sizeof c->rep->detail, FA_EPROTO,
+	              "key '%s' not allowed in a %s request", key, fa_proto_op_name(c->req->op));
 }
 
 /* An asynchronous inference call's tensor i (validate_infer.h's order, index tensors last):

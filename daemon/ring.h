@@ -115,7 +115,8 @@ void ring_counters(const struct rings *t, struct ring_counters *out);
 /* Test-only (FA_TEST_OLD_DAEMON=1, read once): behave as the daemon before asynchronous
  * backward and inference calls existed, as a new client sees it: no FA_RING_FEAT_* bits in a
  * ring's header, and the dispatcher refuses their new keys as that release's decoder did
- * (FA_EPROTO "unknown key"). So the client's fallbacks are tested without an old binary. */
+ * (FA_EPROTO "key 'wrg' not allowed in a ATTN_BWD request"). So the client's fallbacks are
+ * tested without an old binary. */
 bool ring_old_daemon(void);
 
 #endif /* FA_DAEMON_RING_H */

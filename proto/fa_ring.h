@@ -79,7 +79,8 @@ struct fa_ring_hdr {
 
 /* What the daemon serving a ring understands beyond layout 1's first release (the `features`
  * word). A client sends a request that needs a feature only to a daemon that sets its bit: an
- * older daemon would refuse the new keys (FA_EPROTO, "unknown key"). */
+ * older daemon would refuse the new keys (FA_EPROTO, "key 'wrg' not allowed in a ATTN_BWD
+ * request"). */
 #define FA_RING_FEAT_ASYNC_BWD 1u   /* ATTN_BWD with completion words ("wrg", "wq") */
 #define FA_RING_FEAT_ASYNC_INFER 2u /* ATTN_VARLEN, ATTN_KVCACHE with "slot", "wrg", "wq" */
 #define FA_RING_FEATURES (FA_RING_FEAT_ASYNC_BWD | FA_RING_FEAT_ASYNC_INFER) /* this side's */

@@ -3,8 +3,9 @@
  * reason, on the socket and through the submission ring), malformed and unknown requests, the
  * ring's features word, the client's own checks (host buffers and host index tables refused
  * before anything is sent), and a daemon acting as the release before these calls
- * (FA_TEST_OLD_DAEMON=1): no feature bits, the new keys refused as "unknown key", which is what
- * the client's fallbacks key on. The GPU side is tests/integ/test_gpu_async.c.
+ * (FA_TEST_OLD_DAEMON=1): no feature bits, the new keys refused with that release's decoder's
+ * text ("key 'wrg' not allowed in a ATTN_BWD request"), which is what the client's socket
+ * fallback keys on. The GPU side is tests/integ/test_gpu_async.c.
  */
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -370,8 +371,9 @@ static void test_client_refuses_host_buffers_for_async_calls_before_sending(void
 
 /* A daemon acting as the release before these calls: its ring header has no feature bits (so
  * a client sends it none of them through the ring), and the new keys on the socket are refused
- * as its decoder refused unknown keys (FA_EPROTO "unknown key", what the client's socket
- * fallback keys on); the old requests still work. */
+ * with its decoder's text (FA_EPROTO "key 'wrg' not allowed in a ATTN_BWD request", what the
+ * client's socket fallback keys on); the old requests still work. That the text is the
+ * decoder's own is test_proto_infer.c's (a key on an op that does not take it). */
 static void test_old_daemon_shows_no_features_and_refuses_the_new_keys(void **state)
 {
 	(void)state;
@@ -389,10 +391,10 @@ static void test_old_daemon_shows_no_features_and_refuses_the_new_keys(void **st
 	assert_int_equal(__atomic_load_n(&r.h->features, __ATOMIC_SEQ_CST), 0);
 	struct fa_proto_req q = bwd_async(r.sid, ++r.seq);
 	assert_int_equal(fa_raw_call(r.s, &q, &rep), FA_EPROTO);
-	assert_non_null(strstr(rep.detail, "unknown key 'wrg'"));
+	assert_non_null(strstr(rep.detail, "key 'wrg' not allowed in a ATTN_BWD request"));
 	q = infer_async(FA_OP_ATTN_KVCACHE, r.sid, ++r.seq);
 	assert_int_equal(fa_raw_call(r.s, &q, &rep), FA_EPROTO);
-	assert_non_null(strstr(rep.detail, "unknown key 'slot'"));
+	assert_non_null(strstr(rep.detail, "key 'slot' not allowed in a ATTN_KVCACHE request"));
 	/* the synchronous requests and the forward's words (which it knew) are unchanged */
 	q.u.infer.async = false;
 	q.u.infer.words_region = q.u.infer.words_seq = 0;

@@ -536,15 +536,15 @@ static void test_decoder_and_encoder_refuse_malformed_async_keys(void **state)
 	v.u.infer.words_seq = 5;
 	v.u.infer.async = false;
 	assert_int_equal(fa_proto_encode_req(&v, enc, sizeof enc, &len), FA_EINVAL);
-	/* and a key an older decoder did not know is still "unknown key" with its name, the
-	 * refusal an older daemon gives these requests (its key table lacked them for the op) */
+	/* a key on an op that does not take it: the text an older daemon gives these requests
+	 * (its table lacked them for the op; test_async_cpu.c's FA_TEST_OLD_DAEMON copies it) */
 	struct fa_proto_req p;
 	memset(&p, 0, sizeof p);
 	p.op = FA_OP_PING;
 	p.session = 1;
 	p.seq = 2;
 	encode_with(&p, "wrg", 9, &sb);
-	expect_proto(sb.data, sb.size, "'wrg'");
+	expect_proto(sb.data, sb.size, "key 'wrg' not allowed in a PING request");
 	msgpack_sbuffer_destroy(&sb);
 }
 
