@@ -20,7 +20,8 @@
  *     steps whose inputs and index tables (device tables) are uploaded on the caller's stream
  *     with no synchronisation: a table read out of stream order gives other bytes; the same as
  *     uid 65534 (completion words across users); a bad table entry found after the enqueue is
- *     the sticky FA_EINVAL naming it, with nothing launched and the stream not held; a client
+ *     the sticky FA_EINVAL naming it, with nothing launched and the stream not held; an
+ *     overlapping output (only the daemon sees it) likewise the sticky FA_EOVERLAP; a client
  *     killed with a decode pending behind a ready word never written is released.
  * The cross-user refusal is also checked without a GPU in test_bad_input.c; the CPU side of the
  * new calls in test_async_cpu.c.
@@ -1058,6 +1059,80 @@ static int child_async_decode_bad_entry(void *arg)
 	return 0;
 }
 
+/* Overlapping outputs (only the daemon sees them: dq over q for the backward, o over q for a
+ * decode), sent through the ring: each call returns FA_OK, its stream is not held (the daemon
+ * writes the refused call's done word), the refusal comes back once from fa_client_flush as
+ * FA_EOVERLAP, and the next good call is served. */
+static int child_async_overlap_refusals(void *arg)
+{
+	(void)arg;
+	const struct fa_case bc = {.dtype = FA_DTYPE_BF16, .B = 1, .Sq = 128, .Sk = 128, .Hq = 4,
+	                           .Hkv = 4, .D = 64};
+	const struct fa_infer_case ic = {.dtype = FA_DTYPE_BF16, .B = 4, .Hq = 8, .Hkv = 2,
+	                                 .D = 128, .page = 16, .pages = 64, .pt_cols = 8};
+	struct fa_bwd_layout bl;
+	struct fa_infer_layout il;
+	fa_client *c = NULL;
+	fa_buffer *bb = NULL, *ib = NULL;
+	fa_attn_fwd_args fa;
+	fa_attn_bwd_args ba, bad_b;
+	fa_attn_kvcache_args ka, bad_k;
+	cu_ptr bmem = 0, imem = 0;
+	void *stream = NULL, *pinned = NULL;
+	uint64_t rng = 77;
+
+	CHECK(cu_start(0) == 0, "no CUDA");
+	fa_bwd_layout(&bc, &bl);
+	fa_infer_layout(&ic, &il);
+	size_t host = bl.total > il.total ? bl.total : il.total;
+	CHECK(cu.MemAlloc(&bmem, bl.total) == 0 && cu.MemAlloc(&imem, il.total) == 0, "cuMemAlloc");
+	CHECK(cu.MemHostAlloc(&pinned, host, 0) == 0, "cuMemHostAlloc");
+	CHECK(cu.StreamCreate(&stream, 1) == 0, "cuStreamCreate");
+	fa_bwd_fill(&bc, &bl, pinned, &rng);
+	CHECK(cu.MemcpyHtoDAsync(bmem, pinned, bl.total, stream) == 0, "upload");
+	fa_infer_fill(&ic, &il, pinned, &rng);
+	CHECK(cu.MemcpyHtoDAsync(imem, pinned, il.total, stream) == 0 &&
+	      cu.StreamSynchronize(stream) == 0, "upload");
+	CHECK(fa_client_open(&c, g_daemon.url) == FA_OK, "open: %s", fa_last_error_detail());
+	fa_client_set_timeout(c, fa_test_ms(30000));
+	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)bmem, bl.total, &bb) == FA_OK &&
+	      fa_buffer_register_device(c, (void *)(uintptr_t)imem, il.total, &ib) == FA_OK,
+	      "register: %s", fa_last_error_detail());
+	fa_bwd_args(&bc, &bl, bb, 0, &fa, &ba);
+	fa_infer_kvcache_args(&ic, &il, ib, &ka);
+	CHECK(fa_attn_fwd_async(c, &fa, stream) == FA_OK && fa_attn_bwd_async(c, &ba, stream) == FA_OK &&
+	      fa_attn_kvcache_async(c, &ka, stream) == FA_OK && cu.StreamSynchronize(stream) == 0 &&
+	      fa_client_flush(c) == FA_OK, "warm-up: %s", fa_last_error_detail());
+	bad_b = ba;
+	bad_b.dq = ba.q;
+	bad_k = ka;
+	bad_k.o = ka.q;
+	for (int k = 0; k < 2; k++) {
+		fa_status st = k == 0 ? fa_attn_bwd_async(c, &bad_b, stream)
+		                      : fa_attn_kvcache_async(c, &bad_k, stream);
+		uint64_t t0 = fa_test_now_ms();
+		CHECK(cu.StreamSynchronize(stream) == 0, "the stream after the refused call");
+		uint64_t held = fa_test_now_ms() - t0;
+		fa_status fl = st == FA_OK ? fa_client_flush(c) : st;
+		fprintf(stderr, "async %s with an overlapping output: the call %s, the stream held "
+		        "%llu ms, then %s (%s)\n", k == 0 ? "backward" : "decode", fa_status_name(st),
+		        (unsigned long long)held, fa_status_name(fl), fa_last_error_detail());
+		CHECK(fl == FA_EOVERLAP, "the refusal: %s", fa_status_name(fl));
+		CHECK(fa_client_flush(c) == FA_OK, "reported once");
+	}
+	CHECK(fa_attn_bwd_async(c, &ba, stream) == FA_OK &&
+	      fa_attn_kvcache_async(c, &ka, stream) == FA_OK && cu.StreamSynchronize(stream) == 0,
+	      "after: %s", fa_last_error_detail());
+	CHECK(fa_client_flush(c) == FA_OK, "after: %s", fa_last_error_detail());
+	fa_buffer_free(bb);
+	fa_buffer_free(ib);
+	fa_client_close(c);
+	cu.MemFreeHost(pinned);
+	cu.MemFree(bmem);
+	cu.MemFree(imem);
+	return 0;
+}
+
 /* The victim of the killed-client case (a fork of the test process, never a CUDA child's): its
  * stream waits on a host flag nobody sets, so its ready word is never written; its call is
  * enqueued (FA_OK), and it dies with SIGKILL, the session open and the daemon's stream
@@ -1399,6 +1474,15 @@ static void test_gpu_async_decode_bad_entry_is_sticky_and_launches_nothing(void 
 	assert_true(fa_integ_wait_stat(NULL, g_daemon.url, "inflight", 0, fa_test_ms(10000), &v));
 }
 
+static void test_gpu_async_overlapping_outputs_are_sticky_and_hold_no_stream(void **state)
+{
+	(void)state;
+	SKIP_WITHOUT_GPU();
+	assert_int_equal(in_child(child_async_overlap_refusals, NULL, 120000), 0);
+	uint64_t v = 0;
+	assert_true(fa_integ_wait_stat(NULL, g_daemon.url, "inflight", 0, fa_test_ms(10000), &v));
+}
+
 /* ---- setup ---------------------------------------------------------------------------------------- */
 
 static int setup(void **state)
@@ -1442,6 +1526,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_gpu_async_paged_decode_equals_the_synchronous_call),
 		cmocka_unit_test(test_gpu_async_varlen_equals_the_synchronous_call),
 		cmocka_unit_test(test_gpu_async_decode_bad_entry_is_sticky_and_launches_nothing),
+		cmocka_unit_test(test_gpu_async_overlapping_outputs_are_sticky_and_hold_no_stream),
 		cmocka_unit_test(test_gpu_async_returns_before_the_kernel_finishes),
 		cmocka_unit_test(test_gpu_async_client_with_a_stuck_event_stalls_only_itself),
 		cmocka_unit_test(test_gpu_async_words_enqueue_costs_against_ipc_events),
