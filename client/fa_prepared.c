@@ -211,9 +211,6 @@ FA_API fa_status fa_prepared_call(const fa_prepared *p, fa_placement *pl)
 	    (async && (flags & FA_PLACE_SYNC_STREAM) != 0))
 		return fa__fail(FA_EINVAL, "fa_prepared_call: flags 0x%" PRIx32 ": FA_PLACE_SYNC_STREAM "
 		                "or FA_PLACE_ASYNC, not both, no other bits", flags);
-	if (async && p->op != FA_PREPARED_FWD && p->op != FA_PREPARED_BWD)
-		return fa__fail(FA_EINVAL, "fa_prepared_call: FA_PLACE_ASYNC with a varlen or "
-		                "KV-cache call, which are synchronous only");
 	memcpy(&blk, &p->block, p->size);
 	for (unsigned i = 0; i < p->n; i++)
 		if ((st = place(p, pl, i, (unsigned char *)&blk, checked, &nchecked)) != FA_OK)
@@ -228,9 +225,11 @@ FA_API fa_status fa_prepared_call(const fa_prepared *p, fa_placement *pl)
 		return async ? fa_attn_bwd_async(p->client, &blk.bwd, pl->stream)
 		             : fa_attn_bwd(p->client, &blk.bwd);
 	case FA_PREPARED_VARLEN:
-		return fa_attn_varlen(p->client, &blk.varlen);
+		return async ? fa_attn_varlen_async(p->client, &blk.varlen, pl->stream)
+		             : fa_attn_varlen(p->client, &blk.varlen);
 	case FA_PREPARED_KVCACHE:
-		return fa_attn_kvcache(p->client, &blk.kvcache);
+		return async ? fa_attn_kvcache_async(p->client, &blk.kvcache, pl->stream)
+		             : fa_attn_kvcache(p->client, &blk.kvcache);
 	}
 	return fa__fail(FA_EINTERNAL, "fa_prepared_call: op %d", (int)p->op);
 }

@@ -461,14 +461,16 @@ static void test_prepared_backward_varlen_and_kvcache_write_their_direct_calls_b
 	uint64_t koff[4] = {700032, 720000, 760000, 780032}; /* v stays where it is, in x */
 	bool kout[4] = {false, false, true, false};
 	expect_same_as_direct(c, FA_PREPARED_KVCACHE, &kv, sizeof kv, 4, kf, kspan, kout, y, koff);
-	/* and the asynchronous mode is the forward's and the backward's only */
+	/* and asynchronously: fa_attn_kvcache_async, which takes device buffers only (these are
+	 * host buffers: refused before anything is sent) */
 	fa_prepared *p = NULL;
 	assert_int_equal(fa_prepare(c, FA_PREPARED_KVCACHE, &kv, 4, kf, kspan, &p), FA_OK);
 	fa_placement pl = {.flags = FA_PLACE_ASYNC};
 	for (int i = 0; i < 4; i++)
 		pl.buf[i] = x, pl.addr[i] = addr_of(x, 0);
 	assert_int_equal(fa_prepared_call(p, &pl), FA_EINVAL);
-	assert_non_null(strstr(fa_last_error_detail(), "synchronous only"));
+	assert_non_null(strstr(fa_last_error_detail(), "fa_attn_kvcache_async"));
+	assert_non_null(strstr(fa_last_error_detail(), "host buffer"));
 	fa_prepared_free(p);
 	fa_buffer_free(x);
 	fa_buffer_free(y);

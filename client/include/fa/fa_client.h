@@ -472,8 +472,8 @@ enum {
 	 * writes the inputs is finished before the daemon reads them (the synchronous mode's rule,
 	 * kept here after the places are checked). */
 	FA_PLACE_SYNC_STREAM = 1u << 0,
-	/* The asynchronous call (fa_attn_fwd_async, fa_attn_bwd_async) ordered on `stream`;
-	 * FA_PREPARED_FWD and FA_PREPARED_BWD only, not with FA_PLACE_SYNC_STREAM. */
+	/* The asynchronous call (fa_attn_fwd_async, fa_attn_bwd_async, fa_attn_varlen_async,
+	 * fa_attn_kvcache_async) ordered on `stream`; not with FA_PLACE_SYNC_STREAM. */
 	FA_PLACE_ASYNC = 1u << 1,
 };
 
