@@ -272,7 +272,8 @@ static int ring_pop(struct ring *r, uint32_t *tag, struct fa_proto_rep *rep)
 
 /* Through a ring: the header says which new requests the daemon knows; each asynchronous
  * backward or inference entry comes back as a completion with FA_ENOTSUP (its tag, its reason),
- * a truncated one FA_EPROTO, an unknown op FA_EPROTO, and the ring serves on. */
+ * a truncated one FA_EPROTO, an unknown op FA_EPROTO, another version FA_EVERSION, and the
+ * ring serves on. */
 static void test_ring_says_its_features_and_answers_async_entries(void **state)
 {
 	(void)state;
@@ -313,8 +314,17 @@ static void test_ring_says_its_features_and_answers_async_entries(void **state)
 	ring_push(&r, buf, (uint32_t)len, 15);
 	assert_int_equal(ring_pop(&r, &tag, &rep), FA_EPROTO);
 	assert_int_equal(tag, 15);
+	/* another protocol version: an asynchronous decode entry with "v" 2 */
+	q.seq = ++r.seq;
+	assert_int_equal(fa_proto_encode_req(&q, buf, sizeof buf, &len), FA_OK);
+	at = memmem(buf, len, "\xa1v\x01", 3);
+	assert_non_null(at);
+	at[2] = 2;
+	ring_push(&r, buf, (uint32_t)len, 16);
+	assert_int_equal(ring_pop(&r, &tag, &rep), FA_EVERSION);
+	assert_int_equal(tag, 16);
 	p.seq = ++r.seq;
-	ring_push_req(&r, &p, 16);
+	ring_push_req(&r, &p, 17);
 	assert_int_equal(ring_pop(&r, &tag, &rep), FA_OK);
 	assert_int_equal(__atomic_load_n(&r.h->dead, __ATOMIC_SEQ_CST), FA_RING_LIVE);
 	ring_close(&r);
