@@ -326,13 +326,15 @@ __device__ __forceinline__ void wgemm(float (&acc)[MT][NTN][4], const in_t *A, c
 	}
 }
 #else
-/* fp32 tf32 / 3xtf32 (FA_LDSM32): the operands stored as the product reads them ([m][k], [n][k])
- * are loaded by ldmatrix (b16 x4: four 8 x 4 fp32 matrices; lane 4g + t gets row g, word t,
- * which is the m16n8k8 tf32 fragment): one instruction for an A fragment or two B fragments
- * instead of four scalar loads. The transposed ones stay scalar (ldmatrix.trans swaps 16-bit
- * halves, not words). ieee keeps its scalar loads. */
+/* fp32 tf32 / 3xtf32 (FA_LDSM32, default 1): the operands stored as the product reads them
+ * ([m][k], [n][k]) are loaded by ldmatrix (b16 x4: four 8 x 4 fp32 matrices; lane 4g + t gets
+ * row g, word t, which is the m16n8k8 tf32 fragment): one instruction for an A fragment or two
+ * B fragments instead of four scalar loads (the same values: the results do not change). The
+ * transposed ones stay scalar (ldmatrix.trans swaps 16-bit halves, not words). ieee keeps its
+ * scalar loads. Measured +2.6% (3xtf32 D=128) to +3.7% (D=256) backward alone on the H200
+ * (kernels/PERF-NOTES.md, fp32 backward). */
 #ifndef FA_LDSM32
-#define FA_LDSM32 0
+#define FA_LDSM32 1
 #endif
 #define LDSM32 (FA_LDSM32 && FA_PREC != 1)
 __device__ __forceinline__ void fa_ldsm_x2(u32 (&r)[2], u32 addr)
@@ -471,11 +473,12 @@ __device__ __forceinline__ void wgemm_acc(float (&acc)[MT][NTN][4], const in_t *
                                           const in_t *B, int m0, int n0)
 {
 #if FA_IN == 3 && FA_PREC == 2 && FA_X3SPLIT
-	/* every k step is added with IEEE adds already; in chunks of up to 4 n8 tiles, so that the
-	 * small products' accumulator takes 16 registers per row tile (A's fragments are loaded
-	 * once per chunk; FA_X3NCH: up to that many, e.g. 8) */
+	/* every k step is added with IEEE adds already; in chunks of up to FA_X3NCH n8 tiles, so
+	 * that the small products' accumulator takes 4 x FA_X3NCH registers per row tile (A's
+	 * fragments are loaded once per chunk). 8 (default; 4 before): A loaded half as often,
+	 * measured +4.6% backward alone with FA_LDSM32 on the H200, the same sums */
 #ifndef FA_X3NCH
-#define FA_X3NCH 4
+#define FA_X3NCH 8
 #endif
 	constexpr int NCH = NTN % FA_X3NCH == 0 ? FA_X3NCH : NTN % 4 == 0 ? 4 : NTN % 2 == 0 ? 2 : 1;
 #pragma unroll

@@ -756,29 +756,95 @@ __device__ __forceinline__ void issue_s(float (&s)[NSACC], const qlo_frags &qlo,
  * waited for: Q [K; K_lo]^T as one n32 product into sa (keys 0-15 K, 16-31 K_lo: the slot holds
  * K_lo right after K at the same 8-row stride), Q_lo K^T (Q_lo from shared memory) into sb.
  * qladdr: Q_lo's shared address; kaddr: the slot's; j: the step. */
-__device__ __forceinline__ void issue_s_x3s(float (&sa)[2 * NSACC], float (&sb)[NSACC], u32 qaddr,
-                                            u32 qladdr, u32 kaddr, int j)
+/* X3S: S = Q K^T's k steps in parts of FA_X3S_KP (default 4; 8 parts at D = 256). Each part's Q [K;
+ * K_lo]^T starts from zero (wgmma's scale-d 0) and is added to the score with IEEE adds:
+ * accumulated over all 32 k steps of D = 256, the tensor cores' truncating adds biased S toward
+ * zero, and the forward's lse with it, which the backward's more exact S then contradicts
+ * (kernels/PERF-NOTES.md, 3xtf32 d256). The parts alternate between two accumulators, so part
+ * c + 1 runs while part c is added; Q_lo K^T (2^-11 smaller) is chained over all of them. */
+#ifndef FA_X3S_KP
+#define FA_X3S_KP 4
+#endif
+#define X3S_NPART ((NSTEP_S + FA_X3S_KP - 1) / FA_X3S_KP) /* the last one may be shorter */
+
+/* m64n32k8 with scale-d 0: d = a b, the accumulator's old value ignored */
+__device__ __forceinline__ void wg_ss_n32_z(float *d, u64 da, u64 db)
 {
-	/* Q's addresses made to change with j (z is 0, but not to the compiler): else ptxas keeps
-	 * the 2 x NSTEP_S descriptors of Q and Q_lo, loop-invariant, in 64-bit registers across
-	 * the loop (spills at D = 256) */
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+	             : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wg_ss_n16_z(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+	             : "l"(da), "l"(db));
+}
+
+/* Part c of X3S's S (see above) as one wgmma group, issued and committed, not waited for: Q [K;
+ * K_lo]^T of its k steps into sa (keys 0-15 K, 16-31 K_lo: the slot holds K_lo right after K
+ * at the same 8-row stride), Q_lo K^T into sb (from zero in part 0). qladdr: Q_lo's shared
+ * address; kaddr: the slot's. */
+__device__ __forceinline__ void issue_s_part(float (&sa)[2 * NSACC], float (&sb)[NSACC], int c,
+                                             u32 qaddr, u32 qladdr, u32 kaddr)
+{
+	wg_fence();
+#pragma unroll
+	for (int k = 0; k < FA_X3S_KP; k++) {
+		const int ks = c * FA_X3S_KP + k;
+		if (ks >= NSTEP_S)
+			break;
+		const u64 dk = wg_desc(kaddr + ks * 256, SBO_Q);
+		const u64 dq = wg_desc(qaddr + ks * 256, SBO_Q), dl = wg_desc(qladdr + ks * 256, SBO_Q);
+		if (k == 0)
+			wg_ss_n32_z(sa, dq, dk); /* Q [K; K_lo]^T */
+		else
+			wg_ss_n32(sa, dq, dk);
+		if (ks == 0)
+			wg_ss_n16_z(sb, dl, dk); /* Q_lo K^T */
+		else
+			wg_ss_n16(sb, dl, dk);
+	}
+	wg_commit();
+}
+
+/* X3S's S of one tile into s, waited for: the parts issued one ahead, each added once in. j:
+ * the step (Q's addresses made to change with it, z being 0 but not to the compiler: else
+ * ptxas keeps the loop-invariant descriptors of Q and Q_lo in 64-bit registers across the loop
+ * and spills at D = 256). */
+__device__ __forceinline__ void s_tile_x3s(float (&s)[NSACC], float (&sa)[2][2 * NSACC],
+                                           float (&sb)[NSACC], float (&hl)[NSACC], u32 qaddr,
+                                           u32 qladdr, u32 kaddr, int j)
+{
 	const u32 z = (u32)j >> 30;
 	qaddr ^= z;
 	qladdr ^= z;
+	issue_s_part(sa[0], sb, 0, qaddr, qladdr, kaddr);
 #pragma unroll
-	for (int i = 0; i < 2 * NSACC; i++)
-		sa[i] = 0.f;
+	for (int c = 0; c < X3S_NPART; c++) {
+		if (c + 1 < X3S_NPART) {
+			issue_s_part(sa[(c + 1) & 1], sb, c + 1, qaddr, qladdr, kaddr);
+			wg_wait<1>();
+		} else {
+			wg_wait<0>();
+		}
+		float (&a)[2 * NSACC] = sa[c & 1];
 #pragma unroll
-	for (int i = 0; i < NSACC; i++)
-		sb[i] = 0.f;
-	wg_fence();
+		for (int i = 0; i < 2 * NSACC; i++)
+			wg_touch(a[i]);
 #pragma unroll
-	for (int ks = 0; ks < NSTEP_S; ks++) {
-		const u64 dk = wg_desc(kaddr + ks * 256, SBO_Q);
-		wg_ss_n32(sa, wg_desc(qaddr + ks * 256, SBO_Q), dk);  /* Q [K; K_lo]^T */
-		wg_ss_n16(sb, wg_desc(qladdr + ks * 256, SBO_Q), dk); /* Q_lo K^T */
+		for (int i = 0; i < NSACC; i++) {
+			s[i] = c == 0 ? a[i] : s[i] + a[i];
+			hl[i] = c == 0 ? a[NSACC + i] : hl[i] + a[NSACC + i];
+		}
 	}
-	wg_commit();
+#pragma unroll
+	for (int i = 0; i < NSACC; i++) {
+		wg_touch(sb[i]);
+		s[i] = s[i] + (hl[i] + sb[i]);
+	}
 }
 
 /* X3S: half tile n of the sequence K_0, V_0, K_1, V_1, ... (the hi and lo images of tile n / 2
@@ -1103,15 +1169,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 		if (j + 1 < ntiles)
 			load_half(p, sKV, img, tid, 2 * j + 2);
 		cp_async_commit();
-		float sa[2 * NSACC], sb[NSACC];
-		issue_s_x3s(sa, sb, qaddr, qladdr, smem_u32(sKV + (2 * j) % 3 * 2 * TILE), j);
-		wg_wait_acc<0>(sa);
-		float s[NSACC];
-#pragma unroll
-		for (int i = 0; i < NSACC; i++) {
-			wg_touch(sb[i]);
-			s[i] = sa[i] + (sa[NSACC + i] + sb[i]);
-		}
+		float sa[2][2 * NSACC], sb[NSACC], hl[NSACC], s[NSACC];
+		s_tile_x3s(s, sa, sb, hl, qaddr, qladdr, smem_u32(sKV + (2 * j) % 3 * 2 * TILE), j);
 		float alpha[2];
 		softmax_tile(s, jt0 + j, q0, r0, c, p.Sk, off, sl, mrow, lrow, alpha MX_ARG);
 		rescale_o(acc, alpha);
