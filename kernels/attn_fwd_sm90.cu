@@ -752,18 +752,15 @@ __device__ __forceinline__ void issue_s(float (&s)[NSACC], const qlo_frags &qlo,
 }
 
 #if X3S
-/* X3S: S = Q K^T + Q K_lo^T + Q_lo K^T of one tile as one wgmma group, issued and committed, not
- * waited for: Q [K; K_lo]^T as one n32 product into sa (keys 0-15 K, 16-31 K_lo: the slot holds
- * K_lo right after K at the same 8-row stride), Q_lo K^T (Q_lo from shared memory) into sb.
- * qladdr: Q_lo's shared address; kaddr: the slot's; j: the step. */
-/* X3S: S = Q K^T's k steps in parts of FA_X3S_KP (default 4; 8 parts at D = 256). Each part's Q [K;
- * K_lo]^T starts from zero (wgmma's scale-d 0) and is added to the score with IEEE adds:
- * accumulated over all 32 k steps of D = 256, the tensor cores' truncating adds biased S toward
- * zero, and the forward's lse with it, which the backward's more exact S then contradicts
- * (kernels/PERF-NOTES.md, 3xtf32 d256). The parts alternate between two accumulators, so part
- * c + 1 runs while part c is added; Q_lo K^T (2^-11 smaller) is chained over all of them. */
+/* X3S: S = Q K^T's k steps in parts of FA_X3S_KP (default: all of them, one part). Each part's
+ * Q [K; K_lo]^T starts from zero (wgmma's scale-d 0) and is added to the score with IEEE adds;
+ * the parts alternate between two accumulators, so part c + 1 runs while part c is added; Q_lo
+ * K^T (2^-11 smaller) is chained over all of them. Written against the suspicion that the
+ * tensor cores' truncating adds over 32 k steps biased S and the lse: parts of 1, 4 and 8 k
+ * steps measured the same gradient error as one part (kernels/PERF-NOTES.md, X3S), so the
+ * default is one part; the switch stays for the search of the error's cause. */
 #ifndef FA_X3S_KP
-#define FA_X3S_KP 4
+#define FA_X3S_KP NSTEP_S
 #endif
 #define X3S_NPART ((NSTEP_S + FA_X3S_KP - 1) / FA_X3S_KP) /* the last one may be shorter */
 

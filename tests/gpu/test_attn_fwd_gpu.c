@@ -376,10 +376,11 @@ static void test_attn_fwd_gpu_matches_the_float64_reference(void **state)
 			                  1, 4, 2, i, 1};
 			cases[n++] = c;
 		}
-	/* 3xtf32 above head dim 128 on sm_90's wgmma kernel (its one tile, 64 rows x 16 keys, the
-	 * half-tile ring; the planner offers it from 2048 keys and 128 queries): every mask, both
-	 * layouts, GQA, a negative scale, key counts off the 16-key step, a P V in 64-column parts
-	 * and a narrower last one (d136, d200). Elsewhere these run the mma.sync kernel. */
+	/* 3xtf32 above head dim 128, the shapes of sm_90's wgmma X3S tile (64 rows x 16 keys, the
+	 * half-tile ring; the planner offers it with FA_WG_BC=16, from 2048 keys and 128 queries):
+	 * every mask, both layouts, GQA, a negative scale, key counts off the 16-key step, a P V
+	 * in 64-column parts and a narrower last one (d136, d200). By default (and off sm_90)
+	 * these run the mma.sync kernel; run with FA_WG_BC=16 for X3S. */
 	{
 		static const int xd[] = {256, 256, 256, 136, 200, 256};
 		static const int xl[][2] = {{4097, 4097}, {129, 4097}, {2100, 2049},
