@@ -326,6 +326,23 @@ __device__ __forceinline__ void wgemm(float (&acc)[MT][NTN][4], const in_t *A, c
 	}
 }
 #else
+/* fp32 tf32 / 3xtf32 (FA_LDSM32, default 1): the operands stored as the product reads them
+ * ([m][k], [n][k]) are loaded by ldmatrix (b16 x4: four 8 x 4 fp32 matrices; lane 4g + t gets
+ * row g, word t, which is the m16n8k8 tf32 fragment): one instruction for an A fragment or two
+ * B fragments instead of four scalar loads (the same values: the results do not change). The
+ * transposed ones stay scalar (ldmatrix.trans swaps 16-bit halves, not words). ieee keeps its
+ * scalar loads. Measured +2.6% (3xtf32 D=128) to +3.7% (D=256) backward alone on the H200
+ * (kernels/PERF-NOTES.md, fp32 backward). */
+#ifndef FA_LDSM32
+#define FA_LDSM32 1
+#endif
+#define LDSM32 (FA_LDSM32 && FA_PREC != 1)
+__device__ __forceinline__ void fa_ldsm_x2(u32 (&r)[2], u32 addr)
+{
+	asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+	             : "=r"(r[0]), "=r"(r[1])
+	             : "r"(addr));
+}
 /* fp32: acc[mt][noff + nt] for nt in [0, NTN) (noff a constant once unrolled: the dK, dV chunks
  * of wgemm_acc). */
 template <int MT, int NTN, int KS, bool AT, bool BT, int LDA, int LDB, int NACC>
@@ -355,16 +372,54 @@ __device__ __forceinline__ void wgemm32(float (&acc)[MT][NACC][4], const in_t *A
 #pragma unroll
 		for (int mt = 0; mt < MT; mt++) {
 			const int r0 = m0 + mt * 16 + g, r1 = r0 + 8;
+#if LDSM32
+			if (!AT) {
+				u32 x[4]; /* matrices: rows 0-7 / 8-15 of the tile, words k 0-3 / 4-7 */
+				fa_ldsm_x4(x, smem_u32(A + (m0 + mt * 16 + (lane & 15)) * LDA + kk * 8 +
+				                       (lane >> 4) * 4));
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					a[mt][e] = fa_make_op<FA_PREC>(__uint_as_float(x[e]));
+				continue;
+			}
+#endif
 			a[mt][0] = fa_make_op<FA_PREC>(AT ? A[k0 * LDA + r0] : A[r0 * LDA + k0]);
 			a[mt][1] = fa_make_op<FA_PREC>(AT ? A[k0 * LDA + r1] : A[r1 * LDA + k0]);
 			a[mt][2] = fa_make_op<FA_PREC>(AT ? A[k1 * LDA + r0] : A[r0 * LDA + k1]);
 			a[mt][3] = fa_make_op<FA_PREC>(AT ? A[k1 * LDA + r1] : A[r1 * LDA + k1]);
 		}
+#if LDSM32
+		/* B stored [n][k]: two n8 tiles per ldmatrix.x4 (matrices: tile nt words 0-3, 4-7,
+		 * tile nt + 1 words 0-3, 4-7), x2 for an odd last one */
+		u32 bx[NTN][2];
+		if (!BT) {
+#pragma unroll
+			for (int nt = 0; nt < NTN; nt += 2) {
+				if (nt + 1 < NTN) {
+					u32 x[4];
+					fa_ldsm_x4(x, smem_u32(B + (n0 + nt * 8 + (lane >> 4) * 8 + (lane & 7)) * LDB +
+					                       kk * 8 + ((lane >> 3) & 1) * 4));
+					bx[nt][0] = x[0];
+					bx[nt][1] = x[1];
+					bx[nt + 1][0] = x[2];
+					bx[nt + 1][1] = x[3];
+				} else {
+					fa_ldsm_x2(bx[nt], smem_u32(B + (n0 + nt * 8 + (lane & 7)) * LDB + kk * 8 +
+					                            ((lane >> 3) & 1) * 4));
+				}
+			}
+		}
+#endif
 #pragma unroll
 		for (int nt = 0; nt < NTN; nt++) {
 			const int n = n0 + nt * 8 + g;
+#if LDSM32
+			const fa_op32 b0 = fa_make_op<FA_PREC>(BT ? B[k0 * LDB + n] : __uint_as_float(bx[nt][0]));
+			const fa_op32 b1 = fa_make_op<FA_PREC>(BT ? B[k1 * LDB + n] : __uint_as_float(bx[nt][1]));
+#else
 			const fa_op32 b0 = fa_make_op<FA_PREC>(BT ? B[k0 * LDB + n] : B[n * LDB + k0]);
 			const fa_op32 b1 = fa_make_op<FA_PREC>(BT ? B[k1 * LDB + n] : B[n * LDB + k1]);
+#endif
 #pragma unroll
 			for (int mt = 0; mt < MT; mt++) {
 #if FA_PREC == 2 && FA_X3SPLIT
@@ -418,10 +473,14 @@ __device__ __forceinline__ void wgemm_acc(float (&acc)[MT][NTN][4], const in_t *
                                           const in_t *B, int m0, int n0)
 {
 #if FA_IN == 3 && FA_PREC == 2 && FA_X3SPLIT
-	/* every k step is added with IEEE adds already; in chunks of up to 4 n8 tiles, so that the
-	 * small products' accumulator takes 16 registers per row tile (A's fragments are loaded
-	 * once per chunk) */
-	constexpr int NCH = NTN % 4 == 0 ? 4 : NTN % 2 == 0 ? 2 : 1;
+	/* every k step is added with IEEE adds already; in chunks of up to FA_X3NCH n8 tiles, so
+	 * that the small products' accumulator takes 4 x FA_X3NCH registers per row tile (A's
+	 * fragments are loaded once per chunk). 8 (default; 4 before): A loaded half as often,
+	 * measured +4.6% backward alone with FA_LDSM32 on the H200, the same sums */
+#ifndef FA_X3NCH
+#define FA_X3NCH 8
+#endif
+	constexpr int NCH = NTN % FA_X3NCH == 0 ? FA_X3NCH : NTN % 4 == 0 ? 4 : NTN % 2 == 0 ? 2 : 1;
 #pragma unroll
 	for (int c = 0; c < NTN / NCH; c++)
 		wgemm32<MT, NCH, KS, AT, BT, LDA, LDB, NTN>(acc, A, B, m0, n0 + c * NCH * 8, c * NCH);

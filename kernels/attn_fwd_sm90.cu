@@ -16,7 +16,8 @@
  *   FA_NWG     consumer warpgroups per block; each owns 64 query rows (BR = 64 * NWG)
  *   FA_BC      keys per step: 16, 32, 64 or 128 (the N of the S = Q K^T wgmma)
  *   FA_STAGES  K/V pipeline depth (2 or 3; 16-bit with 3 runs FA3's intra-warpgroup overlap:
- *              the softmax of tile j+1 while P_j V_j is on the tensor cores)
+ *              the softmax of tile j+1 while P_j V_j is on the tensor cores; 3xtf32 above head
+ *              dim 128 only 2 with FA_NWG 1 and FA_BC 16: the half-tile ring, see X3S)
  *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_fwd.cu)
  *   FA_WIN     1: the sliding window, FA_SOFTCAP 1: logit softcapping, as attn_fwd.cu (the
  *              block walks only its window's tiles; 0, the default, changes nothing)
@@ -37,10 +38,11 @@
  *               times: a few % of the kernel's time at S = 4096.
  *   fa_attn_fwd FlashAttention-2's loop on warpgroups: a block owns BR query rows of one
  *               (batch, head), Q in shared memory (tf32: rounded in place, 3xtf32's remainder
- *               in registers), K/V tiles streamed by 16-byte cp.async into a STAGES-deep ring,
- *               S = Q K^T by wgmma (A and B from shared memory), online softmax on the fp32
- *               accumulators, P kept in registers as the A operand of O += P V (B = V^T from
- *               shared memory).
+ *               in registers up to D = 128, beside Q in shared memory above: X3S), K/V tiles
+ *               streamed by 16-byte cp.async into a STAGES-deep ring (X3S: a ring of three
+ *               half tiles), S = Q K^T by wgmma (A and B from shared memory), online softmax
+ *               on the fp32 accumulators, P kept in registers as the A operand of O += P V
+ *               (B = V^T from shared memory).
  *
  * Stages (as llama.cpp's fattn-mma-f16.cuh; defined above the kernel, in the order a step runs
  * them): load_q, prep_q; per tile load_kv_tile, kv_ready, issue_s (S = Q K^T) + wg_wait_acc,
@@ -131,9 +133,24 @@ typedef float elem_t;
 #define NOACC (DP / 2)               /* O accumulator floats per thread */
 #define SBO_Q (DP / EPC * 128)       /* bytes between 8-row groups of Q and K */
 #define SBO_V (FA_BC / EPC * 128)    /* bytes between 8-row (d) groups of V^T */
-/* 3xtf32: head-dim columns of one P V partial sum: all of them (one wgmma wait per step; the
- * planner offers 3xtf32 here up to D = 128, where ptxas fits it in 253 registers) */
-#define PV_W DP
+/* 3xtf32 above head dim 128 (X3S): O alone is DP / 2 registers, so Q's remainder cannot stay in
+ * registers (another DP / 2) and moves to shared memory beside Q; Q hi and lo (2 x 64 KiB at
+ * D = 256) leave room for 16 keys a step only, in a ring of three half tiles (K_j hi + lo, V_j
+ * hi + lo, 32 KiB each at D = 256) instead of two whole stages: K_{j+1} loads while tile j
+ * runs, V_{j+1} once S_j is done with K_j's slot. One warpgroup (64 rows). S = Q K^T reads
+ * [K hi; K lo] as one B operand of 2 x 16 keys (the lo image follows the hi one in the slot at
+ * the same row stride), so Q hi is read from shared memory once per k step for both of its
+ * products, and the two land in separate accumulators (added with IEEE adds). */
+#define X3S (X3 && DP > 128)
+#define X3R (X3 && !X3S) /* 3xtf32 with Q's remainder in registers */
+#if X3S && (FA_NWG != 1 || FA_BC != 16 || FA_STAGES != 2)
+#error "3xtf32 above head dim 128: one warpgroup, 16 keys, FA_STAGES 2 (the half-tile ring)"
+#endif
+/* 3xtf32: head-dim columns of one P V partial sum: all of them up to D = 128 (one wgmma wait per
+ * step; ptxas fits it in 253 registers there), 128 at a time above (X3S: O takes DP / 2) */
+#ifndef PV_W
+#define PV_W (X3S ? 64 : DP)
+#endif
 
 #if FA_D % 8 || FA_D < 8 || FA_D > 256
 #error "FA_D must be a multiple of 8 in [8, 256]"
@@ -585,15 +602,18 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NSACC], int j, int wrow0
 
 #define NT_KV (X3 ? 4 : 2) /* tiles per ring stage: K hi, [K lo], V^T hi, [V^T lo] */
 
-/* 3xtf32 keeps the remainders (x - tf32(x)) of Q and P as register A fragments; the other
- * kinds keep none, and pass an empty struct in their place. */
-#if X3
-typedef u32 qlo_frags[NSTEP_S][4];
-typedef u32 plo_frags[NSTEP_P][4];
-#else
+/* 3xtf32 keeps the remainders (x - tf32(x)) of Q (up to D = 128) and P as register A
+ * fragments; the other kinds keep none, and pass an empty struct in their place. */
 struct no_frags {
 };
-typedef no_frags qlo_frags;
+#if X3R
+typedef u32 qlo_frags[NSTEP_S][4];
+#else
+typedef no_frags qlo_frags; /* X3S: Q's remainder is in shared memory */
+#endif
+#if X3
+typedef u32 plo_frags[NSTEP_P][4];
+#else
 typedef no_frags plo_frags;
 #endif
 
@@ -649,11 +669,14 @@ template <int N> __device__ __forceinline__ void kv_ready(void)
 
 /* Q landed (the caller waited and synchronized): tf32: each thread rounds the elements of its
  * own A fragments in place (negated for a negative scale) and, for 3xtf32, keeps their
- * remainders as register A fragments in qlo; 16-bit: a negative scale flips the sign bits of
- * the warpgroup's rows sQw. */
-__device__ __forceinline__ void prep_q(const fa_wgparams &p, elem_t *sQw, int tid, int r0, int c,
-                                       qlo_frags &qlo)
+ * remainders as register A fragments in qlo (X3S: stores them at the same place of sQl, the
+ * remainder's image); 16-bit: a negative scale flips the sign bits of the warpgroup's rows sQw. */
+__device__ __forceinline__ void prep_q(const fa_wgparams &p, elem_t *sQw, elem_t *sQl, int tid,
+                                       int r0, int c, qlo_frags &qlo)
 {
+#if !X3S
+	(void)sQl;
+#endif
 #if W16
 	(void)r0;
 	(void)c;
@@ -663,7 +686,7 @@ __device__ __forceinline__ void prep_q(const fa_wgparams &p, elem_t *sQw, int ti
 			((u32 *)sQw)[i] ^= 0x80008000u;
 #else
 	(void)tid;
-#if !X3
+#if !X3R
 	(void)qlo;
 #endif
 #pragma unroll
@@ -671,11 +694,14 @@ __device__ __forceinline__ void prep_q(const fa_wgparams &p, elem_t *sQw, int ti
 #pragma unroll
 		for (int e = 0; e < 4; e++) {
 			const int row = r0 + (e & 1) * 8, col = ks * 8 + c + (e >> 1) * 4;
-			float *q = sQw + core_idx(row, col, DP);
+			const int qi = core_idx(row, col, DP);
+			float *q = sQw + qi;
 			float x = p.neg_scale ? -*q : *q;
 			const float hi = tf32_rna(x);
 			*q = hi;
-#if X3
+#if X3S
+			sQl[qi] = x - hi;
+#elif X3
 			qlo[ks][e] = __float_as_uint(x - hi);
 #endif
 		}
@@ -693,7 +719,7 @@ __device__ __forceinline__ void issue_s(float (&s)[NSACC], const qlo_frags &qlo,
 #pragma unroll
 	for (int i = 0; i < NSACC; i++)
 		s[i] = 0.f;
-#if X3
+#if X3R
 	/* Fresh copies of Q's remainder for this step's wgmmas: with the loop-invariant
 	 * registers themselves as A operands, ptxas (CUDA 13.0) handed three of them to other
 	 * values inside the loop (seen in the SASS at d64 with 64 keys: 1e-4 error from the
@@ -717,13 +743,121 @@ __device__ __forceinline__ void issue_s(float (&s)[NSACC], const qlo_frags &qlo,
 		const u64 dq = wg_desc(qaddr + ks * 256, SBO_Q);
 		const u64 dk = wg_desc(kaddr + ks * 256, SBO_Q);
 		s_ss(s, dq, dk);
-#if X3
+#if X3R
 		s_ss(s, dq, wg_desc(kladdr + ks * 256, SBO_Q)); /* Q K_lo^T */
 		s_rs(s, qa[ks], dk);                            /* Q_lo K^T */
 #endif
 	}
 	wg_commit();
 }
+
+#if X3S
+/* X3S: S = Q K^T's k steps in parts of FA_X3S_KP (default: all of them, one part). Each part's
+ * Q [K; K_lo]^T starts from zero (wgmma's scale-d 0) and is added to the score with IEEE adds;
+ * the parts alternate between two accumulators, so part c + 1 runs while part c is added; Q_lo
+ * K^T (2^-11 smaller) is chained over all of them. Written against the suspicion that the
+ * tensor cores' truncating adds over 32 k steps biased S and the lse: parts of 1, 4 and 8 k
+ * steps measured the same gradient error as one part (kernels/PERF-NOTES.md, X3S), so the
+ * default is one part; the switch stays for the search of the error's cause. */
+#ifndef FA_X3S_KP
+#define FA_X3S_KP NSTEP_S
+#endif
+#define X3S_NPART ((NSTEP_S + FA_X3S_KP - 1) / FA_X3S_KP) /* the last one may be shorter */
+
+/* m64n32k8 with scale-d 0: d = a b, the accumulator's old value ignored */
+__device__ __forceinline__ void wg_ss_n32_z(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+	             : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wg_ss_n16_z(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+	             : "l"(da), "l"(db));
+}
+
+/* Part c of X3S's S (see above) as one wgmma group, issued and committed, not waited for: Q [K;
+ * K_lo]^T of its k steps into sa (keys 0-15 K, 16-31 K_lo: the slot holds K_lo right after K
+ * at the same 8-row stride), Q_lo K^T into sb (from zero in part 0). qladdr: Q_lo's shared
+ * address; kaddr: the slot's. */
+__device__ __forceinline__ void issue_s_part(float (&sa)[2 * NSACC], float (&sb)[NSACC], int c,
+                                             u32 qaddr, u32 qladdr, u32 kaddr)
+{
+	wg_fence();
+#pragma unroll
+	for (int k = 0; k < FA_X3S_KP; k++) {
+		const int ks = c * FA_X3S_KP + k;
+		if (ks >= NSTEP_S)
+			break;
+		const u64 dk = wg_desc(kaddr + ks * 256, SBO_Q);
+		const u64 dq = wg_desc(qaddr + ks * 256, SBO_Q), dl = wg_desc(qladdr + ks * 256, SBO_Q);
+		if (k == 0)
+			wg_ss_n32_z(sa, dq, dk); /* Q [K; K_lo]^T */
+		else
+			wg_ss_n32(sa, dq, dk);
+		if (ks == 0)
+			wg_ss_n16_z(sb, dl, dk); /* Q_lo K^T */
+		else
+			wg_ss_n16(sb, dl, dk);
+	}
+	wg_commit();
+}
+
+/* X3S's S of one tile into s, waited for: the parts issued one ahead, each added once in. j:
+ * the step (Q's addresses made to change with it, z being 0 but not to the compiler: else
+ * ptxas keeps the loop-invariant descriptors of Q and Q_lo in 64-bit registers across the loop
+ * and spills at D = 256). */
+__device__ __forceinline__ void s_tile_x3s(float (&s)[NSACC], float (&sa)[2][2 * NSACC],
+                                           float (&sb)[NSACC], float (&hl)[NSACC], u32 qaddr,
+                                           u32 qladdr, u32 kaddr, int j)
+{
+	const u32 z = (u32)j >> 30;
+	qaddr ^= z;
+	qladdr ^= z;
+	issue_s_part(sa[0], sb, 0, qaddr, qladdr, kaddr);
+#pragma unroll
+	for (int c = 0; c < X3S_NPART; c++) {
+		if (c + 1 < X3S_NPART) {
+			issue_s_part(sa[(c + 1) & 1], sb, c + 1, qaddr, qladdr, kaddr);
+			wg_wait<1>();
+		} else {
+			wg_wait<0>();
+		}
+		float (&a)[2 * NSACC] = sa[c & 1];
+#pragma unroll
+		for (int i = 0; i < 2 * NSACC; i++)
+			wg_touch(a[i]);
+#pragma unroll
+		for (int i = 0; i < NSACC; i++) {
+			s[i] = c == 0 ? a[i] : s[i] + a[i];
+			hl[i] = c == 0 ? a[NSACC + i] : hl[i] + a[NSACC + i];
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < NSACC; i++) {
+		wg_touch(sb[i]);
+		s[i] = s[i] + (hl[i] + sb[i]);
+	}
+}
+
+/* X3S: half tile n of the sequence K_0, V_0, K_1, V_1, ... (the hi and lo images of tile n / 2
+ * of this block's images img) into ring slot n % 3 as [hi][lo]; the caller commits the group. */
+__device__ __forceinline__ void load_half(const fa_wgparams &p, elem_t *sKV, long long img,
+                                          int tid, int n)
+{
+	elem_t *dst = sKV + (n % 3) * 2 * TILE;
+	const long long src = img + (long long)(n >> 1) * TILE;
+	const elem_t *hi = (n & 1) ? p.vh : p.kh, *lo = (n & 1) ? p.vl : p.kl;
+	for (int i = tid; i < TILE / EPC; i += NT) {
+		cp_async16(smem_u32(dst + EPC * i), hi + src + EPC * i, 16);
+		cp_async16(smem_u32(dst + TILE + EPC * i), lo + src + EPC * i, 16);
+	}
+}
+#endif
 
 /* Wait until at most N wgmma groups are still running (the newest ones), then tell the
  * compiler that the accumulators x of the groups now done may have changed here (wg_touch):
@@ -800,6 +934,38 @@ __device__ __forceinline__ void issue_pv(float (&acc)[NOACC], const u32 (&ph)[NS
 	wg_commit();
 }
 
+#if X3
+/* 3xtf32's P V over head-dim columns D0 .. DP - 1 (see pv_tile), PV_W (W: the last part, fewer)
+ * at a time: the three products into the zeroed partial sum t, waited for, added to O. */
+template <int D0, int REM>
+__device__ __forceinline__ void pv_x3_cols(float (&acc)[NOACC], float (&t)[PV_W / 2],
+                                           const u32 (&ph)[NSTEP_P][4], const plo_frags &pl,
+                                           u32 vaddr, u32 vladdr)
+{
+	constexpr int W = REM < PV_W ? REM : PV_W;
+#pragma unroll
+	for (int i = 0; i < W / 2; i++)
+		t[i] = 0.f;
+	wg_fence();
+#pragma unroll
+	for (int n = 0; n < NSTEP_P; n++) {
+		const u32 vo = (D0 / 8) * SBO_V + n * 256;
+		pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vaddr + vo);
+		pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vladdr + vo); /* P V_lo */
+		pv_rs<0, W>(t, pl[n][0], pl[n][1], pl[n][2], pl[n][3], vaddr + vo);  /* P_lo V */
+	}
+	wg_commit();
+	wg_wait<0>();
+#pragma unroll
+	for (int i = 0; i < W / 2; i++) {
+		wg_touch(t[i]);
+		acc[D0 / 2 + i] += t[i];
+	}
+	if constexpr (REM > W)
+		pv_x3_cols<D0 + W, REM - W>(acc, t, ph, pl, vaddr, vladdr);
+}
+#endif
+
 /* O += P V of one tile, waited for (the loop without overlap). 3xtf32: P V + P V_lo + P_lo V
  * into a zeroed partial sum t (the kernel's), added to O with IEEE adds: wgmma adds into its
  * fp32 accumulator with a truncating (biased) rounding, and summing 3 products per 8 keys
@@ -811,28 +977,7 @@ __device__ __forceinline__ void pv_tile(float (&acc)[NOACC], float (&t)[PV_W / 2
                                         u32 vaddr, u32 vladdr)
 {
 #if X3
-#pragma unroll
-	for (int d0 = 0; d0 < DP; d0 += PV_W) {
-		constexpr int W = PV_W;
-#pragma unroll
-		for (int i = 0; i < W / 2; i++)
-			t[i] = 0.f;
-		wg_fence();
-#pragma unroll
-		for (int n = 0; n < NSTEP_P; n++) {
-			const u32 vo = (d0 / 8) * SBO_V + n * 256;
-			pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vaddr + vo);
-			pv_rs<0, W>(t, ph[n][0], ph[n][1], ph[n][2], ph[n][3], vladdr + vo); /* P V_lo */
-			pv_rs<0, W>(t, pl[n][0], pl[n][1], pl[n][2], pl[n][3], vaddr + vo);  /* P_lo V */
-		}
-		wg_commit();
-		wg_wait<0>();
-#pragma unroll
-		for (int i = 0; i < W / 2; i++) {
-			wg_touch(t[i]);
-			acc[d0 / 2 + i] += t[i];
-		}
-	}
+	pv_x3_cols<0, DP>(acc, t, ph, pl, vaddr, vladdr);
 #else
 	(void)t;
 	(void)pl;
@@ -894,7 +1039,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 {
 	extern __shared__ __align__(128) elem_t smem[];
 	elem_t *sQ = smem;                /* BR x DP, core matrices */
-	elem_t *sKV = smem + BR * DP;     /* per stage: K hi, [K lo], V^T hi, [V^T lo] */
+	elem_t *sQl = smem + BR * DP;     /* X3S: Q's remainder, the same layout */
+	/* per stage: K hi, [K lo], V^T hi, [V^T lo]; X3S: three slots of [hi][lo] */
+	elem_t *sKV = smem + (X3S ? 2 : 1) * BR * DP;
 
 	const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
 	const int g = lane >> 2, c = lane & 3;
@@ -926,21 +1073,33 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 	 * always called its loads: called directly, the inliner's order changes and with it the
 	 * PTX of every loop without overlap (the same instructions, other registers). */
 	auto load_kv = [&](int st, int jt) { load_kv_tile(p, sKV, img, tid, st, jt); };
+#if X3S
+	(void)load_kv;
+	/* K_0 and V_0 (half tiles 0 and 1), one group each */
+	for (int n = 0; n < 2; n++) {
+		if (ntiles > 0)
+			load_half(p, sKV, img, tid, n);
+		cp_async_commit();
+	}
+	constexpr int QWAIT = 2;
+#else
 #pragma unroll
 	for (int st = 0; st < FA_STAGES - 1; st++) {
 		if (st < ntiles)
 			load_kv(st, st);
 		cp_async_commit();
 	}
+	constexpr int QWAIT = FA_STAGES - 1;
+#endif
 
-	/* Q is in (its group is older than the STAGES - 1 tiles'); the barrier publishes every
-	 * thread's copies before prep_q rewrites the elements of its fragments. */
-	cp_async_wait<FA_STAGES - 1>();
+	/* Q is in (its group is older than the tiles'); the barrier publishes every thread's
+	 * copies before prep_q rewrites the elements of its fragments. */
+	cp_async_wait<QWAIT>();
 	__syncthreads();
 	elem_t *sQw = sQ + wg * 64 * DP;
 	const int r0 = 16 * wi + g;
 	qlo_frags qlo;
-	prep_q(p, sQw, tid, r0, c, qlo);
+	prep_q(p, sQw, sQl, tid, r0, c, qlo);
 
 #if FA_SOFTCAP
 	const float sl = 1.f; /* softmax_tile caps the scores into the log2 domain */
@@ -995,6 +1154,34 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 	if (ntiles > 0) {
 		issue_pv(acc, pc, smem_u32(sKV + ((ntiles - 1) % FA_STAGES) * NT_KV * TILE + TILE));
 		wg_wait_acc<0>(acc);
+	}
+#elif X3S
+	/* The half-tile ring: at the top of step j K_j and V_j are in flight or in, K_{j+1} is
+	 * loaded into V_{j-1}'s slot once every thread is past step j - 1 (the first barrier), and
+	 * V_{j+1} into K_j's once every thread has S_j (the second); each half tile has a step to
+	 * land. */
+	const u32 qladdr = smem_u32(sQl);
+	for (int j = 0; j < ntiles; j++) {
+		kv_ready<1>(); /* K_j; V_j may be in flight */
+		if (j + 1 < ntiles)
+			load_half(p, sKV, img, tid, 2 * j + 2);
+		cp_async_commit();
+		float sa[2][2 * NSACC], sb[NSACC], hl[NSACC], s[NSACC];
+		s_tile_x3s(s, sa, sb, hl, qaddr, qladdr, smem_u32(sKV + (2 * j) % 3 * 2 * TILE), j);
+		float alpha[2];
+		softmax_tile(s, jt0 + j, q0, r0, c, p.Sk, off, sl, mrow, lrow, alpha MX_ARG);
+		rescale_o(acc, alpha);
+		u32 ph[NSTEP_P][4];
+		plo_frags pl;
+		float x[4];
+		make_p(s, ph, pl, x);
+		kv_ready<1>(); /* V_j; K_{j+1} may be in flight */
+		if (j + 1 < ntiles)
+			load_half(p, sKV, img, tid, 2 * j + 3);
+		cp_async_commit();
+		const u32 vaddr = smem_u32(sKV + (2 * j + 1) % 3 * 2 * TILE);
+		float t[PV_W / 2];
+		pv_tile(acc, t, ph, pl, vaddr, vaddr + 4 * TILE);
 	}
 #else
 	for (int j = 0; j < ntiles; j++) {

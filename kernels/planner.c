@@ -164,6 +164,10 @@ size_t fa_tile_smem(const struct fa_tile *t, int D)
 		size_t dp = (size_t)(D + 15) / 16 * 16;
 		return 2 * (br * dp + (size_t)t->stages * t->bc * dp * 2);
 	}
+	/* attn_fwd_sm90.cu's 3xtf32 above head dim 128 (X3S): Q and its remainder, a ring of three
+	 * half tiles (K or V^T, hi and lo) */
+	if (t->path == FA_KPATH_WG32X3 && D > 128)
+		return 4 * (2 * br * (size_t)D + 3 * 2 * (size_t)t->bc * D);
 	if (fa_kpath_is_wg(t->path)) /* attn_fwd_sm90.cu: Q, then per stage 2 or 4 tile images */
 		return 4 * (br * (size_t)D +
 		            (size_t)t->stages * t->bc * D * (t->path == FA_KPATH_WG32X3 ? 4 : 2));
@@ -210,6 +214,10 @@ static int tile_regs_raw(const struct fa_tile *t, int D, fa_precision p)
 	/* wgmma: O and S accumulators, 3xtf32 keeps Q's remainder as register A fragments */
 	if (t->path == FA_KPATH_WG16) /* O, S, packed P */
 		return 40 + (D + 15) / 16 * 8 + s + s / 2;
+	/* 3xtf32 above 128 (X3S): O, a 64-column P V partial sum, S's three accumulators; ptxas
+	 * (CUDA 13.0) gave d136 185, d200 238, d256 252-254 registers, no spills */
+	if (t->path == FA_KPATH_WG32X3 && D > 128)
+		return 124 + D / 2;
 	if (fa_kpath_is_wg(t->path))
 		return t->path == FA_KPATH_WG32X3 ? 24 + 3 * D / 2 + s /* + Q_lo, P V partial */
 		                                  : 40 + acc + s + 4;
@@ -349,10 +357,17 @@ static void wg_candidates(const struct fa_device_model *dev, const struct fa_pla
 					*min_smem = t.smem;
 					*smallest = t;
 				}
-				/* 3xtf32 keeps Q's remainder and a P V partial sum in registers: D <= 128 */
-				if (tile_regs_raw(&t, req->D, prec) > 250 || t.smem > dev->smem_optin ||
-				    req->D > FA_ATTN_MAX_HEAD_DIM ||
-				    (t.path == FA_KPATH_WG32X3 && req->D > 128))
+				/* 3xtf32 keeps Q's remainder in registers up to D = 128; above (X3S) in
+				 * shared memory, one tile only: one warpgroup, 16 keys, the half-tile ring
+				 * (its register count checked by test_nvrtc_compile, not the estimate).
+				 * Offered only when FA_WG_BC=16 asks for it: 1.23x the mma.sync kernel's
+				 * speed at D = 256, but 5.8x SDPA mem-efficient's gradient error at S =
+				 * 4096 (mma.sync's forward: 1.4x), cause not found (PERF-NOTES.md, X3S) */
+				const bool x3s = t.path == FA_KPATH_WG32X3 && req->D > 128;
+				if (x3s && (nwgs[a] != 1 || t.bc != 16 || t.stages != 2 || only_bc != 16))
+					continue;
+				if ((!x3s && tile_regs_raw(&t, req->D, prec) > 250) ||
+				    t.smem > dev->smem_optin || req->D > FA_ATTN_MAX_HEAD_DIM)
 					continue;
 				t.blocks_per_sm = tile_blocks_per_sm(dev, &t);
 				double f_bc = (double)t.bc / (t.bc + 20.0), f_fill = 1.0, f_wave, f_tail;
@@ -363,6 +378,10 @@ static void wg_candidates(const struct fa_device_model *dev, const struct fa_pla
 				 * no faster than two with wider key steps (PERF-NOTES.md v8) */
 				double f_ovl = w16 && t.stages == 3 ? 0.9 : 1.0;
 				t.score = 2.0 * (nwgs[a] == 2 ? 1.0 : 0.7) * f_bc * f_fill * f_ovl;
+				/* X3S scores 0.62 x fill by the formula, under mma.sync's best; asked for,
+				 * it is ranked above it as the other wgmma tiles are */
+				if (x3s)
+					t.score += 1.0;
 				if (*nall < FA_PLAN_MAX_CANDIDATES)
 					all[(*nall)++] = t;
 			}

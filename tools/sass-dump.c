@@ -275,6 +275,18 @@ int main(int argc, char **argv)
 				    4 * x[0], 1, x[1], x[2], filter);
 			}
 	}
+	/* 3xtf32 above head dim 128 (attn_fwd_sm90.cu's X3S: one warpgroup, 16 keys, the half-tile
+	 * ring): D = 256 with each mask, 136 and 200 (P V in a 128-column and a narrower part) */
+	for (int m = 0; m < 3; m++)
+		add(90, FA_DTYPE_FP32, FA_PREC_3XTF32, 256, (fa_mask)m, FA_KPATH_WG16, 4, 1, 16, 2, filter);
+	add(90, FA_DTYPE_FP32, FA_PREC_3XTF32, 136, FA_MASK_CAUSAL_TOP_LEFT, FA_KPATH_WG16, 4, 1, 16, 2,
+	    filter);
+	add(90, FA_DTYPE_FP32, FA_PREC_3XTF32, 200, FA_MASK_NONE, FA_KPATH_WG16, 4, 1, 16, 2, filter);
+#ifdef FA_KERNEL_SPEC_MASK_EXT
+	ext_win = ext_cap = true; /* and with the window and softcap */
+	add(90, FA_DTYPE_FP32, FA_PREC_3XTF32, 256, FA_MASK_NONE, FA_KPATH_WG16, 4, 1, 16, 2, filter);
+	ext_win = ext_cap = false;
+#endif
 #ifdef FA_KERNEL_SPEC_MASK_EXT
 	/* the sliding window and softcap (FA_WIN, FA_SOFTCAP): mma.sync (every kind, a pair tile),
 	 * wgmma (tf32, 3xtf32, 16-bit two-stage and overlapped) and decode, each flag alone and

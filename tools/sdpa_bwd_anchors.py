@@ -7,6 +7,9 @@
 # FA_ERR_DUMP=dir: also writes each error case's inputs and float64 gradients there (cases.txt,
 # name.{q,k,v,g}.f32, name.{dq,dk,dv}.f64), so that bench_attn_bwd (FA_BENCH_ERR_DIR) measures
 # our error on the very same inputs; FA_ANCHORS_ERR_ONLY=1 skips the timings.
+# FA_ANCHORS_DT=fp32: time only the shapes of these dtypes (space-separated); FA_ANCHORS_FWD=1:
+# also the forward alone of the fp32 shapes (mem-efficient; issue 10's fp32 D=256 forward row);
+# FA_ANCHORS_D256=1: also the fp32 errors at D=256 (S=4096, where sm_90 runs the wgmma forward).
 import json, os, sys
 import torch
 import torch.nn.functional as F
@@ -22,22 +25,26 @@ BK = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATT
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def speed(dt, d, s, causal, bk, tokens=32768, heads=16):
+def speed(dt, d, s, causal, bk, tokens=32768, heads=16, fwd_only=False):
     b = max(1, tokens // s)
     q = torch.randn(b, heads, s, d, device=dev, dtype=DT[dt], requires_grad=True)
     k = torch.randn_like(q, requires_grad=True)
     v = torch.randn_like(q, requires_grad=True)
-    fl = 3.5 * 4 * b * heads * s * s * d / (2 if causal else 1)
+    fl = (1 if fwd_only else 3.5) * 4 * b * heads * s * s * d / (2 if causal else 1)
+    kind = "speed-fwd" if fwd_only else "speed"
     try:
         with sdpa_kernel(BK[bk]):
             g = torch.randn(b, heads, s, d, device=dev, dtype=DT[dt])
             def fn():
                 o = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
                 o.backward(g)
-            ms = tt.do_bench(fn, warmup=20, rep=100, return_mode="median")
-        r = dict(kind="speed", dt=dt, d=d, s=s, causal=causal, bk=bk, ms=ms, tflops=fl / ms / 1e9)
+            def fwd():
+                with torch.no_grad():
+                    F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            ms = tt.do_bench(fwd if fwd_only else fn, warmup=20, rep=100, return_mode="median")
+        r = dict(kind=kind, dt=dt, d=d, s=s, causal=causal, bk=bk, ms=ms, tflops=fl / ms / 1e9)
     except Exception as e:
-        r = dict(kind="speed", dt=dt, d=d, s=s, causal=causal, bk=bk, err=str(e).splitlines()[0][:120])
+        r = dict(kind=kind, dt=dt, d=d, s=s, causal=causal, bk=bk, err=str(e).splitlines()[0][:120])
     print(json.dumps(r), flush=True)
     del q, k, v
     torch.cuda.empty_cache()
@@ -82,10 +89,14 @@ for dt, d, causal in ([] if os.environ.get("FA_ANCHORS_ERR_ONLY") == "1" else
                       [("bf16", 128, False), ("bf16", 128, True), ("bf16", 64, False),
                        ("bf16", 256, False), ("fp16", 128, False), ("fp32", 128, False),
                        ("fp32", 256, False)]):
+    if os.environ.get("FA_ANCHORS_DT") and dt not in os.environ["FA_ANCHORS_DT"].split():
+        continue
     for bk in ["flash", "cudnn", "efficient"]:
         if dt == "fp32" and bk != "efficient":
             continue
         speed(dt, d, 4096, causal, bk)
+        if dt == "fp32" and os.environ.get("FA_ANCHORS_FWD") == "1":
+            speed(dt, d, 4096, causal, bk, fwd_only=True)
 # FA_ANCHORS_SPEED_ONLY=1: the timings only (the errors do not change between runs)
 for dt in ([] if os.environ.get("FA_ANCHORS_SPEED_ONLY") == "1" else ["fp16", "bf16", "fp32"]):
     for d in [64, 128]:
@@ -95,6 +106,9 @@ for dt in ([] if os.environ.get("FA_ANCHORS_SPEED_ONLY") == "1" else ["fp16", "b
             error(dt, d, 1000, True, bk)
             error(dt, d, 1000, False, bk)
 # fp32 at the length where the GPU test's worst fp32 case was (S=4096 D=128 causal)
+if os.environ.get("FA_ANCHORS_SPEED_ONLY") != "1" and os.environ.get("FA_ANCHORS_D256") == "1":
+    error("fp32", 256, 4096, True, "efficient", b=1, heads=2)
+    error("fp32", 256, 4096, False, "efficient", b=1, heads=2)
 if os.environ.get("FA_ANCHORS_SPEED_ONLY") != "1":
     error("fp32", 128, 4096, True, "efficient", b=1, heads=4)
     error("fp32", 128, 4096, False, "efficient", b=1, heads=4)

@@ -376,6 +376,21 @@ static void test_attn_fwd_gpu_matches_the_float64_reference(void **state)
 			                  1, 4, 2, i, 1};
 			cases[n++] = c;
 		}
+	/* 3xtf32 above head dim 128, the shapes of sm_90's wgmma X3S tile (64 rows x 16 keys, the
+	 * half-tile ring; the planner offers it with FA_WG_BC=16, from 2048 keys and 128 queries):
+	 * every mask, both layouts, GQA, a negative scale, key counts off the 16-key step, a P V
+	 * in 64-column parts and a narrower last one (d136, d200). By default (and off sm_90)
+	 * these run the mma.sync kernel; run with FA_WG_BC=16 for X3S. */
+	{
+		static const int xd[] = {256, 256, 256, 136, 200, 256};
+		static const int xl[][2] = {{4097, 4097}, {129, 4097}, {2100, 2049},
+		                            {300, 4097}, {4097, 2048}, {1000, 3000}};
+		for (int i = 0; i < 6; i++) {
+			struct gcase c = {FA_DTYPE_FP32, FA_PREC_3XTF32, xd[i], xl[i][0], xl[i][1],
+			                  G_MASK[i % 3], 1, 2, i == 2 ? 1 : 2, i % 2, i == 3};
+			cases[n++] = c;
+		}
+	}
 	/* FA_GPU_GRID_D="160 256": only these head dims (kernel work on some dims, one device call) */
 	const char *only = getenv("FA_GPU_GRID_D");
 	if (only && *only) {
