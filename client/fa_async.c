@@ -1,6 +1,7 @@
-/* fa_async.c - the completion-word path of the asynchronous calls beyond the forward's:
- * fa_attn_bwd_async, fa_attn_varlen_async and fa_attn_kvcache_async (fa_attn_fwd_async keeps its
- * own copy in fa_client.c for now; the protocol is the same, PROTOCOL.md 4.3 and 11).
+/* fa_async.c - the completion-word path of every asynchronous call: fa_attn_fwd_async,
+ * fa_attn_bwd_async, fa_attn_varlen_async and fa_attn_kvcache_async (one protocol, PROTOCOL.md
+ * 4.3 and 11). The forward's IPC-event fallback stays in fa_client.c, the backward's in
+ * fa_attn_bwd.c.
  *
  * Why: the backward used to travel by the socket with CUDA IPC events (~125 us of host time per
  * call, same-user daemons only) and, to keep the daemon's stream in the order of the caller's,
@@ -23,7 +24,7 @@
 #include "fa_client_int.h"
 #include "fa_ring.h"
 
-/* The async fields of a request of op ATTN_BWD, ATTN_VARLEN or ATTN_KVCACHE. */
+/* The async fields of a request of op ATTN_FWD, ATTN_BWD, ATTN_VARLEN or ATTN_KVCACHE. */
 struct async_fields {
 	bool *async;
 	uint32_t *slot;
@@ -32,6 +33,9 @@ struct async_fields {
 
 static struct async_fields async_fields(struct fa_proto_req *req)
 {
+	if (req->op == FA_OP_ATTN_FWD)
+		return (struct async_fields){&req->u.fwd.async, &req->u.fwd.slot,
+		                             &req->u.fwd.words_region, &req->u.fwd.words_seq};
 	if (req->op == FA_OP_ATTN_BWD)
 		return (struct async_fields){&req->u.bwd.async, &req->u.bwd.slot,
 		                             &req->u.bwd.words_region, &req->u.bwd.words_seq};

@@ -679,77 +679,6 @@ FA_API fa_status fa_attn_fwd(fa_client *c, const fa_attn_fwd_args *args)
 	return st;
 }
 
-/* The completion-word path of fa_attn_fwd_async on the held socket s: ready word on the stream,
- * the request, and (once the daemon enqueued the kernel) the stream's wait for the done word. */
-static fa_status words_call(fa_client *c, struct fa_words *w, struct fa_tslot *s, void *stream,
-                            struct fa_proto_req *req, struct fa_proto_rep *rep, int64_t deadline)
-{
-	int slot = fa_transport_slot_id(s);
-	uint64_t seq = 0;
-	fa_status st;
-
-	req->u.fwd.async = true;
-	req->u.fwd.slot = (uint32_t)slot;
-	req->u.fwd.words_region = w->buf->region;
-	if ((st = fa_cuda_words_ready(w, slot, stream, &seq)) != FA_OK)
-		return st;
-	req->u.fwd.words_seq = seq;
-	st = fa_transport_roundtrip(c->tr, s, req, rep, deadline);
-	if (st != FA_OK) {
-		/* No reply: enqueued or not, nobody must wait for this done word for ever. */
-		fa_cuda_words_lost(w, slot, seq);
-		return st;
-	}
-	/* A refusal enqueued nothing; the ready word's value is simply never waited for. */
-	if ((st = fa__reply_status(c, rep)) != FA_OK)
-		return st;
-	return fa_cuda_words_wait(w, slot, stream, seq);
-}
-
-/* fa_ring_lost_fn for completion words: a failed ring call's done word, written here. */
-static void ring_words_lost(void *arg, int slot, uint64_t seq)
-{
-	fa_cuda_words_lost(arg, slot, seq);
-}
-
-/* The completion-word path through the submission ring: the ready word, the entry published,
- * the stream's wait for the done word, and back; no reply is waited for. The socket slot s is
- * held until the call's completion is read (its id is the words slot), then released by the
- * ring. *taken false: nothing was published (s still held, the ready word unused). */
-static fa_status ring_words_call(fa_client *c, struct fa_words *w, struct fa_tslot *s,
-                                 void *stream, struct fa_proto_req *req, int64_t deadline,
-                                 bool *taken)
-{
-	int slot = fa_transport_slot_id(s);
-	uint64_t seq = 0;
-	fa_status st;
-
-	*taken = true; /* from here on this path answers, unless the ring turns the entry down */
-	if ((st = fa__ring_sticky(c->ring)) != FA_OK) {
-		fa_transport_release(c->tr, s);
-		return st;
-	}
-	req->u.fwd.async = true;
-	req->u.fwd.slot = (uint32_t)slot;
-	req->u.fwd.words_region = w->buf->region;
-	if ((st = fa_cuda_words_ready(w, slot, stream, &seq)) != FA_OK) {
-		fa_transport_release(c->tr, s);
-		return st;
-	}
-	req->u.fwd.words_seq = seq;
-	/* The stream's wait first: once published, the slot may be released (and taken by another
-	 * thread) as soon as the kernel is done. */
-	if ((st = fa_cuda_words_wait(w, slot, stream, seq)) != FA_OK) {
-		fa_cuda_words_lost(w, slot, seq);
-		fa_transport_release(c->tr, s);
-		return st;
-	}
-	st = fa__ring_submit_async(c->ring, req, s, ring_words_lost, w, slot, seq, deadline, taken);
-	if (!*taken)
-		fa_cuda_words_lost(w, slot, seq); /* nothing published: the socket call takes over */
-	return st;
-}
-
 /* Forward attention ordered on the caller's CUDA stream; see fa_client.h. The socket's slot id
  * names the pair of events: ours, recorded on the stream before the request (the daemon's stream
  * waits on it), and the daemon's, recorded after the kernel (the stream waits on it before the
@@ -776,41 +705,16 @@ FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, v
 			return fa__fail(FA_EINVAL, "fa_attn_fwd_async: %s is a host buffer; the "
 			                "asynchronous mode takes device buffers "
 			                "(fa_buffer_register_device) only", names[i]);
-	if (fa__socket_file_gone(c))
-		return fa__fail(FA_EUNAVAIL, "no daemon socket at %s: the daemon stopped", c->path);
+	/* Completion words (fa_async.c) wherever the stream's context has them. */
+	bool use_events = false;
+	if ((st = fa__async_words_call(c, &req, stream, 0, &use_events)) != FA_OK || !use_events)
+		return st;
+	/* The IPC-event path: no words in this context (FA_ASYNC_EVENTS=1, no 64-bit stream
+	 * memory operations). */
 	if ((rep = fa__rep_alloc()) == NULL)
 		return FA_ENOMEM;
-	struct fa_words *w = NULL;
-	if ((st = fa_cuda_words_get(c, stream, &w)) != FA_OK) {
-		free(rep);
-		return st;
-	}
 	int64_t deadline = fa__deadline(atomic_load(&c->timeout_ms));
-	bool ring = w != NULL && w->buf->region != 0 && fa__ring_live(c->ring);
-	if (ring && (st = fa__ring_async_room(c->ring, deadline)) != FA_OK) {
-		free(rep);
-		return st;
-	}
 	if ((st = fa_transport_acquire(c->tr, deadline, &s)) != FA_OK) {
-		free(rep);
-		return st;
-	}
-	if (ring && fa__ring_live(c->ring)) {
-		bool taken = false;
-		st = ring_words_call(c, w, s, stream, &req, deadline, &taken);
-		if (taken || st != FA_OK) {
-			if (!taken)
-				fa_transport_release(c->tr, s);
-			free(rep);
-			return st;
-		}
-	}
-	if (w != NULL && w->buf->region != 0) {
-		st = words_call(c, w, s, stream, &req, rep, deadline);
-		fa_transport_release(c->tr, s);
-		if (st == FA_ETIMEDOUT && fa__socket_file_gone(c))
-			st = fa__fail(FA_EUNAVAIL, "no reply, and no daemon socket at %s: the daemon "
-			              "stopped", c->path);
 		free(rep);
 		return st;
 	}

@@ -312,14 +312,15 @@ bool fa__socket_gid(const fa_client *c, gid_t *gid);
 fa_status fa__tensor_buffer(fa_client *c, const char *name, const fa_tensor *t, bool optional,
                             struct fa_proto_tensor *w);
 
-/* ---- the completion-word path of ATTN_BWD and the inference ops (fa_async.c) ------------------ */
+/* ---- the completion-word path of every asynchronous call (fa_async.c) ------------------------ */
 
-/* Send req (ATTN_BWD, ATTN_VARLEN or ATTN_KVCACHE, checked, synchronous fields) asynchronously
- * with completion words, ordered on stream: through the ring when the daemon serving it sets
- * `feature` (FA_RING_FEAT_*), else on a pooled socket. *use_events true (FA_OK returned, nothing
+/* Send req (ATTN_FWD, ATTN_BWD, ATTN_VARLEN or ATTN_KVCACHE, checked, synchronous fields)
+ * asynchronously with completion words, ordered on stream: through the ring when the daemon
+ * serving it sets `feature` (FA_RING_FEAT_*; 0 for the forward, whose keys every daemon with
+ * rings knows), else on a pooled socket. *use_events true (FA_OK returned, nothing
  * sent): the words path is not open to this call (no words in stream's context, or the daemon
  * predates the op's async keys); the caller falls back or refuses. Otherwise the statuses of
- * fa_attn_fwd_async's words paths (a ring call's failure is sticky: reported later). */
+ * fa_client.h's for fa_attn_fwd_async (a ring call's failure is sticky: reported later). */
 fa_status fa__async_words_call(fa_client *c, struct fa_proto_req *req, void *stream,
                                uint32_t feature, bool *use_events);
 
