@@ -82,6 +82,9 @@ for dt, d, causal in ([] if os.environ.get("FA_ANCHORS_ERR_ONLY") == "1" else
                       [("bf16", 128, False), ("bf16", 128, True), ("bf16", 64, False),
                        ("bf16", 256, False), ("fp16", 128, False), ("fp32", 128, False),
                        ("fp32", 256, False)]):
+    # FA_ANCHORS_DT=bf16,fp16: only these dtypes' timings (a short device call)
+    if os.environ.get("FA_ANCHORS_DT") and dt not in os.environ["FA_ANCHORS_DT"].split(","):
+        continue
     for bk in ["flash", "cudnn", "efficient"]:
         if dt == "fp32" and bk != "efficient":
             continue
