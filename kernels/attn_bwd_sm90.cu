@@ -11,6 +11,16 @@
  *   FA_NWG     warpgroups per block (1 or 2); each owns 64 keys: BKV = 64 NWG
  *   FA_BQ      query rows per step: 64 or 128 (the N of S^T = K Q^T)
  *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_bwd.cu)
+ *   FA_DET     1: the deterministic dQ (its own specialisation, gpu_bwd.c asks for it with the
+ *              tile's rt = 2): the grid is (kv head, batch, key block), the key block slowest,
+ *              and a block adds a query block's dQ rows only when the counter of that (query
+ *              head, query block) reads its key block's index n: under no mask and both causal
+ *              ones the key blocks that see a query block are a prefix 0 .. b - 1, so exactly n
+ *              adds come before this one (attn_bwd.cu's det_turn with groups of one). Each warp
+ *              waits for itself (lane 0 spins, no block barrier); the count is handed on at the
+ *              top of the next step, whose barrier follows every thread's fence, so the
+ *              reductions have had a step to land. A block waits only on the block of the same
+ *              head one key block lower, launched before it: no deadlock.
  *
  * Why a second kernel (kernels/PERF-NOTES.md, backward): attn_bwd.cu runs five products per
  * step through one mma.sync warp-GEMM that reads both operands from shared memory, with P^T and
@@ -42,8 +52,7 @@
  * 32-bit pairs of its accumulator.
  *
  * Not here (the planner keeps them on attn_bwd.cu): fp32 and its bf16 staging, head dims above
- * 128 (dK and dV of 64 keys x 256 take every register), the sliding window, softcap and the
- * deterministic dQ.
+ * 128 (dK and dV of 64 keys x 256 take every register), the sliding window and softcap.
  *
  * Numerics as attn_bwd.cu's 16-bit kernel: P^T and dS^T rounded to the input type for the
  * products, fp32 accumulation, the plain exponent.
@@ -75,8 +84,11 @@
 #if FA_D % 8 || FA_D < 8 || FA_D > 128
 #error "FA_D must be a multiple of 8 in [8, 128]"
 #endif
-#if (defined(FA_WIN) && FA_WIN) || (defined(FA_SOFTCAP) && FA_SOFTCAP) || (defined(FA_DET) && FA_DET)
-#error "attn_bwd_sm90.cu has no window, softcap or deterministic dQ (attn_bwd.cu serves them)"
+#ifndef FA_DET
+#define FA_DET 0
+#endif
+#if (defined(FA_WIN) && FA_WIN) || (defined(FA_SOFTCAP) && FA_SOFTCAP)
+#error "attn_bwd_sm90.cu has no window or softcap (attn_bwd.cu serves them)"
 #endif
 #if FA_NWG != 1 && FA_NWG != 2
 #error "FA_NWG: 1 or 2"
@@ -113,9 +125,21 @@ struct fa_bwd_params {
 	int sqp, nq; /* Sq rounded up to BQ, and its query blocks */
 	float sl;    /* scale * log2(e), signed */
 	float scale;
-	int dgrp_lg;
+	int tstride; /* attn_bwd.cu's dgrp_lg: here the turn counters per query block (FA_DET) */
 	float scale_lo;
 };
+
+/* FA_DET: the hand-over of a step's dQ adds, attn_bwd.cu's release_turn for the block: every
+ * thread fences its reductions (issued a step ago), the caller's barrier follows, then one thread
+ * counts one more add. */
+__device__ __forceinline__ void det_fence(void)
+{
+	asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+__device__ __forceinline__ void det_count(int *turn)
+{
+	asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
+}
 
 /* Index (in elements) of element (row, col) of a tile of `cols` 16-bit columns in core
  * matrices (attn_fwd_sm90.cu's core_idx with 8 elements per 16-byte row). */
@@ -308,7 +332,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 
 	const int tid = (int)threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
 	const int g = lane >> 2, c = lane & 3, r0 = 16 * wi + g;
-	const int n = (int)blockIdx.x, hk = (int)blockIdx.y, b = (int)blockIdx.z;
+	const int n = FA_DET ? (int)blockIdx.z : (int)blockIdx.x;
+	const int hk = FA_DET ? (int)blockIdx.x : (int)blockIdx.y;
+	const int b = FA_DET ? (int)blockIdx.y : (int)blockIdx.z;
 	const int kv0 = n * BKV, kw0 = kv0 + 64 * wg; /* the block's, the warpgroup's first key */
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
 	int iq0 = 0; /* the first query block whose rows see key kv0 */
@@ -332,6 +358,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		dk[i] = dv[i] = 0.f;
 	const u32 kaddr = smem_u32(sK + 64 * wg * DP), vaddr = smem_u32(sV + 64 * wg * DP);
 
+	int *prev_turn = nullptr; /* FA_DET: the counter of the last step's adds, not yet counted */
 	for (int it = 0; it < total; it++) {
 		const int hh = it / nsteps, iq = iq0 + (it - hh * nsteps);
 		const int h = hk * p.group + hh, q0 = iq * FA_BQ, buf = it & 1;
@@ -343,7 +370,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		 * free */
 		cp_async_wait<0>();
 		fence_proxy_async();
+		if (FA_DET && prev_turn)
+			det_fence();
 		__syncthreads();
+		if (FA_DET && prev_turn && tid == 0)
+			det_count(prev_turn);
 		if (it + 1 < total) {
 			const int hn = (it + 1) / nsteps, iqn = iq0 + (it + 1 - hn * nsteps);
 			load_step(p, sQ0 + (buf ^ 1) * FA_BQ * DP, sdO0 + (buf ^ 1) * FA_BQ * DP,
@@ -448,6 +479,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			wg_touch(dk[i]);
 			wg_touch(dv[i]);
 		}
+		if (FA_DET) { /* this block's turn: the n lower key blocks have added */
+			int *t = p.turn + (bh * p.nq + iq) * p.tstride;
+			if (lane == 0)
+				while (fa_ld_acquire(t) != n)
+					__nanosleep(32);
+			__syncwarp();
+			prev_turn = t;
+		}
 		float *acc = p.dqacc + (bh * p.sqp + q0) * DP + wg * DQW;
 #pragma unroll
 		for (int mt = 0; mt < MQ; mt++)
@@ -467,6 +506,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			}
 	}
 	cp_async_wait<0>(); /* K and V landed even when no step ran */
+	if (FA_DET && prev_turn) { /* the last step's adds */
+		det_fence();
+		__syncthreads();
+		if (tid == 0)
+			det_count(prev_turn);
+	}
 
 	/* dK = scale dS^T Q, dV, in their dtype; keys past Sk and head dims past D not written */
 	u16 *dKg = (u16 *)p.dk + b * p.dks[0] + hk * p.dks[2];

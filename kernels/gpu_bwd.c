@@ -129,9 +129,9 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 
 	struct fa_tile t;
 	const bool det = (flags & FA_GPU_BWD_DETERMINISTIC) != 0;
-	/* the wgmma backward (attn_bwd_sm90.cu) has no deterministic dQ, window or softcap: the
-	 * planner's next candidate (an attn_bwd.cu tile) serves those */
-	const bool wg_ok = !det && !fa_attn_window_active(f) && !(f->softcap > 0);
+	/* the wgmma backward (attn_bwd_sm90.cu) has no window or softcap: the planner's next
+	 * candidate (an attn_bwd.cu tile) serves those */
+	const bool wg_ok = !fa_attn_window_active(f) && !(f->softcap > 0);
 	if (tile) {
 		t = *tile;
 		if (!fa_kpath_is_bwd(t.path) || !fa_bwd_tile_layout_ok(&t, (int)f->D))
@@ -139,8 +139,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 			              (int)f->D);
 		if (t.path == FA_KPATH_BWDWG16 && (!wg_ok || f->dtype == FA_DTYPE_FP32))
 			return fa_err(err, errlen, FA_EINVAL,
-			              "backward: the wgmma tile takes fp16 / bf16 without the deterministic "
-			              "mode, a window or softcap");
+			              "backward: the wgmma tile takes fp16 / bf16 without a window or "
+			              "softcap");
 	} else {
 		struct fa_tile cand[FA_PLAN_MAX_CANDIDATES];
 		int n = 0, i = 0;
@@ -152,8 +152,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	}
 	const bool wgp = t.path == FA_KPATH_BWDWG16;
 	struct fa_kernel_spec spec;
-	if (!wgp)
-		t.rt = det ? 2 : 1; /* the deterministic dQ is its own specialisation (attn_bwd.cu, FA_DET) */
+	t.rt = det ? 2 : 1; /* the deterministic dQ is its own specialisation (FA_DET, both kernels) */
 	fa_kernel_spec_make(&spec, fa_gpu_sm(g), f->dtype, f->precision, (int)f->D, f->mask, &t);
 	fa_kernel_spec_mask_ext(&spec, f); /* FA_WIN (the mask folded in), FA_SOFTCAP */
 	if (spec.tile.smem > fa_gpu_smem_optin(g)) {
@@ -198,7 +197,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	/* deterministic: groups of FA_BWD_DET_GROUP consecutive key blocks run together
 	 * (attn_bwd.cu, det_member); a group's members wait on each other, so a group may not be
 	 * larger than the blocks that can be resident at once (else groups of one) */
-	int dgrp_lg = det_group_lg(fa_gpu_settings(g));
+	int dgrp_lg = wgp ? 0 : det_group_lg(fa_gpu_settings(g)); /* attn_bwd_sm90.cu: groups of one */
 	{
 		const struct fa_device_model *m = fa_gpu_model(g);
 		const int bps = spec.tile.blocks_per_sm > 0 ? spec.tile.blocks_per_sm : 1;
@@ -285,7 +284,9 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		mp.sl = (float)(f->scale * 1.4426950408889634);
 		mp.scale = (float)f->scale;
 		mp.scale_lo = (float)(f->scale - (double)mp.scale);
-		mp.dgrp_lg = dgrp_lg;
+		/* attn_bwd_sm90.cu reads this field as the turn counters' stride per query block (the
+		 * pre pass zeroes pre_nw of them) */
+		mp.dgrp_lg = wgp ? pre_nw : dgrp_lg;
 		if (spec.window) {
 			int64_t lo, hi;
 			fa_attn_window_diffs(f, &lo, &hi);

@@ -156,8 +156,8 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 		/* attn_bwd.cu: in = the tensor cores' type, qin = the global type of every tensor */
 		s->qin = dt;
 		if (tile->path == FA_KPATH_BWDWG16 && dt != FA_DTYPE_FP32) {
-			/* attn_bwd_sm90.cu: 64 query rows, two Q/dO buffers, no deterministic form */
-			s->tile.rt = 1;
+			/* attn_bwd_sm90.cu: 64 query rows, two Q/dO buffers; rt 2: FA_DET */
+			s->tile.rt = tile->rt == 2 ? 2 : 1;
 			s->tile.br = 64;
 			s->tile.stages = 2;
 			s->tile.bc = 16 * s->tile.nw;
@@ -306,6 +306,8 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NWG=%d", s->tile.nw / 4);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
+		if (s->tile.rt == 2)
+			snprintf(o->v[k++], sizeof o->v[0], "-DFA_DET=1");
 		goto ext;
 	}
 	if (fa_kpath_is_bwd(s->tile.path)) { /* attn_bwd.cu's parameters */

@@ -46,7 +46,9 @@ static void compile_one(int i)
 	                              sizeof jobs[i].err);
 }
 
-static struct fa_kernel_settings plan_ks = FA_KERNEL_SETTINGS_INIT;
+/* FA_WGMMA16_BWD=1: the wgmma backward's tiles for every head dim it claims (auto offers
+ * 64..128), as the GPU test forces them */
+static struct fa_kernel_settings plan_ks = FA_KERNEL_SETTINGS_INIT; /* setup(): + that */
 
 /* det: also the deterministic dQ's specialisation of the first tile (gpu_bwd.c asks for it with
  * rt = 2): it must compile; its spills are shown, not failed (only the deterministic mode runs
@@ -56,11 +58,11 @@ static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, f
 static void add_jobs_det(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
                          int top, bool det)
 {
-	add_jobs_sel(arch, dt, p, D, m, top, det, det);
+	add_jobs_sel(arch, dt, p, D, m, top, det, false);
 }
 
-/* no_wg: the planner's tiles without the wgmma backward's (attn_bwd_sm90.cu has no
- * deterministic dQ, window or softcap: gpu_bwd.c takes the next candidate for those). */
+/* no_wg: the planner's tiles without the wgmma backward's (attn_bwd_sm90.cu has no window or
+ * softcap: gpu_bwd.c takes the next candidate for those). */
 static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
                          int top, bool det, bool no_wg)
 {
@@ -134,6 +136,7 @@ static int setup(void **state)
 	 * host: a specialisation the daemon compiled earlier came back in 0.02 s with no ptxas
 	 * report). The check needs ptxas to run: switch the cache off for this process. */
 	setenv("CUDA_CACHE_DISABLE", "1", 1);
+	plan_ks.wgmma16_bwd = FA_WGMMA16_ALL;
 	if (fa_nvrtc_open(&nv, NULL, nv_err, sizeof nv_err) != FA_OK)
 		nv = NULL;
 	return 0;
@@ -197,9 +200,9 @@ static void test_nvrtc_compiles_the_planned_backward_specialisations(void **stat
 		 * dim 128): both of its tiles (two warpgroups, one) over the head-dim splits (8: one
 		 * n8 block per warpgroup's dQ; 24, 40: n16 + n8 and n16 + n8 slices; 96, 120) */
 		const int wgD[] = {8, 24, 40, 96, 120};
-		for (int i = 0; i < 5; i++)
-			add_jobs("sm_90", i % 2 ? FA_DTYPE_FP16 : FA_DTYPE_BF16, FA_PREC_DEFAULT, wgD[i],
-			         masks[i % 3], 2);
+		for (int i = 0; i < 5; i++) /* and its deterministic dQ (FA_DET) for three of them */
+			add_jobs_det("sm_90", i % 2 ? FA_DTYPE_FP16 : FA_DTYPE_BF16, FA_PREC_DEFAULT,
+			             wgD[i], masks[i % 3], 2, i % 2 == 0);
 		/* the window and softcap: every dtype and precision on sm_90 (window, softcap, both
 		 * in turn; the deterministic dQ with a window for half of them), and on sm_80, sm_86
 		 * and sm_120 */

@@ -142,8 +142,10 @@ static void test_planner_bwd_every_shape_plans_within_the_limit(void **state)
 					if (i > 0)
 						assert_true(t[i - 1].score >= t[i].score);
 				}
-				/* sm_90, 16-bit up to head dim 128: the wgmma backward first */
-				const bool wg = models[m].sm == 90 && dts[a] != FA_DTYPE_FP32 && D <= 128;
+				/* sm_90, 16-bit, head dims 64 to 128 (auto: where it measured faster): the
+				 * wgmma backward first */
+				const bool wg =
+				    models[m].sm == 90 && dts[a] != FA_DTYPE_FP32 && D >= 64 && D <= 128;
 				assert_int_equal(t[0].path,
 				                 wg ? FA_KPATH_BWDWG16 : fa_plan_bwd_path(dts[a], precs[a]));
 			}
@@ -270,10 +272,17 @@ static void test_planner_bwd_wgmma_path(void **state)
 		for (int k = 0; k < n; k++)
 			assert_true(t[k].path != FA_KPATH_BWDWG16);
 	}
-	/* every head dim up to 128 and mask: its tiles pass the layout check */
+	/* auto: head dims 64 to 128 (measured faster); FA_WGMMA16_BWD=1: every head dim up to
+	 * 128, its tiles passing the layout check */
+	struct fa_kernel_settings all = ks;
+	assert_int_equal(fa_kernel_settings_set(&all, "FA_WGMMA16_BWD", "1", err, sizeof err), FA_OK);
 	for (int D = 8; D <= 128; D += 8) {
 		struct fa_plan_req q = req(FA_DTYPE_FP16, FA_PREC_DEFAULT, D, FA_MASK_CAUSAL_TOP_LEFT);
 		q.ks = &ks;
+		assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
+		                 FA_OK);
+		assert_int_equal(t[0].path == FA_KPATH_BWDWG16, D >= 64);
+		q.ks = &all;
 		assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
 		                 FA_OK);
 		assert_int_equal(t[0].path, FA_KPATH_BWDWG16);
