@@ -1,4 +1,5 @@
-/* fa_device.cuh - device helpers the kernels share (attn_fwd.cu, attn_fwd_sm90.cu, attn_bwd.cu).
+/* fa_device.cuh - device helpers the kernels share (attn_fwd.cu, attn_fwd_sm90.cu, attn_bwd.cu,
+ * attn_bwd_sm90.cu).
  *
  * NVRTC has no file system here: the host hands this text to nvrtcCreateProgram as the header
  * "fa_device.cuh" (gpu_nvrtc.c; embedded like the .cu files by tools/embed.sh), and the disk
