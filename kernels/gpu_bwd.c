@@ -137,10 +137,14 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		if (!fa_kpath_is_bwd(t.path) || !fa_bwd_tile_layout_ok(&t, (int)f->D))
 			return fa_err(err, errlen, FA_EINVAL, "backward: not a backward tile for head dim %d",
 			              (int)f->D);
-		if (t.path == FA_KPATH_BWDWG16 && (!wg_ok || f->dtype == FA_DTYPE_FP32))
+		if (t.path == FA_KPATH_BWDWG16 &&
+		    (!wg_ok || f->dtype == FA_DTYPE_FP32 || fa_gpu_sm(g) != 90))
 			return fa_err(err, errlen, FA_EINVAL,
-			              "backward: the wgmma tile takes fp16 / bf16 without a window or "
-			              "softcap");
+			              "backward: the wgmma tile takes fp16 / bf16 on sm_90 without a window "
+			              "or softcap (this is %s on sm_%d%s%s)",
+			              f->dtype == FA_DTYPE_FP32 ? "fp32" : "16-bit", fa_gpu_sm(g),
+			              fa_attn_window_active(f) ? ", a window" : "",
+			              f->softcap > 0 ? ", softcap" : "");
 	} else {
 		struct fa_tile cand[FA_PLAN_MAX_CANDIDATES];
 		int n = 0, i = 0;
