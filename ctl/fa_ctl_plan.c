@@ -69,6 +69,7 @@ static const char *path_name(int path)
 	return path == FA_KPATH_16       ? "16-bit mma.sync"
 	       : path == FA_KPATH_BWD16  ? "backward 16-bit mma.sync"
 	       : path == FA_KPATH_BWD32  ? "backward fp32 mma.sync"
+	       : path == FA_KPATH_BWDWG16 ? "backward sm_90a wgmma 16-bit"
 	       : path == FA_KPATH_32     ? "fp32 mma.sync"
 	       : path == FA_KPATH_WG32X3 ? "sm_90a wgmma 3xtf32"
 	       : path == FA_KPATH_WG16   ? "sm_90a wgmma 16-bit"

@@ -217,6 +217,11 @@ static const struct config_option config_options[] = {
 	 .help = "gpu backend: key blocks the deterministic backward runs as one group (1, 2, 4 "
 	         "or 8; 0 = 1, as measured)",
 	 FIELD(kernels)},
+	{.name = "wgmma16-bwd", .type = CONFIG_KERNEL, .def = "auto", .env = "FA_WGMMA16_BWD",
+	 .metavar = "auto|0|1",
+	 .help = "gpu backend: the 16-bit wgmma backward (sm_90) where it measured faster (auto), "
+	         "never (0) or wherever it claims the shape (1)",
+	 FIELD(kernels)},
 	{.name = "cuda-home", .type = CONFIG_KERNEL, .def = "", .env = "CUDA_HOME", .metavar = "DIR",
 	 .help = "a CUDA toolkit whose lib64/libnvrtc.so.13 is tried after the one built in",
 	 FIELD(kernels)},

@@ -195,44 +195,14 @@ struct fa_wgprep {
 	int B, Sk, Hkv, skp;
 };
 
-/* Shared memory written by the generic proxy (st.shared, cp.async) is read by wgmma through
- * the async proxy: each writer fences before the barrier that publishes its writes. */
-__device__ __forceinline__ void fence_proxy_async(void)
-{
-	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_fence(void)
-{
-	asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void wg_commit(void)
-{
-	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void wg_wait(void)
-{
-	asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-/* The accumulators an asynchronous wgmma writes must not be touched before its wait: this
- * tells the compiler each one may change there. */
-__device__ __forceinline__ void wg_touch(float &x)
-{
-	asm volatile("" : "+f"(x)::"memory");
-}
-
+/* fence_proxy_async, wg_fence, wg_commit, wg_wait, wg_touch and wg_desc: fa_device.cuh
+ * (attn_bwd_sm90.cu uses them too). */
 /* fp32 -> tf32, round to nearest (ties away), as a float with the low 13 bits clear. */
 __device__ __forceinline__ float tf32_rna(float x)
 {
 	u32 r;
 	asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
 	return __uint_as_float(r);
-}
-
-/* A shared-memory matrix descriptor: no swizzle, leading (K) byte offset 128, stride byte
- * offset sbo between 8-row groups. Addresses and offsets in units of 16 bytes. */
-__device__ __forceinline__ u64 wg_desc(u32 addr, u32 sbo)
-{
-	return (u64)((addr & 0x3ffff) >> 4) | ((u64)(128 >> 4) << 16) | ((u64)(sbo >> 4) << 32);
 }
 
 /* Index (in elements) of element (row, col) of a K-major tile of `cols` columns in core

@@ -1,4 +1,5 @@
-/* fa_device.cuh - device helpers the kernels share (attn_fwd.cu, attn_fwd_sm90.cu, attn_bwd.cu).
+/* fa_device.cuh - device helpers the kernels share (attn_fwd.cu, attn_fwd_sm90.cu, attn_bwd.cu,
+ * attn_bwd_sm90.cu).
  *
  * NVRTC has no file system here: the host hands this text to nvrtcCreateProgram as the header
  * "fa_device.cuh" (gpu_nvrtc.c; embedded like the .cu files by tools/embed.sh), and the disk
@@ -244,6 +245,49 @@ __device__ __forceinline__ void fa_seq_window(int sq, int sk, int wl, int wr, in
 		l = a - wl;
 	*lo = (int)min(max(l, -q - 1), k + 1);
 	*hi = (int)min(max(h, -q - 1), k + 1);
+}
+
+/* ---- wgmma (sm_90a: attn_fwd_sm90.cu, attn_bwd_sm90.cu; the other kernels never call them, so
+ * nothing of them reaches their PTX) ---- */
+
+/* Shared memory written by the generic proxy (st.shared, cp.async) is read by wgmma through
+ * the async proxy: each writer fences before the barrier that publishes its writes. */
+__device__ __forceinline__ void fence_proxy_async(void)
+{
+	asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_fence(void)
+{
+	asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wg_commit(void)
+{
+	asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait(void)
+{
+	asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* The accumulators an asynchronous wgmma writes must not be touched before its wait: this
+ * tells the compiler each one may change there. */
+__device__ __forceinline__ void wg_touch(float &x)
+{
+	asm volatile("" : "+f"(x)::"memory");
+}
+
+/* A shared-memory matrix descriptor: no swizzle, leading (K) byte offset 128, stride byte
+ * offset sbo between 8-row groups. Addresses and offsets in units of 16 bytes. */
+__device__ __forceinline__ u64 wg_desc(u32 addr, u32 sbo)
+{
+	return (u64)((addr & 0x3ffff) >> 4) | ((u64)(128 >> 4) << 16) | ((u64)(sbo >> 4) << 32);
+}
+
+/* The same with both offsets given: MN-major (transposed, 16-bit only) operands take the
+ * stride between 8-groups along K as the leading byte offset and the one along M / N as the
+ * stride byte offset (the no-swizzle canonical layouts of the PTX ISA's matrix descriptor). */
+__device__ __forceinline__ u64 wg_desc2(u32 addr, u32 lbo, u32 sbo)
+{
+	return (u64)((addr & 0x3ffff) >> 4) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32);
 }
 
 #endif /* FA_DEVICE_CUH */

@@ -17,6 +17,9 @@ extern const unsigned long fa_src_attn_decode_len;
 /* kernels/attn_bwd.cu: the backward's three kernels (pre, main, dq) */
 extern const char fa_src_attn_bwd[];
 extern const unsigned long fa_src_attn_bwd_len;
+/* kernels/attn_bwd_sm90.cu: the backward's main pass on wgmma (sm_90a, 16-bit) */
+extern const char fa_src_attn_bwd_sm90[];
+extern const unsigned long fa_src_attn_bwd_sm90_len;
 /* kernels/fa_device.cuh: the device helpers both include, handed to NVRTC as a header */
 extern const char fa_src_fa_device[];
 extern const unsigned long fa_src_fa_device_len;

@@ -51,12 +51,16 @@ enum fa_kpath {
 	 * rows per step; rt = 1, stages = 1 */
 	FA_KPATH_BWD16 = 8, /* 16-bit shared memory, m16n8k16 (fp16, bf16, fp32 staged as bf16) */
 	FA_KPATH_BWD32 = 9, /* fp32 shared memory, m16n8k8 tf32 / 3xtf32, FFMA for ieee */
+	/* sm_90 only (attn_bwd_sm90.cu, sm_90a): fp16 / bf16 on wgmma; nw = 4 per warpgroup of 64
+	 * keys (bc = 16 nw), br = 64 query rows per step, stages = 2; head dims up to 128, no
+	 * window, softcap or deterministic dQ (gpu_bwd.c then takes the next candidate) */
+	FA_KPATH_BWDWG16 = 10,
 };
 
 /* Whether a path is one of the backward's. */
 static inline bool fa_kpath_is_bwd(int path)
 {
-	return path == FA_KPATH_BWD16 || path == FA_KPATH_BWD32;
+	return path == FA_KPATH_BWD16 || path == FA_KPATH_BWD32 || path == FA_KPATH_BWDWG16;
 }
 
 /* Whether a path is one of the wgmma paths. */

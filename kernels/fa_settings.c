@@ -14,6 +14,7 @@ static const char *const names[] = {
 	"FA_WGMMA",   "FA_WGMMA16",          "FA_WG_BC",              "FA_WG_STAGES",
 	"FA_WG_NWG",  "FA_NVRTC_EXTRA",      "FA_KERNEL_CACHE_MAX_MB", "CUDA_HOME",
 	"FA_DECODE",  "FA_DECODE_SPLITS",    "FA_DECODE_STAGES",      "FA_BWD_DET_GROUP",
+	"FA_WGMMA16_BWD",
 	NULL,
 };
 
@@ -74,13 +75,14 @@ fa_status fa_kernel_settings_set(struct fa_kernel_settings *s, const char *name,
 		if (strcmp(value, "0") != 0 && strcmp(value, "1") != 0)
 			return bad(err, errlen, name, value, "0 or 1");
 		s->wgmma = value[0] == '1';
-	} else if (strcmp(name, "FA_WGMMA16") == 0) {
+	} else if (strcmp(name, "FA_WGMMA16") == 0 || strcmp(name, "FA_WGMMA16_BWD") == 0) {
+		enum fa_wgmma16_mode *m = name[10] ? &s->wgmma16_bwd : &s->wgmma16;
 		if (strcmp(value, "auto") == 0)
-			s->wgmma16 = FA_WGMMA16_MEASURED;
+			*m = FA_WGMMA16_MEASURED;
 		else if (strcmp(value, "0") == 0)
-			s->wgmma16 = FA_WGMMA16_OFF;
+			*m = FA_WGMMA16_OFF;
 		else if (strcmp(value, "1") == 0)
-			s->wgmma16 = FA_WGMMA16_ALL;
+			*m = FA_WGMMA16_ALL;
 		else
 			return bad(err, errlen, name, value, "auto, 0 or 1");
 	} else if (strcmp(name, "FA_WG_BC") == 0 || strcmp(name, "FA_WG_STAGES") == 0 ||
@@ -130,9 +132,10 @@ bool fa_kernel_settings_get(const struct fa_kernel_settings *s, const char *name
 		return false;
 	if (strcmp(name, "FA_WGMMA") == 0)
 		snprintf(buf, cap, "%d", s->wgmma ? 1 : 0);
-	else if (strcmp(name, "FA_WGMMA16") == 0)
-		snprintf(buf, cap, "%s", s->wgmma16 == FA_WGMMA16_OFF ? "0"
-		                         : s->wgmma16 == FA_WGMMA16_ALL ? "1" : "auto");
+	else if (strcmp(name, "FA_WGMMA16") == 0 || strcmp(name, "FA_WGMMA16_BWD") == 0) {
+		const enum fa_wgmma16_mode m = name[10] ? s->wgmma16_bwd : s->wgmma16;
+		snprintf(buf, cap, "%s", m == FA_WGMMA16_OFF ? "0" : m == FA_WGMMA16_ALL ? "1" : "auto");
+	}
 	else if (strcmp(name, "FA_WG_BC") == 0)
 		snprintf(buf, cap, "%d", s->wg_bc);
 	else if (strcmp(name, "FA_WG_STAGES") == 0)

@@ -128,19 +128,35 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		return fa_err(err, errlen, FA_EALIGN, "lse: device pointer is not 4-byte aligned");
 
 	struct fa_tile t;
+	const bool det = (flags & FA_GPU_BWD_DETERMINISTIC) != 0;
+	/* the wgmma backward (attn_bwd_sm90.cu) has no window or softcap: the planner's next
+	 * candidate (an attn_bwd.cu tile) serves those */
+	const bool wg_ok = !fa_attn_window_active(f) && !(f->softcap > 0);
 	if (tile) {
 		t = *tile;
 		if (!fa_kpath_is_bwd(t.path) || !fa_bwd_tile_layout_ok(&t, (int)f->D))
 			return fa_err(err, errlen, FA_EINVAL, "backward: not a backward tile for head dim %d",
 			              (int)f->D);
+		if (t.path == FA_KPATH_BWDWG16 &&
+		    (!wg_ok || f->dtype == FA_DTYPE_FP32 || fa_gpu_sm(g) != 90))
+			return fa_err(err, errlen, FA_EINVAL,
+			              "backward: the wgmma tile takes fp16 / bf16 on sm_90 without a window "
+			              "or softcap (this is %s on sm_%d%s%s)",
+			              f->dtype == FA_DTYPE_FP32 ? "fp32" : "16-bit", fa_gpu_sm(g),
+			              fa_attn_window_active(f) ? ", a window" : "",
+			              f->softcap > 0 ? ", softcap" : "");
 	} else {
-		int n = 0;
-		if ((st = fa_gpu_plan_bwd(g, d, &t, 1, &n, err, errlen)))
+		struct fa_tile cand[FA_PLAN_MAX_CANDIDATES];
+		int n = 0, i = 0;
+		if ((st = fa_gpu_plan_bwd(g, d, cand, FA_PLAN_MAX_CANDIDATES, &n, err, errlen)))
 			return st;
+		while (i + 1 < n && cand[i].path == FA_KPATH_BWDWG16 && !wg_ok)
+			i++;
+		t = cand[i];
 	}
+	const bool wgp = t.path == FA_KPATH_BWDWG16;
 	struct fa_kernel_spec spec;
-	const bool det = (flags & FA_GPU_BWD_DETERMINISTIC) != 0;
-	t.rt = det ? 2 : 1; /* the deterministic dQ is its own specialisation (attn_bwd.cu, FA_DET) */
+	t.rt = det ? 2 : 1; /* the deterministic dQ is its own specialisation (FA_DET, both kernels) */
 	fa_kernel_spec_make(&spec, fa_gpu_sm(g), f->dtype, f->precision, (int)f->D, f->mask, &t);
 	fa_kernel_spec_mask_ext(&spec, f); /* FA_WIN (the mask folded in), FA_SOFTCAP */
 	if (spec.tile.smem > fa_gpu_smem_optin(g)) {
@@ -155,12 +171,37 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	struct fa_gpu_bwd_funcs fn;
 	if ((st = fa_gpu_bwd_kernels(g, &spec, &fn, err, errlen)))
 		return st;
+	/* the wgmma main pass runs between attn_bwd.cu's pre and dq passes of the same query rows
+	 * per step (64: the accumulator's and lse2's rows) and padded head dim, from an attn_bwd.cu
+	 * tile whose warp layout takes the head dim (compiled and cached like any other) */
+	int pre_nw = spec.tile.nw;
+	if (wgp) {
+		struct fa_tile ct = {0};
+		ct.path = FA_KPATH_BWD16;
+		ct.rt = 1;
+		ct.bc = 64;
+		ct.br = 64;
+		ct.stages = 1;
+		for (ct.nw = 8; ct.nw >= 2 && !fa_bwd_tile_layout_ok(&ct, (int)f->D); ct.nw /= 2)
+			;
+		if (ct.nw < 2)
+			return fa_err(err, errlen, FA_EINTERNAL, "backward: no pre/dq pass for head dim %d",
+			              (int)f->D);
+		struct fa_kernel_spec cs;
+		fa_kernel_spec_make(&cs, fa_gpu_sm(g), f->dtype, f->precision, (int)f->D, f->mask, &ct);
+		struct fa_gpu_bwd_funcs cf;
+		if ((st = fa_gpu_bwd_kernels(g, &cs, &cf, err, errlen)))
+			return st;
+		fn.pre = cf.pre;
+		fn.dq = cf.dq;
+		pre_nw = cs.tile.nw;
+	}
 
 	const int bq = spec.tile.br, bkv = spec.tile.bc;
 	/* deterministic: groups of FA_BWD_DET_GROUP consecutive key blocks run together
 	 * (attn_bwd.cu, det_member); a group's members wait on each other, so a group may not be
 	 * larger than the blocks that can be resident at once (else groups of one) */
-	int dgrp_lg = det_group_lg(fa_gpu_settings(g));
+	int dgrp_lg = wgp ? 0 : det_group_lg(fa_gpu_settings(g)); /* attn_bwd_sm90.cu: groups of one */
 	{
 		const struct fa_device_model *m = fa_gpu_model(g);
 		const int bps = spec.tile.blocks_per_sm > 0 ? spec.tile.blocks_per_sm : 1;
@@ -178,7 +219,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	const int64_t nq = (f->Sq + bq - 1) / bq, sqp = nq * bq;
 	const int64_t rows = f->B * f->Hq * sqp;
 	const size_t b_row = (size_t)rows * 4, b_acc = (size_t)(rows * dp) * 4;
-	const size_t b_turn = (size_t)(f->B * f->Hq * nq * spec.tile.nw) * 4; /* one per warp */
+	const size_t b_turn = (size_t)(f->B * f->Hq * nq * pre_nw) * 4; /* one per warp */
 	const size_t a_row = (b_row + 255) / 256 * 256, a_acc = (b_acc + 255) / 256 * 256;
 	const size_t total = 2 * a_row + a_acc + (b_turn + 255) / 256 * 256;
 	CUdeviceptr scratch = 0;
@@ -247,7 +288,9 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		mp.sl = (float)(f->scale * 1.4426950408889634);
 		mp.scale = (float)f->scale;
 		mp.scale_lo = (float)(f->scale - (double)mp.scale);
-		mp.dgrp_lg = dgrp_lg;
+		/* attn_bwd_sm90.cu reads this field as the turn counters' stride per query block (the
+		 * pre pass zeroes pre_nw of them) */
+		mp.dgrp_lg = wgp ? pre_nw : dgrp_lg;
 		if (spec.window) {
 			int64_t lo, hi;
 			fa_attn_window_diffs(f, &lo, &hi);

@@ -411,8 +411,12 @@ static fa_status get_kernel_try(struct fa_gpu *g, const struct fa_kernel_spec *s
 	bool wg = fa_kpath_is_wg(s->tile.path), dec = fa_kpath_is_decode(s->tile.path);
 	if (fa_kpath_is_bwd(s->tile.path)) {
 		if ((r = g->cu.ModuleGetFunction(&e.fwd, e.mod, "fa_bwd_main")) ||
-		    (r = g->cu.ModuleGetFunction(&e.bwd_pre, e.mod, "fa_bwd_pre")) ||
-		    (r = g->cu.ModuleGetFunction(&e.bwd_dq, e.mod, "fa_bwd_dq")) ||
+		    /* attn_bwd_sm90.cu has the main pass only (gpu_bwd.c takes pre and dq from
+		     * attn_bwd.cu's module of the same shape) */
+		    (s->tile.path != FA_KPATH_BWDWG16 &&
+		     (r = g->cu.ModuleGetFunction(&e.bwd_pre, e.mod, "fa_bwd_pre"))) ||
+		    (s->tile.path != FA_KPATH_BWDWG16 &&
+		     (r = g->cu.ModuleGetFunction(&e.bwd_dq, e.mod, "fa_bwd_dq"))) ||
 		    (r = g->cu.FuncSetAttribute(e.fwd, FUNC_ATTR_MAX_DYN_SMEM, (int)s->tile.smem))) {
 			st = cu_fail(g, r, "loading fa_bwd_main", err, errlen);
 			g->cu.ModuleUnload(e.mod);

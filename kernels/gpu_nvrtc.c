@@ -155,6 +155,15 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 	if (fa_kpath_is_bwd(tile->path)) {
 		/* attn_bwd.cu: in = the tensor cores' type, qin = the global type of every tensor */
 		s->qin = dt;
+		if (tile->path == FA_KPATH_BWDWG16 && dt != FA_DTYPE_FP32) {
+			/* attn_bwd_sm90.cu: 64 query rows, two Q/dO buffers; rt 2: FA_DET */
+			s->tile.rt = tile->rt == 2 ? 2 : 1;
+			s->tile.br = 64;
+			s->tile.stages = 2;
+			s->tile.bc = 16 * s->tile.nw;
+			s->tile.smem = fa_bwd_tile_smem(&s->tile, D);
+			return;
+		}
 		s->tile.path = s->in == FA_DTYPE_FP32 ? FA_KPATH_BWD32 : FA_KPATH_BWD16;
 		s->tile.rt = tile->rt == 2 ? 2 : 1; /* 2: the deterministic dQ's kernel (FA_DET) */
 		s->tile.stages = tile->stages == 2 ? 2 : 1;
@@ -209,6 +218,8 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 		         s->in == FA_DTYPE_FP32 ? fa_prec_name(s->precision) : "", s->D,
 		         s->mask == FA_MASK_NONE ? "nomask" : s->mask == FA_MASK_CAUSAL_TOP_LEFT ? "causal-tl" : "causal-br",
 		         tb + 4, s->tile.rt == 2 ? " det" : "");
+		if (s->tile.path == FA_KPATH_BWDWG16 && strlen(buf) < len)
+			snprintf(buf + strlen(buf), len - strlen(buf), " wgmma");
 		name_ext(s, buf, len);
 		return;
 	}
@@ -225,6 +236,11 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 void fa_kernel_source(const struct fa_kernel_spec *s, const char **src, size_t *len)
 {
 	bool wg = fa_kpath_is_wg(s->tile.path);
+	if (s->tile.path == FA_KPATH_BWDWG16) {
+		*src = fa_src_attn_bwd_sm90;
+		*len = fa_src_attn_bwd_sm90_len;
+		return;
+	}
 	if (fa_kpath_is_bwd(s->tile.path)) {
 		*src = fa_src_attn_bwd;
 		*len = fa_src_attn_bwd_len;
@@ -281,6 +297,19 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 	bool wg = fa_kpath_is_wg(s->tile.path), w16 = s->tile.path == FA_KPATH_WG16;
 
 	memset(o, 0, sizeof *o);
+	if (s->tile.path == FA_KPATH_BWDWG16) { /* attn_bwd_sm90.cu's parameters */
+		snprintf(o->v[k++], sizeof o->v[0], "-arch=sm_%da", s->sm);
+		snprintf(o->v[k++], sizeof o->v[0], "-std=c++17");
+		snprintf(o->v[k++], sizeof o->v[0], "--ptxas-options=-v");
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_IN=%d", in);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_D=%d", s->D);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NWG=%d", s->tile.nw / 4);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
+		if (s->tile.rt == 2)
+			snprintf(o->v[k++], sizeof o->v[0], "-DFA_DET=1");
+		goto ext;
+	}
 	if (fa_kpath_is_bwd(s->tile.path)) { /* attn_bwd.cu's parameters */
 		snprintf(o->v[k++], sizeof o->v[0], "-arch=sm_%d", s->sm);
 		snprintf(o->v[k++], sizeof o->v[0], "-std=c++17");
@@ -405,7 +434,8 @@ fa_status fa_nvrtc_compile_opts(struct fa_nvrtc *n, const struct fa_kernel_spec 
 	const bool dec = fa_kpath_is_decode(s->tile.path);
 	const bool bwd = fa_kpath_is_bwd(s->tile.path);
 	nvrtcResult_t r = n->CreateProgram(&prog, src,
-	                                   bwd ? "attn_bwd.cu"
+	                                   s->tile.path == FA_KPATH_BWDWG16 ? "attn_bwd_sm90.cu"
+	                                   : bwd ? "attn_bwd.cu"
 	                                   : dec ? "attn_decode.cu"
 	                                   : fa_kpath_is_wg(s->tile.path) ? "attn_fwd_sm90.cu"
 	                                                                  : "attn_fwd.cu",

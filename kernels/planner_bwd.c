@@ -10,6 +10,7 @@
 #include "fa_planner.h"
 #include "fa_err.h"
 #include "fa_attn.h" /* FA_ATTN_MAX_HEAD_DIM */
+#include "fa_settings.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -25,13 +26,32 @@ int fa_plan_bwd_path(fa_dtype dt, fa_precision p)
 
 int fa_bwd_padded_d(int path, int D)
 {
-	(void)path; /* both paths: the same warp splits */
+	(void)path; /* every path: the same warp splits (the wgmma one claims D <= 128 only) */
 	return D <= 128 ? (D + 15) / 16 * 16 : (D + 31) / 32 * 32;
+}
+
+/* attn_bwd_sm90.cu: K, V (bc rows), two buffers of Q and dO (64 rows), dS^T (bc x 64), all
+ * 16-bit with the padded head dim, and two buffers of lse2 and delta. */
+static size_t bwdwg_smem(const struct fa_tile *t, int D)
+{
+	const size_t dp = (size_t)fa_bwd_padded_d(t->path, D), bq = 64;
+	return 2 * (2 * (size_t)t->bc * dp + 4 * bq * dp + (size_t)t->bc * bq) + 4 * 4 * bq;
+}
+
+/* attn_bwd_sm90.cu's static checks: 1 or 2 warpgroups of 64 keys, 64 query rows, head dims up
+ * to 128 whose padded width splits over the warpgroups in multiples of 8. */
+static bool bwdwg_layout_ok(const struct fa_tile *t, int D)
+{
+	const int nwg = t->nw / 4, dp = fa_bwd_padded_d(t->path, D);
+	return (t->nw == 4 || t->nw == 8) && t->bc == 64 * nwg && t->br == 64 && D >= 8 &&
+	       D <= 128 && D % 8 == 0 && (dp / nwg) % 8 == 0;
 }
 
 /* attn_bwd.cu: LDS = padded D + 8 (16-bit) or D + 4 (fp32), LDP = BQ + 8 or BQ + 4. */
 size_t fa_bwd_tile_smem(const struct fa_tile *t, int D)
 {
+	if (t->path == FA_KPATH_BWDWG16)
+		return bwdwg_smem(t, D);
 	const bool w16 = t->path == FA_KPATH_BWD16;
 	const size_t es = w16 ? 2 : 4;
 	const size_t dp = (size_t)fa_bwd_padded_d(t->path, D);
@@ -44,6 +64,8 @@ size_t fa_bwd_tile_smem(const struct fa_tile *t, int D)
 /* The warp layouts of attn_bwd.cu (WM_S, WN_S, WM_Q, WN_Q and their static_asserts). */
 bool fa_bwd_tile_layout_ok(const struct fa_tile *t, int D)
 {
+	if (t->path == FA_KPATH_BWDWG16)
+		return bwdwg_layout_ok(t, D);
 	const bool w16 = t->path == FA_KPATH_BWD16;
 	const int dp = fa_bwd_padded_d(t->path, D);
 	const int nw = t->nw, bkv = t->bc, bq = t->br;
@@ -69,6 +91,8 @@ static int bwd_regs_raw(const struct fa_tile *t, int D, fa_precision p)
 	const int s = 2 * t->bc * t->br / nt;
 	const int dq = t->br * dp / nt;
 	const int step = s > dq ? s : dq;
+	if (t->path == FA_KPATH_BWDWG16) /* dK, dV, S^T, dP^T (ptxas: d128 250, d64 229, d16 119) */
+		return 120 + dp;
 	if (t->path == FA_KPATH_BWD16)
 		return 56 + kv + step;
 	if (p == FA_PREC_3XTF32) /* + a chunk of partial sums (4 n8 tiles per row tile) */
@@ -120,6 +144,24 @@ static double bwd_score(const struct fa_device_model *dev, const struct fa_plan_
 		f_fill *= 0.2 + 0.8 * (double)r->Sk / (ceil((double)r->Sk / t->bc) * t->bc);
 	}
 	return f_kv * f_q * f_w * f_st * f_fill;
+}
+
+/* Whether the wgmma backward is offered for req: sm_90 with the wgmma paths on
+ * (fa_plan_wgmma_enabled), FA_WGMMA16_BWD not 0, fp16 / bf16 (fp32 in every precision stays
+ * on attn_bwd.cu), head dims up to 128; under "auto" only where it measured faster: head dims
+ * 64 to 128 (H200, S = 4096, kernels/RESULTS.md "the wgmma backward": the backward alone 1.61x
+ * attn_bwd.cu's best tile at bf16 D=128, 1.46x causal, 1.48x at D=64). Below 64 it is correct
+ * (FA_WGMMA16_BWD=1, the GPU test's grid) but not timed, so the measured kernel keeps them. */
+static bool bwdwg_offered(const struct fa_device_model *dev, const struct fa_plan_req *req)
+{
+	const struct fa_kernel_settings *ks = req->ks ? req->ks : fa_kernel_settings_default();
+	if (!fa_plan_wgmma_enabled(dev, ks) || ks->wgmma16_bwd == FA_WGMMA16_OFF)
+		return false;
+	if (req->dtype != FA_DTYPE_FP16 && req->dtype != FA_DTYPE_BF16)
+		return false;
+	if (req->D > 128)
+		return false;
+	return ks->wgmma16_bwd == FA_WGMMA16_ALL || req->D >= 64;
 }
 
 static int cmp_tile(const void *a, const void *b)
@@ -194,6 +236,31 @@ fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_re
 				else if (!heavy && nall < FA_PLAN_MAX_CANDIDATES)
 					all[nall++] = t;
 			}
+	/* the wgmma backward's tiles (two warpgroups, then one), ranked above every mma.sync tile
+	 * (whose scores are below 1) */
+	if (bwdwg_offered(dev, req)) {
+		for (int nw = 8; nw >= 4; nw -= 4) {
+			struct fa_tile t = {0};
+			t.path = FA_KPATH_BWDWG16;
+			t.nw = nw;
+			t.rt = 1;
+			t.bc = 16 * nw;
+			t.br = 64;
+			t.stages = 2;
+			if (!bwdwg_layout_ok(&t, req->D))
+				continue;
+			t.smem = bwdwg_smem(&t, req->D);
+			t.regs = fa_bwd_tile_regs(&t, req->D, prec);
+			if (t.smem > dev->smem_optin || nall >= FA_PLAN_MAX_CANDIDATES)
+				continue;
+			int by_smem = (int)(dev->smem_per_sm / (t.smem + 1024));
+			int by_regs = dev->regs_per_sm / (((t.regs + 7) / 8 * 8) * 32 * nw);
+			int bps = by_smem < by_regs ? by_smem : by_regs;
+			t.blocks_per_sm = bps < 1 ? 1 : bps;
+			t.score = 1.0 + bwd_score(dev, req, &t, t.blocks_per_sm);
+			all[nall++] = t;
+		}
+	}
 	if (nall == 0 && nheavy > 0) {
 		memcpy(all, heavies, (size_t)nheavy * sizeof all[0]);
 		nall = nheavy;

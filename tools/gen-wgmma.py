@@ -3,7 +3,30 @@
 # "bf16" or "f16"), N = 8..128, A from shared memory by descriptor ("ss") or from registers
 # ("rs"), fp32 accumulators, no transposes. Paste the output between the "wgmma wrappers"
 # comment and pv_rs in that file.
+# --bwd: the 16-bit wrappers of kernels/attn_bwd_sm90.cu instead (wgb_ss_n*, wgb_rs_n*): the
+# transpose immediates as template arguments TA, TB (ss) and TB (rs), printed by the "n"
+# constraint, so that one wrapper serves K-major and MN-major operands.
+import sys
+
 out = []
+if "--bwd" in sys.argv[1:]:
+    for N in (8, 16, 32, 64, 128):
+        nr = N // 2
+        shape = "m64n%dk16.f32.\" WG16_T \".\" WG16_T \"" % N
+        accs_ = ", ".join('"+f"(d[%d])' % i for i in range(nr))
+        ops_ = ", ".join("%%%d" % i for i in range(nr))
+        out.append("template <int TA, int TB>\n__device__ __forceinline__ void wgb_ss_n%d(float *d, u64 da, u64 db)\n{\n" % N)
+        out.append('\tasm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"\n')
+        out.append('\t             "wgmma.mma_async.sync.aligned.%s {%s}, %%%d, %%%d, p, 1, 1, %%%d, %%%d;\\n}\\n"\n'
+                   % (shape, ops_, nr, nr + 1, nr + 2, nr + 3))
+        out.append('\t             : %s\n\t             : "l"(da), "l"(db), "n"(TA), "n"(TB));\n}\n' % accs_)
+        out.append("template <int TB>\n__device__ __forceinline__ void wgb_rs_n%d(float *d, const u32 (&a)[4], u64 db)\n{\n" % N)
+        out.append('\tasm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"\n')
+        out.append('\t             "wgmma.mma_async.sync.aligned.%s {%s}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1, %%%d;\\n}\\n"\n'
+                   % (shape, ops_, nr, nr + 1, nr + 2, nr + 3, nr + 4, nr + 5))
+        out.append('\t             : %s\n\t             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));\n}\n' % accs_)
+    print("".join(out), end="")
+    sys.exit(0)
 
 
 def ops(n, start):

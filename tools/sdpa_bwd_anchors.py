@@ -7,7 +7,7 @@
 # FA_ERR_DUMP=dir: also writes each error case's inputs and float64 gradients there (cases.txt,
 # name.{q,k,v,g}.f32, name.{dq,dk,dv}.f64), so that bench_attn_bwd (FA_BENCH_ERR_DIR) measures
 # our error on the very same inputs; FA_ANCHORS_ERR_ONLY=1 skips the timings.
-# FA_ANCHORS_DT=fp32: time only the shapes of these dtypes (space-separated); FA_ANCHORS_FWD=1:
+# FA_ANCHORS_DT=fp32: time only the shapes of these dtypes (space- or comma-separated); FA_ANCHORS_FWD=1:
 # also the forward alone of the fp32 shapes (mem-efficient; issue 10's fp32 D=256 forward row);
 # FA_ANCHORS_D256=1: also the fp32 errors at D=256 (S=4096, where sm_90 runs the wgmma forward).
 import json, os, sys
@@ -89,7 +89,8 @@ for dt, d, causal in ([] if os.environ.get("FA_ANCHORS_ERR_ONLY") == "1" else
                       [("bf16", 128, False), ("bf16", 128, True), ("bf16", 64, False),
                        ("bf16", 256, False), ("fp16", 128, False), ("fp32", 128, False),
                        ("fp32", 256, False)]):
-    if os.environ.get("FA_ANCHORS_DT") and dt not in os.environ["FA_ANCHORS_DT"].split():
+    only = os.environ.get("FA_ANCHORS_DT", "").replace(",", " ").split()
+    if only and dt not in only:
         continue
     for bk in ["flash", "cudnn", "efficient"]:
         if dt == "fp32" and bk != "efficient":

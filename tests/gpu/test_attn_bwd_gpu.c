@@ -859,7 +859,8 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 }
 
 /* Bad input is refused before anything runs: misaligned pointers and strides, a missing lse,
- * unknown flags, a tile that is not a backward one. */
+ * unknown flags, a tile that is not a backward one, the wgmma backward's tile with softcap or
+ * off sm_90. */
 static void test_attn_bwd_gpu_rejects_bad_input(void **state)
 {
 	(void)state;
@@ -895,6 +896,17 @@ static void test_attn_bwd_gpu_rejects_bad_input(void **state)
 	t.bc = 64;
 	t.stages = 2;
 	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, 0, NULL, err, sizeof err), FA_EINVAL);
+	/* the wgmma backward's tile: sm_90 only, and never with softcap (or a window) */
+	t.path = FA_KPATH_BWDWG16;
+	t.nw = 8;
+	t.bc = 128;
+	d.fwd.softcap = 30.0;
+	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, 0, NULL, err, sizeof err), FA_EINVAL);
+	printf("wgmma tile with softcap: %s\n", err);
+	d.fwd.softcap = 0;
+	if (fa_gpu_sm(gpu) != 90)
+		assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, 0, NULL, err, sizeof err),
+		                 FA_EINVAL);
 	assert_int_equal(fa_gpu_sync(gpu, err, sizeof err), FA_OK);
 	fa_gpu_free(gpu, m);
 }

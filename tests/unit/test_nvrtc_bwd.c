@@ -46,13 +46,25 @@ static void compile_one(int i)
 	                              sizeof jobs[i].err);
 }
 
-static struct fa_kernel_settings plan_ks = FA_KERNEL_SETTINGS_INIT;
+/* FA_WGMMA16_BWD=1: the wgmma backward's tiles for every head dim it claims (auto offers
+ * 64..128), as the GPU test forces them */
+static struct fa_kernel_settings plan_ks = FA_KERNEL_SETTINGS_INIT; /* setup(): + that */
 
 /* det: also the deterministic dQ's specialisation of the first tile (gpu_bwd.c asks for it with
  * rt = 2): it must compile; its spills are shown, not failed (only the deterministic mode runs
  * it, and its counters' state lies beside the 16-bit tiles' 255 registers). */
+static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
+                         int top, bool det, bool no_wg);
 static void add_jobs_det(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
                          int top, bool det)
+{
+	add_jobs_sel(arch, dt, p, D, m, top, det, false);
+}
+
+/* no_wg: the planner's tiles without the wgmma backward's (attn_bwd_sm90.cu has no window or
+ * softcap: gpu_bwd.c takes the next candidate for those). */
+static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
+                         int top, bool det, bool no_wg)
 {
 	const struct fa_device_model *dev = fa_device_model_find(arch);
 	struct fa_plan_req r;
@@ -67,6 +79,13 @@ static void add_jobs_det(const char *arch, fa_dtype dt, fa_precision p, int D, f
 	char err[512];
 	if (fa_plan_bwd(dev, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err) != FA_OK)
 		fail_msg("plan %s: %s", arch, err);
+	if (no_wg) {
+		int k = 0;
+		for (int i = 0; i < n; i++)
+			if (t[i].path != FA_KPATH_BWDWG16)
+				t[k++] = t[i];
+		n = k;
+	}
 	for (int i = 0; i < n && i < top; i++) {
 		struct job *j = &jobs[njobs++];
 		memset(j, 0, sizeof *j);
@@ -96,7 +115,7 @@ static void add_jobs_ext(const char *arch, fa_dtype dt, fa_precision p, int D, f
                          bool window, bool softcap, bool det)
 {
 	const int first = njobs;
-	add_jobs_det(arch, dt, p, D, m, 1, det);
+	add_jobs_sel(arch, dt, p, D, m, 1, det, true);
 	struct fa_attn_fwd_desc d;
 	memset(&d, 0, sizeof d);
 	d.Sq = d.Sk = 4096;
@@ -117,6 +136,7 @@ static int setup(void **state)
 	 * host: a specialisation the daemon compiled earlier came back in 0.02 s with no ptxas
 	 * report). The check needs ptxas to run: switch the cache off for this process. */
 	setenv("CUDA_CACHE_DISABLE", "1", 1);
+	plan_ks.wgmma16_bwd = FA_WGMMA16_ALL;
 	if (fa_nvrtc_open(&nv, NULL, nv_err, sizeof nv_err) != FA_OK)
 		nv = NULL;
 	return 0;
@@ -176,6 +196,13 @@ static void test_nvrtc_compiles_the_planned_backward_specialisations(void **stat
 		add_jobs_det("sm_86", FA_DTYPE_FP16, FA_PREC_DEFAULT, 64, FA_MASK_CAUSAL_TOP_LEFT, 1,
 		             true);
 		add_jobs("sm_90", FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, FA_MASK_NONE, 2);
+		/* the wgmma backward (attn_bwd_sm90.cu, offered first on sm_90 for 16-bit up to head
+		 * dim 128): both of its tiles (two warpgroups, one) over the head-dim splits (8: one
+		 * n8 block per warpgroup's dQ; 24, 40: n16 + n8 and n16 + n8 slices; 96, 120) */
+		const int wgD[] = {8, 24, 40, 96, 120};
+		for (int i = 0; i < 5; i++) /* and its deterministic dQ (FA_DET) for three of them */
+			add_jobs_det("sm_90", i % 2 ? FA_DTYPE_FP16 : FA_DTYPE_BF16, FA_PREC_DEFAULT,
+			             wgD[i], masks[i % 3], 2, i % 2 == 0);
 		/* the window and softcap: every dtype and precision on sm_90 (window, softcap, both
 		 * in turn; the deterministic dQ with a window for half of them), and on sm_80, sm_86
 		 * and sm_120 */

@@ -142,7 +142,12 @@ static void test_planner_bwd_every_shape_plans_within_the_limit(void **state)
 					if (i > 0)
 						assert_true(t[i - 1].score >= t[i].score);
 				}
-				assert_int_equal(t[0].path, fa_plan_bwd_path(dts[a], precs[a]));
+				/* sm_90, 16-bit, head dims 64 to 128 (auto: where it measured faster): the
+				 * wgmma backward first */
+				const bool wg =
+				    models[m].sm == 90 && dts[a] != FA_DTYPE_FP32 && D >= 64 && D <= 128;
+				assert_int_equal(t[0].path,
+				                 wg ? FA_KPATH_BWDWG16 : fa_plan_bwd_path(dts[a], precs[a]));
 			}
 }
 
@@ -225,6 +230,94 @@ static void test_planner_bwd_det_group_setting(void **state)
 	assert_true(listed);
 }
 
+/* The wgmma backward (attn_bwd_sm90.cu): offered first on sm_90 for fp16 / bf16 up to head dim
+ * 128, never for fp32 (any precision), above 128, before sm_90 or after it (sm_100, sm_120),
+ * with FA_WGMMA=0 or FA_WGMMA16_BWD=0; its tiles follow the kernel's static checks and shared
+ * memory layout; the setting parses like FA_WGMMA16. */
+static void test_planner_bwd_wgmma_path(void **state)
+{
+	(void)state;
+	struct fa_kernel_settings ks = FA_KERNEL_SETTINGS_INIT;
+	struct fa_plan_req r = req(FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, FA_MASK_NONE);
+	r.ks = &ks;
+	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+	int n = 0;
+	char err[512], buf[16];
+	const struct fa_device_model *h200 = fa_device_model_find("sm_90");
+	assert_int_equal(fa_plan_bwd(h200, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+	assert_int_equal(t[0].path, FA_KPATH_BWDWG16);
+	assert_int_equal(t[0].nw, 8);
+	assert_int_equal(t[0].bc, 128);
+	assert_int_equal(t[0].br, 64);
+	/* K, V (128 x 128), 2 x (Q, dO) (64 x 128), dS^T (128 x 64) 16-bit; 2 x (lse2, delta) */
+	assert_int_equal(t[0].smem, 2 * (2 * 128 * 128 + 4 * 64 * 128 + 128 * 64) + 4 * 4 * 64);
+	assert_int_equal(t[1].path, FA_KPATH_BWDWG16);
+	assert_int_equal(t[1].nw, 4);
+	assert_true(t[2].path == FA_KPATH_BWD16);
+	const char *archs[] = {"sm_80", "sm_86", "sm_89", "sm_100", "sm_120"};
+	for (int a = 0; a < 5; a++) {
+		assert_int_equal(fa_plan_bwd(fa_device_model_find(archs[a]), &r, t, 4, &n, err,
+		                             sizeof err), FA_OK);
+		for (int i = 0; i < n; i++)
+			assert_true(t[i].path != FA_KPATH_BWDWG16);
+	}
+	const struct { fa_dtype dt; fa_precision p; int D; } no[] = {
+		{FA_DTYPE_FP32, FA_PREC_BF16, 128}, {FA_DTYPE_FP32, FA_PREC_TF32, 64},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 136}, {FA_DTYPE_FP16, FA_PREC_DEFAULT, 256}};
+	for (int i = 0; i < 4; i++) {
+		struct fa_plan_req q = req(no[i].dt, no[i].p, no[i].D, FA_MASK_NONE);
+		q.ks = &ks;
+		assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
+		                 FA_OK);
+		for (int k = 0; k < n; k++)
+			assert_true(t[k].path != FA_KPATH_BWDWG16);
+	}
+	/* auto: head dims 64 to 128 (measured faster); FA_WGMMA16_BWD=1: every head dim up to
+	 * 128, its tiles passing the layout check */
+	struct fa_kernel_settings all = ks;
+	assert_int_equal(fa_kernel_settings_set(&all, "FA_WGMMA16_BWD", "1", err, sizeof err), FA_OK);
+	for (int D = 8; D <= 128; D += 8) {
+		struct fa_plan_req q = req(FA_DTYPE_FP16, FA_PREC_DEFAULT, D, FA_MASK_CAUSAL_TOP_LEFT);
+		q.ks = &ks;
+		assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
+		                 FA_OK);
+		assert_int_equal(t[0].path == FA_KPATH_BWDWG16, D >= 64);
+		q.ks = &all;
+		assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
+		                 FA_OK);
+		assert_int_equal(t[0].path, FA_KPATH_BWDWG16);
+		assert_true(fa_bwd_tile_layout_ok(&t[0], D));
+	}
+	struct fa_tile bad = t[0];
+	bad.br = 32;
+	assert_false(fa_bwd_tile_layout_ok(&bad, 64));
+	bad = t[0];
+	assert_false(fa_bwd_tile_layout_ok(&bad, 136));
+	bad.bc = 64;
+	assert_false(fa_bwd_tile_layout_ok(&bad, 64)); /* two warpgroups own 128 keys */
+	/* the switches */
+	assert_int_equal(fa_kernel_settings_set(&ks, "FA_WGMMA16_BWD", "0", err, sizeof err), FA_OK);
+	assert_true(fa_kernel_settings_get(&ks, "FA_WGMMA16_BWD", buf, sizeof buf));
+	assert_string_equal(buf, "0");
+	assert_int_equal(fa_plan_bwd(h200, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+	for (int k = 0; k < n; k++)
+		assert_true(t[k].path != FA_KPATH_BWDWG16);
+	assert_int_equal(fa_kernel_settings_set(&ks, "FA_WGMMA16_BWD", "1", err, sizeof err), FA_OK);
+	assert_true(fa_kernel_settings_get(&ks, "FA_WGMMA16_BWD", buf, sizeof buf));
+	assert_string_equal(buf, "1");
+	assert_int_equal(ks.wgmma16, FA_WGMMA16_MEASURED); /* the forward's switch is its own */
+	ks.wgmma = false;
+	assert_int_equal(fa_plan_bwd(h200, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+	assert_true(t[0].path != FA_KPATH_BWDWG16);
+	assert_int_equal(fa_kernel_settings_set(&ks, "FA_WGMMA16_BWD", "yes", err, sizeof err),
+	                 FA_EINVAL);
+	assert_non_null(strstr(err, "FA_WGMMA16_BWD"));
+	bool listed = false;
+	for (const char *const *nm = fa_kernel_settings_names(); *nm; nm++)
+		listed |= strcmp(*nm, "FA_WGMMA16_BWD") == 0;
+	assert_true(listed);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -235,6 +328,7 @@ int main(void)
 		cmocka_unit_test(test_planner_bwd_explains_when_nothing_fits),
 		cmocka_unit_test(test_planner_bwd_rejects_bad_requests),
 		cmocka_unit_test(test_planner_bwd_det_group_setting),
+		cmocka_unit_test(test_planner_bwd_wgmma_path),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,535 @@
+/* attn_bwd_sm90.cu - the Hopper (sm_90a) backward main pass on wgmma, 16-bit inputs (fp16, bf16).
+ *
+ * Compiled by NVRTC with -arch=sm_90a and the -D options below (kernels/gpu_nvrtc.c, path
+ * FA_KPATH_BWDWG16 of kernels/planner_bwd.c); attn_bwd.cu's fa_bwd_pre and fa_bwd_dq (delta,
+ * lse2, the zeroed fp32 dQ accumulator before; dQ converted after) run around it unchanged,
+ * from that kernel's module of the same shape (kernels/gpu_bwd.c). Includes only fa_device.cuh,
+ * whose wgmma helpers (fences, waits, descriptors) attn_fwd_sm90.cu shares.
+ *
+ *   FA_IN      1 fp16, 2 bf16 (Q, K, V, dO and the gradients in memory and on the tensor cores)
+ *   FA_D       head dim, a multiple of 8 in [8, 128] (padded with zeros to 16 in shared memory)
+ *   FA_NWG     warpgroups per block (1 or 2); each owns 64 keys: BKV = 64 NWG
+ *   FA_BQ      query rows per step: 64 or 128 (the N of S^T = K Q^T)
+ *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_bwd.cu)
+ *   FA_DET     1: the deterministic dQ (its own specialisation, gpu_bwd.c asks for it with the
+ *              tile's rt = 2): the grid is (kv head, batch, key block), the key block slowest,
+ *              and a block adds a query block's dQ rows only when the counter of that (query
+ *              head, query block) reads its key block's index n: under no mask and both causal
+ *              ones the key blocks that see a query block are a prefix 0 .. b - 1, so exactly n
+ *              adds come before this one (attn_bwd.cu's det_turn with groups of one). Each warp
+ *              waits for itself (lane 0 spins, no block barrier); the count is handed on at the
+ *              top of the next step, whose barrier follows every thread's fence, so the
+ *              reductions have had a step to land. A block waits only on the block of the same
+ *              head one key block lower, launched before it: no deadlock.
+ *
+ * Why a second kernel (kernels/PERF-NOTES.md, backward): attn_bwd.cu runs five products per
+ * step through one mma.sync warp-GEMM that reads both operands from shared memory, with P^T and
+ * dS^T going through shared memory for the next products; wgmma (989 bf16 TFLOP/s on the H200
+ * against mma.sync's 642) takes its A operand from registers, so P^T and dS^T stay where they
+ * were computed for dV and dK, and only dS^T goes to shared memory, for dQ.
+ *
+ * A block owns BKV keys of one (batch, kv head): K and V resident in shared memory, dK and dV in
+ * fp32 registers (each warpgroup its 64 keys' rows), over the query heads of the GQA group and
+ * the query blocks the mask lets see its keys (FlashAttention-3's backward, without its producer
+ * warp: cp.async by every thread). Per step, warpgroup w (keys 64w .. 64w + 63 of the block):
+ *   S^T  = K_w Q^T,  dP^T = V_w dO^T      wgmma ss, A = K_w / V_w, B = Q / dO, both K-major (d)
+ *   P^T  = exp2(S^T scale log2e - lse2),  dS^T = P^T (dP^T - delta)   in the accumulators
+ *   dV  += P^T dO,   dK  += dS^T Q        wgmma rs: A = the accumulators packed to 16-bit (the
+ *                                         m64k16 A fragment is the accumulator's own layout),
+ *                                         B = dO / Q transposed (N-major: the same tile)
+ *   dS^T to shared memory, a barrier, then warpgroup w's head-dim columns of
+ *   dQ_step = dS K                        wgmma ss, A = dS (M-major), B = K (N-major), over all
+ *                                         BKV keys, added to the fp32 accumulator with
+ *                                         red.global.add.v2.f32
+ * Q, dO, lse2 and delta of the next step load by cp.async into a second buffer while this one
+ * computes. Two barriers per step (the step's tiles in; dS^T stored).
+ *
+ * Shared layouts: wgmma's no-swizzle core matrices (8 rows x 16 bytes), as attn_fwd_sm90.cu.
+ * K, V, Q, dO are [row][d] (core_idx(row, d, DP)): K-major for S^T and dP^T (K = d), and, read
+ * with the transpose bit, N-major for dV, dK (N = d, K = queries) and for dQ (N = d, K = keys):
+ * a core matrix's 16-byte rows are 8 consecutive d of one row either way. dS^T is [key][query]
+ * (core_idx(key, q, BQ)): M-major A of dQ (M = queries, K = keys), stored by each thread as the
+ * 32-bit pairs of its accumulator.
+ *
+ * Not here (the planner keeps them on attn_bwd.cu): fp32 and its bf16 staging, head dims above
+ * 128 (dK and dV of 64 keys x 256 take every register), the sliding window and softcap.
+ *
+ * Numerics as attn_bwd.cu's 16-bit kernel: P^T and dS^T rounded to the input type for the
+ * products, fp32 accumulation, the plain exponent.
+ */
+#include "fa_device.cuh"
+
+#ifndef FA_IN
+#define FA_IN 2
+#endif
+#ifndef FA_D
+#define FA_D 128
+#endif
+#ifndef FA_NWG
+#define FA_NWG 2
+#endif
+#ifndef FA_BQ
+#define FA_BQ 64
+#endif
+#ifndef FA_MASK
+#define FA_MASK 0
+#endif
+#if FA_IN == 1
+#define WG16_T "f16"
+#elif FA_IN == 2
+#define WG16_T "bf16"
+#else
+#error "attn_bwd_sm90.cu: 16-bit inputs only (FA_IN 1 or 2)"
+#endif
+#if FA_D % 8 || FA_D < 8 || FA_D > 128
+#error "FA_D must be a multiple of 8 in [8, 128]"
+#endif
+#ifndef FA_DET
+#define FA_DET 0
+#endif
+#if (defined(FA_WIN) && FA_WIN) || (defined(FA_SOFTCAP) && FA_SOFTCAP)
+#error "attn_bwd_sm90.cu has no window or softcap (attn_bwd.cu serves them)"
+#endif
+#if FA_NWG != 1 && FA_NWG != 2
+#error "FA_NWG: 1 or 2"
+#endif
+#if FA_BQ != 64 && FA_BQ != 128
+#error "FA_BQ: 64 or 128"
+#endif
+
+#define NT (128 * FA_NWG)
+#define BKV (64 * FA_NWG)
+#define DP ((FA_D + 15) / 16 * 16) /* attn_bwd.cu's padded head dim below 128 (the accumulator's) */
+#define DQW (DP / FA_NWG)          /* head-dim columns of dQ per warpgroup */
+#define SBO_D (DP / 8 * 128)       /* bytes between 8-row groups of a [row][d] tile */
+#define SBO_B (FA_BQ / 8 * 128)    /* bytes between 8-key groups of dS^T */
+#define NS (FA_BQ / 2)             /* S^T / dP^T accumulator floats per thread */
+#define NKV (DP / 2)               /* dK / dV accumulator floats per thread */
+#define NQ (DQW / 2)               /* dQ accumulator floats per thread and 64 query rows */
+#define MQ (FA_BQ / 64)            /* 64-row tiles of dQ */
+#if DQW % 8
+#error "the head dim's split over the warpgroups must be a multiple of 8"
+#endif
+
+/* attn_bwd.cu's fa_bwd_params, field for field (gpu_bwd.c fills one block for both kernels;
+ * this kernel reads the fields up to scale). */
+struct fa_bwd_params {
+	const void *q, *k, *v, *dout;
+	void *dk, *dv;
+	float *dqacc;       /* [B*Hq][sqp][DP] */
+	const float *lse2;  /* [B*Hq][sqp] */
+	const float *delta; /* [B*Hq][sqp] */
+	int *turn;
+	long long qs[3], ks[3], vs[3], dos[3], dks[3], dvs[3]; /* batch, seq, head */
+	int B, Sq, Sk, Hq, Hkv, group;
+	int sqp, nq; /* Sq rounded up to BQ, and its query blocks */
+	float sl;    /* scale * log2(e), signed */
+	float scale;
+	int tstride; /* attn_bwd.cu's dgrp_lg: here the turn counters per query block (FA_DET) */
+	float scale_lo;
+};
+
+/* FA_DET: the hand-over of a step's dQ adds, attn_bwd.cu's release_turn for the block: every
+ * thread fences its reductions (issued a step ago), the caller's barrier follows, then one thread
+ * counts one more add. */
+__device__ __forceinline__ void det_fence(void)
+{
+	asm volatile("fence.acq_rel.gpu;" ::: "memory");
+}
+__device__ __forceinline__ void det_count(int *turn)
+{
+	asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
+}
+
+/* Index (in elements) of element (row, col) of a tile of `cols` 16-bit columns in core
+ * matrices (attn_fwd_sm90.cu's core_idx with 8 elements per 16-byte row). */
+__device__ __forceinline__ int cidx(int row, int col, int cols)
+{
+	return ((row >> 3) * (cols / 8) + (col >> 3)) * 64 + (row & 7) * 8 + (col & 7);
+}
+
+__device__ __forceinline__ u32 pack16(float lo, float hi)
+{
+	return fa_pack16<FA_IN>(lo, hi);
+}
+
+/* ---- wgmma wrappers (tools/gen-wgmma.py --bwd): m64nNk16, fp32 accumulate; ss: A and B by
+ * descriptor with their transpose bits TA, TB; rs: A from registers, B's transpose bit TB. */
+template <int TA, int TB>
+__device__ __forceinline__ void wgb_ss_n8(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n8k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3}, %4, %5, p, 1, 1, %6, %7;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	             : "l"(da), "l"(db), "n"(TA), "n"(TB));
+}
+template <int TB>
+__device__ __forceinline__ void wgb_rs_n8(float *d, const u32 (&a)[4], u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n8k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3}, {%4, %5, %6, %7}, %8, p, 1, 1, %9;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
+}
+template <int TA, int TB>
+__device__ __forceinline__ void wgb_ss_n16(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n16k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %10, %11;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+	             : "l"(da), "l"(db), "n"(TA), "n"(TB));
+}
+template <int TB>
+__device__ __forceinline__ void wgb_rs_n16(float *d, const u32 (&a)[4], u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n16k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, %13;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
+}
+template <int TA, int TB>
+__device__ __forceinline__ void wgb_ss_n32(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n32k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %18, %19;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+	             : "l"(da), "l"(db), "n"(TA), "n"(TB));
+}
+template <int TB>
+__device__ __forceinline__ void wgb_rs_n32(float *d, const u32 (&a)[4], u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n32k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %21;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
+}
+template <int TA, int TB>
+__device__ __forceinline__ void wgb_ss_n64(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %34, %35;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+	             : "l"(da), "l"(db), "n"(TA), "n"(TB));
+}
+template <int TB>
+__device__ __forceinline__ void wgb_rs_n64(float *d, const u32 (&a)[4], u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
+}
+template <int TA, int TB>
+__device__ __forceinline__ void wgb_ss_n128(float *d, u64 da, u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %66, %67;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+	             : "l"(da), "l"(db), "n"(TA), "n"(TB));
+}
+template <int TB>
+__device__ __forceinline__ void wgb_rs_n128(float *d, const u32 (&a)[4], u64 db)
+{
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+	             "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG16_T "." WG16_T " {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %69;\n}\n"
+	             : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+	             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
+}
+
+#define WGB_NAME_(form, n) wgb_##form##_n##n
+#define WGB_NAME(form, n) WGB_NAME_(form, n)
+
+/* acc[0 .. REM/2) += A B over REM head-dim columns from column D0 of a B tile, split into the
+ * wgmma widths 128, 64, 32, 16, 8 (one k16 step). ss: A by descriptor da (transpose bit TA);
+ * rs: A the register fragment a. B: N-major [row][d] tile at baddr (lbo: bytes between its
+ * 8-row groups along K), column D0 at baddr + D0 / 8 * 128. */
+template <int TA, int D0, int REM>
+__device__ __forceinline__ void mm_ss(float *acc, u64 da, u32 baddr, u32 lbo)
+{
+	if constexpr (REM >= 128) {
+		WGB_NAME(ss, 128)<TA, 1>(acc + D0 / 2, da, wg_desc2(baddr + D0 / 8 * 128, lbo, 128));
+		mm_ss<TA, D0 + 128, REM - 128>(acc, da, baddr, lbo);
+	} else if constexpr (REM >= 64) {
+		WGB_NAME(ss, 64)<TA, 1>(acc + D0 / 2, da, wg_desc2(baddr + D0 / 8 * 128, lbo, 128));
+		mm_ss<TA, D0 + 64, REM - 64>(acc, da, baddr, lbo);
+	} else if constexpr (REM >= 32) {
+		WGB_NAME(ss, 32)<TA, 1>(acc + D0 / 2, da, wg_desc2(baddr + D0 / 8 * 128, lbo, 128));
+		mm_ss<TA, D0 + 32, REM - 32>(acc, da, baddr, lbo);
+	} else if constexpr (REM >= 16) {
+		WGB_NAME(ss, 16)<TA, 1>(acc + D0 / 2, da, wg_desc2(baddr + D0 / 8 * 128, lbo, 128));
+		mm_ss<TA, D0 + 16, REM - 16>(acc, da, baddr, lbo);
+	} else if constexpr (REM >= 8) {
+		WGB_NAME(ss, 8)<TA, 1>(acc + D0 / 2, da, wg_desc2(baddr + D0 / 8 * 128, lbo, 128));
+	}
+}
+template <int D0, int REM>
+__device__ __forceinline__ void mm_rs(float *acc, const u32 (&a)[4], u32 baddr, u32 lbo)
+{
+	if constexpr (REM >= 128) {
+		WGB_NAME(rs, 128)<1>(acc + D0 / 2, a, wg_desc2(baddr + D0 / 8 * 128, lbo, 128));
+		mm_rs<D0 + 128, REM - 128>(acc, a, baddr, lbo);
+	} else if constexpr (REM >= 64) {
+		WGB_NAME(rs, 64)<1>(acc + D0 / 2, a, wg_desc2(baddr + D0 / 8 * 128, lbo, 128));
+		mm_rs<D0 + 64, REM - 64>(acc, a, baddr, lbo);
+	} else if constexpr (REM >= 32) {
+		WGB_NAME(rs, 32)<1>(acc + D0 / 2, a, wg_desc2(baddr + D0 / 8 * 128, lbo, 128));
+		mm_rs<D0 + 32, REM - 32>(acc, a, baddr, lbo);
+	} else if constexpr (REM >= 16) {
+		WGB_NAME(rs, 16)<1>(acc + D0 / 2, a, wg_desc2(baddr + D0 / 8 * 128, lbo, 128));
+		mm_rs<D0 + 16, REM - 16>(acc, a, baddr, lbo);
+	} else if constexpr (REM >= 8) {
+		WGB_NAME(rs, 8)<1>(acc + D0 / 2, a, wg_desc2(baddr + D0 / 8 * 128, lbo, 128));
+	}
+}
+
+/* NROWS rows of a [row][d] tensor (row stride rs elements) into core matrices by 16-byte
+ * cp.async; rows >= valid and head dims past D zero-filled. The caller commits. */
+template <int NROWS>
+__device__ __forceinline__ void load_tile(u16 *s, const u16 *g, long long rs, int valid)
+{
+	constexpr int CPR = DP / 8, TOTAL = NROWS * CPR;
+#pragma unroll 4
+	for (int i = (int)threadIdx.x; i < TOTAL; i += NT) {
+		const int r = i / CPR, c = i - r * CPR;
+		const bool ok = r < valid && c * 8 < FA_D;
+		cp_async16(smem_u32(s + cidx(r, c * 8, DP)), ok ? g + r * rs + c * 8 : g, ok ? 16 : 0);
+	}
+}
+
+/* Step (query head h of the group, query block iq): Q and dO tiles (one commit group, with
+ * the caller's commit), lse2 and delta by cp.async too (4 bytes each: the rows of sqp exist). */
+__device__ __forceinline__ void load_step(const fa_bwd_params &p, u16 *sQ, u16 *sdO, float *sL,
+                                          float *sDl, int b, int h, int iq)
+{
+	const int q0 = iq * FA_BQ;
+	const long long bh = (long long)b * p.Hq + h;
+	load_tile<FA_BQ>(sQ, (const u16 *)p.q + b * p.qs[0] + h * p.qs[2] + (long long)q0 * p.qs[1],
+	                 p.qs[1], p.Sq - q0);
+	load_tile<FA_BQ>(sdO,
+	                 (const u16 *)p.dout + b * p.dos[0] + h * p.dos[2] + (long long)q0 * p.dos[1],
+	                 p.dos[1], p.Sq - q0);
+	const int tid = (int)threadIdx.x;
+	for (int i = tid; i < 2 * FA_BQ / 4; i += NT) { /* 16 bytes = 4 rows per copy */
+		const bool dl = i >= FA_BQ / 4;
+		const int r = (dl ? i - FA_BQ / 4 : i) * 4;
+		cp_async16(smem_u32((dl ? sDl : sL) + r), (dl ? p.delta : p.lse2) + bh * p.sqp + q0 + r,
+		           16);
+	}
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The main pass; grid (key block, kv head, batch), block NT threads. */
+extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_params p)
+{
+	extern __shared__ __align__(128) unsigned char smem_raw[];
+	u16 *sK = (u16 *)smem_raw;              /* BKV x DP */
+	u16 *sV = sK + BKV * DP;                /* BKV x DP */
+	u16 *sQ0 = sV + BKV * DP;               /* 2 buffers of BQ x DP */
+	u16 *sdO0 = sQ0 + 2 * FA_BQ * DP;       /* 2 buffers of BQ x DP */
+	u16 *sdS = sdO0 + 2 * FA_BQ * DP;       /* BKV x BQ, [key][query] */
+	float *sL0 = (float *)(sdS + BKV * FA_BQ); /* 2 x BQ */
+	float *sDl0 = sL0 + 2 * FA_BQ;          /* 2 x BQ */
+
+	const int tid = (int)threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
+	const int g = lane >> 2, c = lane & 3, r0 = 16 * wi + g;
+	const int n = FA_DET ? (int)blockIdx.z : (int)blockIdx.x;
+	const int hk = FA_DET ? (int)blockIdx.x : (int)blockIdx.y;
+	const int b = FA_DET ? (int)blockIdx.y : (int)blockIdx.z;
+	const int kv0 = n * BKV, kw0 = kv0 + 64 * wg; /* the block's, the warpgroup's first key */
+	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
+	int iq0 = 0; /* the first query block whose rows see key kv0 */
+	if (FA_MASK) {
+		const int r = kv0 - off;
+		iq0 = r >= p.Sq ? p.nq : r > 0 ? r / FA_BQ : 0;
+	}
+
+	load_tile<BKV>(sK, (const u16 *)p.k + b * p.ks[0] + hk * p.ks[2] + (long long)kv0 * p.ks[1],
+	               p.ks[1], p.Sk - kv0);
+	load_tile<BKV>(sV, (const u16 *)p.v + b * p.vs[0] + hk * p.vs[2] + (long long)kv0 * p.vs[1],
+	               p.vs[1], p.Sk - kv0);
+	const int nsteps = p.nq - iq0, total = nsteps * p.group;
+	if (total > 0)
+		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk * p.group, iq0);
+	cp_async_commit();
+
+	float dk[NKV], dv[NKV];
+#pragma unroll
+	for (int i = 0; i < NKV; i++)
+		dk[i] = dv[i] = 0.f;
+	const u32 kaddr = smem_u32(sK + 64 * wg * DP), vaddr = smem_u32(sV + 64 * wg * DP);
+
+	int *prev_turn = nullptr; /* FA_DET: the counter of the last step's adds, not yet counted */
+	for (int it = 0; it < total; it++) {
+		const int hh = it / nsteps, iq = iq0 + (it - hh * nsteps);
+		const int h = hk * p.group + hh, q0 = iq * FA_BQ, buf = it & 1;
+		const long long bh = (long long)b * p.Hq + h;
+		const u16 *sQ = sQ0 + buf * FA_BQ * DP, *sdO = sdO0 + buf * FA_BQ * DP;
+		const float *sL = sL0 + buf * FA_BQ, *sDl = sDl0 + buf * FA_BQ;
+		/* this step's tiles landed (every thread's copies: the barrier), and every warpgroup is
+		 * done with the step before (its wgmmas waited for): the other buffers and dS^T are
+		 * free */
+		cp_async_wait<0>();
+		fence_proxy_async();
+		if (FA_DET && prev_turn)
+			det_fence();
+		__syncthreads();
+		if (FA_DET && prev_turn && tid == 0)
+			det_count(prev_turn);
+		if (it + 1 < total) {
+			const int hn = (it + 1) / nsteps, iqn = iq0 + (it + 1 - hn * nsteps);
+			load_step(p, sQ0 + (buf ^ 1) * FA_BQ * DP, sdO0 + (buf ^ 1) * FA_BQ * DP,
+			          sL0 + (buf ^ 1) * FA_BQ, sDl0 + (buf ^ 1) * FA_BQ, b, hk * p.group + hn,
+			          iqn);
+		}
+		cp_async_commit();
+
+		/* S^T = K_w Q^T, dP^T = V_w dO^T (K-major both, k over d) */
+		float s[NS], dp[NS];
+#pragma unroll
+		for (int i = 0; i < NS; i++)
+			s[i] = dp[i] = 0.f;
+		const u32 qaddr = smem_u32(sQ), doaddr = smem_u32(sdO);
+		wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < DP / 16; ks++)
+			WGB_NAME(ss, FA_BQ)<0, 0>(s, wg_desc(kaddr + ks * 256, SBO_D),
+			                            wg_desc(qaddr + ks * 256, SBO_D));
+#pragma unroll
+		for (int ks = 0; ks < DP / 16; ks++)
+			WGB_NAME(ss, FA_BQ)<0, 0>(dp, wg_desc(vaddr + ks * 256, SBO_D),
+			                            wg_desc(doaddr + ks * 256, SBO_D));
+		wg_commit();
+		wg_wait<0>();
+#pragma unroll
+		for (int i = 0; i < NS; i++) {
+			wg_touch(s[i]);
+			wg_touch(dp[i]);
+		}
+
+		/* P^T, dS^T; the key tail and the causal edge masked where the tile has them */
+		const bool need_mask = kw0 + 64 > p.Sk || (FA_MASK && kw0 + 63 > q0 + off);
+#pragma unroll
+		for (int nb = 0; nb < FA_BQ / 8; nb++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const int il = nb * 8 + 2 * c + (e & 1);
+				float pv = fast_exp2(fmaf(s[4 * nb + e], p.sl, -sL[il]));
+				if (need_mask) {
+					const int j = kw0 + r0 + (e >> 1) * 8;
+					if (!(j < p.Sk && (!FA_MASK || j <= q0 + il + off)))
+						pv = 0.f;
+				}
+				s[4 * nb + e] = pv;
+				dp[4 * nb + e] = pv * (dp[4 * nb + e] - sDl[il]);
+			}
+		/* as A fragments (k16 step m: queries 16m .. 16m + 15): a0 (r0, 2c..), a1 (r0 + 8, 2c..),
+		 * a2 (r0, 8 + 2c..), a3 (r0 + 8, 8 + 2c..) */
+		u32 pa[FA_BQ / 16][4], da[FA_BQ / 16][4];
+#pragma unroll
+		for (int m = 0; m < FA_BQ / 16; m++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const int x = 8 * m + ((e & 1) ? 2 : 0) + ((e & 2) ? 4 : 0);
+				pa[m][e] = pack16(s[x], s[x + 1]);
+				da[m][e] = pack16(dp[x], dp[x + 1]);
+			}
+		/* dV += P^T dO, dK += dS^T Q (B N-major: K = queries, 8-row groups SBO_D apart) */
+		wg_fence();
+#pragma unroll
+		for (int m = 0; m < FA_BQ / 16; m++)
+			mm_rs<0, DP>(dv, pa[m], doaddr + m * 2 * SBO_D, SBO_D);
+#pragma unroll
+		for (int m = 0; m < FA_BQ / 16; m++)
+			mm_rs<0, DP>(dk, da[m], qaddr + m * 2 * SBO_D, SBO_D);
+		wg_commit();
+
+		/* dS^T to shared memory for dQ: [key][query] core matrices, a thread's pairs of
+		 * queries are 32-bit words */
+#pragma unroll
+		for (int m = 0; m < FA_BQ / 16; m++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const int key = 64 * wg + r0 + ((e & 1) ? 8 : 0);
+				const int q = 16 * m + ((e & 2) ? 8 : 0) + 2 * c;
+				*(u32 *)(sdS + cidx(key, q, FA_BQ)) = da[m][e];
+			}
+		fence_proxy_async();
+		__syncthreads();
+
+		/* dQ_step[:, w DQW ..] = dS K over the block's keys: A = dS (M-major: 8-query groups 128
+		 * bytes apart, 8-key groups SBO_B), B = K (N-major) */
+		float dq[MQ][NQ];
+#pragma unroll
+		for (int mt = 0; mt < MQ; mt++)
+#pragma unroll
+			for (int i = 0; i < NQ; i++)
+				dq[mt][i] = 0.f;
+		const u32 dsaddr = smem_u32(sdS), kall = smem_u32(sK) + wg * DQW / 8 * 128;
+		wg_fence();
+#pragma unroll
+		for (int mt = 0; mt < MQ; mt++)
+#pragma unroll
+			for (int ks = 0; ks < BKV / 16; ks++)
+				mm_ss<1, 0, DQW>(dq[mt], wg_desc2(dsaddr + mt * 1024 + ks * 2 * SBO_B, SBO_B, 128),
+				                 kall + ks * 2 * SBO_D, SBO_D);
+		wg_commit();
+		wg_wait<0>();
+#pragma unroll
+		for (int i = 0; i < NKV; i++) {
+			wg_touch(dk[i]);
+			wg_touch(dv[i]);
+		}
+		if (FA_DET) { /* this block's turn: the n lower key blocks have added */
+			int *t = p.turn + (bh * p.nq + iq) * p.tstride;
+			if (lane == 0)
+				while (fa_ld_acquire(t) != n)
+					__nanosleep(32);
+			__syncwarp();
+			prev_turn = t;
+		}
+		float *acc = p.dqacc + (bh * p.sqp + q0) * DP + wg * DQW;
+#pragma unroll
+		for (int mt = 0; mt < MQ; mt++)
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++) {
+				const int il = 64 * mt + r0 + 8 * hf;
+				if (q0 + il < p.Sq)
+#pragma unroll
+					for (int nb = 0; nb < DQW / 8; nb++) {
+						wg_touch(dq[mt][4 * nb + 2 * hf]);
+						wg_touch(dq[mt][4 * nb + 2 * hf + 1]);
+						float *a = acc + il * DP + nb * 8 + 2 * c;
+						asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a),
+						             "f"(dq[mt][4 * nb + 2 * hf]), "f"(dq[mt][4 * nb + 2 * hf + 1])
+						             : "memory");
+					}
+			}
+	}
+	cp_async_wait<0>(); /* K and V landed even when no step ran */
+	if (FA_DET && prev_turn) { /* the last step's adds */
+		det_fence();
+		__syncthreads();
+		if (tid == 0)
+			det_count(prev_turn);
+	}
+
+	/* dK = scale dS^T Q, dV, in their dtype; keys past Sk and head dims past D not written */
+	u16 *dKg = (u16 *)p.dk + b * p.dks[0] + hk * p.dks[2];
+	u16 *dVg = (u16 *)p.dv + b * p.dvs[0] + hk * p.dvs[2];
+#pragma unroll
+	for (int hf = 0; hf < 2; hf++) {
+		const int j = kw0 + r0 + 8 * hf;
+		if (j >= p.Sk)
+			continue;
+#pragma unroll
+		for (int nb = 0; nb < DP / 8; nb++) {
+			const int col = nb * 8 + 2 * c;
+			if (col >= FA_D)
+				continue;
+			*(u32 *)(dKg + (long long)j * p.dks[1] + col) =
+			    pack16(p.scale * dk[4 * nb + 2 * hf], p.scale * dk[4 * nb + 2 * hf + 1]);
+			*(u32 *)(dVg + (long long)j * p.dvs[1] + col) =
+			    pack16(dv[4 * nb + 2 * hf], dv[4 * nb + 2 * hf + 1]);
+		}
+	}
+}
