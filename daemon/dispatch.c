@@ -656,6 +656,35 @@ static fa_status dispatch_infer_async_tensor(struct dispatch_ctx *c, bool async,
 }
 
 /* ATTN_FWD: check the in-flight limit, validate, take references, hand to the backend. */
+/* The checks every asynchronous attention call (ATTN_FWD, ATTN_BWD, ATTN_VARLEN, ATTN_KVCACHE)
+ * passes before its validation: IPC events only between processes of one user, a backend with
+ * an asynchronous mode, and the completion words' region (words_region != 0; *wr NULL for the
+ * IPC-event form). FA_OK, or the client's status with the detail. */
+static fa_status dispatch_async_open(struct dispatch_ctx *c, uint64_t words_region,
+                                     struct region **wr)
+{
+	struct server *srv = c->srv;
+	char *err = c->rep->detail;
+	size_t errlen = sizeof c->rep->detail;
+
+	*wr = NULL;
+	/* The driver keeps IPC events in /dev/shm/cuda.shm.* files of mode 0600: an event of
+	 * another uid cannot be opened (measured: "mapping of buffer object failed"). Completion
+	 * words are IPC memory, which opens across users. */
+	if (words_region == 0 && c->session->uid != (uint32_t)geteuid())
+		return fa_err(err, errlen, FA_EPERM,
+		              "asynchronous mode needs CUDA IPC events, which the driver shares "
+		              "only between processes of one user (this client is uid %u, the "
+		              "daemon uid %u): use synchronous mode",
+		              c->session->uid, (unsigned)geteuid());
+	if (!srv->backend->async_events)
+		return fa_err(err, errlen, FA_ENOTSUP,
+		              "asynchronous mode needs the GPU backend; this daemon runs the %s "
+		              "backend: use synchronous mode",
+		              backend_name(srv->backend));
+	return words_region != 0 ? dispatch_words_region(c, words_region, wr) : FA_OK;
+}
+
 static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 {
 	struct server *srv = c->srv;
@@ -669,23 +698,8 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	if ((st = dispatch_inflight_ok(c)) != FA_OK)
 		return st;
 	bool async = c->req->u.fwd.async;
-	bool words = async && c->req->u.fwd.words_region != 0;
-	/* The driver keeps IPC events in /dev/shm/cuda.shm.* files of mode 0600: an event of
-	 * another uid cannot be opened (measured: "mapping of buffer object failed"). Completion
-	 * words are IPC memory, which opens across users. */
-	if (async && !words && s->uid != (uint32_t)geteuid())
-		return fa_err(err, errlen, FA_EPERM,
-		              "asynchronous mode needs CUDA IPC events, which the driver shares "
-		              "only between processes of one user (this client is uid %u, the "
-		              "daemon uid %u): use synchronous mode",
-		              s->uid, (unsigned)geteuid());
-	if (async && !srv->backend->async_events)
-		return fa_err(err, errlen, FA_ENOTSUP,
-		              "asynchronous mode needs the GPU backend; this daemon runs the %s "
-		              "backend: use synchronous mode",
-		              backend_name(srv->backend));
 	struct region *wr = NULL;
-	if (words && (st = dispatch_words_region(c, c->req->u.fwd.words_region, &wr)) != FA_OK)
+	if (async && (st = dispatch_async_open(c, c->req->u.fwd.words_region, &wr)) != FA_OK)
 		return st;
 	st = validate_attn_fwd(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
@@ -775,20 +789,8 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 	bool words = async && c->req->u.bwd.words_region != 0;
 	if (words && ring_old_daemon())
 		return dispatch_old_refusal(c, "wrg");
-	/* Events only between processes of one user; completion words across users (ATTN_FWD). */
-	if (async && !words && s->uid != (uint32_t)geteuid())
-		return fa_err(err, errlen, FA_EPERM,
-		              "asynchronous mode needs CUDA IPC events, which the driver shares "
-		              "only between processes of one user (this client is uid %u, the "
-		              "daemon uid %u): use synchronous mode",
-		              s->uid, (unsigned)geteuid());
-	if (async && !srv->backend->async_events)
-		return fa_err(err, errlen, FA_ENOTSUP,
-		              "asynchronous mode needs the GPU backend; this daemon runs the %s "
-		              "backend: use synchronous mode",
-		              backend_name(srv->backend));
 	struct region *wr = NULL;
-	if (words && (st = dispatch_words_region(c, c->req->u.bwd.words_region, &wr)) != FA_OK)
+	if (async && (st = dispatch_async_open(c, c->req->u.bwd.words_region, &wr)) != FA_OK)
 		return st;
 	st = validate_attn_bwd(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
@@ -881,13 +883,9 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 	if (!srv->backend->infer)
 		return fa_err(err, errlen, FA_ENOTSUP, "%s is not yet on the %s backend",
 		              fa_proto_op_name(c->req->op), backend_name(srv->backend));
-	if (async && !srv->backend->async_events)
-		return fa_err(err, errlen, FA_ENOTSUP,
-		              "asynchronous mode needs the GPU backend; this daemon runs the %s "
-		              "backend: use synchronous mode",
-		              backend_name(srv->backend));
 	struct region *wr = NULL;
-	if (async && (st = dispatch_words_region(c, c->req->u.infer.words_region, &wr)) != FA_OK)
+	/* (words only: the parser refuses an inference call's IPC-event form) */
+	if (async && (st = dispatch_async_open(c, c->req->u.infer.words_region, &wr)) != FA_OK)
 		return st;
 	if ((st = validate_attn_infer(s, c->req, srv->backend->align, &vr, err, errlen)) != FA_OK)
 		return st;
