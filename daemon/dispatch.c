@@ -317,8 +317,6 @@ static fa_status dispatch_clients(struct dispatch_ctx *c)
 	                    c->rep->detail, sizeof c->rep->detail);
 }
 
-/* REGISTER: map a host shm object, or open a CUDA IPC handle (gpu backend), under a new region
- * id of this session. */
 /* REGISTER with "wds": completion words, before anything is opened. */
 static fa_status dispatch_words_check(const struct dispatch_ctx *c)
 {
@@ -342,6 +340,8 @@ static fa_status dispatch_words_check(const struct dispatch_ctx *c)
 	return FA_OK;
 }
 
+/* REGISTER: map a host shm object, or open a CUDA IPC handle (gpu backend), under a new region
+ * id of this session. */
 static fa_status dispatch_register(struct dispatch_ctx *c)
 {
 	struct server *srv = c->srv;
@@ -625,37 +625,53 @@ static fa_status dispatch_old_refusal(struct dispatch_ctx *c, const char *key)
 	              "key '%s' not allowed in a %s request", key, fa_proto_op_name(c->req->op));
 }
 
-/* An asynchronous inference call's tensor i (validate_infer.h's order, index tensors last):
- * device memory, and not the completion words. Host index tables are refused rather than
- * snapshotted at the enqueue: an asynchronous call's inputs are read in the caller's stream
- * order, and a table the CPU wrote would need a second rule (read at the call) that a caller
- * mixing both could get wrong; PROTOCOL.md 4.3. */
-static fa_status dispatch_infer_async_tensor(struct dispatch_ctx *c, bool async,
-                                             const struct validate_infer_result *vr, int i)
+/* Where a request's tensors are (n of them, region[i] NULL: absent), checked as every attention
+ * op checks them: none in the session's completion-words region, device memory only in the
+ * asynchronous mode (tensors from `tables` on are index tables, read in stream order: the detail
+ * says so), and one GPU per request, the completion words' (wr, if any) included; host buffers
+ * go anywhere. FA_OK with *dev (-1: no device tensor), or FA_EINVAL with the detail. */
+static fa_status dispatch_place_tensors(struct dispatch_ctx *c, bool async,
+                                        struct region *const *region, const bool *on_device,
+                                        const char *const *names, int n, int tables,
+                                        const struct region *wr, int *dev)
 {
-	static const char *const names[VALIDATE_INFER_N] = {
-	    "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "cache_seqlens",
-	    "page_table"};
 	char *err = c->rep->detail;
 	size_t errlen = sizeof c->rep->detail;
 
-	if (vr->region[i]->words)
+	*dev = -1;
+	for (int i = 0; i < n; i++) {
+		if (region[i] == NULL)
+			continue;
+		if (region[i]->words)
+			return fa_err(err, errlen, FA_EINVAL,
+			              "%s is in region %016" PRIx64 ", which holds the session's "
+			              "completion words: register the tensor's buffer itself",
+			              names[i], region[i]->id);
+		if (async && !on_device[i])
+			return fa_err(err, errlen, FA_EINVAL,
+			              "asynchronous mode takes device buffers only; %s is in host "
+			              "memory%s", names[i],
+			              i >= tables ? " (an index table is read in stream order, after "
+			                            "the caller's earlier work: copy it to the device on "
+			                            "the caller's stream)"
+			                          : "");
+		if (!on_device[i])
+			continue;
+		if (*dev >= 0 && region[i]->dev != *dev)
+			return fa_err(err, errlen, FA_EINVAL,
+			              "%s is on the daemon's GPU %d, an earlier tensor on GPU %d: "
+			              "one request's buffers must be on one GPU",
+			              names[i], region[i]->dev, *dev);
+		*dev = region[i]->dev;
+	}
+	if (wr != NULL && wr->dev != *dev)
 		return fa_err(err, errlen, FA_EINVAL,
-		              "%s is in region %016" PRIx64 ", which holds the session's "
-		              "completion words: register the tensor's buffer itself",
-		              names[i], vr->region[i]->id);
-	if (async && !vr->on_device[i])
-		return fa_err(err, errlen, FA_EINVAL,
-		              "asynchronous mode takes device buffers only; %s is in host memory%s",
-		              names[i], i >= FA_FWD_NTENSORS
-		                            ? " (an index table is read in stream order, after the "
-		                              "caller's earlier work: copy it to the device on the "
-		                              "caller's stream)"
-		                            : "");
+		              "the completion words (region %016" PRIx64 ") are on the daemon's GPU "
+		              "%d, the tensors on GPU %d: register words on the tensors' GPU",
+		              wr->id, wr->dev, *dev);
 	return FA_OK;
 }
 
-/* ATTN_FWD: check the in-flight limit, validate, take references, hand to the backend. */
 /* The checks every asynchronous attention call (ATTN_FWD, ATTN_BWD, ATTN_VARLEN, ATTN_KVCACHE)
  * passes before its validation: IPC events only between processes of one user, a backend with
  * an asynchronous mode, and the completion words' region (words_region != 0; *wr NULL for the
@@ -685,6 +701,7 @@ static fa_status dispatch_async_open(struct dispatch_ctx *c, uint64_t words_regi
 	return words_region != 0 ? dispatch_words_region(c, words_region, wr) : FA_OK;
 }
 
+/* ATTN_FWD: check the in-flight limit, validate, take references, hand to the backend. */
 static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 {
 	struct server *srv = c->srv;
@@ -711,35 +728,11 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 		return fa_err(err, errlen, FA_ENOTSUP,
 		              "the sliding window and softcap are not yet on the %s backend",
 		              backend_name(srv->backend));
-	/* One GPU per request: its device buffers must agree (host buffers go anywhere). */
-	int dev = -1;
-	for (int i = 0; i < VALIDATE_NTENSORS; i++) {
-		static const char *const names[VALIDATE_NTENSORS] = {"q", "k", "v", "o", "lse"};
-		if (vr.region[i] == NULL)
-			continue;
-		if (async && !vr.on_device[i])
-			return fa_err(err, errlen, FA_EINVAL,
-			              "asynchronous mode takes device buffers only; %s is in "
-			              "host memory", names[i]);
-		if (vr.region[i]->words)
-			return fa_err(err, errlen, FA_EINVAL,
-			              "%s is in region %016" PRIx64 ", which holds the session's "
-			              "completion words: register the tensor's buffer itself",
-			              names[i], vr.region[i]->id);
-		if (!vr.on_device[i])
-			continue;
-		if (dev >= 0 && vr.region[i]->dev != dev)
-			return fa_err(err, errlen, FA_EINVAL,
-			              "%s is on the daemon's GPU %d, an earlier tensor on GPU %d: "
-			              "one request's buffers must be on one GPU",
-			              names[i], vr.region[i]->dev, dev);
-		dev = vr.region[i]->dev;
-	}
-	if (wr != NULL && wr->dev != dev)
-		return fa_err(err, errlen, FA_EINVAL,
-		              "the completion words (region %016" PRIx64 ") are on the daemon's GPU "
-		              "%d, the tensors on GPU %d: register words on the tensors' GPU",
-		              wr->id, wr->dev, dev);
+	static const char *const names[VALIDATE_NTENSORS] = {"q", "k", "v", "o", "lse"};
+	int dev;
+	if ((st = dispatch_place_tensors(c, async, vr.region, vr.on_device, names,
+	                                 VALIDATE_NTENSORS, VALIDATE_NTENSORS, wr, &dev)) != FA_OK)
+		return st;
 	if ((r = calloc(1, sizeof(*r))) == NULL)
 		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	r->job.desc = vr.desc;
@@ -799,31 +792,10 @@ static fa_status dispatch_attn_bwd(struct dispatch_ctx *c)
 	if (max_gflop != 0 &&
 	    (st = worklimit_check_bwd(&vr.desc.fwd, max_gflop, err, errlen)) != FA_OK)
 		return st;
-	int dev = -1;
-	for (int i = 0; i < FA_BWD_NTENSORS; i++) {
-		if (async && !vr.on_device[i])
-			return fa_err(err, errlen, FA_EINVAL,
-			              "asynchronous mode takes device buffers only; %s is in "
-			              "host memory", fa_bwd_names[i]);
-		if (vr.region[i] != NULL && vr.region[i]->words)
-			return fa_err(err, errlen, FA_EINVAL,
-			              "%s is in region %016" PRIx64 ", which holds the session's "
-			              "completion words: register the tensor's buffer itself",
-			              fa_bwd_names[i], vr.region[i]->id);
-		if (!vr.on_device[i])
-			continue;
-		if (dev >= 0 && vr.region[i]->dev != dev)
-			return fa_err(err, errlen, FA_EINVAL,
-			              "%s is on the daemon's GPU %d, an earlier tensor on GPU %d: "
-			              "one request's buffers must be on one GPU",
-			              fa_bwd_names[i], vr.region[i]->dev, dev);
-		dev = vr.region[i]->dev;
-	}
-	if (wr != NULL && wr->dev != dev)
-		return fa_err(err, errlen, FA_EINVAL,
-		              "the completion words (region %016" PRIx64 ") are on the daemon's GPU "
-		              "%d, the tensors on GPU %d: register words on the tensors' GPU",
-		              wr->id, wr->dev, dev);
+	int dev;
+	if ((st = dispatch_place_tensors(c, async, vr.region, vr.on_device, fa_bwd_names,
+	                                 FA_BWD_NTENSORS, FA_BWD_NTENSORS, wr, &dev)) != FA_OK)
+		return st;
 	if ((r = calloc(1, sizeof(*r))) == NULL)
 		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	r->job.is_bwd = true;
@@ -909,35 +881,16 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 		backend_infer_free(vr.bi);
 		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	}
-	/* One GPU per request, as ATTN_FWD's (index tensors included; host buffers go anywhere). */
-	int dev = -1;
-	for (int i = 0; i < VALIDATE_INFER_N; i++) {
-		if (vr.region[i] == NULL)
-			continue;
-		if ((st = dispatch_infer_async_tensor(c, async, &vr, i)) != FA_OK) {
-			backend_infer_free(vr.bi);
-			free(r);
-			return st;
-		}
-		if (!vr.on_device[i])
-			continue;
-		if (dev >= 0 && vr.region[i]->dev != dev) {
-			backend_infer_free(vr.bi);
-			free(r);
-			return fa_err(err, errlen, FA_EINVAL,
-			              "tensor %d of the request is on the daemon's GPU %d, an earlier one "
-			              "on GPU %d: one request's buffers must be on one GPU", i,
-			              vr.region[i]->dev, dev);
-		}
-		dev = vr.region[i]->dev;
-	}
-	if (wr != NULL && wr->dev != dev) {
+	/* The tensors' places, as ATTN_FWD's (the index tensors included). */
+	static const char *const names[VALIDATE_INFER_N] = {
+	    "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "cache_seqlens",
+	    "page_table"};
+	int dev;
+	if ((st = dispatch_place_tensors(c, async, vr.region, vr.on_device, names,
+	                                 VALIDATE_INFER_N, FA_FWD_NTENSORS, wr, &dev)) != FA_OK) {
 		backend_infer_free(vr.bi);
 		free(r);
-		return fa_err(err, errlen, FA_EINVAL,
-		              "the completion words (region %016" PRIx64 ") are on the daemon's GPU "
-		              "%d, the tensors on GPU %d: register words on the tensors' GPU",
-		              wr->id, wr->dev, dev);
+		return st;
 	}
 	memcpy(r->job.on_device, vr.on_device, sizeof vr.on_device);
 	r->job.infer = vr.bi;
