@@ -23,7 +23,7 @@
 
 #include "fa_integ.h"
 #include "fa_raw.h"
-#include "fa_ring.h"
+#include "fa_raw_ring.h"
 
 static struct fa_daemon g_d;
 
@@ -187,89 +187,6 @@ static void test_daemon_answers_malformed_and_unknown_async_requests(void **stat
 	assert_true(daemon_alive(&g_d));
 }
 
-/* A ring made by hand on a raw session (test_ring.c's, reduced to what is needed here). */
-struct ring {
-	int s;
-	uint64_t sid, seq;
-	struct fa_raw_shm m;
-	struct fa_ring_hdr *h;
-	uint32_t tail, cq_head;
-};
-
-static void ring_open(const struct fa_daemon *d, struct ring *r, uint64_t *rng)
-{
-	struct fa_proto_rep rep;
-	struct fa_proto_req req;
-
-	memset(r, 0, sizeof *r);
-	r->s = fa_raw_open(d->url, fa_test_ms(5000));
-	assert_true(r->s >= 0);
-	r->sid = fa_raw_hello(r->s, ++r->seq, &rep);
-	assert_true(r->sid != 0);
-	snprintf(r->m.name, sizeof r->m.name, FA_RING_NAME_PREFIX "%u.%d.%016llx",
-	         (unsigned)getuid(), (int)getpid(), (unsigned long long)fa_rand_next(rng));
-	r->m.fd = shm_open(r->m.name, O_RDWR | O_CREAT | O_EXCL, 0660);
-	assert_true(r->m.fd >= 0 && ftruncate(r->m.fd, FA_RING_BYTES) == 0);
-	r->m.map = mmap(NULL, FA_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, r->m.fd, 0);
-	assert_true(r->m.map != MAP_FAILED);
-	r->m.size = FA_RING_BYTES;
-	r->h = r->m.map;
-	r->h->magic = FA_RING_MAGIC;
-	r->h->layout = FA_RING_LAYOUT;
-	r->h->entries = FA_RING_ENTRIES;
-	r->h->entry_bytes = FA_RING_ENTRY_BYTES;
-	memset(&req, 0, sizeof req);
-	req.op = FA_OP_RING_OPEN;
-	req.session = r->sid;
-	req.seq = ++r->seq;
-	req.u.reg.size = FA_RING_BYTES;
-	snprintf(req.u.reg.shm_name, sizeof req.u.reg.shm_name, "%s", r->m.name);
-	assert_int_equal(fa_raw_call(r->s, &req, &rep), FA_OK);
-}
-
-static void ring_close(struct ring *r)
-{
-	struct fa_proto_rep rep;
-	fa_raw_simple(r->s, FA_OP_BYE, r->sid, ++r->seq, &rep);
-	nn_close(r->s);
-	fa_raw_shm_destroy(&r->m);
-}
-
-static void ring_push(struct ring *r, const void *msg, uint32_t len, uint32_t tag)
-{
-	struct fa_ring_sqe *e = fa_ring_sqe_at(r->h, r->tail);
-	e->len = len;
-	e->tag = tag;
-	memcpy(e->msg, msg, len < FA_RING_MSG_MAX ? len : FA_RING_MSG_MAX);
-	__atomic_store_n(&r->h->sq_tail, ++r->tail, __ATOMIC_SEQ_CST);
-	syscall(SYS_futex, &r->h->sq_tail, FUTEX_WAKE, 1, NULL, NULL, 0);
-}
-
-static void ring_push_req(struct ring *r, const struct fa_proto_req *req, uint32_t tag)
-{
-	unsigned char buf[FA_RING_MSG_MAX];
-	size_t len;
-	assert_int_equal(fa_proto_encode_req(req, buf, sizeof buf, &len), FA_OK);
-	ring_push(r, buf, (uint32_t)len, tag);
-}
-
-/* The next completion within 5 s: its status, its tag in *tag; -1 when none came. */
-static int ring_pop(struct ring *r, uint32_t *tag, struct fa_proto_rep *rep)
-{
-	uint64_t deadline = fa_test_now_ms() + (uint64_t)fa_test_ms(5000);
-	while (__atomic_load_n(&r->h->cq_tail, __ATOMIC_SEQ_CST) == r->cq_head) {
-		if (fa_test_now_ms() >= deadline)
-			return -1;
-		fa_test_sleep_ms(1);
-	}
-	const struct fa_ring_cqe *e = fa_ring_cqe_at(r->h, r->cq_head++);
-	char err[256];
-	*tag = e->tag;
-	assert_true(e->len > 0 && e->len <= FA_RING_MSG_MAX);
-	assert_int_equal(fa_proto_decode_rep(e->msg, e->len, rep, err, sizeof err), FA_OK);
-	return rep->status;
-}
-
 /* Through a ring: the header says which new requests the daemon knows; each asynchronous
  * backward or inference entry comes back as a completion with FA_ENOTSUP (its tag, its reason),
  * a truncated one FA_EPROTO, an unknown op FA_EPROTO, another version FA_EVERSION, and the
@@ -277,21 +194,21 @@ static int ring_pop(struct ring *r, uint32_t *tag, struct fa_proto_rep *rep)
 static void test_ring_says_its_features_and_answers_async_entries(void **state)
 {
 	(void)state;
-	struct ring r;
+	struct fa_raw_ring r;
 	struct fa_proto_rep rep;
 	uint64_t rng = 0x5eed;
 	uint32_t tag;
 
-	ring_open(&g_d, &r, &rng);
+	fa_raw_ring_open(&r, g_d.url, &rng, FA_OK);
 	assert_int_equal(__atomic_load_n(&r.h->features, __ATOMIC_SEQ_CST), FA_RING_FEATURES);
 	struct fa_proto_req q = bwd_async(r.sid, ++r.seq);
-	ring_push_req(&r, &q, 11);
+	fa_raw_ring_push_req(&r, &q, 11);
 	q = infer_async(FA_OP_ATTN_VARLEN, r.sid, ++r.seq);
-	ring_push_req(&r, &q, 12);
+	fa_raw_ring_push_req(&r, &q, 12);
 	q = infer_async(FA_OP_ATTN_KVCACHE, r.sid, ++r.seq);
-	ring_push_req(&r, &q, 13);
+	fa_raw_ring_push_req(&r, &q, 13);
 	for (uint32_t want = 11; want <= 13; want++) {
-		assert_int_equal(ring_pop(&r, &tag, &rep), FA_ENOTSUP);
+		assert_int_equal(fa_raw_ring_pop(&r, &tag, &rep), FA_ENOTSUP);
 		assert_int_equal(tag, want);
 		assert_non_null(strstr(rep.detail, "needs the GPU backend"));
 	}
@@ -299,8 +216,8 @@ static void test_ring_says_its_features_and_answers_async_entries(void **state)
 	unsigned char buf[FA_RING_MSG_MAX];
 	size_t len;
 	assert_int_equal(fa_proto_encode_req(&q, buf, sizeof buf, &len), FA_OK);
-	ring_push(&r, buf, (uint32_t)len / 2, 14);
-	assert_int_equal(ring_pop(&r, &tag, &rep), FA_EPROTO);
+	fa_raw_ring_push(&r, buf, (uint32_t)len / 2, 14);
+	assert_int_equal(fa_raw_ring_pop(&r, &tag, &rep), FA_EPROTO);
 	assert_int_equal(tag, 14);
 	struct fa_proto_req p;
 	memset(&p, 0, sizeof p);
@@ -311,8 +228,8 @@ static void test_ring_says_its_features_and_answers_async_entries(void **state)
 	unsigned char *at = memmem(buf, len, "\xa2op\x03", 4);
 	assert_non_null(at);
 	at[3] = 25;
-	ring_push(&r, buf, (uint32_t)len, 15);
-	assert_int_equal(ring_pop(&r, &tag, &rep), FA_EPROTO);
+	fa_raw_ring_push(&r, buf, (uint32_t)len, 15);
+	assert_int_equal(fa_raw_ring_pop(&r, &tag, &rep), FA_EPROTO);
 	assert_int_equal(tag, 15);
 	/* another protocol version: an asynchronous decode entry with "v" 2 */
 	q.seq = ++r.seq;
@@ -320,14 +237,14 @@ static void test_ring_says_its_features_and_answers_async_entries(void **state)
 	at = memmem(buf, len, "\xa1v\x01", 3);
 	assert_non_null(at);
 	at[2] = 2;
-	ring_push(&r, buf, (uint32_t)len, 16);
-	assert_int_equal(ring_pop(&r, &tag, &rep), FA_EVERSION);
+	fa_raw_ring_push(&r, buf, (uint32_t)len, 16);
+	assert_int_equal(fa_raw_ring_pop(&r, &tag, &rep), FA_EVERSION);
 	assert_int_equal(tag, 16);
 	p.seq = ++r.seq;
-	ring_push_req(&r, &p, 17);
-	assert_int_equal(ring_pop(&r, &tag, &rep), FA_OK);
+	fa_raw_ring_push_req(&r, &p, 17);
+	assert_int_equal(fa_raw_ring_pop(&r, &tag, &rep), FA_OK);
 	assert_int_equal(__atomic_load_n(&r.h->dead, __ATOMIC_SEQ_CST), FA_RING_LIVE);
-	ring_close(&r);
+	fa_raw_ring_close(&r);
 	assert_true(daemon_alive(&g_d));
 }
 
@@ -394,10 +311,10 @@ static void test_old_daemon_shows_no_features_and_refuses_the_new_keys(void **st
 	if (rc != 0)
 		daemon_log_dump(&old, 40);
 	assert_int_equal(rc, 0);
-	struct ring r;
+	struct fa_raw_ring r;
 	struct fa_proto_rep rep;
 	uint64_t rng = 77;
-	ring_open(&old, &r, &rng);
+	fa_raw_ring_open(&r, old.url, &rng, FA_OK);
 	assert_int_equal(__atomic_load_n(&r.h->features, __ATOMIC_SEQ_CST), 0);
 	struct fa_proto_req q = bwd_async(r.sid, ++r.seq);
 	assert_int_equal(fa_raw_call(r.s, &q, &rep), FA_EPROTO);
@@ -411,7 +328,7 @@ static void test_old_daemon_shows_no_features_and_refuses_the_new_keys(void **st
 	q.seq = ++r.seq;
 	assert_int_equal(fa_raw_call(r.s, &q, &rep), FA_EREGION);
 	assert_int_equal(fa_raw_simple(r.s, FA_OP_PING, r.sid, ++r.seq, &rep), FA_OK);
-	ring_close(&r);
+	fa_raw_ring_close(&r);
 	assert_true(daemon_log_contains(&old, "FA_TEST_OLD_DAEMON"));
 	assert_int_equal(daemon_finish(&old), 0);
 }

@@ -27,7 +27,7 @@
 
 #include "fa_integ.h"
 #include "fa_raw.h"
-#include "fa_ring.h"
+#include "fa_raw_ring.h"
 
 static struct fa_daemon g_d;
 
@@ -45,107 +45,6 @@ static int teardown(void **state)
 {
 	(void)state;
 	return daemon_finish(&g_d);
-}
-
-/* fa_raw_shm_create under a ring's name. */
-static int ring_shm_create(struct fa_raw_shm *m, uint64_t *rng)
-{
-	memset(m, 0, sizeof *m);
-	snprintf(m->name, sizeof m->name, FA_RING_NAME_PREFIX "%u.%d.%016llx", (unsigned)getuid(),
-	         (int)getpid(), (unsigned long long)fa_rand_next(rng));
-	m->fd = shm_open(m->name, O_RDWR | O_CREAT | O_EXCL, 0660);
-	if (m->fd < 0 || ftruncate(m->fd, FA_RING_BYTES) != 0)
-		return -1;
-	m->map = mmap(NULL, FA_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, m->fd, 0);
-	if (m->map == MAP_FAILED) {
-		m->map = NULL;
-		return -1;
-	}
-	m->size = FA_RING_BYTES;
-	return 0;
-}
-
-/* A ring made by hand, opened by RING_OPEN on a raw session. */
-struct raw_ring {
-	int s;
-	uint64_t sid, seq, id;
-	struct fa_raw_shm m;
-	struct fa_ring_hdr *h;
-	uint32_t tail, cq_head;
-};
-
-static void raw_ring_open(struct raw_ring *r, uint64_t *rng, int want)
-{
-	struct fa_proto_rep rep;
-	struct fa_proto_req req;
-
-	memset(r, 0, sizeof *r);
-	r->s = fa_raw_open(g_d.url, fa_test_ms(5000));
-	assert_true(r->s >= 0);
-	r->sid = fa_raw_hello(r->s, ++r->seq, &rep);
-	assert_true(r->sid != 0);
-	assert_int_equal(ring_shm_create(&r->m, rng), 0);
-	r->h = r->m.map;
-	r->h->magic = FA_RING_MAGIC;
-	r->h->layout = FA_RING_LAYOUT;
-	r->h->entries = FA_RING_ENTRIES;
-	r->h->entry_bytes = FA_RING_ENTRY_BYTES;
-	memset(&req, 0, sizeof req);
-	req.op = FA_OP_RING_OPEN;
-	req.session = r->sid;
-	req.seq = ++r->seq;
-	req.u.reg.size = FA_RING_BYTES;
-	snprintf(req.u.reg.shm_name, sizeof req.u.reg.shm_name, "%s", r->m.name);
-	int st = fa_raw_call(r->s, &req, &rep);
-	if (st != want)
-		printf("  RING_OPEN: %s: %s\n", fa_status_name((fa_status)st), rep.detail);
-	assert_int_equal(st, want);
-	r->id = st == FA_OK ? rep.u.reg.region : 0;
-}
-
-static void raw_ring_close(struct raw_ring *r)
-{
-	struct fa_proto_rep rep;
-
-	fa_raw_simple(r->s, FA_OP_BYE, r->sid, ++r->seq, &rep);
-	nn_close(r->s);
-	fa_raw_shm_destroy(&r->m);
-}
-
-/* Put `len` bytes in the next entry with tag, publish, wake the daemon's thread. */
-static void raw_ring_push(struct raw_ring *r, const void *msg, uint32_t len, uint32_t tag)
-{
-	struct fa_ring_sqe *e = fa_ring_sqe_at(r->h, r->tail);
-	e->len = len;
-	e->tag = tag;
-	memcpy(e->msg, msg, len < FA_RING_MSG_MAX ? len : FA_RING_MSG_MAX);
-	__atomic_store_n(&r->h->sq_tail, ++r->tail, __ATOMIC_SEQ_CST);
-	syscall(SYS_futex, &r->h->sq_tail, FUTEX_WAKE, 1, NULL, NULL, 0);
-}
-
-/* The next completion within 5 s: its status (decoded), tag in *tag; -1 when none came. */
-static int raw_ring_pop(struct raw_ring *r, uint32_t *tag, struct fa_proto_rep *rep)
-{
-	uint64_t deadline = fa_test_now_ms() + (uint64_t)fa_test_ms(5000);
-	while (__atomic_load_n(&r->h->cq_tail, __ATOMIC_SEQ_CST) == r->cq_head) {
-		if (fa_test_now_ms() >= deadline)
-			return -1;
-		fa_test_sleep_ms(1);
-	}
-	const struct fa_ring_cqe *e = fa_ring_cqe_at(r->h, r->cq_head++);
-	char err[256];
-	*tag = e->tag;
-	assert_true(e->len > 0 && e->len <= FA_RING_MSG_MAX);
-	assert_int_equal(fa_proto_decode_rep(e->msg, e->len, rep, err, sizeof err), FA_OK);
-	return rep->status;
-}
-
-static void push_req(struct raw_ring *r, const struct fa_proto_req *req, uint32_t tag)
-{
-	unsigned char buf[FA_RING_MSG_MAX];
-	size_t len;
-	assert_int_equal(fa_proto_encode_req(req, buf, sizeof buf, &len), FA_OK);
-	raw_ring_push(r, buf, (uint32_t)len, tag);
 }
 
 static void test_ring_serves_calls_with_the_sockets_results(void **state)
@@ -247,22 +146,22 @@ static void test_ring_serves_threads_of_one_client_at_once(void **state)
 static void test_ring_answers_garbage_and_other_sessions(void **state)
 {
 	(void)state;
-	struct raw_ring r;
+	struct fa_raw_ring r;
 	struct fa_proto_rep rep;
 	struct fa_proto_req req;
 	uint64_t rng = 21;
 	uint32_t tag;
 
-	raw_ring_open(&r, &rng, FA_OK);
+	fa_raw_ring_open(&r, g_d.url, &rng, FA_OK);
 	/* Random bytes, an empty entry, a length beyond the entry: each answered FA_EPROTO. */
 	unsigned char junk[FA_RING_MSG_MAX];
 	for (size_t i = 0; i < sizeof junk; i++)
 		junk[i] = (unsigned char)fa_rand_next(&rng);
-	raw_ring_push(&r, junk, 100, 1);
-	raw_ring_push(&r, junk, 0, 2);
-	raw_ring_push(&r, junk, 0xffffffffu, 3);
+	fa_raw_ring_push(&r, junk, 100, 1);
+	fa_raw_ring_push(&r, junk, 0, 2);
+	fa_raw_ring_push(&r, junk, 0xffffffffu, 3);
 	for (uint32_t want = 1; want <= 3; want++) {
-		assert_int_equal(raw_ring_pop(&r, &tag, &rep), FA_EPROTO);
+		assert_int_equal(fa_raw_ring_pop(&r, &tag, &rep), FA_EPROTO);
 		assert_int_equal(tag, want);
 	}
 	/* A PING of this session: fine. Of another session (or none): FA_ESESSION. */
@@ -270,19 +169,19 @@ static void test_ring_answers_garbage_and_other_sessions(void **state)
 	req.op = FA_OP_PING;
 	req.session = r.sid;
 	req.seq = ++r.seq;
-	push_req(&r, &req, 7);
-	assert_int_equal(raw_ring_pop(&r, &tag, &rep), FA_OK);
+	fa_raw_ring_push_req(&r, &req, 7);
+	assert_int_equal(fa_raw_ring_pop(&r, &tag, &rep), FA_OK);
 	assert_int_equal(tag, 7);
 	req.session = r.sid ^ 1;
 	req.seq = ++r.seq;
-	push_req(&r, &req, 8);
-	assert_int_equal(raw_ring_pop(&r, &tag, &rep), FA_ESESSION);
+	fa_raw_ring_push_req(&r, &req, 8);
+	assert_int_equal(fa_raw_ring_pop(&r, &tag, &rep), FA_ESESSION);
 	/* STATS (a reply too large for an entry) and RING_OPEN are the socket's. */
 	req.op = FA_OP_STATS;
 	req.session = r.sid;
 	req.seq = ++r.seq;
-	push_req(&r, &req, 9);
-	assert_int_equal(raw_ring_pop(&r, &tag, &rep), FA_ENOTSUP);
+	fa_raw_ring_push_req(&r, &req, 9);
+	assert_int_equal(fa_raw_ring_pop(&r, &tag, &rep), FA_ENOTSUP);
 	printf("  STATS through the ring: %s\n", rep.detail);
 	/* A second ring for the session: FA_ELIMIT. */
 	memset(&req, 0, sizeof req);
@@ -293,7 +192,7 @@ static void test_ring_answers_garbage_and_other_sessions(void **state)
 	snprintf(req.u.reg.shm_name, sizeof req.u.reg.shm_name, "%s", r.m.name);
 	assert_int_equal(fa_raw_call(r.s, &req, &rep), FA_ELIMIT);
 	/* A wrong size, a wrong header: refused with what this daemon serves. */
-	raw_ring_close(&r);
+	fa_raw_ring_close(&r);
 	assert_true(daemon_alive(&g_d));
 }
 
@@ -308,7 +207,7 @@ static void test_ring_refuses_a_wrong_layout(void **state)
 	uint64_t sid = fa_raw_hello(s, 1, &rep);
 
 	assert_true(sid != 0);
-	assert_int_equal(ring_shm_create(&m, &rng), 0);
+	assert_int_equal(fa_raw_ring_shm_create(&m, &rng), 0);
 	memset(&req, 0, sizeof req);
 	req.op = FA_OP_RING_OPEN;
 	req.session = sid;
@@ -335,7 +234,7 @@ static void test_ring_refuses_a_wrong_layout(void **state)
 }
 
 /* Wait for the ring's dead word. */
-static bool wait_dead(struct raw_ring *r, uint32_t want)
+static bool wait_dead(struct fa_raw_ring *r, uint32_t want)
 {
 	uint64_t deadline = fa_test_now_ms() + (uint64_t)fa_test_ms(5000);
 	while (__atomic_load_n(&r->h->dead, __ATOMIC_SEQ_CST) != want) {
@@ -349,14 +248,14 @@ static bool wait_dead(struct raw_ring *r, uint32_t want)
 static void test_ring_impossible_tail_closes_the_ring_not_the_session(void **state)
 {
 	(void)state;
-	struct raw_ring r;
+	struct fa_raw_ring r;
 	struct fa_proto_rep rep;
 	uint64_t rng = 41;
 
 	fa_client *c = NULL;
 	assert_int_equal(fa_client_open(&c, g_d.url), FA_OK);
 	uint64_t broken = fa_integ_stat(c, "ring_broken");
-	raw_ring_open(&r, &rng, FA_OK);
+	fa_raw_ring_open(&r, g_d.url, &rng, FA_OK);
 	__atomic_store_n(&r.h->sq_tail, r.tail + 1000, __ATOMIC_SEQ_CST);
 	syscall(SYS_futex, &r.h->sq_tail, FUTEX_WAKE, 1, NULL, NULL, 0);
 	assert_true(wait_dead(&r, FA_RING_DEAD_PROTOCOL));
@@ -364,19 +263,19 @@ static void test_ring_impossible_tail_closes_the_ring_not_the_session(void **sta
 	assert_int_equal(fa_raw_simple(r.s, FA_OP_PING, r.sid, ++r.seq, &rep), FA_OK);
 	assert_true(fa_integ_wait_stat(c, NULL, "ring_broken", broken + 1, fa_test_ms(5000), NULL));
 	fa_client_close(c);
-	raw_ring_close(&r);
+	fa_raw_ring_close(&r);
 	assert_true(daemon_alive(&g_d));
 }
 
 static void test_ring_shrunk_object_does_not_kill_the_daemon(void **state)
 {
 	(void)state;
-	struct raw_ring r;
+	struct fa_raw_ring r;
 	struct fa_proto_rep rep;
 	uint64_t rng = 51;
 	fa_client *c = NULL;
 
-	raw_ring_open(&r, &rng, FA_OK);
+	fa_raw_ring_open(&r, g_d.url, &rng, FA_OK);
 	assert_int_equal(fa_client_open(&c, g_d.url), FA_OK);
 	uint64_t broken = fa_integ_stat(c, "ring_broken");
 	/* The daemon's thread reads the vanished pages within its sleep (200 ms). */
@@ -388,7 +287,7 @@ static void test_ring_shrunk_object_does_not_kill_the_daemon(void **state)
 	fa_client_close(c);
 	munmap(r.m.map, r.m.size); /* our own mapping faults too now: never touched again */
 	r.m.map = NULL;
-	raw_ring_close(&r);
+	fa_raw_ring_close(&r);
 	assert_true(daemon_alive(&g_d));
 }
 
@@ -396,7 +295,7 @@ static void test_ring_limit_falls_back_to_the_socket(void **state)
 {
 	(void)state;
 	fa_client *c[6] = {0};
-	struct raw_ring extra;
+	struct fa_raw_ring extra;
 	uint64_t rng = 61;
 
 	/* --max-rings 4: the fifth and sixth clients call by the socket and do not notice. */
@@ -405,8 +304,8 @@ static void test_ring_limit_falls_back_to_the_socket(void **state)
 	assert_int_equal(fa_integ_stat(c[0], "ring_open"), 4);
 	for (int i = 0; i < 6; i++)
 		assert_int_equal(fa_ping(c[i]), FA_OK);
-	raw_ring_open(&extra, &rng, FA_ELIMIT);
-	raw_ring_close(&extra);
+	fa_raw_ring_open(&extra, g_d.url, &rng, FA_ELIMIT);
+	fa_raw_ring_close(&extra);
 	for (int i = 1; i < 6; i++)
 		fa_client_close(c[i]);
 	assert_true(fa_integ_wait_stat(c[0], NULL, "ring_open", 1, fa_test_ms(5000), NULL));
