@@ -331,10 +331,19 @@ static void test_decoder_rejects_malformed_inference_keys(void **state)
 	expect_proto(enc, len, "unknown key 'mX'");
 }
 
-/* Encode r and re-pack its map with the key `drop` left out, into sb (the caller destroys it). */
-static void encode_without(const struct fa_proto_req *r, const char *drop, msgpack_sbuffer *sb)
+/* Whether a map key is the string name (NULL: no name matches). */
+static bool key_is(const msgpack_object *key, const char *name)
 {
-	size_t len = 0, off = 0, n = strlen(drop);
+	return name != NULL && key->via.str.size == strlen(name) &&
+	       memcmp(key->via.str.ptr, name, key->via.str.size) == 0;
+}
+
+/* Encode r and re-pack its map into sb (the caller destroys it): the key `drop` left out (NULL:
+ * none; it must be there), then one more key `add` = the unsigned `value` (NULL: none). */
+static void encode_repacked(const struct fa_proto_req *r, const char *drop, const char *add,
+                            uint64_t value, msgpack_sbuffer *sb)
+{
+	size_t len = 0, off = 0;
 	msgpack_packer pk;
 	msgpack_unpacked up;
 	assert_int_equal(fa_proto_encode_req(r, enc, sizeof enc, &len), FA_OK);
@@ -344,14 +353,25 @@ static void encode_without(const struct fa_proto_req *r, const char *drop, msgpa
 	assert_int_equal(msgpack_unpack_next(&up, (const char *)enc, len, &off),
 	                 MSGPACK_UNPACK_SUCCESS);
 	msgpack_object_map *m = &up.data.via.map;
-	msgpack_pack_map(&pk, m->size - 1);
+	msgpack_pack_map(&pk, m->size - (drop != NULL) + (add != NULL));
 	for (uint32_t i = 0; i < m->size; i++) {
-		if (m->ptr[i].key.via.str.size == n && memcmp(m->ptr[i].key.via.str.ptr, drop, n) == 0)
+		if (key_is(&m->ptr[i].key, drop))
 			continue;
 		msgpack_pack_object(&pk, m->ptr[i].key);
 		msgpack_pack_object(&pk, m->ptr[i].val);
 	}
+	if (add != NULL) {
+		msgpack_pack_str(&pk, strlen(add));
+		msgpack_pack_str_body(&pk, add, strlen(add));
+		msgpack_pack_uint64(&pk, value);
+	}
 	msgpack_unpacked_destroy(&up);
+}
+
+/* r encoded without the key `drop`. */
+static void encode_without(const struct fa_proto_req *r, const char *drop, msgpack_sbuffer *sb)
+{
+	encode_repacked(r, drop, NULL, 0, sb);
 }
 
 static void test_decoder_rejects_malformed_bwd_window_keys(void **state)
@@ -409,30 +429,11 @@ static void test_decoder_rejects_mq_without_cuq(void **state)
 	msgpack_sbuffer_destroy(&sb);
 }
 
-/* Encode r and re-pack its map with one more key: `key` = the unsigned `value`, into sb (the
- * caller destroys it). */
+/* r encoded with one more key: `key` = the unsigned `value`. */
 static void encode_with(const struct fa_proto_req *r, const char *key, uint64_t value,
                         msgpack_sbuffer *sb)
 {
-	size_t len = 0, off = 0;
-	msgpack_packer pk;
-	msgpack_unpacked up;
-	assert_int_equal(fa_proto_encode_req(r, enc, sizeof enc, &len), FA_OK);
-	msgpack_sbuffer_init(sb);
-	msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
-	msgpack_unpacked_init(&up);
-	assert_int_equal(msgpack_unpack_next(&up, (const char *)enc, len, &off),
-	                 MSGPACK_UNPACK_SUCCESS);
-	msgpack_object_map *m = &up.data.via.map;
-	msgpack_pack_map(&pk, m->size + 1);
-	for (uint32_t i = 0; i < m->size; i++) {
-		msgpack_pack_object(&pk, m->ptr[i].key);
-		msgpack_pack_object(&pk, m->ptr[i].val);
-	}
-	msgpack_pack_str(&pk, strlen(key));
-	msgpack_pack_str_body(&pk, key, strlen(key));
-	msgpack_pack_uint64(&pk, value);
-	msgpack_unpacked_destroy(&up);
+	encode_repacked(r, NULL, key, value, sb);
 }
 
 /* Asynchronous ATTN_BWD with completion words, and asynchronous ATTN_VARLEN / ATTN_KVCACHE
