@@ -134,6 +134,18 @@ static fa_status socket_path(fa_client *c, struct fa_words *w, struct fa_tslot *
 }
 
 /* See fa_client_int.h. */
+fa_status fa__async_device_only(const char *fn, const fa_tensor *const *t,
+                                const char *const *names, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (t[i]->buf != NULL && t[i]->buf->ops->kind != FA_REGION_CUDA_IPC)
+			return fa__fail(FA_EINVAL, "%s: %s is a host buffer; the asynchronous mode "
+			                "takes device buffers (fa_buffer_register_device) only", fn,
+			                names[i]);
+	return FA_OK;
+}
+
+/* See fa_client_int.h. */
 fa_status fa__async_words_call(fa_client *c, struct fa_proto_req *req, void *stream,
                                uint32_t feature, bool *use_events)
 {

@@ -131,11 +131,9 @@ FA_API fa_status fa_attn_bwd_async(fa_client *c, const fa_attn_bwd_args *args, v
 	if ((st = bwd_request(c, args, &req)) != FA_OK)
 		return st;
 	bwd_tensors(args, t);
-	for (int i = 0; i < FA_BWD_NTENSORS; i++)
-		if (t[i]->buf->ops->kind != FA_REGION_CUDA_IPC)
-			return fa__fail(FA_EINVAL, "fa_attn_bwd_async: %s is a host buffer; the "
-			                "asynchronous mode takes device buffers "
-			                "(fa_buffer_register_device) only", fa_bwd_names[i]);
+	if ((st = fa__async_device_only("fa_attn_bwd_async", t, fa_bwd_names, FA_BWD_NTENSORS)) !=
+	    FA_OK)
+		return st;
 	bool use_events = false;
 	st = fa__async_words_call(c, &req, stream, FA_RING_FEAT_ASYNC_BWD, &use_events);
 	if (st != FA_OK || !use_events)

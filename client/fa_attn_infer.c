@@ -207,11 +207,9 @@ static fa_status infer_async(fa_client *c, struct fa_proto_req *req, const char 
                              const fa_tensor *const t[FA_FWD_NTENSORS],
                              const fa_index *const ix[3], const char *const ixn[3], void *stream)
 {
-	for (int i = 0; i < FA_FWD_NTENSORS; i++)
-		if (t[i]->buf != NULL && t[i]->buf->ops->kind != FA_REGION_CUDA_IPC)
-			return fa__fail(FA_EINVAL, "%s: %s is a host buffer; the asynchronous mode "
-			                "takes device buffers (fa_buffer_register_device) only", fn,
-			                fa_fwd_names[i]);
+	fa_status st = fa__async_device_only(fn, t, fa_fwd_names, FA_FWD_NTENSORS);
+	if (st != FA_OK)
+		return st;
 	for (int i = 0; i < 3; i++)
 		if (ix[i] != NULL && ix[i]->buf != NULL &&
 		    ix[i]->buf->ops->kind != FA_REGION_CUDA_IPC)
@@ -219,7 +217,7 @@ static fa_status infer_async(fa_client *c, struct fa_proto_req *req, const char 
 			                "index tables in stream order from device buffers only: copy it "
 			                "to the device on the stream", fn, ixn[i]);
 	bool no_words = false;
-	fa_status st = fa__async_words_call(c, req, stream, FA_RING_FEAT_ASYNC_INFER, &no_words);
+	st = fa__async_words_call(c, req, stream, FA_RING_FEAT_ASYNC_INFER, &no_words);
 	if (st == FA_OK && no_words)
 		return fa__fail(FA_ENOTSUP, "%s: needs completion words (a GPU with 64-bit stream "
 		                "memory operations, FA_ASYNC_EVENTS unset, and a daemon that serves "

@@ -686,7 +686,6 @@ FA_API fa_status fa_attn_fwd(fa_client *c, const fa_attn_fwd_args *args)
  * daemon event per (session, slot) enough. */
 FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, void *stream)
 {
-	static const char *const names[5] = {"q", "k", "v", "o", "lse"};
 	struct fa_proto_req req;
 	struct fa_proto_rep *rep;
 	struct fa_tslot *s;
@@ -699,12 +698,10 @@ FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, v
 	fa__req_init(c, &req, FA_OP_ATTN_FWD);
 	if ((st = fwd_request(c, args, &req)) != FA_OK)
 		return st;
-	const fa_tensor *t[5] = {&args->q, &args->k, &args->v, &args->o, &args->lse};
-	for (int i = 0; i < 5; i++)
-		if (t[i]->buf != NULL && t[i]->buf->ops->kind != FA_REGION_CUDA_IPC)
-			return fa__fail(FA_EINVAL, "fa_attn_fwd_async: %s is a host buffer; the "
-			                "asynchronous mode takes device buffers "
-			                "(fa_buffer_register_device) only", names[i]);
+	const fa_tensor *t[FA_FWD_NTENSORS] = {&args->q, &args->k, &args->v, &args->o, &args->lse};
+	if ((st = fa__async_device_only("fa_attn_fwd_async", t, fa_fwd_names, FA_FWD_NTENSORS)) !=
+	    FA_OK)
+		return st;
 	/* Completion words (fa_async.c) wherever the stream's context has them. */
 	bool use_events = false;
 	if ((st = fa__async_words_call(c, &req, stream, 0, &use_events)) != FA_OK || !use_events)

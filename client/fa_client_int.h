@@ -314,6 +314,11 @@ fa_status fa__tensor_buffer(fa_client *c, const char *name, const fa_tensor *t, 
 
 /* ---- the completion-word path of every asynchronous call (fa_async.c) ------------------------ */
 
+/* The asynchronous mode's rule for an op's n tensors t (names for the detail; buf NULL: absent):
+ * FA_OK when every one is device memory, else FA_EINVAL "fn: <name> is a host buffer ...". */
+fa_status fa__async_device_only(const char *fn, const fa_tensor *const *t,
+                                const char *const *names, int n);
+
 /* Send req (ATTN_FWD, ATTN_BWD, ATTN_VARLEN or ATTN_KVCACHE, checked, synchronous fields)
  * asynchronously with completion words, ordered on stream: through the ring when the daemon
  * serving it sets `feature` (FA_RING_FEAT_*; 0 for the forward, whose keys every daemon with

@@ -728,9 +728,8 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 		return fa_err(err, errlen, FA_ENOTSUP,
 		              "the sliding window and softcap are not yet on the %s backend",
 		              backend_name(srv->backend));
-	static const char *const names[VALIDATE_NTENSORS] = {"q", "k", "v", "o", "lse"};
 	int dev;
-	if ((st = dispatch_place_tensors(c, async, vr.region, vr.on_device, names,
+	if ((st = dispatch_place_tensors(c, async, vr.region, vr.on_device, fa_fwd_names,
 	                                 VALIDATE_NTENSORS, VALIDATE_NTENSORS, wr, &dev)) != FA_OK)
 		return st;
 	if ((r = calloc(1, sizeof(*r))) == NULL)
