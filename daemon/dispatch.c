@@ -881,9 +881,10 @@ static fa_status dispatch_attn_infer(struct dispatch_ctx *c)
 		return fa_err(err, errlen, FA_ENOMEM, "out of memory");
 	}
 	/* The tensors' places, as ATTN_FWD's (the index tensors included). */
-	static const char *const names[VALIDATE_INFER_N] = {
-	    "q", "k", "v", "o", "lse", "cu_seqlens_q", "cu_seqlens_k", "cache_seqlens",
-	    "page_table"};
+	const char *names[VALIDATE_INFER_N]; /* the forward's tensors, then the index tables */
+	for (int i = 0; i < VALIDATE_INFER_N; i++)
+		names[i] = i < FA_FWD_NTENSORS ? fa_fwd_names[i]
+		                               : backend_infer_names[i - FA_FWD_NTENSORS];
 	int dev;
 	if ((st = dispatch_place_tensors(c, async, vr.region, vr.on_device, names,
 	                                 VALIDATE_INFER_N, FA_FWD_NTENSORS, wr, &dev)) != FA_OK) {
