@@ -164,6 +164,16 @@ static bool bwdwg_offered(const struct fa_device_model *dev, const struct fa_pla
 	return ks->wgmma16_bwd == FA_WGMMA16_ALL || req->D >= 64;
 }
 
+/* Blocks of tile t resident on one SM: its shared memory (and the 1 KiB the driver reserves per
+ * block) and its registers (allocated per warp in units of 8 per thread); at least one. */
+static int bwd_blocks_per_sm(const struct fa_device_model *dev, const struct fa_tile *t)
+{
+	int by_smem = (int)(dev->smem_per_sm / (t->smem + 1024));
+	int by_regs = dev->regs_per_sm / (((t->regs + 7) / 8 * 8) * 32 * t->nw);
+	int bps = by_smem < by_regs ? by_smem : by_regs;
+	return bps < 1 ? 1 : bps;
+}
+
 static int cmp_tile(const void *a, const void *b)
 {
 	const struct fa_tile *x = a, *y = b;
@@ -225,11 +235,7 @@ fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_re
 				 * else fits (they run, with some spills) */
 				const bool heavy = bwd_regs_raw(&t, req->D, prec) >
 				    (path == FA_KPATH_BWD16 ? FA_BWD_MAX_REGS16 : FA_BWD_MAX_REGS32);
-				int nt = 32 * t.nw;
-				int by_smem = (int)(dev->smem_per_sm / (t.smem + 1024));
-				int by_regs = dev->regs_per_sm / (((t.regs + 7) / 8 * 8) * nt);
-				int bps = by_smem < by_regs ? by_smem : by_regs;
-				t.blocks_per_sm = bps < 1 ? 1 : bps;
+				t.blocks_per_sm = bwd_blocks_per_sm(dev, &t);
 				t.score = bwd_score(dev, req, &t, t.blocks_per_sm);
 				if (heavy && nheavy < FA_PLAN_MAX_CANDIDATES)
 					heavies[nheavy++] = t;
@@ -253,10 +259,7 @@ fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_re
 			t.regs = fa_bwd_tile_regs(&t, req->D, prec);
 			if (t.smem > dev->smem_optin || nall >= FA_PLAN_MAX_CANDIDATES)
 				continue;
-			int by_smem = (int)(dev->smem_per_sm / (t.smem + 1024));
-			int by_regs = dev->regs_per_sm / (((t.regs + 7) / 8 * 8) * 32 * nw);
-			int bps = by_smem < by_regs ? by_smem : by_regs;
-			t.blocks_per_sm = bps < 1 ? 1 : bps;
+			t.blocks_per_sm = bwd_blocks_per_sm(dev, &t);
 			t.score = 1.0 + bwd_score(dev, req, &t, t.blocks_per_sm);
 			all[nall++] = t;
 		}
