@@ -76,7 +76,8 @@ fa_status fa_kernel_settings_set(struct fa_kernel_settings *s, const char *name,
 			return bad(err, errlen, name, value, "0 or 1");
 		s->wgmma = value[0] == '1';
 	} else if (strcmp(name, "FA_WGMMA16") == 0 || strcmp(name, "FA_WGMMA16_BWD") == 0) {
-		enum fa_wgmma16_mode *m = name[10] ? &s->wgmma16_bwd : &s->wgmma16;
+		enum fa_wgmma16_mode *m =
+		    strcmp(name, "FA_WGMMA16_BWD") == 0 ? &s->wgmma16_bwd : &s->wgmma16;
 		if (strcmp(value, "auto") == 0)
 			*m = FA_WGMMA16_MEASURED;
 		else if (strcmp(value, "0") == 0)
@@ -133,7 +134,8 @@ bool fa_kernel_settings_get(const struct fa_kernel_settings *s, const char *name
 	if (strcmp(name, "FA_WGMMA") == 0)
 		snprintf(buf, cap, "%d", s->wgmma ? 1 : 0);
 	else if (strcmp(name, "FA_WGMMA16") == 0 || strcmp(name, "FA_WGMMA16_BWD") == 0) {
-		const enum fa_wgmma16_mode m = name[10] ? s->wgmma16_bwd : s->wgmma16;
+		const enum fa_wgmma16_mode m =
+		    strcmp(name, "FA_WGMMA16_BWD") == 0 ? s->wgmma16_bwd : s->wgmma16;
 		snprintf(buf, cap, "%s", m == FA_WGMMA16_OFF ? "0" : m == FA_WGMMA16_ALL ? "1" : "auto");
 	}
 	else if (strcmp(name, "FA_WG_BC") == 0)
