@@ -84,6 +84,9 @@ struct backend_job {
 	void *words;                  /* NULL: the event path (or synchronous) */
 	uint64_t words_seq;
 	bool enqueued;                /* out: see above */
+	bool done_written;            /* out: failed before its enqueue, and its done word was
+	                               * written all the same, in the order of the session's
+	                               * stream (so dispatch needs no words release) */
 	void **owner_state;           /* the session's slot for backend state (streams, events),
 	                               * freed by ops.owner_free when the session is freed */
 	/* ATTN_VARLEN / ATTN_KVCACHE (backend_infer.h): the index tensors and the per-sequence

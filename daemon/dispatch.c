@@ -1143,7 +1143,8 @@ void dispatch_fwd_done(struct server *srv, struct backend_job *job)
 		return;
 	}
 	if (!r->replied && !job->enqueued && job->status != FA_OK && job->async &&
-	    job->words != NULL && ring_hdr_is(&r->hdr) && srv->state == SERVER_RUNNING) {
+	    job->words != NULL && !job->done_written && ring_hdr_is(&r->hdr) &&
+	    srv->state == SERVER_RUNNING) {
 		/* Failed before its kernel was enqueued: its client's stream waits for the done
 		 * word all the same. The regions stay held until the release is answered. */
 		char detail[FA_PROTO_DETAIL_MAX];

@@ -28,6 +28,11 @@ enum {
 	/* dQ summed in a fixed order (no atomics): the same bits on every run, for the same inputs,
 	 * device and kernel settings. Without it dQ is accumulated with fp32 atomics. */
 	FA_GPU_BWD_DETERMINISTIC = 1u << 0,
+	/* Compile and load the kernels the call would launch (every pass), enqueue nothing: for a
+	 * caller that must not load a module later, once its stream may wait on another process
+	 * (loading a module can need the whole context idle: the daemon's asynchronous mode). The
+	 * pointers are checked as for a launch; s is not used. */
+	FA_GPU_BWD_PREPARE = 1u << 1,
 };
 
 /* Backward attention on the device, enqueued on stream s (0: the legacy default stream).

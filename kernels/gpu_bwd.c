@@ -106,7 +106,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		return fa_err(err, errlen, FA_EINVAL,
 		              "backward: a NULL device pointer (q, k, v, o, dO, lse, dQ, dK, dV are all "
 		              "required; lse is the forward's)");
-	if (flags & ~(unsigned)FA_GPU_BWD_DETERMINISTIC)
+	if (flags & ~(unsigned)(FA_GPU_BWD_DETERMINISTIC | FA_GPU_BWD_PREPARE))
 		return fa_err(err, errlen, FA_EINVAL, "backward: unknown flags 0x%x", flags);
 	if (f->B > 65535 || f->Hkv > 65535 || f->Sq > INT32_MAX / 2 || f->Sk > INT32_MAX / 2)
 		return fa_err(err, errlen, FA_ESHAPE,
@@ -196,6 +196,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		fn.dq = cf.dq;
 		pre_nw = cs.tile.nw;
 	}
+	if (flags & FA_GPU_BWD_PREPARE)
+		return FA_OK; /* every pass is loaded: nothing to enqueue */
 
 	const int bq = spec.tile.br, bkv = spec.tile.bc;
 	/* deterministic: groups of FA_BWD_DET_GROUP consecutive key blocks run together

@@ -75,28 +75,51 @@ bool gpu_async_words_supported(struct gpu_backend *b)
 	return true;
 }
 
+/* The release kernel of device index dev (its context current), loaded on first use. NULL
+ * with *r the CUDA error of the load. */
+static fa_cu_func gpu_words_fn(unsigned dev, fa_cu_res *r)
+{
+	const struct fa_cu_api *cu = fa_cu;
+
+	*r = 0;
+	pthread_mutex_lock(&gpu_words_kernel.mu);
+	if (gpu_words_kernel.fn[dev] == NULL && gpu_words_kernel.err[dev] == 0) {
+		fa_cu_mod mod = NULL;
+		fa_cu_func fn = NULL;
+		if ((*r = cu->ModuleLoadData(&mod, gpu_words_ptx)) == 0 &&
+		    (*r = cu->ModuleGetFunction(&fn, mod, "fa_words_release")) == 0)
+			gpu_words_kernel.fn[dev] = fn;
+		else
+			gpu_words_kernel.err[dev] = *r; /* the module stays loaded: the process' life */
+	}
+	fa_cu_func fn = gpu_words_kernel.fn[dev];
+	if (fn == NULL)
+		*r = gpu_words_kernel.err[dev];
+	pthread_mutex_unlock(&gpu_words_kernel.mu);
+	return fn;
+}
+
+/* See gpu_int.h. */
+void gpu_async_words_load(struct gpu_backend *b)
+{
+	for (unsigned i = 0; i < b->ndevs; i++) {
+		fa_cu_res r = 0;
+		fa_cu->CtxSetCurrent(b->devs[i].ctx);
+		if (gpu_words_fn(i, &r) == NULL)
+			log_warn("gpu: GPU %d: loading the completion-word release kernel: CUDA error "
+			         "%d (%s); a stuck asynchronous call's stream cannot be released",
+			         b->devs[i].ordinal, r, fa_cu_errstr(r));
+	}
+}
+
 /* Write max(*word, value) into a ready word on od's release stream (od's thread, context
  * current, no lock). 0 or the CUDA error. */
 static fa_cu_res gpu_words_release(struct gpu_owner_dev *od, fa_cu_ptr word, uint64_t value)
 {
 	const struct fa_cu_api *cu = fa_cu;
-	unsigned dev = (unsigned)(od->d - od->d->b->devs);
 	fa_cu_res r = 0;
+	fa_cu_func fn = gpu_words_fn((unsigned)(od->d - od->d->b->devs), &r);
 
-	pthread_mutex_lock(&gpu_words_kernel.mu);
-	if (gpu_words_kernel.fn[dev] == NULL && gpu_words_kernel.err[dev] == 0) {
-		fa_cu_mod mod = NULL;
-		fa_cu_func fn = NULL;
-		if ((r = cu->ModuleLoadData(&mod, gpu_words_ptx)) == 0 &&
-		    (r = cu->ModuleGetFunction(&fn, mod, "fa_words_release")) == 0)
-			gpu_words_kernel.fn[dev] = fn;
-		else
-			gpu_words_kernel.err[dev] = r; /* the module stays loaded: the process' life */
-	}
-	fa_cu_func fn = gpu_words_kernel.fn[dev];
-	if (fn == NULL)
-		r = gpu_words_kernel.err[dev];
-	pthread_mutex_unlock(&gpu_words_kernel.mu);
 	if (fn == NULL)
 		return r;
 	if (od->release_stream == NULL &&
@@ -338,6 +361,32 @@ static fa_cu_stream gpu_hostfn_stream(struct gpu_owner_dev *od)
 	return od->hostfn_stream;
 }
 
+/* Before an asynchronous job's stream waits on the client: compile and load its kernels, and
+ * grow the pinned block its index tables are copied into. Loading a module may need the whole
+ * context idle (lazy loading; freeing pinned memory likewise), and a stream waiting on a
+ * client's word is not idle until the client's own stream gets there: a load after the wait
+ * could block this thread until then (for ever for a client that died), and with it the
+ * release of that very wait (gpu_words_watch_locked runs here). The inference ops' kernels
+ * depend on the tables' contents and load after the snapshot, whose wait has passed by then.
+ * FA_OK, or the job's status with its detail (nothing enqueued). */
+static fa_status gpu_async_prepare(struct gpu_owner_dev *od, struct backend_job *job,
+                                   bool *sticky)
+{
+	struct gpu_dev *d = od->d;
+
+	if (job->infer != NULL)
+		return gpu_snap_reserve(d, job, &od->snap, sticky);
+	if (job->is_bwd)
+		return gpu_prepare_bwd(d, job);
+	bool ready = false;
+	char name[8];
+	if (fa_gpu_kernel_lookup(d->g, &job->desc, &ready, name, sizeof name, job->detail,
+	                         sizeof job->detail) == FA_OK && ready)
+		return FA_OK; /* the common case: a launch-memo hit */
+	job->detail[0] = '\0';
+	return fa_gpu_prepare(d->g, &job->desc, NULL, job->detail, sizeof job->detail);
+}
+
 /* Run an asynchronous job: wait for the client's ready word (or event) on the session's stream,
  * launch, write the done word (or record the daemon's event), queue the host function. FA_OK:
  * enqueued (the caller hands it back for the reply); else the job failed before its kernel was
@@ -370,6 +419,8 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	}
 	__typeof__(od->slot[0]) *sl = &od->slot[job->slot];
 	bool words = job->words != NULL;
+	if ((st = gpu_async_prepare(od, job, sticky)) != FA_OK)
+		return job->status = st;
 	if (words) {
 		uint64_t tw = fa_now_ns();
 		if ((st = gpu_words_wait(od, job, &ready, &n, sticky)) != FA_OK)
@@ -542,6 +593,53 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	return FA_OK;
 }
 
+/* The session thread's CUDA resources on its device (od's thread, context current, at its
+ * start: the loop thread that creates od makes no CUDA call, since creating streams and
+ * allocating may wait for the whole context, which a stream waiting on a client may hold).
+ * FA_OK, or the status every job of the session then gets, with od->init_detail. */
+static fa_status gpu_owner_cuda_init(struct gpu_owner_dev *od)
+{
+	struct gpu_dev *d = od->d;
+	fa_cu_res r;
+
+	if ((r = fa_cu->StreamCreate(&od->stream, FA_CU_STREAM_NON_BLOCKING)) != 0) {
+		od->stream = NULL;
+		snprintf(od->init_detail, sizeof od->init_detail, "creating the session's stream on "
+		         "GPU %d: CUDA error %d (%s)", d->ordinal, r, fa_cu_errstr(r));
+		return r == FA_CU_ERROR_OUT_OF_MEMORY ? FA_ENOMEM : FA_EDEVICE;
+	}
+	/* The gate: optional; without it a dead client's wait holds its request until exit. */
+	if (fa_cu->StreamCreate(&od->wait_stream, FA_CU_STREAM_NON_BLOCKING) != 0) {
+		od->wait_stream = NULL;
+	} else if (fa_cu->MemAlloc(&od->gate, 4u * FA_PROTO_MAX_SLOTS) != 0 ||
+	           fa_cu->MemsetD8(od->gate, 0, 4u * FA_PROTO_MAX_SLOTS) != 0) {
+		if (od->gate != 0)
+			fa_cu->MemFree(od->gate);
+		od->gate = 0;
+		fa_cu->StreamDestroy(od->wait_stream);
+		od->wait_stream = NULL;
+	}
+	if (od->gate == 0)
+		log_warn("gpu: GPU %d: no gate for a session's asynchronous calls: a client that dies "
+		         "before its event fires holds its request until the daemon exits",
+		         d->ordinal);
+	return FA_OK;
+}
+
+/* A words call that failed before its kernel was enqueued (od's thread): write its done word
+ * now, on the session's stream, so the client's stream (which may already wait for it: the
+ * ring) goes on in the order of its calls. A words release from dispatch would come after the
+ * session's later calls, whose ready words the client's stream writes only after this done
+ * word: those calls' waits would hold the stream until --async-wait-ms. */
+static void gpu_words_done_anyway(struct gpu_owner_dev *od, struct backend_job *job)
+{
+	fa_cu_res r = fa_cu->StreamWriteValue64(
+	    od->stream, (fa_cu_ptr)(uintptr_t)job->words + FA_PROTO_WORDS_DONE(job->slot),
+	    job->words_seq, FA_CU_STREAM_WRITE_VALUE_DEFAULT);
+	if (r == 0)
+		job->done_written = true; /* else dispatch's words release tries again */
+}
+
 /* A session's asynchronous thread on one device: its jobs, in order (see gpu_owner_dev). */
 static void *gpu_owner_thread(void *arg)
 {
@@ -549,6 +647,7 @@ static void *gpu_owner_thread(void *arg)
 	struct gpu_backend *b = od->d->b;
 
 	fa_cu->CtxSetCurrent(od->d->ctx);
+	fa_status init = gpu_owner_cuda_init(od);
 	pthread_mutex_lock(&b->mu);
 	for (;;) {
 		if (od->tm.rd < od->tm.rec) { /* kernels timed and not read: their host function
@@ -575,8 +674,9 @@ static void *gpu_owner_thread(void *arg)
 		if (od->head == NULL)
 			od->tail = NULL;
 		job->next = NULL;
-		if (fault_marked(&b->base)) {
-			gpu_finish_locked(b, job, FA_EDEVICE, fault_why(&b->base));
+		if (fault_marked(&b->base) || init != FA_OK) {
+			gpu_finish_locked(b, job, init != FA_OK ? init : FA_EDEVICE,
+			                  init != FA_OK ? od->init_detail : fault_why(&b->base));
 			uv_async_send(&b->async);
 			continue;
 		}
@@ -584,6 +684,8 @@ static void *gpu_owner_thread(void *arg)
 		bool sticky = false;
 		uint64_t t0 = fa_now_ns();
 		fa_status st = gpu_run_async(od, job, &sticky);
+		if (st != FA_OK && job->words != NULL && !job->words_release && !sticky)
+			gpu_words_done_anyway(od, job);
 		pthread_mutex_lock(&b->mu);
 		if (st != FA_OK) {
 			job->compute_ns = fa_now_ns() - t0;
@@ -596,15 +698,32 @@ static void *gpu_owner_thread(void *arg)
 	return NULL;
 }
 
-/* This session's resources on d, created on first use (worker). NULL with job's status set. */
+/* See gpu_int.h. */
+void gpu_async_handoff(struct gpu_dev *d, struct backend_job *job)
+{
+	struct gpu_backend *b = d->b;
+	struct gpu_owner_dev *od = gpu_owner_dev(d, job);
+
+	pthread_mutex_lock(&b->mu);
+	if (od == NULL) {
+		gpu_job_done_locked(b, job, false);
+	} else {
+		backend_job_append(&od->head, &od->tail, job);
+		pthread_cond_signal(&od->cv);
+	}
+	pthread_mutex_unlock(&b->mu);
+}
+
+/* This session's state on d, created on first use (its first asynchronous job, on the loop
+ * thread: host memory and the thread only; the thread makes its CUDA resources). NULL with
+ * job's status set. */
 struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
 {
 	struct gpu_backend *b = d->b;
 	struct gpu_owner *o;
 	unsigned i = (unsigned)(d - b->devs);
-	fa_cu_res r;
 
-	pthread_mutex_lock(&b->mu); /* two devices' workers may both create the session's state */
+	pthread_mutex_lock(&b->mu);
 	o = *job->owner_state;
 	if (o == NULL && (o = calloc(1, sizeof *o)) != NULL)
 		*job->owner_state = o;
@@ -624,27 +743,6 @@ struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
 	}
 	od->d = d;
 	od->owner = job->owner;
-	if ((r = fa_cu->StreamCreate(&od->stream, FA_CU_STREAM_NON_BLOCKING)) != 0) {
-		bool sticky;
-		job->status = gpu_job_cuerr(d, job, r, "creating the session's stream", &sticky);
-		free(od);
-		return NULL;
-	}
-	/* The gate: optional; without it a dead client's wait holds its request until exit. */
-	if (fa_cu->StreamCreate(&od->wait_stream, FA_CU_STREAM_NON_BLOCKING) != 0) {
-		od->wait_stream = NULL;
-	} else if (fa_cu->MemAlloc(&od->gate, 4u * FA_PROTO_MAX_SLOTS) != 0 ||
-	           fa_cu->MemsetD8(od->gate, 0, 4u * FA_PROTO_MAX_SLOTS) != 0) {
-		if (od->gate != 0)
-			fa_cu->MemFree(od->gate);
-		od->gate = 0;
-		fa_cu->StreamDestroy(od->wait_stream);
-		od->wait_stream = NULL;
-	}
-	if (od->gate == 0)
-		log_warn("gpu: GPU %d: no gate for a session's asynchronous calls: a client that dies "
-		         "before its event fires holds its request until the daemon exits",
-		         d->ordinal);
 	pthread_condattr_t ca;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* fa_now_ns's clock: the watchdog */
@@ -660,15 +758,6 @@ struct gpu_owner_dev *gpu_owner_dev(struct gpu_dev *d, struct backend_job *job)
 		snprintf(job->detail, sizeof job->detail, "starting the session's GPU thread: %s",
 		         strerror(rv));
 		pthread_cond_destroy(&od->cv);
-		if (od->gate != 0)
-			fa_cu->MemFree(od->gate);
-		if (od->wait_stream != NULL)
-			fa_cu->StreamDestroy(od->wait_stream);
-		fa_cu->StreamDestroy(od->stream);
-		if (od->release_stream != NULL)
-			fa_cu->StreamDestroy(od->release_stream);
-		if (od->passed != NULL)
-			fa_cu->MemFreeHost((void *)(uintptr_t)od->passed);
 		free(od);
 		return NULL;
 	}
@@ -731,7 +820,8 @@ void gpu_owner_free(struct backend *base, void *state)
 			if (od->slot[k].wait != NULL)
 				fa_cu->EventDestroy(od->slot[k].wait);
 		}
-		fa_cu->StreamDestroy(od->stream);
+		if (od->stream != NULL)
+			fa_cu->StreamDestroy(od->stream);
 		if (od->wait_stream != NULL && fa_cu->StreamQuery(od->wait_stream) != 0) {
 			/* still waiting on a client event that never fired: its pending write would
 			 * land in freed memory (an illegal address loses the context), so the gate and

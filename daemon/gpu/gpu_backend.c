@@ -167,6 +167,8 @@ static fa_status gpu_open(struct backend **out, uv_loop_t *loop, const struct co
 		}
 	}
 	b->base.async_words = gpu_async_words_supported(b);
+	if (b->base.async_words)
+		gpu_async_words_load(b); /* now, while no stream waits on a client (gpu_async.c) */
 	b->async_wait_ns = (uint64_t)(cfg->async_wait_ms > 0 ? cfg->async_wait_ms : 60000) *
 	                   1000000ull;
 	gpu_tune_open(b, cfg);

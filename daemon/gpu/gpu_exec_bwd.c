@@ -16,9 +16,11 @@ static unsigned gpu_bwd_flags(const struct backend_job *job)
 	return (job->bwd.flags & FA_PROTO_BWD_DETERMINISTIC) ? FA_GPU_BWD_DETERMINISTIC : 0;
 }
 
-/* Launch the backward on `stream` with the pointers given (FA_BWD_* order). */
+/* Launch the backward on `stream` with the pointers given (FA_BWD_* order); extra: more of
+ * fa_gpu_attn_bwd's flags (FA_GPU_BWD_PREPARE). */
 static fa_status gpu_bwd_launch_at(struct gpu_dev *d, struct backend_job *job,
-                                   const fa_cu_ptr dp[FA_BWD_NTENSORS], fa_cu_stream stream)
+                                   const fa_cu_ptr dp[FA_BWD_NTENSORS], fa_cu_stream stream,
+                                   unsigned extra)
 {
 	struct fa_gpu_bwd_ptrs p = {
 		.q = (CUdeviceptr)dp[FA_BWD_Q],    .k = (CUdeviceptr)dp[FA_BWD_K],
@@ -27,8 +29,8 @@ static fa_status gpu_bwd_launch_at(struct gpu_dev *d, struct backend_job *job,
 		.dq = (CUdeviceptr)dp[FA_BWD_DQ],  .dk = (CUdeviceptr)dp[FA_BWD_DK],
 		.dv = (CUdeviceptr)dp[FA_BWD_DV],
 	};
-	return fa_gpu_attn_bwd(d->g, &job->bwd.desc, &p, gpu_bwd_flags(job), (CUstream)stream,
-	                       job->detail, sizeof job->detail);
+	return fa_gpu_attn_bwd(d->g, &job->bwd.desc, &p, gpu_bwd_flags(job) | extra,
+	                       (CUstream)stream, job->detail, sizeof job->detail);
 }
 
 /* The job's pointers by FA_BWD_*. */
@@ -45,16 +47,32 @@ static void gpu_bwd_ptrs(const struct backend_job *job, const void *ptr[FA_BWD_N
 	ptr[FA_BWD_DV] = job->bwd.dv;
 }
 
-/* Launch an asynchronous backward job (every tensor on the device); see gpu_int.h. */
-fa_status gpu_launch_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream)
+/* An asynchronous backward job's device pointers (every tensor on the device). */
+static void gpu_bwd_device_ptrs(const struct backend_job *job, fa_cu_ptr dp[FA_BWD_NTENSORS])
 {
 	const void *ptr[FA_BWD_NTENSORS];
-	fa_cu_ptr dp[FA_BWD_NTENSORS];
 
 	gpu_bwd_ptrs(job, ptr);
 	for (int i = 0; i < FA_BWD_NTENSORS; i++)
 		dp[i] = (fa_cu_ptr)(uintptr_t)ptr[i];
-	return gpu_bwd_launch_at(d, job, dp, stream);
+}
+
+/* Launch an asynchronous backward job (every tensor on the device); see gpu_int.h. */
+fa_status gpu_launch_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream)
+{
+	fa_cu_ptr dp[FA_BWD_NTENSORS];
+
+	gpu_bwd_device_ptrs(job, dp);
+	return gpu_bwd_launch_at(d, job, dp, stream, 0);
+}
+
+/* See gpu_int.h. */
+fa_status gpu_prepare_bwd(struct gpu_dev *d, struct backend_job *job)
+{
+	fa_cu_ptr dp[FA_BWD_NTENSORS];
+
+	gpu_bwd_device_ptrs(job, dp);
+	return gpu_bwd_launch_at(d, job, dp, NULL, FA_GPU_BWD_PREPARE);
 }
 
 /* Enqueue one synchronous backward job; see gpu_int.h. */
@@ -97,7 +115,7 @@ void gpu_enqueue_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream st
 		job->status = gpu_job_cuerr(d, job, r, what, sticky);
 		goto sync;
 	}
-	if ((st = gpu_bwd_launch_at(d, job, sg.dp, stream)) != FA_OK) {
+	if ((st = gpu_bwd_launch_at(d, job, sg.dp, stream, 0)) != FA_OK) {
 		job->status = st;
 		goto sync;
 	}

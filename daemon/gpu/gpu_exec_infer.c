@@ -60,6 +60,57 @@ static int64_t index_span(const struct backend_index_src *s)
 	return (s->n0 - 1) * s->s0 + (s->n1 - 1) * s->s1 + 1;
 }
 
+/* Grow *pinned to hold `total` bytes, in 64 KiB steps (a cuMemHostAlloc costs far more than
+ * the copy). FA_OK, or the job's status. */
+static fa_status snap_grow(struct gpu_dev *d, struct backend_job *job,
+                          struct gpu_snap_host *pinned, uint64_t total, bool *sticky)
+{
+	size_t want = ((size_t)(total > 0 ? total : 4) + 65535) & ~(size_t)65535;
+	if (pinned->cap >= want)
+		return FA_OK;
+	void *p = NULL;
+	fa_cu_res r = fa_cu->MemHostAlloc(&p, want, 0);
+	if (r != 0)
+		return gpu_job_cuerr(d, job, r, "allocating pinned memory for the index tensors",
+		                     sticky);
+	if (pinned->p != NULL)
+		fa_cu->MemFreeHost(pinned->p);
+	pinned->p = p;
+	pinned->cap = want;
+	return FA_OK;
+}
+
+/* The bytes job's index tables span (their strides included), with each one's offset in the
+ * snapshot when at is not NULL and the part in host memory in *host_bytes. */
+static uint64_t snap_bytes(const struct backend_job *job, uint64_t *at, uint64_t *host_bytes)
+{
+	const struct backend_infer *bi = job->infer;
+	uint64_t total = 0, hb = 0;
+
+	for (int i = 0; i < INFER_NINDEX; i++) {
+		if (bi->src[i].base == NULL)
+			continue;
+		if (at != NULL)
+			at[i] = total;
+		total += (uint64_t)index_span(&bi->src[i]) * 4;
+		if (!job->on_device[FA_FWD_NTENSORS + i])
+			hb += (uint64_t)index_span(&bi->src[i]) * 4;
+	}
+	if (host_bytes != NULL)
+		*host_bytes = hb;
+	return total;
+}
+
+/* See gpu_int.h. */
+fa_status gpu_snap_reserve(struct gpu_dev *d, struct backend_job *job,
+                           struct gpu_snap_host *pinned, bool *sticky)
+{
+	uint64_t total = snap_bytes(job, NULL, NULL);
+	if (total > GPU_INFER_MAX_INDEX_BYTES)
+		return FA_OK; /* infer_snapshot refuses it with its text */
+	return snap_grow(d, job, pinned, total, sticky);
+}
+
 /* Copy the index tensors into host memory of the daemon's (*host, the caller frees), check them
  * there (backend_infer_prepare: the checked dense copy is bi->copy), and upload that copy to a
  * stream-ordered device buffer (*dev; ix points into it). FA_OK, or the job's status with its
@@ -78,14 +129,7 @@ static fa_status infer_snapshot(struct gpu_dev *d, struct backend_job *job, fa_c
 
 	*host = NULL;
 	*dev = 0;
-	for (int i = 0; i < INFER_NINDEX; i++) {
-		if (bi->src[i].base == NULL)
-			continue;
-		at[i] = total;
-		total += (uint64_t)index_span(&bi->src[i]) * 4;
-		if (!job->on_device[FA_FWD_NTENSORS + i])
-			host_bytes += (uint64_t)index_span(&bi->src[i]) * 4;
-	}
+	total = snap_bytes(job, at, &host_bytes);
 	if (total > GPU_INFER_MAX_INDEX_BYTES) {
 		snprintf(job->detail, sizeof job->detail,
 		         "the index tensors span %" PRIu64 " bytes with their strides (at most %u on "
@@ -94,18 +138,8 @@ static fa_status infer_snapshot(struct gpu_dev *d, struct backend_job *job, fa_c
 	}
 	int32_t *snap = NULL;
 	if (pinned != NULL) {
-		/* grown in 64 KiB steps: a cuMemHostAlloc costs far more than the copy */
-		size_t want = ((size_t)(total > 0 ? total : 4) + 65535) & ~(size_t)65535;
-		if (pinned->cap < want) {
-			void *p = NULL;
-			if ((r = cu->MemHostAlloc(&p, want, 0)) != 0)
-				return gpu_job_cuerr(d, job, r, "allocating pinned memory for the index "
-				                     "tensors", sticky);
-			if (pinned->p != NULL)
-				cu->MemFreeHost(pinned->p);
-			pinned->p = p;
-			pinned->cap = want;
-		}
+		if ((st = snap_grow(d, job, pinned, total, sticky)) != FA_OK)
+			return st;
 		snap = pinned->p;
 	} else if ((snap = *host = malloc(total > 0 ? total : 4)) == NULL) {
 		snprintf(job->detail, sizeof job->detail,

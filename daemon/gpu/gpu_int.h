@@ -166,7 +166,8 @@ struct gpu_owner_dev {
 	pthread_cond_t cv;                       /* with mu */
 	struct backend_job *head, *tail;         /* mu: jobs for the thread */
 	bool stop;                               /* mu */
-	fa_cu_stream stream;                       /* owner */
+	char init_detail[FA_PROTO_DETAIL_MAX];   /* owner: why its CUDA resources failed */
+	fa_cu_stream stream;                       /* owner (made by the thread; NULL: failed) */
 	/* The gate (why: a client that dies before its event fires would hold the kernel, the
 	 * request and its regions for good). wait_stream waits on the client's event and then
 	 * writes the job's number into gate[slot]; stream waits for gate[slot] >= that number
@@ -214,7 +215,7 @@ struct gpu_owner_dev {
 
 /* A session's backend state (*job->owner_state): created under mu, freed on the loop by
  * gpu_owner_free when the session is freed (every job of it was handed back for good). A
- * device's entry is written by that device's worker only. */
+ * device's entry is written by the loop thread only (gpu_submit, gpu_async_handoff). */
 struct gpu_owner {
 	struct gpu_owner_dev *dev[GPU_MAX_DEVICES];
 };
@@ -566,6 +567,11 @@ void gpu_enqueue_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream st
  * Returns fa_gpu_attn_bwd's status with job->detail. */
 fa_status gpu_launch_bwd(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream);
 
+/* Compile and load the kernels gpu_launch_bwd would launch for job, enqueue nothing (the
+ * asynchronous mode, before the stream waits on the client: gpu_async.c says why). Returns
+ * fa_gpu_attn_bwd's status with job->detail. */
+fa_status gpu_prepare_bwd(struct gpu_dev *d, struct backend_job *job);
+
 /* ---- gpu_exec_infer.c: one ATTN_VARLEN / ATTN_KVCACHE job (d's worker; never inline) ------- */
 
 /* gpu_enqueue for an inference job (job->infer): the index snapshot (the client's tables copied
@@ -581,6 +587,12 @@ void gpu_enqueue_infer(struct gpu_dev *d, struct backend_job *job, fa_cu_stream 
  * CUDA error; *why set (not FA_OK) when it gave up on the client (its ready word released:
  * FA_ETIMEDOUT, FA_ECLOSED), the job then fails with nothing launched. */
 typedef fa_cu_res (*gpu_snapshot_wait_fn)(void *arg, fa_cu_stream s, fa_status *why);
+
+/* Grow *pinned to the bytes job's index tables take (the asynchronous mode, before the stream
+ * waits on the client: freeing the old pinned block may synchronize the context). FA_OK, or
+ * the job's status with its detail. */
+fa_status gpu_snap_reserve(struct gpu_dev *d, struct backend_job *job,
+                           struct gpu_snap_host *pinned, bool *sticky);
 
 /* An asynchronous inference job (every tensor and table on the device) on `stream`, behind the
  * client's ready word: the snapshot as gpu_enqueue_infer's (copied into *pinned, grown as
@@ -614,6 +626,15 @@ unsigned gpu_async_cancel(struct backend *base, const void *owner, fa_status st,
 /* Whether every device runs 64-bit stream memory operations (gpu_open, after the devices):
  * the completion words; without them only the IPC-event path is offered. */
 bool gpu_async_words_supported(struct gpu_backend *b);
+/* Hand an asynchronous job to its session's thread on d (created on first use, d's context
+ * current; mutex not held): appended to the session's jobs, which run in order. When the
+ * session's state cannot be made, the job is handed back with that status. */
+void gpu_async_handoff(struct gpu_dev *d, struct backend_job *job);
+
+/* Load every device's completion-word release kernel (at open, before any stream can wait on
+ * a client: loading a module may need the whole context idle, and the release exists to unblock
+ * a stream that waits). Logs a device whose load failed; its releases then fail, logged. */
+void gpu_async_words_load(struct gpu_backend *b);
 
 /* ---- gpu_compile.c -------------------------------------------------------------------------- */
 

@@ -183,12 +183,27 @@ fa_status gpu_submit(struct backend *base, struct backend_job *job)
 	job->status = FA_OK;
 	job->compute_ns = 0;
 	job->detail[0] = '\0';
-	job->enqueued = job->kernel_done = job->reply_delivered = false;
+	job->enqueued = job->kernel_done = job->reply_delivered = job->done_written = false;
 	job->t_submit = fa_now_ns();
 	job->t_pick = job->t_done = 0;
 	job->loop_spin = false;
 	atomic_store(&job->stop, false);
 	gpu_split_plan(job);
+	if (job->async) {
+		/* Straight to the session's own thread, in the order of its calls: through the run
+		 * queue, a call whose kernel waits in the compile table (or one of a higher class)
+		 * could reach the session's stream after a later call, whose wait for its ready word
+		 * would then hold the stream, since the client's stream writes that word only after
+		 * the earlier call's done word (a deadlock until --async-wait-ms). The session's
+		 * thread compiles what it needs before its stream waits (gpu_async.c). */
+		pthread_mutex_lock(&b->mu);
+		bool stopping = b->stopping;
+		pthread_mutex_unlock(&b->mu);
+		if (stopping)
+			return FA_ECLOSED;
+		gpu_async_handoff(d, job); /* no CUDA call here: the session's thread makes its own */
+		return FA_OK;
+	}
 	/* A kernel not loaded yet is compiled by a compile thread while the worker serves other
 	 * jobs. The query is cheap and CPU-only; when it fails (the planner refuses the shape)
 	 * the worker's launch reports the same error. */

@@ -1,8 +1,9 @@
 /* gpu_worker.c - a device's worker thread: take a batch off its queue, enqueue it back to back
  * on the device's stream (so the GPU does not idle for a launch between two clients' kernels),
- * hand each job back as its event completes; an asynchronous job goes on to its session's
- * thread. Between batches and when idle: the canary, and (device 0) tuning steps; after a batch
- * it spins a little before sleeping.
+ * hand each job back as its event completes (asynchronous jobs never come here: gpu_submit
+ * hands them to their session's thread, in the order of the session's calls). Between
+ * batches and when idle: the canary, and (device 0) tuning steps; after a batch it spins a
+ * little before sleeping.
  *
  * The prewake (--prewake-us, issue 12): a synchronous client's GPU idles while the finished
  * job goes back (worker -> loop), the reply goes out (loop -> client) and the next call comes
@@ -110,19 +111,13 @@ void *gpu_worker(void *arg)
 
 		bool sticky = false;
 		if (batch[0]->async) {
-			/* to the session's own thread (created here on first use) */
-			struct backend_job *job = batch[0];
-			struct gpu_owner_dev *od = gpu_owner_dev(d, job);
+			/* (gpu_submit hands these to their session's thread itself; kept so that no
+			 * path that queues one here can lose it) */
+			gpu_async_handoff(d, batch[0]);
 			pthread_mutex_lock(&b->mu);
 			d->busy = false;
 			d->ncur = 0;
 			atomic_fetch_sub(&b->base.running, 1);
-			if (od == NULL) {
-				gpu_job_done_locked(b, job, false);
-				continue;
-			}
-			backend_job_append(&od->head, &od->tail, job);
-			pthread_cond_signal(&od->cv);
 			continue;
 		}
 		for (unsigned i = 0; i < n; i++) {

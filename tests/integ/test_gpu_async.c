@@ -68,6 +68,22 @@ static int cu_start(int ordinal)
 	return 0;
 }
 
+/* Wait for stream s's work for at most ms: 0 when done, -1 past the deadline (the stream still
+ * holds work: a regression that reorders a session's calls deadlocks them), else the CUDA error
+ * of cuStreamQuery. */
+static int stream_done_within(void *s, int ms)
+{
+	uint64_t end = fa_test_now_ms() + (uint64_t)fa_test_ms(ms);
+	for (;;) {
+		int r = (int)cu.StreamQuery(s);
+		if (r != 600 /* CUDA_ERROR_NOT_READY */)
+			return r;
+		if (fa_test_now_ms() >= end)
+			return -1;
+		usleep(1000);
+	}
+}
+
 /* A child, fn starting CUDA itself (its GPU, or after changing user). */
 static int in_child(int (*fn)(void *), void *arg, int timeout_ms)
 {
@@ -1100,9 +1116,23 @@ static int child_async_overlap_refusals(void *arg)
 	      "register: %s", fa_last_error_detail());
 	fa_bwd_args(&bc, &bl, bb, 0, &fa, &ba);
 	fa_infer_kvcache_args(&ic, &il, ib, &ka);
+	/* The warm-up: a new session's first calls of three ops back to back, each compiling or
+	 * loading its kernels in this daemon. They must reach the daemon's stream in this order:
+	 * the client's stream writes the backward's ready word only after the forward's done
+	 * word, so a backward enqueued ahead of the forward (whose kernel waited in the compile
+	 * table) held both streams (fixed 2026-12-03: gpu_submit hands asynchronous jobs to their
+	 * session's thread, which loads kernels before its stream waits). */
+	uint64_t w0 = fa_test_now_ms();
 	CHECK(fa_attn_fwd_async(c, &fa, stream) == FA_OK && fa_attn_bwd_async(c, &ba, stream) == FA_OK &&
-	      fa_attn_kvcache_async(c, &ka, stream) == FA_OK && cu.StreamSynchronize(stream) == 0 &&
-	      fa_client_flush(c) == FA_OK, "warm-up: %s", fa_last_error_detail());
+	      fa_attn_kvcache_async(c, &ka, stream) == FA_OK, "warm-up: %s", fa_last_error_detail());
+	uint64_t w1 = fa_test_now_ms();
+	int sr = stream_done_within(stream, 20000);
+	fprintf(stderr, "async warm-up: three first calls made in %llu ms, the stream done %llu ms "
+	        "later (%d)\n", (unsigned long long)(w1 - w0),
+	        (unsigned long long)(fa_test_now_ms() - w1), sr);
+	CHECK(sr == 0, "warm-up: the stream %s", sr == -1 ? "still waits after 20 s: the session's "
+	      "first calls were reordered" : "failed");
+	CHECK(fa_client_flush(c) == FA_OK, "warm-up: %s", fa_last_error_detail());
 	bad_b = ba;
 	bad_b.dq = ba.q;
 	bad_k = ka;
@@ -1480,7 +1510,7 @@ static void test_gpu_async_overlapping_outputs_are_sticky_and_hold_no_stream(voi
 {
 	(void)state;
 	SKIP_WITHOUT_GPU();
-	assert_int_equal(in_child(child_async_overlap_refusals, NULL, 40000), 0);
+	assert_int_equal(in_child(child_async_overlap_refusals, NULL, 90000), 0);
 	uint64_t v = 0;
 	assert_true(fa_integ_wait_stat(NULL, g_daemon.url, "inflight", 0, fa_test_ms(10000), &v));
 }
