@@ -1,6 +1,7 @@
 #!/bin/sh
-# gpu-bwddet.sh - one device call for the deterministic backward (issue 10): build, the deterministic cases (wgmma forced for 16-bit 8..128),
-# then det vs atomic for the four shapes of issue 10 on a quiet GPU.
+# gpu-bwddet.sh - one device call for the deterministic backward (issue 10): build, the
+# deterministic cases of test_attn_bwd_gpu (wgmma forced for 16-bit 8..128), then det vs atomic
+# for issue 10's four shapes on a quiet GPU. Logs in $OUT. After `. .gpu-deps/env.sh`.
 set -u
 OUT=${OUT:-/tmp/fa-gpu-out}; mkdir -p "$OUT"
 B=build-gpu
