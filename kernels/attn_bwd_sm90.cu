@@ -12,15 +12,26 @@
  *   FA_BQ      query rows per step: 64 or 128 (the N of S^T = K Q^T)
  *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_bwd.cu)
  *   FA_DET     1: the deterministic dQ (its own specialisation, gpu_bwd.c asks for it with the
- *              tile's rt = 2): the grid is (kv head, batch, key block), the key block slowest,
- *              and a block adds a query block's dQ rows only when the counter of that (query
- *              head, query block) reads its key block's index n: under no mask and both causal
- *              ones the key blocks that see a query block are a prefix 0 .. b - 1, so exactly n
- *              adds come before this one (attn_bwd.cu's det_turn with groups of one). Each warp
- *              waits for itself (lane 0 spins, no block barrier); the count is handed on at the
- *              top of the next step, whose barrier follows every thread's fence, so the
- *              reductions have had a step to land. A block waits only on the block of the same
- *              head one key block lower, launched before it: no deadlock.
+ *              tile's rt = 2): a block adds a query block's dQ rows only when the counter of
+ *              that (query head, query block) reads the number of adds that come before its
+ *              own in a fixed order (under no mask and both causal ones the key blocks that see
+ *              a query block are a prefix 0 .. M). Two orders, chosen per call by tstride's bit
+ *              8 (gpu_bwd.c):
+ *              rotated (det_rot, the default): the atomic mode's grid (key block fastest: the
+ *              blocks of one head run side by side and share Q, dO and the dQ rows in L2); no
+ *              mask: key block n starts at query block n nq / nk and wraps; causal: each starts
+ *              at its diagonal; the order at a query block is the one the blocks reach it in
+ *              (det_rank), so block n waits for n + 1, which got there nq / nk steps earlier.
+ *              A block may wait on blocks launched after it (of its own batch and kv head), so
+ *              gpu_bwd.c takes this order only when nk blocks fill at most a quarter of the
+ *              GPU's resident blocks.
+ *              chain (longer key sequences): the grid is (kv head, batch, key block), the key
+ *              block slowest; every block starts at its first query block and the order is the
+ *              key block index n (attn_bwd.cu's det_turn with groups of one): a block waits
+ *              only on the block of its head one key block lower, launched before it.
+ *              Either way each warp waits for itself (lane 0 spins, no block barrier); the
+ *              count is handed on at the top of the next step, whose barrier follows every
+ *              thread's fence, so the reductions have had a step to land.
  *
  * Why a second kernel (kernels/PERF-NOTES.md, backward): attn_bwd.cu runs five products per
  * step through one mma.sync warp-GEMM that reads both operands from shared memory, with P^T and
@@ -139,6 +150,41 @@ __device__ __forceinline__ void det_fence(void)
 __device__ __forceinline__ void det_count(int *turn)
 {
 	asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
+}
+
+/* FA_DET rotated: the query block of a step's position j (from the block's first query block)
+ * when the block starts rot0 further on and wraps at nq (rot0 = 0: j itself). */
+__device__ __forceinline__ int det_iq(int j, int rot0, int nq)
+{
+	if (FA_DET && !FA_MASK) {
+		j += rot0;
+		if (j >= nq)
+			j -= nq;
+	}
+	return j;
+}
+
+/* FA_DET rotated: the adds to query block iq (of every query head) that come before key block
+ * n's, in the order the key blocks reach iq: with no mask block m starts at query block
+ * m nq / nk, so m = M, M - 1, .., 0, nk - 1, .., M + 1 with M the last block started at or before
+ * iq; under a causal mask every block starts at its diagonal and the blocks that see iq are
+ * 0 .. M, so M, M - 1, .., 0. Each block n waits for n + 1 (mod nk), which reached iq
+ * nq / nk steps earlier (causal: 2 BKV / BQ), so a block rarely waits; the waits follow
+ * (step, -key block), so they make no cycle, and a block waits on later launched ones only
+ * within its (batch, kv head): gpu_bwd.c takes this order only when nk blocks fit a
+ * quarter of the GPU at once. q0: iq's first row; off: the causal offset. */
+__device__ __forceinline__ int det_rank(const fa_bwd_params &p, int n, int iq, int q0, int off)
+{
+	const int nk = (int)gridDim.x;
+	int M;
+	if (FA_MASK) { /* iq's last row sees keys up to ql (>= 0: block n sees iq) */
+		const int ql = min(q0 + FA_BQ, p.Sq) - 1 + off;
+		M = min(nk - 1, ql / BKV);
+	} else {
+		M = (int)(((long long)(iq + 1) * nk - 1) / p.nq);
+	}
+	const int r = M - n;
+	return r < 0 ? r + nk : r;
 }
 
 /* Index (in elements) of element (row, col) of a tile of `cols` 16-bit columns in core
@@ -332,9 +378,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 
 	const int tid = (int)threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
 	const int g = lane >> 2, c = lane & 3, r0 = 16 * wi + g;
-	const int n = FA_DET ? (int)blockIdx.z : (int)blockIdx.x;
-	const int hk = FA_DET ? (int)blockIdx.x : (int)blockIdx.y;
-	const int b = FA_DET ? (int)blockIdx.y : (int)blockIdx.z;
+	/* FA_DET: tstride's bit 8 (det_rot) picks the rotated order on the atomic mode's grid, else
+	 * the chain on the grid with the key block slowest (gpu_bwd.c) */
+	const bool rot = FA_DET && (p.tstride >> 8) != 0;
+	const int n = FA_DET && !rot ? (int)blockIdx.z : (int)blockIdx.x;
+	const int hk = FA_DET && !rot ? (int)blockIdx.x : (int)blockIdx.y;
+	const int b = FA_DET && !rot ? (int)blockIdx.y : (int)blockIdx.z;
 	const int kv0 = n * BKV, kw0 = kv0 + 64 * wg; /* the block's, the warpgroup's first key */
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
 	int iq0 = 0; /* the first query block whose rows see key kv0 */
@@ -348,6 +397,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	load_tile<BKV>(sV, (const u16 *)p.v + b * p.vs[0] + hk * p.vs[2] + (long long)kv0 * p.vs[1],
 	               p.vs[1], p.Sk - kv0);
 	const int nsteps = p.nq - iq0, total = nsteps * p.group;
+	/* FA_DET rotated, no mask: key block n starts at query block n nq / nk and wraps */
+	const int rot0 = FA_DET && !FA_MASK && rot ? n * p.nq / (int)gridDim.x : 0;
 	if (total > 0)
 		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk * p.group, iq0);
 	cp_async_commit();
@@ -360,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 
 	int *prev_turn = nullptr; /* FA_DET: the counter of the last step's adds, not yet counted */
 	for (int it = 0; it < total; it++) {
-		const int hh = it / nsteps, iq = iq0 + (it - hh * nsteps);
+		const int hh = it / nsteps, iq = det_iq(iq0 + (it - hh * nsteps), rot0, p.nq);
 		const int h = hk * p.group + hh, q0 = iq * FA_BQ, buf = it & 1;
 		const long long bh = (long long)b * p.Hq + h;
 		const u16 *sQ = sQ0 + buf * FA_BQ * DP, *sdO = sdO0 + buf * FA_BQ * DP;
@@ -376,7 +427,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		if (FA_DET && prev_turn && tid == 0)
 			det_count(prev_turn);
 		if (it + 1 < total) {
-			const int hn = (it + 1) / nsteps, iqn = iq0 + (it + 1 - hn * nsteps);
+			const int hn = (it + 1) / nsteps;
+			const int iqn = det_iq(iq0 + (it + 1 - hn * nsteps), rot0, p.nq);
 			load_step(p, sQ0 + (buf ^ 1) * FA_BQ * DP, sdO0 + (buf ^ 1) * FA_BQ * DP,
 			          sL0 + (buf ^ 1) * FA_BQ, sDl0 + (buf ^ 1) * FA_BQ, b, hk * p.group + hn,
 			          iqn);
@@ -479,10 +531,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			wg_touch(dk[i]);
 			wg_touch(dv[i]);
 		}
-		if (FA_DET) { /* this block's turn: the n lower key blocks have added */
-			int *t = p.turn + (bh * p.nq + iq) * p.tstride;
+		if (FA_DET) { /* this block's turn: the adds that come before its own have landed */
+			int *t = p.turn + (bh * p.nq + iq) * (p.tstride & 255);
+			const int my = rot ? det_rank(p, n, iq, q0, off) : n;
 			if (lane == 0)
-				while (fa_ld_acquire(t) != n)
+				while (fa_ld_acquire(t) != my)
 					__nanosleep(32);
 			__syncwarp();
 			prev_turn = t;

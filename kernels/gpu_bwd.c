@@ -204,15 +204,22 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	 * (attn_bwd.cu, det_member); a group's members wait on each other, so a group may not be
 	 * larger than the blocks that can be resident at once (else groups of one) */
 	int dgrp_lg = wgp ? 0 : det_group_lg(fa_gpu_settings(g)); /* attn_bwd_sm90.cu: groups of one */
+	const int64_t nkv64 = (f->Sk + bkv - 1) / bkv;
+	/* attn_bwd_sm90.cu's rotated order (det_rot) on the atomic grid: a key block may wait on
+	 * later ones of its (batch, kv head), so all nk of them must be resident together; with
+	 * nk at most a quarter of the resident blocks, even four such backwards side by side on
+	 * one GPU (other streams, other processes) cannot fill it with partly launched heads.
+	 * Longer key sequences take the chain (key block slowest, waits only on earlier blocks). */
+	bool det_rot = false;
 	{
 		const struct fa_device_model *m = fa_gpu_model(g);
 		const int bps = spec.tile.blocks_per_sm > 0 ? spec.tile.blocks_per_sm : 1;
 		if ((int64_t)m->sm_count * bps < (1 << dgrp_lg))
 			dgrp_lg = 0;
+		det_rot = det && wgp && 4 * nkv64 <= (int64_t)m->sm_count * bps;
 	}
-	const int64_t nkv64 = (f->Sk + bkv - 1) / bkv;
 	const int64_t ngroups = (nkv64 + (1 << dgrp_lg) - 1) >> dgrp_lg;
-	if ((flags & FA_GPU_BWD_DETERMINISTIC) && ngroups > 65535)
+	if ((flags & FA_GPU_BWD_DETERMINISTIC) && !det_rot && ngroups > 65535)
 		return fa_err(err, errlen, FA_ESHAPE,
 		              "deterministic backward: Sk=%lld makes %lld groups of %d key blocks of %d, "
 		              "the grid's third dimension takes 65535", (long long)f->Sk,
@@ -291,8 +298,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		mp.scale = (float)f->scale;
 		mp.scale_lo = (float)(f->scale - (double)mp.scale);
 		/* attn_bwd_sm90.cu reads this field as the turn counters' stride per query block (the
-		 * pre pass zeroes pre_nw of them) */
-		mp.dgrp_lg = wgp ? pre_nw : dgrp_lg;
+		 * pre pass zeroes pre_nw of them, at most 8) and, in bit 8, the rotated order */
+		mp.dgrp_lg = wgp ? pre_nw | (det_rot ? 1 << 8 : 0) : dgrp_lg;
 		if (spec.window) {
 			int64_t lo, hi;
 			fa_attn_window_diffs(f, &lo, &hi);
@@ -306,12 +313,14 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 			mp.cap_log2 = (float)(f->softcap * 1.4426950408889634);
 		}
 		void *a2[] = {&mp};
-		/* atomic: (key block, kv head, batch); deterministic: (group member + kv head x group
-		 * size, batch, group), the members fastest (those past the last key block return) */
+		/* atomic and the rotated deterministic order: (key block, kv head, batch);
+		 * deterministic otherwise: (group member + kv head x group size, batch, group), the
+		 * members fastest (those past the last key block return) */
 		const unsigned nkv = (unsigned)nkv64;
 		const unsigned hkv = (unsigned)f->Hkv, nb = (unsigned)f->B;
-		r = fa_cu->LaunchKernel(fn.main, det ? hkv << dgrp_lg : nkv,
-		                        det ? nb : hkv, det ? (unsigned)ngroups : nb,
+		const bool chain = det && !det_rot;
+		r = fa_cu->LaunchKernel(fn.main, chain ? hkv << dgrp_lg : nkv,
+		                        chain ? nb : hkv, chain ? (unsigned)ngroups : nb,
 		                        (unsigned)(32 * spec.tile.nw), 1, 1, (unsigned)spec.tile.smem,
 		                        (fa_cu_stream)s, a2, NULL);
 		what = "launching fa_bwd_main";

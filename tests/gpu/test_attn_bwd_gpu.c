@@ -8,13 +8,16 @@
  * a float64 oracle on sampled query rows (dQ) and keys (dK, dV: first, last and random ones of
  * every head), after checking that no element kept its poison. Error: relative Frobenius error
  * of each gradient; tolerances below (why: each one's comment). Deterministic mode: several cases
- * run three times and must give the same bits, and agree with the atomic mode (relative
- * Frobenius difference within the tolerance). The sliding window and softcap (FA_WIN,
+ * run five times (outputs poisoned each time) and must give the same bits, and agree with the
+ * atomic mode (relative Frobenius difference within the tolerance); among them the wgmma
+ * kernel's two orders (attn_bwd_sm90.cu: rotated, and the chain past 33 key blocks) with GQA,
+ * both causal masks, Sq != Sk both ways and more key blocks than query blocks. The sliding window and softcap (FA_WIN,
  * FA_SOFTCAP) have their own cases: one- and two-sided windows, with both causal masks, a window
  * that bounds nothing, rows that see no key (Sq > Sk), softcaps 1..20, the deterministic mode bit
  * for bit with a window. Default: a
  * representative sample; FA_GPU_GRID=full the whole grid; FA_GPU_GRID_D / FA_GPU_GRID_DT narrow
  * it as in test_attn_fwd_gpu, FA_GPU_GRID_WIN=1 keeps the window and softcap cases,
+ * FA_GPU_GRID_DET=1 the deterministic ones,
  * FA_GPU_GRID_SHARD=k/n keeps every n-th case from the k-th (the full
  * grid over n device calls). Without a GPU it prints why and skips.
  */
@@ -46,11 +49,13 @@ struct gcase {
 	int B, Hq, Hkv;
 	int bhsd; /* layout: 0 BSHD, 1 BHSD */
 	int neg;  /* negative scale */
-	int det;  /* also the deterministic mode, three runs, bit for bit */
+	int det;  /* also the deterministic mode, DET_RUNS runs, bit for bit */
 	int win;  /* a sliding window (wl, wr) (fa_attn.h: a negative side is unbounded) */
 	int wl, wr;
 	double cap; /* softcap, 0: off */
 };
+
+#define DET_RUNS 5
 
 static struct fa_gpu *gpu;
 static char gpu_err[512];
@@ -420,11 +425,11 @@ static bool run_case(const struct gcase *c, int verbose)
 		st = fa_gpu_download(gpu, h.lse, db.lse, nl * 4, err, sizeof err);
 	void *ref[3] = {NULL, NULL, NULL}; /* the deterministic mode's gradients */
 	if (st == FA_OK && c->det) {
-		/* three deterministic runs: the same bits each time */
+		/* DET_RUNS deterministic runs: the same bits each time */
 		ref[0] = malloc(nq * es);
 		ref[1] = malloc(nk * es);
 		ref[2] = malloc(nk * es);
-		for (int run = 0; run < 3 && st == FA_OK; run++) {
+		for (int run = 0; run < DET_RUNS && st == FA_OK; run++) {
 			st = run_bwd(&bd, &db, nq, nk, es, FA_GPU_BWD_DETERMINISTIC, &h, err, sizeof err);
 			if (st != FA_OK)
 				break;
@@ -615,7 +620,7 @@ static bool run_case(const struct gcase *c, int verbose)
 		       c->Sq, c->Sk, c->B, c->Hq, c->Hkv, c->bhsd ? "BHSD" : "BSHD",
 		       fa_mask_name(c->mask), c->neg ? " neg" : "", ext, tb, rel[0], rel[1], rel[2], tol,
 		       !c->det ? "" : !det_ok ? " deterministic: BITS DIFFER"
-		       : det_diff <= tol ? " deterministic: same bits x3" : " deterministic: FAR FROM ATOMIC",
+		       : det_diff <= tol ? " deterministic: same bits x5" : " deterministic: FAR FROM ATOMIC",
 		       finite ? "" : " (non-finite output or poison left)", tot.bad ? " (non-finite)" : "");
 	fflush(stdout);
 	pthread_mutex_unlock(&out_lock);
@@ -723,6 +728,28 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 	                            FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 8, 2, 1, 0, 1};
 	cases[n++] = (struct gcase){FA_DTYPE_FP16, FA_PREC_DEFAULT, 64, 129, 4097, FA_MASK_NONE, 2,
 	                            4, 1, 0, 0, 1};
+	/* deterministic on the wgmma kernel (16-bit, D 64..128 by default, all of 8..128 under
+	 * FA_WGMMA16_BWD=1): the rotated order with the benchmark's wrap (64 query blocks, 32 key
+	 * blocks) and GQA; both causal masks with Sq < Sk (blocks that share a first query block)
+	 * and Sq > Sk (rows that see no key); more key blocks than query blocks; the chain order
+	 * (Sk = 9000: 71 key blocks of 128, past a quarter of 132 SMs) with and without a mask */
+	static const struct gcase wg_det[] = {
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 4096, 4096, FA_MASK_NONE, 1, 4, 1, 1, 0, 1},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 1000, 3000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 2, 4, 2,
+		 0, 0, 1},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 64, 3000, 1000, FA_MASK_CAUSAL_TOP_LEFT, 1, 6, 2, 1, 0,
+		 1},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 96, 3000, 1000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 2, 1, 0,
+		 1, 1},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 80, 777, 2500, FA_MASK_NONE, 2, 3, 3, 1, 0, 1},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 40, 1000, 1000, FA_MASK_CAUSAL_TOP_LEFT, 1, 4, 2, 0, 0,
+		 1},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 200, 9000, FA_MASK_NONE, 1, 2, 1, 0, 0, 1},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 64, 300, 9000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 2, 2, 1,
+		 0, 1},
+	};
+	for (size_t i = 0; i < sizeof wg_det / sizeof wg_det[0]; i++)
+		cases[n++] = wg_det[i];
 	for (int a = 0; a < 6; a++)
 		for (int di = 0; di < 9; di++)
 			for (int m = 0; m < 3; m++) {
@@ -795,6 +822,15 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 			if (cases[i].win || cases[i].cap > 0)
 				cases[m++] = cases[i];
 		printf("FA_GPU_GRID_WIN=1: %d of %d cases\n", m, n);
+		n = m;
+	}
+	const char *donly = getenv("FA_GPU_GRID_DET"); /* 1: only the deterministic cases */
+	if (donly && strcmp(donly, "1") == 0) {
+		int m = 0;
+		for (int i = 0; i < n; i++)
+			if (cases[i].det)
+				cases[m++] = cases[i];
+		printf("FA_GPU_GRID_DET=1: %d of %d cases\n", m, n);
 		n = m;
 	}
 	const char *only = getenv("FA_GPU_GRID_D");

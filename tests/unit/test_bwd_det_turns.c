@@ -12,8 +12,11 @@
  *     time in launch order, picked at random) completes, every add of a query block in the same
  *     order on every run. A turn counted from key block 0 under a window (the prefix the masks
  *     give) waits for an add that never comes: the simulation reports the deadlock.
- * The functions below are attn_bwd.cu's, line for line (FA_WIN and the masks); a change there
- * is made here too.
+ *   - attn_bwd_sm90.cu's rotated order (det_iq, det_rank): every query block's ranks a
+ *     permutation, and the kernel's loop, simulated with one head's key blocks resident or
+ *     more, completes with the same order of adds on every schedule.
+ * The functions below are attn_bwd.cu's (and attn_bwd_sm90.cu's), line for line (FA_WIN and
+ * the masks); a change there is made here too.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -445,6 +448,168 @@ static void test_turns_counted_from_key_block_zero_deadlock_under_a_window(void 
 	free(c);
 }
 
+/* ---- attn_bwd_sm90.cu's rotated order (det_rot: the atomic grid, key block fastest) -------- */
+
+/* The query block of a block's step position j (det_iq with rot0 = n nq / nk, no mask). */
+static int wg_step_iq(const struct kp *p, int n, int nk, int j)
+{
+	const int iq = first_qblock(p, n) + j;
+	if (p->mask)
+		return iq;
+	const int r = iq + n * p->nq / nk;
+	return r >= p->nq ? r - p->nq : r;
+}
+
+/* det_rank: the adds to iq before key block n's. */
+static int wg_rank(const struct kp *p, int n, int nk, int iq)
+{
+	int M;
+	if (p->mask) {
+		const int off = p->mask == 1 ? p->Sk - p->Sq : 0;
+		const int q0 = iq * p->BQ, ql = (q0 + p->BQ < p->Sq ? q0 + p->BQ : p->Sq) - 1 + off;
+		M = ql / p->BKV < nk - 1 ? ql / p->BKV : nk - 1;
+	} else {
+		M = (int)(((long long)(iq + 1) * nk - 1) / p->nq);
+	}
+	const int r = M - n;
+	return r < 0 ? r + nk : r;
+}
+
+/* The kernel's loop for hk kv heads of `group` query heads each, nk key blocks per kv head
+ * launched in grid order (key block fastest), `resident` at once, a random one moving; the
+ * count of a step handed on before the next step's wait. Returns false on a deadlock; order
+ * gets the key block of each add per (kv head, query head, query block). */
+static bool wg_simulate(const struct kp *p, int hk, int group, int resident, uint64_t seed,
+                        int *order, int *count)
+{
+	const int nk = (p->Sk + p->BKV - 1) / p->BKV, nq = p->nq, nb = hk * nk;
+	const size_t ncnt = (size_t)hk * group * nq;
+	int *turn = calloc(ncnt, sizeof(int)), *at = calloc((size_t)nb, sizeof(int));
+	bool *rel = calloc((size_t)nb, sizeof(bool));
+	int *res = malloc(sizeof(int) * (size_t)resident);
+	memset(count, 0, sizeof(int) * ncnt);
+	int next = 0, live = 0, done = 0;
+	uint64_t rng = seed;
+	bool ok = true;
+	while (done < nb) {
+		while (live < resident && next < nb)
+			res[live++] = next++;
+		bool moved = false;
+		const int start = (int)((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >>
+		                        33) % live;
+		for (int tries = 0; tries < live && !moved; tries++) {
+			const int slot = (start + tries) % live, id = res[slot];
+			const int h = id / nk, n = id % nk, steps = nq - first_qblock(p, n);
+			const int total = steps > 0 ? steps * group : 0;
+			int *t = turn + (size_t)h * group * nq;
+			/* the counter of step it of this block */
+#define WG_CELL(it) ((it) / steps * nq + wg_step_iq(p, n, nk, (it) % steps))
+			if (at[id] >= total) { /* the last step's count, then retire */
+				if (total > 0)
+					t[WG_CELL(total - 1)]++;
+				res[slot] = res[--live];
+				done++;
+				moved = true;
+				break;
+			}
+			if (!rel[id]) {
+				if (at[id] > 0)
+					t[WG_CELL(at[id] - 1)]++;
+				rel[id] = true;
+				moved = true;
+			}
+			const int cell = WG_CELL(at[id]);
+#undef WG_CELL
+			if (t[cell] != wg_rank(p, n, nk, cell % nq))
+				continue;
+			const size_t x = (size_t)h * group * nq + cell;
+			order[x * nk + count[x]++] = n;
+			at[id]++;
+			rel[id] = false;
+			moved = true;
+		}
+		if (!moved) {
+			ok = false;
+			break;
+		}
+	}
+	free(turn);
+	free(at);
+	free(rel);
+	free(res);
+	return ok;
+}
+
+static void test_the_wgmma_kernels_rotated_order_is_fixed_and_completes(void **state)
+{
+	(void)state;
+	static const int lens[] = {1, 17, 64, 129, 300, 1000, 2500};
+	static const int tiles[][2] = {{64, 128}, {64, 64}, {128, 128}, {128, 64}}; /* BQ, BKV */
+	const int nl = (int)(sizeof lens / sizeof lens[0]);
+	long sims = 0;
+	for (int a = 0; a < nl; a++)
+		for (int b = 0; b < nl; b++)
+			for (int m = 0; m < 3; m++)
+				for (int t = 0; t < 4; t++) {
+					struct kp p;
+					memset(&p, 0, sizeof p);
+					p.Sq = lens[a];
+					p.Sk = lens[b];
+					p.BQ = tiles[t][0];
+					p.BKV = tiles[t][1];
+					p.nq = (p.Sq + p.BQ - 1) / p.BQ;
+					p.mask = (int)MASKS[m];
+					const int nk = (p.Sk + p.BKV - 1) / p.BKV, nq = p.nq;
+					/* the ranks at each query block: a permutation of 0 .. walkers - 1 */
+					int *seen = calloc((size_t)nk, sizeof(int));
+					for (int iq = 0; iq < nq; iq++) {
+						int walkers = 0;
+						memset(seen, 0, sizeof(int) * (size_t)nk);
+						for (int n = 0; n < nk; n++) {
+							if (iq < first_qblock(&p, n))
+								continue;
+							walkers++;
+							const int r = wg_rank(&p, n, nk, iq);
+							if (r < 0 || r >= nk || seen[r]++)
+								fail_msg("Sq=%d Sk=%d mask %d q%d kv%d: query block %d, key "
+								         "block %d: rank %d twice or out of range", p.Sq, p.Sk,
+								         p.mask, p.BQ, p.BKV, iq, n, r);
+						}
+						for (int r = 0; r < walkers; r++)
+							if (!seen[r])
+								fail_msg("Sq=%d Sk=%d mask %d q%d kv%d: query block %d: no "
+								         "rank %d of %d", p.Sq, p.Sk, p.mask, p.BQ, p.BKV, iq, r,
+								         walkers);
+					}
+					free(seen);
+					/* two kv heads of two query heads; resident: one head's nk, more */
+					const size_t cells = (size_t)2 * 2 * nq;
+					int *o1 = malloc(sizeof(int) * cells * nk), *o2 = malloc(sizeof(int) * cells * nk);
+					int *c1 = malloc(sizeof(int) * cells), *c2 = malloc(sizeof(int) * cells);
+					const int res[3] = {nk, nk + 3, 4 * nk};
+					for (int r = 0; r < 3; r++) {
+						if (!wg_simulate(&p, 2, 2, res[0], 7 + (uint64_t)r, o1, c1) ||
+						    !wg_simulate(&p, 2, 2, res[r], 0x5151u * (uint64_t)(r + 1), o2, c2))
+							fail_msg("Sq=%d Sk=%d mask %d q%d kv%d resident %d: deadlock", p.Sq,
+							         p.Sk, p.mask, p.BQ, p.BKV, res[r]);
+						for (size_t x = 0; x < cells; x++) {
+							assert_int_equal(c1[x], c2[x]);
+							for (int k = 0; k < c1[x]; k++)
+								if (o1[x * nk + k] != o2[x * nk + k])
+									fail_msg("Sq=%d Sk=%d mask %d: cell %zu add %d from key "
+									         "block %d, then %d", p.Sq, p.Sk, p.mask, x, k,
+									         o1[x * nk + k], o2[x * nk + k]);
+						}
+						sims += 2;
+					}
+					free(o1);
+					free(o2);
+					free(c1);
+					free(c2);
+				}
+	printf("%ld schedules simulated\n", sims);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -452,6 +617,7 @@ int main(void)
 		cmocka_unit_test(test_a_key_block_walks_exactly_the_query_blocks_that_see_it),
 		cmocka_unit_test(test_deterministic_turns_are_a_permutation_and_the_hand_over_completes),
 		cmocka_unit_test(test_turns_counted_from_key_block_zero_deadlock_under_a_window),
+		cmocka_unit_test(test_the_wgmma_kernels_rotated_order_is_fixed_and_completes),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
