@@ -130,6 +130,23 @@
 #define NS (QH / 2)
 #define NKV (DH / 2)
 #define NQ (DH / 2)
+/* Experiments (FA_NVRTC_EXTRA, kernels/PERF-NOTES.md): FA_WIDE_DQ how dQ reaches the fp32
+ * accumulator: 0 red.global.add.v2 from the accumulators, 1 red.global.add.v4 (pairs of lanes
+ * swap halves), 2 staged in shared memory and added by one bulk reduction per row
+ * (cp.reduce.async.bulk; the deterministic dQ takes 1 then); FA_WIDE_PF 1: the next step's
+ * loads issued after S^T / dP^T, not before; FA_WIDE_DIAG (timing only, wrong results): 1 no
+ * dQ adds, 2 no loads after the first step's. */
+#ifndef FA_WIDE_DQ
+#define FA_WIDE_DQ 0
+#endif
+#ifndef FA_WIDE_PF
+#define FA_WIDE_PF 0
+#endif
+#ifndef FA_WIDE_DIAG
+#define FA_WIDE_DIAG 0
+#endif
+#define WIDE_BULK (FA_WIDE_DQ == 2 && !FA_DET)
+#define WIDE_RSTR (DP * 4 + 32) /* bytes between staged dQ rows (2 wavefronts per store) */
 #endif
 
 /* attn_bwd.cu's fa_bwd_params, field for field (gpu_bwd.c fills one block for both kernels;
@@ -578,6 +595,34 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
  * buffers of Q and dO (64 x DP), P^T and dS^T (64 x 64), lse2 and delta: 214,016 bytes at
  * D = 256, under sm_90's 232,448.
  */
+/* The next step's Q, dO, lse2 and delta into the other buffer (one commit group, empty on the
+ * last step). */
+__device__ __forceinline__ void wide_prefetch(const fa_bwd_params &p, u16 *sQ0, u16 *sdO0,
+                                              float *sL0, float *sDl0, int b, int hk, int it,
+                                              int total, int nsteps, int iq0, int buf)
+{
+	if (it + 1 < total && !(FA_WIDE_DIAG == 2 && it > 0)) {
+		const int hn = (it + 1) / nsteps, iqn = iq0 + (it + 1 - hn * nsteps);
+		load_step(p, sQ0 + (buf ^ 1) * FA_BQ * DP, sdO0 + (buf ^ 1) * FA_BQ * DP,
+		          sL0 + (buf ^ 1) * FA_BQ, sDl0 + (buf ^ 1) * FA_BQ, b, hk * p.group + hn, iqn);
+	}
+	cp_async_commit();
+}
+
+/* FA_WIDE_DQ 2: where staged dQ row r (fp32, DP wide) lies: rows 0..29 in Q's buffer and 32..61
+ * in dO's, WIDE_RSTR apart (30 of them fit from DP 120 up), the other four in P^T's. */
+__device__ __forceinline__ u32 wide_stage_row(const u16 *sQ, const u16 *sdO, const u16 *sP, int r)
+{
+	const int h = r >> 5, i = r & 31;
+	if (i < 30)
+		return smem_u32(h ? sdO : sQ) + (u32)(i * WIDE_RSTR);
+	return smem_u32(sP) + (u32)((2 * h + i - 30) * DP * 4);
+}
+__device__ __forceinline__ void bulk_wait_read(void)
+{
+	asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
 extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_params p)
 {
 	extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -635,16 +680,13 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		fence_proxy_async();
 		if (FA_DET && prev_turn)
 			det_fence();
+		if (WIDE_BULK && tid < 64)
+			bulk_wait_read(); /* the last step's staged dQ row read: its buffer is reused */
 		__syncthreads();
 		if (FA_DET && prev_turn && tid == 0)
 			det_count(prev_turn);
-		if (it + 1 < total) {
-			const int hn = (it + 1) / nsteps, iqn = iq0 + (it + 1 - hn * nsteps);
-			load_step(p, sQ0 + (buf ^ 1) * FA_BQ * DP, sdO0 + (buf ^ 1) * FA_BQ * DP,
-			          sL0 + (buf ^ 1) * FA_BQ, sDl0 + (buf ^ 1) * FA_BQ, b, hk * p.group + hn,
-			          iqn);
-		}
-		cp_async_commit();
+		if (!FA_WIDE_PF)
+			wide_prefetch(p, sQ0, sdO0, sL0, sDl0, b, hk, it, total, nsteps, iq0, buf);
 
 		/* S^T = K Q_w^T, dP^T = V dO_w^T over the warpgroup's QH queries (K-major, k over d) */
 		float s[NS], dp[NS];
@@ -662,6 +704,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			WGB_NAME(ss, QH)<0, 0>(dp, wg_desc(vaddr + ks * 256, SBO_D),
 			                         wg_desc(dow + ks * 256, SBO_D));
 		wg_commit();
+		if (FA_WIDE_PF)
+			wide_prefetch(p, sQ0, sdO0, sL0, sDl0, b, hk, it, total, nsteps, iq0, buf);
 		wg_wait<0>();
 #pragma unroll
 		for (int i = 0; i < NS; i++) {
@@ -732,17 +776,38 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			prev_turn = t;
 		}
 		float *acc = p.dqacc + (bh * p.sqp + q0) * DP + wg * DH;
+		if (FA_WIDE_DIAG == 1 || WIDE_BULK) {
+		} else if (FA_WIDE_DQ >= 1) {
+			/* lanes c and c ^ 1 swap a pair: the even one adds 4 columns of row r0, the odd
+			 * one 4 of row r0 + 8 */
+			const int odd = c & 1, il = r0 + 8 * odd;
 #pragma unroll
-		for (int hf = 0; hf < 2; hf++) {
-			const int il = r0 + 8 * hf;
-			if (q0 + il < p.Sq)
-#pragma unroll
-				for (int nb = 0; nb < DH / 8; nb++) {
-					float *a = acc + il * DP + nb * 8 + 2 * c;
-					asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a),
-					             "f"(dq[4 * nb + 2 * hf]), "f"(dq[4 * nb + 2 * hf + 1])
+			for (int nb = 0; nb < DH / 8; nb++) {
+				const float *d4 = dq + 4 * nb; /* row r0: d4[0], d4[1]; row r0 + 8: d4[2], d4[3] */
+				const float s0 = odd ? d4[0] : d4[2], s1 = odd ? d4[1] : d4[3];
+				const float r0v = __shfl_xor_sync(0xffffffffu, s0, 1);
+				const float r1v = __shfl_xor_sync(0xffffffffu, s1, 1);
+				const float m0 = odd ? d4[2] : d4[0], m1 = odd ? d4[3] : d4[1];
+				float *a = acc + il * DP + nb * 8 + 2 * (c & 2);
+				if (q0 + il < p.Sq)
+					asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(a),
+					             "f"(odd ? r0v : m0), "f"(odd ? r1v : m1), "f"(odd ? m0 : r0v),
+					             "f"(odd ? m1 : r1v)
 					             : "memory");
-				}
+			}
+		} else {
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++) {
+				const int il = r0 + 8 * hf;
+				if (q0 + il < p.Sq)
+#pragma unroll
+					for (int nb = 0; nb < DH / 8; nb++) {
+						float *a = acc + il * DP + nb * 8 + 2 * c;
+						asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a),
+						             "f"(dq[4 * nb + 2 * hf]), "f"(dq[4 * nb + 2 * hf + 1])
+						             : "memory");
+					}
+			}
 		}
 		wg_wait<0>();
 #pragma unroll
@@ -750,7 +815,33 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			wg_touch(dk[i]);
 			wg_touch(dv[i]);
 		}
+		if (WIDE_BULK) {
+			/* every wgmma of the step is done (both warpgroups: the barrier): this step's Q,
+			 * dO and P^T hold the dQ rows (30 + 30 in Q and dO, 2 + 2 in P^T), each added to
+			 * the accumulator by one bulk reduction */
+			__syncthreads();
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++) {
+				const u32 row = wide_stage_row(sQ, sdO, sP, r0 + 8 * hf) + wg * DH * 4 + 8 * c;
+#pragma unroll
+				for (int nb = 0; nb < DH / 8; nb++)
+					asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(row + nb * 32),
+					             "f"(dq[4 * nb + 2 * hf]), "f"(dq[4 * nb + 2 * hf + 1])
+					             : "memory");
+			}
+			fence_proxy_async();
+			__syncthreads();
+			if (tid < 64 && q0 + tid < p.Sq) {
+				asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], "
+				             "[%1], %2;" ::"l"(p.dqacc + (bh * p.sqp + q0 + tid) * DP),
+				             "r"(wide_stage_row(sQ, sdO, sP, tid)), "r"(DP * 4)
+				             : "memory");
+				asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+			}
+		}
 	}
+	if (WIDE_BULK && tid < 64)
+		bulk_wait_read(); /* the last rows read before the block's shared memory goes */
 	cp_async_wait<0>(); /* K and V landed even when no step ran */
 	if (FA_DET && prev_turn) { /* the last step's adds */
 		det_fence();
