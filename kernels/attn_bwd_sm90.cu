@@ -134,8 +134,10 @@
  * accumulator: 0 red.global.add.v2 from the accumulators, 1 red.global.add.v4 (pairs of lanes
  * swap halves), 2 staged in shared memory and added by one bulk reduction per row
  * (cp.reduce.async.bulk; the deterministic dQ takes 1 then); FA_WIDE_PF 1: the next step's
- * loads issued after S^T / dP^T, not before; FA_WIDE_DIAG (timing only, wrong results): 1 no
- * dQ adds, 2 no loads after the first step's. */
+ * loads issued after S^T / dP^T, not before; FA_WIDE_ROT 1: key block n starts at its n-th
+ * step (atomic dQ only), so that the key blocks of a head running together add into
+ * different dQ rows; FA_WIDE_DIAG (timing only, wrong results): 1 no dQ adds, 2 no loads
+ * after the first step's. */
 #ifndef FA_WIDE_DQ
 #define FA_WIDE_DQ 0
 #endif
@@ -144,6 +146,9 @@
 #endif
 #ifndef FA_WIDE_DIAG
 #define FA_WIDE_DIAG 0
+#endif
+#ifndef FA_WIDE_ROT
+#define FA_WIDE_ROT 0
 #endif
 #define WIDE_BULK (FA_WIDE_DQ == 2 && !FA_DET)
 #define WIDE_RSTR (DP * 4 + 32) /* bytes between staged dQ rows (2 wavefronts per store) */
@@ -595,14 +600,28 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
  * buffers of Q and dO (64 x DP), P^T and dS^T (64 x 64), lse2 and delta: 214,016 bytes at
  * D = 256, under sm_90's 232,448.
  */
+/* Step it of key block n: its query head hh of the group and query block iq (FA_WIDE_ROT: the
+ * steps rotated by n). */
+__device__ __forceinline__ void wide_step(int it, int n, int total, int nsteps, int iq0, int &hh,
+                                          int &iq)
+{
+	if (FA_WIDE_ROT && !FA_DET) {
+		it += n % total;
+		it -= it >= total ? total : 0;
+	}
+	hh = it / nsteps;
+	iq = iq0 + (it - hh * nsteps);
+}
+
 /* The next step's Q, dO, lse2 and delta into the other buffer (one commit group, empty on the
  * last step). */
 __device__ __forceinline__ void wide_prefetch(const fa_bwd_params &p, u16 *sQ0, u16 *sdO0,
                                               float *sL0, float *sDl0, int b, int hk, int it,
-                                              int total, int nsteps, int iq0, int buf)
+                                              int total, int nsteps, int iq0, int buf, int n)
 {
 	if (it + 1 < total && !(FA_WIDE_DIAG == 2 && it > 0)) {
-		const int hn = (it + 1) / nsteps, iqn = iq0 + (it + 1 - hn * nsteps);
+		int hn, iqn;
+		wide_step(it + 1, n, total, nsteps, iq0, hn, iqn);
 		load_step(p, sQ0 + (buf ^ 1) * FA_BQ * DP, sdO0 + (buf ^ 1) * FA_BQ * DP,
 		          sL0 + (buf ^ 1) * FA_BQ, sDl0 + (buf ^ 1) * FA_BQ, b, hk * p.group + hn, iqn);
 	}
@@ -653,8 +672,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	load_tile<BKV>(sV, (const u16 *)p.v + b * p.vs[0] + hk * p.vs[2] + (long long)kv0 * p.vs[1],
 	               p.vs[1], p.Sk - kv0);
 	const int nsteps = p.nq - iq0, total = nsteps * p.group;
-	if (total > 0)
-		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk * p.group, iq0);
+	if (total > 0) {
+		int h0, i0;
+		wide_step(0, n, total, nsteps, iq0, h0, i0);
+		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk * p.group + h0, i0);
+	}
 	cp_async_commit();
 
 	float dk[NKV], dv[NKV];
@@ -668,7 +690,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 
 	int *prev_turn = nullptr; /* FA_DET: the counter of the last step's adds, not yet counted */
 	for (int it = 0; it < total; it++) {
-		const int hh = it / nsteps, iq = iq0 + (it - hh * nsteps);
+		int hh, iq;
+		wide_step(it, n, total, nsteps, iq0, hh, iq);
 		const int h = hk * p.group + hh, q0 = iq * FA_BQ, buf = it & 1;
 		const long long bh = (long long)b * p.Hq + h;
 		const u16 *sQ = sQ0 + buf * FA_BQ * DP, *sdO = sdO0 + buf * FA_BQ * DP;
@@ -686,7 +709,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		if (FA_DET && prev_turn && tid == 0)
 			det_count(prev_turn);
 		if (!FA_WIDE_PF)
-			wide_prefetch(p, sQ0, sdO0, sL0, sDl0, b, hk, it, total, nsteps, iq0, buf);
+			wide_prefetch(p, sQ0, sdO0, sL0, sDl0, b, hk, it, total, nsteps, iq0, buf, n);
 
 		/* S^T = K Q_w^T, dP^T = V dO_w^T over the warpgroup's QH queries (K-major, k over d) */
 		float s[NS], dp[NS];
@@ -705,7 +728,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			                         wg_desc(dow + ks * 256, SBO_D));
 		wg_commit();
 		if (FA_WIDE_PF)
-			wide_prefetch(p, sQ0, sdO0, sL0, sDl0, b, hk, it, total, nsteps, iq0, buf);
+			wide_prefetch(p, sQ0, sdO0, sL0, sDl0, b, hk, it, total, nsteps, iq0, buf, n);
 		wg_wait<0>();
 #pragma unroll
 		for (int i = 0; i < NS; i++) {
