@@ -157,10 +157,12 @@ static double bwd_score(const struct fa_device_model *dev, const struct fa_plan_
 
 /* Whether the wgmma backward is offered for req: sm_90 with the wgmma paths on
  * (fa_plan_wgmma_enabled), FA_WGMMA16_BWD not 0, fp16 / bf16 (fp32 in every precision stays
- * on attn_bwd.cu), head dims up to 128; under "auto" only where it measured faster: head dims
- * 64 to 128 (H200, S = 4096, kernels/RESULTS.md "the wgmma backward": the backward alone 1.61x
- * attn_bwd.cu's best tile at bf16 D=128, 1.46x causal, 1.48x at D=64). Below 64 it is correct
- * (FA_WGMMA16_BWD=1, the GPU test's grid) but not timed, so the measured kernel keeps them. */
+ * on attn_bwd.cu), head dims up to 256 (above 128 its wide form); under "auto" only where it
+ * measured faster (H200, S = 4096): head dims 64 to 128 (kernels/RESULTS.md "the wgmma
+ * backward": the backward alone 1.61x attn_bwd.cu's best tile at bf16 D=128, 1.46x causal,
+ * 1.48x at D=64) and 192 to 256 ("the wide form": 1.32x at bf16 and fp16 D=256, 1.24x causal,
+ * 1.12x at bf16 D=192). Below 64 and from 136 to 184 it is correct (FA_WGMMA16_BWD=1, the GPU
+ * test's grid) but not timed, so the measured kernel keeps them. */
 static bool bwdwg_offered(const struct fa_device_model *dev, const struct fa_plan_req *req)
 {
 	const struct fa_kernel_settings *ks = req->ks ? req->ks : fa_kernel_settings_default();
@@ -170,7 +172,8 @@ static bool bwdwg_offered(const struct fa_device_model *dev, const struct fa_pla
 		return false;
 	if (req->D > 256)
 		return false;
-	return ks->wgmma16_bwd == FA_WGMMA16_ALL || req->D >= 64;
+	return ks->wgmma16_bwd == FA_WGMMA16_ALL || (req->D >= 64 && req->D <= 128) ||
+	       req->D >= 192;
 }
 
 /* Blocks of tile t resident on one SM: its shared memory (and the 1 KiB the driver reserves per

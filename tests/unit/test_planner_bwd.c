@@ -142,9 +142,10 @@ static void test_planner_bwd_every_shape_plans_within_the_limit(void **state)
 					if (i > 0)
 						assert_true(t[i - 1].score >= t[i].score);
 				}
-				/* sm_90, 16-bit, head dims 64 to 256 (auto: where it measured faster): the
-				 * wgmma backward first (above 128 its wide form) */
-				const bool wg = models[m].sm == 90 && dts[a] != FA_DTYPE_FP32 && D >= 64;
+				/* sm_90, 16-bit, head dims 64 to 128 and 192 to 256 (auto: where it measured
+				 * faster): the wgmma backward first (above 128 its wide form) */
+				const bool wg = models[m].sm == 90 && dts[a] != FA_DTYPE_FP32 &&
+				                ((D >= 64 && D <= 128) || D >= 192);
 				assert_int_equal(t[0].path,
 				                 wg ? FA_KPATH_BWDWG16 : fa_plan_bwd_path(dts[a], precs[a]));
 			}
@@ -288,13 +289,18 @@ static void test_planner_bwd_wgmma_path(void **state)
 		assert_int_equal(t[0].path, FA_KPATH_BWDWG16);
 		assert_true(fa_bwd_tile_layout_ok(&t[0], D));
 	}
-	/* the wide form, head dims 136 to 256 (auto too: measured faster, kernels/RESULTS.md): two
-	 * warpgroups, 64 keys, 64 query rows; K, V, 2 x (Q, dO) with the head dim padded to 32,
-	 * P^T and dS^T (64 x 64), 2 x (lse2, delta); attn_bwd.cu's tiles next */
+	/* the wide form, head dims 136 to 256 (auto from 192: measured faster there,
+	 * kernels/RESULTS.md; FA_WGMMA16_BWD=1 from 136): two warpgroups, 64 keys, 64 query rows;
+	 * K, V, 2 x (Q, dO) with the head dim padded to 32, P^T and dS^T (64 x 64), 2 x (lse2,
+	 * delta); attn_bwd.cu's tiles next */
 	for (int D = 136; D <= 256; D += 8) {
 		struct fa_plan_req q = req(D % 16 ? FA_DTYPE_FP16 : FA_DTYPE_BF16, FA_PREC_DEFAULT, D,
 		                           (fa_mask)(D / 8 % 3));
 		q.ks = &ks;
+		assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
+		                 FA_OK);
+		assert_int_equal(t[0].path == FA_KPATH_BWDWG16, D >= 192);
+		q.ks = &all;
 		assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
 		                 FA_OK);
 		assert_int_equal(t[0].path, FA_KPATH_BWDWG16);
