@@ -7,9 +7,11 @@
  * whose wgmma helpers (fences, waits, descriptors) attn_fwd_sm90.cu shares.
  *
  *   FA_IN      1 fp16, 2 bf16 (Q, K, V, dO and the gradients in memory and on the tensor cores)
- *   FA_D       head dim, a multiple of 8 in [8, 128] (padded with zeros to 16 in shared memory)
- *   FA_NWG     warpgroups per block (1 or 2); each owns 64 keys: BKV = 64 NWG
- *   FA_BQ      query rows per step: 64 or 128 (the N of S^T = K Q^T)
+ *   FA_D       head dim, a multiple of 8 in [8, 256] (padded with zeros to 16 in shared memory,
+ *              above 128 to 32: the wide form, at the end of this file)
+ *   FA_NWG     warpgroups per block (1 or 2); each owns 64 keys: BKV = 64 NWG (the wide form:
+ *              2, sharing 64 keys)
+ *   FA_BQ      query rows per step: 64 or 128 (the N of S^T = K Q^T; the wide form: 64)
  *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_bwd.cu)
  *   FA_DET     1: the deterministic dQ (its own specialisation, gpu_bwd.c asks for it with the
  *              tile's rt = 2): a block adds a query block's dQ rows only when the counter of
@@ -62,8 +64,12 @@
  * (core_idx(key, q, BQ)): M-major A of dQ (M = queries, K = keys), stored by each thread as the
  * 32-bit pairs of its accumulator.
  *
- * Not here (the planner keeps them on attn_bwd.cu): fp32 and its bf16 staging, head dims above
- * 128 (dK and dV of 64 keys x 256 take every register), the sliding window and softcap.
+ * Head dims above 128 (dK and dV of 64 keys x 256 in fp32 would take every register of a
+ * warpgroup): the wide form below splits the head dim over two warpgroups instead; the kernel
+ * above is compiled only up to 128, so its code is the same as before the wide form existed.
+ *
+ * Not here (the planner keeps them on attn_bwd.cu): fp32 and its bf16 staging, the sliding
+ * window and softcap.
  *
  * Numerics as attn_bwd.cu's 16-bit kernel: P^T and dS^T rounded to the input type for the
  * products, fp32 accumulation, the plain exponent.
@@ -92,8 +98,8 @@
 #else
 #error "attn_bwd_sm90.cu: 16-bit inputs only (FA_IN 1 or 2)"
 #endif
-#if FA_D % 8 || FA_D < 8 || FA_D > 128
-#error "FA_D must be a multiple of 8 in [8, 128]"
+#if FA_D % 8 || FA_D < 8 || FA_D > 256
+#error "FA_D must be a multiple of 8 in [8, 256]"
 #endif
 #ifndef FA_DET
 #define FA_DET 0
@@ -109,6 +115,7 @@
 #endif
 
 #define NT (128 * FA_NWG)
+#if FA_D <= 128
 #define BKV (64 * FA_NWG)
 #define DP ((FA_D + 15) / 16 * 16) /* attn_bwd.cu's padded head dim below 128 (the accumulator's) */
 #define DQW (DP / FA_NWG)          /* head-dim columns of dQ per warpgroup */
@@ -120,6 +127,42 @@
 #define MQ (FA_BQ / 64)            /* 64-row tiles of dQ */
 #if DQW % 8
 #error "the head dim's split over the warpgroups must be a multiple of 8"
+#endif
+#else /* the wide form: two warpgroups on one block of 64 keys, the head dim halved */
+#if FA_NWG != 2 || FA_BQ != 64
+#error "head dims above 128: FA_NWG 2 and FA_BQ 64 only"
+#endif
+#define BKV 64
+#define DP ((FA_D + 31) / 32 * 32) /* attn_bwd.cu's padded head dim above 128 (the accumulator's) */
+#define DH (DP / 2)                /* head-dim columns of dK, dV and dQ per warpgroup */
+#define QH 32 /* FA_BQ / 2: query columns of S^T and dP^T per warpgroup (a literal: WGB_NAME) */
+#define SBO_D (DP / 8 * 128)
+#define SBO_B (FA_BQ / 8 * 128)    /* bytes between 8-key groups of P^T and dS^T */
+#define NS (QH / 2)
+#define NKV (DH / 2)
+#define NQ (DH / 2)
+/* Experiments (FA_NVRTC_EXTRA, kernels/PERF-NOTES.md): FA_WIDE_DQ how dQ reaches the fp32
+ * accumulator: 0 red.global.add.v2 from the accumulators, 1 red.global.add.v4 (pairs of lanes
+ * swap halves), 2 staged in shared memory and added by one bulk reduction per row
+ * (cp.reduce.async.bulk; the deterministic dQ takes 1 then); FA_WIDE_PF 1: the next step's
+ * loads issued after S^T / dP^T, not before; FA_WIDE_ROT 1: key block n starts at its n-th
+ * step (atomic dQ only), so that the key blocks of a head running together add into
+ * different dQ rows; FA_WIDE_DIAG (timing only, wrong results): 1 no dQ adds, 2 no loads
+ * after the first step's. */
+#ifndef FA_WIDE_DQ
+#define FA_WIDE_DQ 0
+#endif
+#ifndef FA_WIDE_PF
+#define FA_WIDE_PF 0
+#endif
+#ifndef FA_WIDE_DIAG
+#define FA_WIDE_DIAG 0
+#endif
+#ifndef FA_WIDE_ROT
+#define FA_WIDE_ROT 0
+#endif
+#define WIDE_BULK (FA_WIDE_DQ == 2 && !FA_DET)
+#define WIDE_RSTR (DP * 4 + 32) /* bytes between staged dQ rows (2 wavefronts per store) */
 #endif
 
 /* attn_bwd.cu's fa_bwd_params, field for field (gpu_bwd.c fills one block for both kernels;
@@ -363,6 +406,7 @@ __device__ __forceinline__ void load_step(const fa_bwd_params &p, u16 *sQ, u16 *
 	}
 }
 
+#if FA_D <= 128
 /* ---------------------------------------------------------------------------------------------
  * The main pass; grid (key block, kv head, batch), block NT threads. */
 extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_params p)
@@ -586,3 +630,321 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		}
 	}
 }
+#else /* FA_D > 128 */
+/* ---------------------------------------------------------------------------------------------
+ * The wide form (head dims 136..256): dK and dV of 64 keys x DP in fp32 take 2 DP registers per
+ * thread of one warpgroup (512 at D = 256), so two warpgroups share the block's 64 keys and
+ * split the head dim: warpgroup w holds dK, dV of the 64 keys x head-dim columns w DH .. w DH +
+ * DH - 1 (FlashAttention-3's hdim-256 backward splits the same way). S^T and dP^T are computed
+ * once, split over the query columns (w takes queries w QH .. w QH + QH - 1, contracting over
+ * the whole head dim), and go through shared memory as P^T and dS^T in the input type, so that
+ * each warpgroup multiplies every key's row by its own half of dO and Q:
+ *   S^T_w = K Q_w^T,  dP^T_w = V dO_w^T        wgmma ss, N = QH queries, K-major both (K = d)
+ *   P^T, dS^T as in the narrow form, stored [key][query] (core_idx(key, q, BQ)); a barrier
+ *   dQ_step[:, w] = dS K[:, w]                 wgmma ss, A = dS (M-major), B = K (N-major)
+ *   dV[:, w] += P^T dO[:, w],  dK[:, w] += dS^T Q[:, w]
+ *                                              wgmma ss, A = P^T / dS^T (K-major: K = queries),
+ *                                              B = dO / Q (N-major: N = d)
+ * dQ is its own commit group, issued first: its red.global.add run while dK and dV multiply.
+ * The step ends when all of them are done (the next step's barrier frees P^T, dS^T and the
+ * buffers the next prefetch overwrites). Grid, masks, the deterministic dQ and the epilogue as
+ * the narrow form; the head dim is padded to 32 (attn_bwd.cu's DP above 128: the dQ
+ * accumulator's row, shared with its pre and dq passes). Shared memory: K, V (64 x DP), two
+ * buffers of Q and dO (64 x DP), P^T and dS^T (64 x 64), lse2 and delta: 214,016 bytes at
+ * D = 256, under sm_90's 232,448.
+ */
+/* Step it of key block n: its query head hh of the group and query block iq (FA_WIDE_ROT: the
+ * steps rotated by n). */
+__device__ __forceinline__ void wide_step(int it, int n, int total, int nsteps, int iq0, int &hh,
+                                          int &iq)
+{
+	if (FA_WIDE_ROT && !FA_DET) {
+		it += n % total;
+		it -= it >= total ? total : 0;
+	}
+	hh = it / nsteps;
+	iq = iq0 + (it - hh * nsteps);
+}
+
+/* The next step's Q, dO, lse2 and delta into the other buffer (one commit group, empty on the
+ * last step). */
+__device__ __forceinline__ void wide_prefetch(const fa_bwd_params &p, u16 *sQ0, u16 *sdO0,
+                                              float *sL0, float *sDl0, int b, int hk, int it,
+                                              int total, int nsteps, int iq0, int buf, int n)
+{
+	if (it + 1 < total && !(FA_WIDE_DIAG == 2 && it > 0)) {
+		int hn, iqn;
+		wide_step(it + 1, n, total, nsteps, iq0, hn, iqn);
+		load_step(p, sQ0 + (buf ^ 1) * FA_BQ * DP, sdO0 + (buf ^ 1) * FA_BQ * DP,
+		          sL0 + (buf ^ 1) * FA_BQ, sDl0 + (buf ^ 1) * FA_BQ, b, hk * p.group + hn, iqn);
+	}
+	cp_async_commit();
+}
+
+/* FA_WIDE_DQ 2: where staged dQ row r (fp32, DP wide) lies: rows 0..29 in Q's buffer and 32..61
+ * in dO's, WIDE_RSTR apart (30 of them fit from DP 120 up), the other four in P^T's. */
+__device__ __forceinline__ u32 wide_stage_row(const u16 *sQ, const u16 *sdO, const u16 *sP, int r)
+{
+	const int h = r >> 5, i = r & 31;
+	if (i < 30)
+		return smem_u32(h ? sdO : sQ) + (u32)(i * WIDE_RSTR);
+	return smem_u32(sP) + (u32)((2 * h + i - 30) * DP * 4);
+}
+__device__ __forceinline__ void bulk_wait_read(void)
+{
+	asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+
+extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_params p)
+{
+	extern __shared__ __align__(128) unsigned char smem_raw[];
+	u16 *sK = (u16 *)smem_raw;                 /* 64 x DP */
+	u16 *sV = sK + BKV * DP;                   /* 64 x DP */
+	u16 *sQ0 = sV + BKV * DP;                  /* 2 buffers of BQ x DP */
+	u16 *sdO0 = sQ0 + 2 * FA_BQ * DP;          /* 2 buffers of BQ x DP */
+	u16 *sP = sdO0 + 2 * FA_BQ * DP;           /* 64 x BQ, [key][query] */
+	u16 *sdS = sP + BKV * FA_BQ;               /* 64 x BQ, [key][query] */
+	float *sL0 = (float *)(sdS + BKV * FA_BQ); /* 2 x BQ */
+	float *sDl0 = sL0 + 2 * FA_BQ;             /* 2 x BQ */
+
+	const int tid = (int)threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
+	const int g = lane >> 2, c = lane & 3, r0 = 16 * wi + g;
+	const int n = FA_DET ? (int)blockIdx.z : (int)blockIdx.x;
+	const int hk = FA_DET ? (int)blockIdx.x : (int)blockIdx.y;
+	const int b = FA_DET ? (int)blockIdx.y : (int)blockIdx.z;
+	const int kv0 = n * BKV, wq = QH * wg; /* the block's first key, the warpgroup's first query */
+	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
+	int iq0 = 0; /* the first query block whose rows see key kv0 */
+	if (FA_MASK) {
+		const int r = kv0 - off;
+		iq0 = r >= p.Sq ? p.nq : r > 0 ? r / FA_BQ : 0;
+	}
+
+	load_tile<BKV>(sK, (const u16 *)p.k + b * p.ks[0] + hk * p.ks[2] + (long long)kv0 * p.ks[1],
+	               p.ks[1], p.Sk - kv0);
+	load_tile<BKV>(sV, (const u16 *)p.v + b * p.vs[0] + hk * p.vs[2] + (long long)kv0 * p.vs[1],
+	               p.vs[1], p.Sk - kv0);
+	const int nsteps = p.nq - iq0, total = nsteps * p.group;
+	if (total > 0) {
+		int h0, i0;
+		wide_step(0, n, total, nsteps, iq0, h0, i0);
+		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk * p.group + h0, i0);
+	}
+	cp_async_commit();
+
+	float dk[NKV], dv[NKV];
+#pragma unroll
+	for (int i = 0; i < NKV; i++)
+		dk[i] = dv[i] = 0.f;
+	/* byte offset of the warpgroup's head-dim columns in a [row][d] tile (DH / 8 core matrices) */
+	const u32 dcol = (u32)(wg * DH / 8 * 128);
+	const u32 kaddr = smem_u32(sK), vaddr = smem_u32(sV);
+	const u32 paddr = smem_u32(sP), dsaddr = smem_u32(sdS);
+
+	int *prev_turn = nullptr; /* FA_DET: the counter of the last step's adds, not yet counted */
+	for (int it = 0; it < total; it++) {
+		int hh, iq;
+		wide_step(it, n, total, nsteps, iq0, hh, iq);
+		const int h = hk * p.group + hh, q0 = iq * FA_BQ, buf = it & 1;
+		const long long bh = (long long)b * p.Hq + h;
+		const u16 *sQ = sQ0 + buf * FA_BQ * DP, *sdO = sdO0 + buf * FA_BQ * DP;
+		const float *sL = sL0 + buf * FA_BQ, *sDl = sDl0 + buf * FA_BQ;
+		/* this step's tiles landed (every thread's copies: the barrier), and both warpgroups
+		 * are done with the step before (their wgmmas waited for): the other buffers, P^T and
+		 * dS^T are free */
+		cp_async_wait<0>();
+		fence_proxy_async();
+		if (FA_DET && prev_turn)
+			det_fence();
+		if (WIDE_BULK && tid < 64)
+			bulk_wait_read(); /* the last step's staged dQ row read: its buffer is reused */
+		__syncthreads();
+		if (FA_DET && prev_turn && tid == 0)
+			det_count(prev_turn);
+		if (!FA_WIDE_PF)
+			wide_prefetch(p, sQ0, sdO0, sL0, sDl0, b, hk, it, total, nsteps, iq0, buf, n);
+
+		/* S^T = K Q_w^T, dP^T = V dO_w^T over the warpgroup's QH queries (K-major, k over d) */
+		float s[NS], dp[NS];
+#pragma unroll
+		for (int i = 0; i < NS; i++)
+			s[i] = dp[i] = 0.f;
+		const u32 qaddr = smem_u32(sQ), doaddr = smem_u32(sdO);
+		const u32 qw = qaddr + wq / 8 * SBO_D, dow = doaddr + wq / 8 * SBO_D;
+		wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < DP / 16; ks++)
+			WGB_NAME(ss, QH)<0, 0>(s, wg_desc(kaddr + ks * 256, SBO_D), wg_desc(qw + ks * 256, SBO_D));
+#pragma unroll
+		for (int ks = 0; ks < DP / 16; ks++)
+			WGB_NAME(ss, QH)<0, 0>(dp, wg_desc(vaddr + ks * 256, SBO_D),
+			                         wg_desc(dow + ks * 256, SBO_D));
+		wg_commit();
+		if (FA_WIDE_PF)
+			wide_prefetch(p, sQ0, sdO0, sL0, sDl0, b, hk, it, total, nsteps, iq0, buf, n);
+		wg_wait<0>();
+#pragma unroll
+		for (int i = 0; i < NS; i++) {
+			wg_touch(s[i]);
+			wg_touch(dp[i]);
+		}
+
+		/* P^T, dS^T; the key tail and the causal edge masked where the tile has them; both to
+		 * shared memory, a thread's pairs of queries as 32-bit words */
+		const bool need_mask = kv0 + 64 > p.Sk || (FA_MASK && kv0 + 63 > q0 + wq + off);
+#pragma unroll
+		for (int nb = 0; nb < QH / 8; nb++) {
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const int il = wq + nb * 8 + 2 * c + (e & 1);
+				float pv = fast_exp2(fmaf(s[4 * nb + e], p.sl, -sL[il]));
+				if (need_mask) {
+					const int j = kv0 + r0 + (e >> 1) * 8;
+					if (!(j < p.Sk && (!FA_MASK || j <= q0 + il + off)))
+						pv = 0.f;
+				}
+				s[4 * nb + e] = pv;
+				dp[4 * nb + e] = pv * (dp[4 * nb + e] - sDl[il]);
+			}
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++) {
+				const int at = cidx(r0 + 8 * hf, wq + nb * 8 + 2 * c, FA_BQ);
+				*(u32 *)(sP + at) = pack16(s[4 * nb + 2 * hf], s[4 * nb + 2 * hf + 1]);
+				*(u32 *)(sdS + at) = pack16(dp[4 * nb + 2 * hf], dp[4 * nb + 2 * hf + 1]);
+			}
+		}
+		fence_proxy_async();
+		__syncthreads();
+
+		/* dQ_step[:, w] = dS K[:, w] over the 64 keys: A = dS (M-major: 8-query groups 128
+		 * bytes apart, 8-key groups SBO_B), B = K (N-major); then dV[:, w] += P^T dO[:, w],
+		 * dK[:, w] += dS^T Q[:, w]: A = P^T / dS^T (K-major: 8-query groups 128 bytes apart,
+		 * 8-key groups SBO_B), B = dO / Q (N-major, K = queries) */
+		float dq[NQ];
+#pragma unroll
+		for (int i = 0; i < NQ; i++)
+			dq[i] = 0.f;
+		wg_fence();
+#pragma unroll
+		for (int ks = 0; ks < BKV / 16; ks++)
+			mm_ss<1, 0, DH>(dq, wg_desc2(dsaddr + ks * 2 * SBO_B, SBO_B, 128),
+			                kaddr + dcol + ks * 2 * SBO_D, SBO_D);
+		wg_commit();
+#pragma unroll
+		for (int ks = 0; ks < FA_BQ / 16; ks++)
+			mm_ss<0, 0, DH>(dv, wg_desc(paddr + ks * 256, SBO_B), doaddr + dcol + ks * 2 * SBO_D,
+			                SBO_D);
+#pragma unroll
+		for (int ks = 0; ks < FA_BQ / 16; ks++)
+			mm_ss<0, 0, DH>(dk, wg_desc(dsaddr + ks * 256, SBO_B), qaddr + dcol + ks * 2 * SBO_D,
+			                SBO_D);
+		wg_commit();
+		wg_wait<1>(); /* dQ's group */
+#pragma unroll
+		for (int i = 0; i < NQ; i++)
+			wg_touch(dq[i]);
+		if (FA_DET) { /* this block's turn: the n lower key blocks have added */
+			int *t = p.turn + (bh * p.nq + iq) * p.tstride;
+			if (lane == 0)
+				while (fa_ld_acquire(t) != n)
+					__nanosleep(32);
+			__syncwarp();
+			prev_turn = t;
+		}
+		float *acc = p.dqacc + (bh * p.sqp + q0) * DP + wg * DH;
+		if (FA_WIDE_DIAG == 1 || WIDE_BULK) {
+		} else if (FA_WIDE_DQ >= 1) {
+			/* lanes c and c ^ 1 swap a pair: the even one adds 4 columns of row r0, the odd
+			 * one 4 of row r0 + 8 */
+			const int odd = c & 1, il = r0 + 8 * odd;
+#pragma unroll
+			for (int nb = 0; nb < DH / 8; nb++) {
+				const float *d4 = dq + 4 * nb; /* row r0: d4[0], d4[1]; row r0 + 8: d4[2], d4[3] */
+				const float s0 = odd ? d4[0] : d4[2], s1 = odd ? d4[1] : d4[3];
+				const float r0v = __shfl_xor_sync(0xffffffffu, s0, 1);
+				const float r1v = __shfl_xor_sync(0xffffffffu, s1, 1);
+				const float m0 = odd ? d4[2] : d4[0], m1 = odd ? d4[3] : d4[1];
+				float *a = acc + il * DP + nb * 8 + 2 * (c & 2);
+				if (q0 + il < p.Sq)
+					asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(a),
+					             "f"(odd ? r0v : m0), "f"(odd ? r1v : m1), "f"(odd ? m0 : r0v),
+					             "f"(odd ? m1 : r1v)
+					             : "memory");
+			}
+		} else {
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++) {
+				const int il = r0 + 8 * hf;
+				if (q0 + il < p.Sq)
+#pragma unroll
+					for (int nb = 0; nb < DH / 8; nb++) {
+						float *a = acc + il * DP + nb * 8 + 2 * c;
+						asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a),
+						             "f"(dq[4 * nb + 2 * hf]), "f"(dq[4 * nb + 2 * hf + 1])
+						             : "memory");
+					}
+			}
+		}
+		wg_wait<0>();
+#pragma unroll
+		for (int i = 0; i < NKV; i++) {
+			wg_touch(dk[i]);
+			wg_touch(dv[i]);
+		}
+		if (WIDE_BULK) {
+			/* every wgmma of the step is done (both warpgroups: the barrier): this step's Q,
+			 * dO and P^T hold the dQ rows (30 + 30 in Q and dO, 2 + 2 in P^T), each added to
+			 * the accumulator by one bulk reduction */
+			__syncthreads();
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++) {
+				const u32 row = wide_stage_row(sQ, sdO, sP, r0 + 8 * hf) + wg * DH * 4 + 8 * c;
+#pragma unroll
+				for (int nb = 0; nb < DH / 8; nb++)
+					asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(row + nb * 32),
+					             "f"(dq[4 * nb + 2 * hf]), "f"(dq[4 * nb + 2 * hf + 1])
+					             : "memory");
+			}
+			fence_proxy_async();
+			__syncthreads();
+			if (tid < 64 && q0 + tid < p.Sq) {
+				asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], "
+				             "[%1], %2;" ::"l"(p.dqacc + (bh * p.sqp + q0 + tid) * DP),
+				             "r"(wide_stage_row(sQ, sdO, sP, tid)), "r"(DP * 4)
+				             : "memory");
+				asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+			}
+		}
+	}
+	if (WIDE_BULK && tid < 64)
+		bulk_wait_read(); /* the last rows read before the block's shared memory goes */
+	cp_async_wait<0>(); /* K and V landed even when no step ran */
+	if (FA_DET && prev_turn) { /* the last step's adds */
+		det_fence();
+		__syncthreads();
+		if (tid == 0)
+			det_count(prev_turn);
+	}
+
+	/* dK = scale dS^T Q, dV, in their dtype: the warpgroup's head-dim columns; keys past Sk and
+	 * head dims past D not written */
+	u16 *dKg = (u16 *)p.dk + b * p.dks[0] + hk * p.dks[2];
+	u16 *dVg = (u16 *)p.dv + b * p.dvs[0] + hk * p.dvs[2];
+#pragma unroll
+	for (int hf = 0; hf < 2; hf++) {
+		const int j = kv0 + r0 + 8 * hf;
+		if (j >= p.Sk)
+			continue;
+#pragma unroll
+		for (int nb = 0; nb < DH / 8; nb++) {
+			const int col = wg * DH + nb * 8 + 2 * c;
+			if (col >= FA_D)
+				continue;
+			*(u32 *)(dKg + (long long)j * p.dks[1] + col) =
+			    pack16(p.scale * dk[4 * nb + 2 * hf], p.scale * dk[4 * nb + 2 * hf + 1]);
+			*(u32 *)(dVg + (long long)j * p.dvs[1] + col) =
+			    pack16(dv[4 * nb + 2 * hf], dv[4 * nb + 2 * hf + 1]);
+		}
+	}
+}
+#endif

@@ -52,8 +52,9 @@ enum fa_kpath {
 	FA_KPATH_BWD16 = 8, /* 16-bit shared memory, m16n8k16 (fp16, bf16, fp32 staged as bf16) */
 	FA_KPATH_BWD32 = 9, /* fp32 shared memory, m16n8k8 tf32 / 3xtf32, FFMA for ieee */
 	/* sm_90 only (attn_bwd_sm90.cu, sm_90a): fp16 / bf16 on wgmma; nw = 4 per warpgroup of 64
-	 * keys (bc = 16 nw), br = 64 query rows per step, stages = 2; head dims up to 128, no
-	 * window, softcap or deterministic dQ (gpu_bwd.c then takes the next candidate) */
+	 * keys (bc = 16 nw), br = 64 query rows per step, stages = 2; head dims up to 128, and
+	 * above (to 256) its wide form: nw = 8, bc = 64 (two warpgroups halve the head dim); no
+	 * window or softcap (gpu_bwd.c then takes the next candidate) */
 	FA_KPATH_BWDWG16 = 10,
 };
 

@@ -216,7 +216,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		const int bps = spec.tile.blocks_per_sm > 0 ? spec.tile.blocks_per_sm : 1;
 		if ((int64_t)m->sm_count * bps < (1 << dgrp_lg))
 			dgrp_lg = 0;
-		det_rot = det && wgp && 4 * nkv64 <= (int64_t)m->sm_count * bps;
+		/* (the wide form, head dims above 128, has the chain only) */
+		det_rot = det && wgp && f->D <= 128 && 4 * nkv64 <= (int64_t)m->sm_count * bps;
 	}
 	const int64_t ngroups = (nkv64 + (1 << dgrp_lg) - 1) >> dgrp_lg;
 	if ((flags & FA_GPU_BWD_DETERMINISTIC) && !det_rot && ngroups > 65535)

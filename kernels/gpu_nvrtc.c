@@ -156,11 +156,12 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 		/* attn_bwd.cu: in = the tensor cores' type, qin = the global type of every tensor */
 		s->qin = dt;
 		if (tile->path == FA_KPATH_BWDWG16 && dt != FA_DTYPE_FP32) {
-			/* attn_bwd_sm90.cu: 64 query rows, two Q/dO buffers; rt 2: FA_DET */
+			/* attn_bwd_sm90.cu: 64 query rows, two Q/dO buffers; rt 2: FA_DET; 64 keys a
+			 * warpgroup, or above head dim 128 (the wide form) 64 keys for both */
 			s->tile.rt = tile->rt == 2 ? 2 : 1;
 			s->tile.br = 64;
 			s->tile.stages = 2;
-			s->tile.bc = 16 * s->tile.nw;
+			s->tile.bc = D > 128 ? 64 : 16 * s->tile.nw;
 			s->tile.smem = fa_bwd_tile_smem(&s->tile, D);
 			return;
 		}

@@ -26,25 +26,31 @@ int fa_plan_bwd_path(fa_dtype dt, fa_precision p)
 
 int fa_bwd_padded_d(int path, int D)
 {
-	(void)path; /* every path: the same warp splits (the wgmma one claims D <= 128 only) */
+	(void)path; /* every path: the same warp splits (the wgmma one's wide form halves the 32s) */
 	return D <= 128 ? (D + 15) / 16 * 16 : (D + 31) / 32 * 32;
 }
 
 /* attn_bwd_sm90.cu: K, V (bc rows), two buffers of Q and dO (64 rows), dS^T (bc x 64), all
- * 16-bit with the padded head dim, and two buffers of lse2 and delta. */
+ * 16-bit with the padded head dim, and two buffers of lse2 and delta; the wide form (D > 128)
+ * keeps P^T (64 x 64) beside dS^T: 214,016 bytes at D = 256. */
 static size_t bwdwg_smem(const struct fa_tile *t, int D)
 {
 	const size_t dp = (size_t)fa_bwd_padded_d(t->path, D), bq = 64;
-	return 2 * (2 * (size_t)t->bc * dp + 4 * bq * dp + (size_t)t->bc * bq) + 4 * 4 * bq;
+	const size_t pt = D > 128 ? 2 : 1; /* P^T and dS^T, or dS^T alone */
+	return 2 * (2 * (size_t)t->bc * dp + 4 * bq * dp + pt * (size_t)t->bc * bq) + 4 * 4 * bq;
 }
 
-/* attn_bwd_sm90.cu's static checks: 1 or 2 warpgroups of 64 keys, 64 query rows, head dims up
- * to 128 whose padded width splits over the warpgroups in multiples of 8. */
+/* attn_bwd_sm90.cu's static checks: up to head dim 128, 1 or 2 warpgroups of 64 keys, 64 query
+ * rows, the padded width split over the warpgroups in multiples of 8; above (the wide form, to
+ * 256), two warpgroups on one block of 64 keys. */
 static bool bwdwg_layout_ok(const struct fa_tile *t, int D)
 {
 	const int nwg = t->nw / 4, dp = fa_bwd_padded_d(t->path, D);
-	return (t->nw == 4 || t->nw == 8) && t->bc == 64 * nwg && t->br == 64 && D >= 8 &&
-	       D <= 128 && D % 8 == 0 && (dp / nwg) % 8 == 0;
+	if (D < 8 || D % 8 || D > 256 || t->br != 64)
+		return false;
+	if (D > 128)
+		return t->nw == 8 && t->bc == 64;
+	return (t->nw == 4 || t->nw == 8) && t->bc == 64 * nwg && (dp / nwg) % 8 == 0;
 }
 
 /* attn_bwd.cu: LDS = padded D + 8 (16-bit) or D + 4 (fp32), LDP = BQ + 8 or BQ + 4. */
@@ -91,6 +97,9 @@ static int bwd_regs_raw(const struct fa_tile *t, int D, fa_precision p)
 	const int s = 2 * t->bc * t->br / nt;
 	const int dq = t->br * dp / nt;
 	const int step = s > dq ? s : dq;
+	if (t->path == FA_KPATH_BWDWG16 && D > 128) /* dK, dV, dQ of DP / 2 columns each (ptxas:
+	                                                d256 218, d200 195, d192 170, d136 154) */
+		return 48 + 2 * dp / 3;
 	if (t->path == FA_KPATH_BWDWG16) /* dK, dV, S^T, dP^T (ptxas: d128 250, d64 229, d16 119) */
 		return 120 + dp;
 	if (t->path == FA_KPATH_BWD16)
@@ -148,10 +157,12 @@ static double bwd_score(const struct fa_device_model *dev, const struct fa_plan_
 
 /* Whether the wgmma backward is offered for req: sm_90 with the wgmma paths on
  * (fa_plan_wgmma_enabled), FA_WGMMA16_BWD not 0, fp16 / bf16 (fp32 in every precision stays
- * on attn_bwd.cu), head dims up to 128; under "auto" only where it measured faster: head dims
- * 64 to 128 (H200, S = 4096, kernels/RESULTS.md "the wgmma backward": the backward alone 1.61x
- * attn_bwd.cu's best tile at bf16 D=128, 1.46x causal, 1.48x at D=64). Below 64 it is correct
- * (FA_WGMMA16_BWD=1, the GPU test's grid) but not timed, so the measured kernel keeps them. */
+ * on attn_bwd.cu), head dims up to 256 (above 128 its wide form); under "auto" only where it
+ * measured faster (H200, S = 4096): head dims 64 to 128 (kernels/RESULTS.md "the wgmma
+ * backward": the backward alone 1.61x attn_bwd.cu's best tile at bf16 D=128, 1.46x causal,
+ * 1.48x at D=64) and 192 to 256 ("the wide form": 1.32x at bf16 and fp16 D=256, 1.24x causal,
+ * 1.12x at bf16 D=192). Below 64 and from 136 to 184 it is correct (FA_WGMMA16_BWD=1, the GPU
+ * test's grid) but not timed, so the measured kernel keeps them. */
 static bool bwdwg_offered(const struct fa_device_model *dev, const struct fa_plan_req *req)
 {
 	const struct fa_kernel_settings *ks = req->ks ? req->ks : fa_kernel_settings_default();
@@ -159,9 +170,10 @@ static bool bwdwg_offered(const struct fa_device_model *dev, const struct fa_pla
 		return false;
 	if (req->dtype != FA_DTYPE_FP16 && req->dtype != FA_DTYPE_BF16)
 		return false;
-	if (req->D > 128)
+	if (req->D > 256)
 		return false;
-	return ks->wgmma16_bwd == FA_WGMMA16_ALL || req->D >= 64;
+	return ks->wgmma16_bwd == FA_WGMMA16_ALL || (req->D >= 64 && req->D <= 128) ||
+	       req->D >= 192;
 }
 
 /* Blocks of tile t resident on one SM: its shared memory (and the 1 KiB the driver reserves per
@@ -250,7 +262,7 @@ fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_re
 			t.path = FA_KPATH_BWDWG16;
 			t.nw = nw;
 			t.rt = 1;
-			t.bc = 16 * nw;
+			t.bc = req->D > 128 ? 64 : 16 * nw; /* the wide form: two warpgroups, 64 keys */
 			t.br = 64;
 			t.stages = 2;
 			if (!bwdwg_layout_ok(&t, req->D))

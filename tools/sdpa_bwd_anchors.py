@@ -9,7 +9,8 @@
 # our error on the very same inputs; FA_ANCHORS_ERR_ONLY=1 skips the timings.
 # FA_ANCHORS_DT=fp32: time only the shapes of these dtypes (space- or comma-separated); FA_ANCHORS_FWD=1:
 # also the forward alone of the fp32 shapes (mem-efficient; issue 10's fp32 D=256 forward row);
-# FA_ANCHORS_D256=1: also the fp32 errors at D=256 (S=4096, where sm_90 runs the wgmma forward).
+# FA_ANCHORS_D256=1: also the fp32 errors at D=256 (S=4096, where sm_90 runs the wgmma forward),
+# and the 16-bit timings at bf16 D=256 causal, fp16 D=256 and bf16 D=192.
 import json, os, sys
 import torch
 import torch.nn.functional as F
@@ -98,6 +99,16 @@ for dt, d, causal in ([] if os.environ.get("FA_ANCHORS_ERR_ONLY") == "1" else
         speed(dt, d, 4096, causal, bk)
         if dt == "fp32" and os.environ.get("FA_ANCHORS_FWD") == "1":
             speed(dt, d, 4096, causal, bk, fwd_only=True)
+# FA_ANCHORS_D256=1: also the 16-bit timings above head dim 128 (the wgmma backward's wide form):
+# bf16 D=256 causal, fp16 D=256, bf16 D=192 (FA_ANCHORS_DT filters them too)
+for dt, d, causal in ([] if os.environ.get("FA_ANCHORS_ERR_ONLY") == "1" or
+                      os.environ.get("FA_ANCHORS_D256") != "1" else
+                      [("bf16", 256, True), ("fp16", 256, False), ("bf16", 192, False)]):
+    only = os.environ.get("FA_ANCHORS_DT", "").replace(",", " ").split()
+    if only and dt not in only:
+        continue
+    for bk in ["flash", "cudnn", "efficient"]:
+        speed(dt, d, 4096, causal, bk)
 # FA_ANCHORS_SPEED_ONLY=1: the timings only (the errors do not change between runs)
 for dt in ([] if os.environ.get("FA_ANCHORS_SPEED_ONLY") == "1" else ["fp16", "bf16", "fp32"]):
     for d in [64, 128]:

@@ -6,7 +6,8 @@
  * PyTorch anchors of the same run come from tools/sdpa_bwd_anchors.py. Then issue 11's window
  * rows (rows 11-13: bf16 D=128 S=16k, full causal, window (4095, 0), the window with softcap 30;
  * flops by visible pairs) and the window's backward time over dense 4k's (row 0) and full
- * causal 16k's.
+ * causal 16k's; rows 14-16: bf16 D=256 causal, fp16 D=256, bf16 D=192 (the wgmma backward's
+ * wide form; swept with FA_BENCH_SWEEP like rows 0-3).
  *
  * Prints "no GPU: skipped" and exits 0 without a GPU. Environment:
  *   FA_BENCH_SWEEP=1   also time the backward's first FA_BENCH_SWEEP_N (6) planner candidates of
@@ -451,14 +452,19 @@ int main(void)
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 16384, 1, 0},
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 16384, 0, 0, 1, 4095, 0, 0},
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 16384, 0, 0, 1, 4095, 0, 30.0},
+		/* the wgmma backward's wide form (head dims above 128): D=256 causal, fp16, D=192 */
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, 4096, 1, 0},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 256, 4096, 0, 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 192, 4096, 0, 0},
 	};
-	enum { ROW_DENSE4K = 0, ROW_CAUSAL16K = 11, ROW_WIN16K = 12 };
-	float bwd_of[16], det_of[16];
+	enum { ROW_DENSE4K = 0, ROW_CAUSAL16K = 11, ROW_WIN16K = 12, ROW_WIDE = 14 };
+	float bwd_of[24], det_of[24];
 	for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
 		bwd_of[i] = det_of[i] = -1;
 		if (shape_wanted(i)) {
 			run_shape(&shapes[i], sweep && !shapes[i].fwd_only &&
-			                          (i < 4 || (shapes[i].dt == FA_DTYPE_FP32 && i < 11)));
+			                          (i < 4 || (shapes[i].dt == FA_DTYPE_FP32 && i < 11) ||
+			                           i >= ROW_WIDE));
 			bwd_of[i] = last_bwd;
 			det_of[i] = last_det;
 		}

@@ -18,6 +18,7 @@
  * representative sample; FA_GPU_GRID=full the whole grid; FA_GPU_GRID_D / FA_GPU_GRID_DT narrow
  * it as in test_attn_fwd_gpu, FA_GPU_GRID_WIN=1 keeps the window and softcap cases,
  * FA_GPU_GRID_DET=1 the deterministic ones,
+ * FA_GPU_VERBOSE=1 prints every case with its tile,
  * FA_GPU_GRID_SHARD=k/n keeps every n-th case from the k-th (the full
  * grid over n device calls). Without a GPU it prints why and skips.
  */
@@ -663,6 +664,7 @@ static int teardown(void **state)
 struct prep {
 	struct gcase *cases;
 	int n, next;
+	bool verbose; /* FA_GPU_VERBOSE=1: a line for every case (its tile), not only the failed */
 	pthread_mutex_t lock;
 };
 
@@ -676,7 +678,7 @@ static void *case_worker(void *arg)
 		if (i >= p->n)
 			return NULL;
 		rng = seed0 ^ (0x9e3779b97f4a7c15ull * (uint64_t)(i + 1));
-		run_case(&p->cases[i], p->cases[i].det || i < 4);
+		run_case(&p->cases[i], p->cases[i].det || i < 4 || p->verbose);
 	}
 }
 
@@ -750,6 +752,21 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 	};
 	for (size_t i = 0; i < sizeof wg_det / sizeof wg_det[0]; i++)
 		cases[n++] = wg_det[i];
+	/* the wgmma backward's wide form (head dims 136..256 on sm_90): deterministic, GQA and MQA,
+	 * both masks, Sq != Sk both ways, both layouts, a negative scale, the padded head dims
+	 * (136 and 200: 160 and 224) */
+	static const struct gcase wide[] = {
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, 1000, 1000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 4, 2, 0,
+		 0, 1},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 192, 129, 4097, FA_MASK_NONE, 2, 4, 1, 1, 0, 1},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 136, 1000, 17, FA_MASK_CAUSAL_TOP_LEFT, 1, 8, 2, 0, 0, 1},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 256, 4097, 129, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 2, 2, 1,
+		 0, 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 200, 127, 1000, FA_MASK_NONE, 2, 4, 4, 0, 1, 1},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 136, 17, 17, FA_MASK_CAUSAL_TOP_LEFT, 2, 2, 1, 1, 0, 0},
+	};
+	for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++)
+		cases[n++] = wide[i];
 	for (int a = 0; a < 6; a++)
 		for (int di = 0; di < 9; di++)
 			for (int m = 0; m < 3; m++) {
@@ -878,7 +895,8 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 		fail_msg("FA_GPU_GRID_SHARD=%s: expected k/n with 0 <= k < n", shard);
 	}
 	uint64_t t0 = fa_test_now_ms();
-	struct prep r = {.cases = cases, .n = n};
+	const char *vb = getenv("FA_GPU_VERBOSE");
+	struct prep r = {.cases = cases, .n = n, .verbose = vb && strcmp(vb, "1") == 0};
 	pthread_mutex_init(&r.lock, NULL);
 	pthread_t th[8];
 	for (int i = 0; i < 8; i++)

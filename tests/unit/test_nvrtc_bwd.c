@@ -47,7 +47,7 @@ static void compile_one(int i)
 }
 
 /* FA_WGMMA16_BWD=1: the wgmma backward's tiles for every head dim it claims (auto offers
- * 64..128), as the GPU test forces them */
+ * 64..256), as the GPU test forces them */
 static struct fa_kernel_settings plan_ks = FA_KERNEL_SETTINGS_INIT; /* setup(): + that */
 
 /* det: also the deterministic dQ's specialisation of the first tile (gpu_bwd.c asks for it with
@@ -203,6 +203,16 @@ static void test_nvrtc_compiles_the_planned_backward_specialisations(void **stat
 		for (int i = 0; i < 5; i++) /* and its deterministic dQ (FA_DET) for three of them */
 			add_jobs_det("sm_90", i % 2 ? FA_DTYPE_FP16 : FA_DTYPE_BF16, FA_PREC_DEFAULT,
 			             wgD[i], masks[i % 3], 2, i % 2 == 0);
+		/* its wide form above head dim 128 (two warpgroups on 64 keys, the head dim halved:
+		 * n80 = n64 + n16, n96 = n64 + n32, n128 slices), every mask, fp16 and bf16, and its
+		 * deterministic dQ; with the attn_bwd.cu tile after it */
+		const int wideD[] = {136, 192, 256};
+		for (int i = 0; i < 3; i++) {
+			add_jobs_det("sm_90", FA_DTYPE_FP16, FA_PREC_DEFAULT, wideD[i], masks[i % 3], 2,
+			             true);
+			add_jobs_det("sm_90", FA_DTYPE_BF16, FA_PREC_DEFAULT, wideD[i], masks[(i + 1) % 3],
+			             1, i == 2);
+		}
 		/* the window and softcap: every dtype and precision on sm_90 (window, softcap, both
 		 * in turn; the deterministic dQ with a window for half of them), and on sm_80, sm_86
 		 * and sm_120 */

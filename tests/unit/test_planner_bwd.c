@@ -142,10 +142,10 @@ static void test_planner_bwd_every_shape_plans_within_the_limit(void **state)
 					if (i > 0)
 						assert_true(t[i - 1].score >= t[i].score);
 				}
-				/* sm_90, 16-bit, head dims 64 to 128 (auto: where it measured faster): the
-				 * wgmma backward first */
-				const bool wg =
-				    models[m].sm == 90 && dts[a] != FA_DTYPE_FP32 && D >= 64 && D <= 128;
+				/* sm_90, 16-bit, head dims 64 to 128 and 192 to 256 (auto: where it measured
+				 * faster): the wgmma backward first (above 128 its wide form) */
+				const bool wg = models[m].sm == 90 && dts[a] != FA_DTYPE_FP32 &&
+				                ((D >= 64 && D <= 128) || D >= 192);
 				assert_int_equal(t[0].path,
 				                 wg ? FA_KPATH_BWDWG16 : fa_plan_bwd_path(dts[a], precs[a]));
 			}
@@ -231,7 +231,8 @@ static void test_planner_bwd_det_group_setting(void **state)
 }
 
 /* The wgmma backward (attn_bwd_sm90.cu): offered first on sm_90 for fp16 / bf16 up to head dim
- * 128, never for fp32 (any precision), above 128, before sm_90 or after it (sm_100, sm_120),
+ * 256 (above 128 its wide form: two warpgroups on 64 keys), never for fp32 (any precision),
+ * before sm_90 or after it (sm_100, sm_120),
  * with FA_WGMMA=0 or FA_WGMMA16_BWD=0; its tiles follow the kernel's static checks and shared
  * memory layout; the setting parses like FA_WGMMA16. */
 static void test_planner_bwd_wgmma_path(void **state)
@@ -263,7 +264,7 @@ static void test_planner_bwd_wgmma_path(void **state)
 	}
 	const struct { fa_dtype dt; fa_precision p; int D; } no[] = {
 		{FA_DTYPE_FP32, FA_PREC_BF16, 128}, {FA_DTYPE_FP32, FA_PREC_TF32, 64},
-		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 136}, {FA_DTYPE_FP16, FA_PREC_DEFAULT, 256}};
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 256}, {FA_DTYPE_FP32, FA_PREC_IEEE, 136}};
 	for (int i = 0; i < 4; i++) {
 		struct fa_plan_req q = req(no[i].dt, no[i].p, no[i].D, FA_MASK_NONE);
 		q.ks = &ks;
@@ -288,6 +289,50 @@ static void test_planner_bwd_wgmma_path(void **state)
 		assert_int_equal(t[0].path, FA_KPATH_BWDWG16);
 		assert_true(fa_bwd_tile_layout_ok(&t[0], D));
 	}
+	/* the wide form, head dims 136 to 256 (auto from 192: measured faster there,
+	 * kernels/RESULTS.md; FA_WGMMA16_BWD=1 from 136): two warpgroups, 64 keys, 64 query rows;
+	 * K, V, 2 x (Q, dO) with the head dim padded to 32, P^T and dS^T (64 x 64), 2 x (lse2,
+	 * delta); attn_bwd.cu's tiles next */
+	for (int D = 136; D <= 256; D += 8) {
+		struct fa_plan_req q = req(D % 16 ? FA_DTYPE_FP16 : FA_DTYPE_BF16, FA_PREC_DEFAULT, D,
+		                           (fa_mask)(D / 8 % 3));
+		q.ks = &ks;
+		assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
+		                 FA_OK);
+		assert_int_equal(t[0].path == FA_KPATH_BWDWG16, D >= 192);
+		q.ks = &all;
+		assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
+		                 FA_OK);
+		assert_int_equal(t[0].path, FA_KPATH_BWDWG16);
+		assert_int_equal(t[0].nw, 8);
+		assert_int_equal(t[0].bc, 64);
+		assert_int_equal(t[0].br, 64);
+		const int dp = (D + 31) / 32 * 32;
+		assert_int_equal(fa_bwd_padded_d(t[0].path, D), dp);
+		assert_int_equal(t[0].smem, 2 * (2 * 64 * dp + 4 * 64 * dp + 2 * 64 * 64) + 4 * 4 * 64);
+		assert_true(t[0].smem <= h200->smem_optin);
+		assert_true(fa_bwd_tile_layout_ok(&t[0], D));
+		assert_true(fa_bwd_tile_regs(&t[0], D, FA_PREC_DEFAULT) < 240); /* ptxas: 154..218 */
+		assert_true(n > 1 && t[1].path == FA_KPATH_BWD16);
+		struct fa_tile one = t[0];
+		one.nw = 4;
+		assert_false(fa_bwd_tile_layout_ok(&one, D));
+		one = t[0];
+		one.bc = 128;
+		assert_false(fa_bwd_tile_layout_ok(&one, D));
+	}
+	{
+		struct fa_plan_req q = req(FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, FA_MASK_NONE);
+		q.ks = &ks;
+		assert_int_equal(fa_plan_bwd(h200, &q, t, 1, &n, err, sizeof err), FA_OK);
+		assert_int_equal(t[0].smem, 214016); /* under sm_90's 232,448 with both buffers */
+		q.D = 264;
+		assert_int_not_equal(fa_plan_bwd(h200, &q, t, 1, &n, err, sizeof err), FA_OK);
+	}
+	struct fa_plan_req q128 = req(FA_DTYPE_FP16, FA_PREC_DEFAULT, 128, FA_MASK_CAUSAL_TOP_LEFT);
+	q128.ks = &all;
+	assert_int_equal(fa_plan_bwd(h200, &q128, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
+	                 FA_OK);
 	struct fa_tile bad = t[0];
 	bad.br = 32;
 	assert_false(fa_bwd_tile_layout_ok(&bad, 64));
