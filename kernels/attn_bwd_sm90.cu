@@ -19,7 +19,9 @@
  *              own in a fixed order (under no mask and both causal ones the key blocks that see
  *              a query block are a prefix 0 .. M). Two orders, chosen per call by tstride's bit
  *              8 (gpu_bwd.c):
- *              rotated (det_rot, the default): the atomic mode's grid (key block fastest: the
+ *              rotated (det_rot, an experiment: off unless FA_BWD_DET_ROT=1, since without a
+ *              mask it gave gradients far from the atomic mode's on the H200, 2026-12-03;
+ *              not yet understood): the atomic mode's grid (key block fastest: the
  *              blocks of one head run side by side and share Q, dO and the dQ rows in L2); no
  *              mask: key block n starts at query block n nq / nk and wraps; causal: each starts
  *              at its diagonal; the order at a query block is the one the blocks reach it in
@@ -27,7 +29,7 @@
  *              A block may wait on blocks launched after it (of its own batch and kv head), so
  *              gpu_bwd.c takes this order only when nk blocks fill at most a quarter of the
  *              GPU's resident blocks.
- *              chain (longer key sequences): the grid is (kv head, batch, key block), the key
+ *              chain (the default): the grid is (kv head, batch, key block), the key
  *              block slowest; every block starts at its first query block and the order is the
  *              key block index n (attn_bwd.cu's det_turn with groups of one): a block waits
  *              only on the block of its head one key block lower, launched before it.
