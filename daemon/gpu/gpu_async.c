@@ -361,6 +361,16 @@ static fa_cu_stream gpu_hostfn_stream(struct gpu_owner_dev *od)
 	return od->hostfn_stream;
 }
 
+/* Write job's done word, done[slot] = words_seq, on od's stream (od's thread), fenced (the
+ * default): after everything earlier on the stream, the kernel's O and lse included. 0 or the
+ * CUDA error. */
+static fa_cu_res gpu_words_done(struct gpu_owner_dev *od, const struct backend_job *job)
+{
+	return fa_cu->StreamWriteValue64(
+	    od->stream, (fa_cu_ptr)(uintptr_t)job->words + FA_PROTO_WORDS_DONE(job->slot),
+	    job->words_seq, FA_CU_STREAM_WRITE_VALUE_DEFAULT);
+}
+
 /* Before an asynchronous job's stream waits on the client: compile and load its kernels, and
  * grow the pinned block its index tables are copied into. Loading a module may need the whole
  * context idle (lazy loading; freeing pinned memory likewise), and a stream waiting on a
@@ -408,12 +418,7 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	job->status = FA_OK;
 	job->detail[0] = '\0';
 	if (job->words_release) {
-		/* Fenced like a kernel's done word: after everything earlier on the stream. */
-		r = cu->StreamWriteValue64(od->stream,
-		                           (fa_cu_ptr)(uintptr_t)job->words +
-		                               FA_PROTO_WORDS_DONE(job->slot),
-		                           job->words_seq, FA_CU_STREAM_WRITE_VALUE_DEFAULT);
-		if (r != 0)
+		if ((r = gpu_words_done(od, job)) != 0)
 			gpu_job_cuerr(d, job, r, "releasing a refused call's done word", sticky);
 		return FA_ECLOSED; /* handed back once: nothing else was enqueued */
 	}
@@ -521,11 +526,7 @@ static fa_status gpu_run_async(struct gpu_owner_dev *od, struct backend_job *job
 	uint64_t tr = fa_now_ns();
 	prof[1] = tr - tl;
 	if (words) {
-		/* Fenced (the default): the kernel's O and lse are visible before the word. */
-		r = cu->StreamWriteValue64(od->stream,
-		                           (fa_cu_ptr)(uintptr_t)job->words +
-		                               FA_PROTO_WORDS_DONE(job->slot),
-		                           job->words_seq, FA_CU_STREAM_WRITE_VALUE_DEFAULT);
+		r = gpu_words_done(od, job); /* fenced: O and lse are visible first */
 	} else {
 		r = cu->EventRecord(sl->done, od->stream);
 	}
@@ -626,20 +627,6 @@ static fa_status gpu_owner_cuda_init(struct gpu_owner_dev *od)
 	return FA_OK;
 }
 
-/* A words call that failed before its kernel was enqueued (od's thread): write its done word
- * now, on the session's stream, so the client's stream (which may already wait for it: the
- * ring) goes on in the order of its calls. A words release from dispatch would come after the
- * session's later calls, whose ready words the client's stream writes only after this done
- * word: those calls' waits would hold the stream until --async-wait-ms. */
-static void gpu_words_done_anyway(struct gpu_owner_dev *od, struct backend_job *job)
-{
-	fa_cu_res r = fa_cu->StreamWriteValue64(
-	    od->stream, (fa_cu_ptr)(uintptr_t)job->words + FA_PROTO_WORDS_DONE(job->slot),
-	    job->words_seq, FA_CU_STREAM_WRITE_VALUE_DEFAULT);
-	if (r == 0)
-		job->done_written = true; /* else dispatch's words release tries again */
-}
-
 /* A session's asynchronous thread on one device: its jobs, in order (see gpu_owner_dev). */
 static void *gpu_owner_thread(void *arg)
 {
@@ -684,8 +671,14 @@ static void *gpu_owner_thread(void *arg)
 		bool sticky = false;
 		uint64_t t0 = fa_now_ns();
 		fa_status st = gpu_run_async(od, job, &sticky);
-		if (st != FA_OK && job->words != NULL && !job->words_release && !sticky)
-			gpu_words_done_anyway(od, job);
+		/* A words call that failed before its kernel was enqueued: its done word now, in
+		 * the order of the session's stream (the client's stream may already wait for it:
+		 * the ring). A words release from dispatch would come after the session's later
+		 * calls, whose ready words the client's stream writes only after this done word:
+		 * their waits would hold the stream until --async-wait-ms. */
+		if (st != FA_OK && job->words != NULL && !job->words_release && !sticky &&
+		    gpu_words_done(od, job) == 0)
+			job->done_written = true; /* else dispatch's words release tries again */
 		pthread_mutex_lock(&b->mu);
 		if (st != FA_OK) {
 			job->compute_ns = fa_now_ns() - t0;
