@@ -32,6 +32,11 @@
 #include "fa_ring.h"
 
 #define RING_POLL_MS 100 /* a sleeping waiter looks at the daemon's socket this often */
+/* How long a waiter polls after the daemon woke it before its completion came (its prewake,
+ * sent about --prewake-us before the job's expected end; the estimate is the shape's last GPU
+ * time, within 1-2% of a kernel's): long enough for a late estimate of a ~50 ms prefill, and
+ * only after such a wake (FA_RING_SPIN_US 0 turns it off with the rest of the polling). */
+#define RING_WOKEN_SPIN_NS 1000000ull
 
 struct fa_ring_wait {
 	bool used, done, abandoned, async;
@@ -57,6 +62,8 @@ struct fa_ring {
 	unsigned outstanding;               /* published, completion not read */
 	unsigned async_outstanding;
 	bool sleeper;                       /* a thread sleeps on the futex */
+	bool woken;                         /* the sleeper's: the daemon woke it before its
+	                                     * completion (a prewake): poll longer next */
 	bool dead;
 	fa_status sticky;                   /* the first failed asynchronous call's status */
 	char sticky_detail[FA_PROTO_DETAIL_MAX];
@@ -278,7 +285,15 @@ static fa_status ring_wait(struct fa_ring *r, bool (*ready)(struct fa_ring *, in
 			continue;
 		r->sleeper = true;
 		pthread_mutex_unlock(&r->mu);
-		uint64_t spin_end = fa_now_ns() + r->spin_ns;
+		/* After a wake that brought no completion (the daemon's prewake: this call's job
+		 * ends within about a prewake window) poll long enough to meet it awake: a
+		 * sleeping thread's wake-up took 100-400 us on the H200 host, as long as the whole
+		 * window (daemon/RESULTS.md 2026-12-03). */
+		uint64_t spin = r->spin_ns;
+		if (r->woken && spin > 0 && spin < RING_WOKEN_SPIN_NS)
+			spin = RING_WOKEN_SPIN_NS;
+		r->woken = false;
+		uint64_t spin_end = fa_now_ns() + spin;
 		while (ld(&r->hdr->cq_tail) == seen && fa_now_ns() < spin_end)
 			;
 		if (ld(&r->hdr->cq_tail) == seen) {
@@ -288,7 +303,10 @@ static fa_status ring_wait(struct fa_ring *r, bool (*ready)(struct fa_ring *, in
 				int64_t left = until - (int64_t)fa_now_ns();
 				if (left > 0) {
 					struct timespec ts = {left / 1000000000, left % 1000000000};
-					futex(&r->hdr->cq_tail, FUTEX_WAIT, seen, &ts);
+					/* 0: woken (FUTEX_WAKE), not timed out */
+					if (futex(&r->hdr->cq_tail, FUTEX_WAIT, seen, &ts) == 0 &&
+					    ld(&r->hdr->cq_tail) == seen)
+						r->woken = true;
 				}
 			}
 			st32(&r->hdr->client_sleeping, 0);

@@ -160,6 +160,8 @@ size_t metrics_stats_text(const struct metrics *m, char *buf, size_t cap)
 		put(&o, "%s_p50_us:%.1f\n", s->key, 1e-3 * (double)metrics_hist_quantile(&s->h, 0.5));
 		put(&o, "%s_p99_us:%.1f\n", s->key, 1e-3 * (double)metrics_hist_quantile(&s->h, 0.99));
 		put(&o, "%s_max_us:%.1f\n", s->key, 1e-3 * (double)s->h.max_ns);
+		/* the total, for means over a window (two readings' difference) */
+		put(&o, "%s_sum_us:%" PRIu64 "\n", s->key, s->h.sum_ns / 1000u);
 	}
 	return o.len;
 }

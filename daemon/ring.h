@@ -32,11 +32,13 @@
 
 struct rings;
 
-/* How long before a request's expected end ring_prewake wakes its sleeping client: shorter than
- * the client's own poll after a wake-up (FA_RING_SPIN_US, 100 us by default), longer than the
- * daemon's hand-back of a finished job (a few microseconds while the loop polls) and the
- * estimate's usual error (1-2% of a kernel's time, the same shape measured before). */
-#define RING_PREWAKE_LEAD_NS 50000ull
+/* How long before a request's expected end ring_prewake wakes its sleeping client: as soon as
+ * the backend's prewake comes (--prewake-us, 150 us by default), since waking a sleeping client
+ * took 100-400 us on the H200 host (daemon/RESULTS.md 2026-12-03: with a 50 us lead a large
+ * synchronous client's next call came 131 us after its completion, mean); the client polls
+ * up to 1 ms after such a wake (client/fa_ring.c), longer than the estimate's usual error
+ * (1-2% of a kernel's time, the same shape measured before). */
+#define RING_PREWAKE_LEAD_NS 150000ull
 
 struct ring_params {
 	uv_loop_t *loop;

@@ -294,6 +294,7 @@ struct gpu_dev {
 	                                          * inline beside a busy worker */
 	fa_cu_event inline_ev;                     /* loop */
 	uint64_t inline_jobs;                    /* mu */
+	uint64_t batches;                        /* mu: batches the worker took (STATS gpu_batches) */
 	/* The canary (gpu_canary.c) */
 	struct fa_attn_fwd_desc canary_desc;     /* open */
 	struct fa_tile canary_tile;              /* open: the planner's first, never the tuning

@@ -34,8 +34,11 @@ void gpu_stats(struct backend *base, char *buf, size_t cap)
 	h2d = b->h2d_bytes;
 	d2h = b->d2h_bytes;
 	uint64_t async_enq = b->async_enqueued, canary_runs = 0, canary_failed = 0, inl = 0;
-	for (unsigned i = 0; i < b->ndevs; i++)
+	uint64_t batches = 0;
+	for (unsigned i = 0; i < b->ndevs; i++) {
 		inl += b->devs[i].inline_jobs;
+		batches += b->devs[i].batches;
+	}
 	uint64_t ans[4], lat[4], latn = b->lat_n;
 	memcpy(ans, b->async_ns, sizeof ans);
 	memcpy(lat, b->lat_ns, sizeof lat);
@@ -89,14 +92,15 @@ void gpu_stats(struct backend *base, char *buf, size_t cap)
 	n += m;
 	m = snprintf(buf + n, cap - (size_t)n,
 	             "gpu_inline_jobs:%" PRIu64 "\ngpu_inline_us_total:%" PRIu64
-	             "\ngpu_worker_jobs:%" PRIu64 "\ngpu_worker_us_to_pick:%" PRIu64
+	             "\ngpu_worker_jobs:%" PRIu64 "\ngpu_batches:%" PRIu64
+	             "\ngpu_worker_us_to_pick:%" PRIu64
 	             "\ngpu_worker_us_to_done:%" PRIu64 "\ngpu_worker_us_to_loop:%" PRIu64
 	             "\ngpu_async_enqueued:%" PRIu64 "\ngpu_async_running:%u\ngpu_async_host_us_wait:%"
 	             PRIu64 "\ngpu_async_host_us_launch:%" PRIu64 "\ngpu_async_host_us_record:%" PRIu64
 	             "\ngpu_async_host_us_hostfn:%" PRIu64 "\ngpu_canary_runs:%" PRIu64
 	             "\ngpu_canary_failed:%" PRIu64 "\ngpu_canary_age_ms:%" PRIu64
 	             "\ngpu_canary_worst_err:%.3g\n",
-	             inl, lat[3] / 1000, latn, lat[0] / 1000, lat[1] / 1000, lat[2] / 1000,
+	             inl, lat[3] / 1000, latn, batches, lat[0] / 1000, lat[1] / 1000, lat[2] / 1000,
 	             async_enq, async_running, ans[0] / 1000, ans[1] / 1000, ans[2] / 1000,
 	             ans[3] / 1000, canary_runs, canary_failed, canary_age / 1000000,
 	             canary_err);

@@ -96,6 +96,7 @@ void *gpu_worker(void *arg)
 		if (runq_len(&d->queue) == 0)
 			break; /* stopping, and nothing left */
 		unsigned n = gpu_take_batch_locked(d, batch);
+		d->batches++;
 		spin = true;
 		d->busy = true;
 		if (fault_marked(&b->base)) {

@@ -71,6 +71,13 @@ struct mode_res {
 	double turnaround_us;       /* large sync, ring: a completion to the client's next entry */
 	uint64_t reply_wakes;       /* large sync, ring: completions that found the client asleep */
 	double tiny_hop_us;         /* tiny run: ring thread's copy -> loop's dispatch, mean */
+	double tiny_queue_us;       /* tiny run, mean per call: the daemon's time outside the
+	                             * backend (decode, validate, submit, the hand-back; STATS
+	                             * fwd_queue_sum_us) */
+	double tiny_compute_us;     /* tiny run: the backend's span (fwd_compute_sum_us: the
+	                             * inline launch + sync on the loop) */
+	double tiny_inline;         /* tiny run: the fraction of calls run inline on the loop */
+	double tiny_mean_us;        /* tiny run: the client's mean per call (the split's total) */
 	double async_ms, async_gap_us; /* large async run: kernel time and gap on the session's
 	                                * stream (events around each kernel) */
 	uint64_t async_gaps;
@@ -83,6 +90,8 @@ static const char *const variant_name[VARIANTS] = {"legacy", "new"};
 struct board {
 	char why[256];
 	double in_tiny50, in_tiny99, in_kernel_ms, in_tflops;
+	double in_sync_tflops; /* the large kernel launched and waited for one at a time, as a
+	                        * synchronous caller of fa_gpu_attn_fwd in its own process */
 	double in_launch_us;          /* host time of one large fa_gpu_attn_fwd call (the launch) */
 	/* (4): launch call host time p50 [0 tiny, 1 large][0 memo on, 1 off]; a new shape's first
 	 * launch and its repeats (p50), memo on */
@@ -333,6 +342,15 @@ static int child_inproc(void)
 	CHECK(cu.StreamSynchronize(s) == 0, "sync");
 	CHECK(back_to_back_tflops(g, &d, m, &l, s, &B->in_tflops, err, sizeof err) == 0,
 	      "large: %s", err);
+	{ /* a synchronous caller in-process: launch, cuStreamSynchronize, the next launch */
+		uint64_t ts = fa_test_now_us();
+		for (int i = 0; i < g_large; i++) {
+			CHECK(launch(g, &d, m, &l, s, err, sizeof err) == FA_OK, "large: %s", err);
+			CHECK(cu.StreamSynchronize(s) == 0, "sync");
+		}
+		B->in_sync_tflops = flop(&large) * g_large /
+		                    ((double)(fa_test_now_us() - ts) / 1e6) / 1e12;
+	}
 	/* one at a time after an idle gap like the daemon's old one: clocks, power */
 	CHECK(kernel_ms(g, &d, m, &l, s, ev, 10, 350, &B->in_gapped_ms, err, sizeof err) == 0,
 	      "large: %s", err);
@@ -445,11 +463,15 @@ static int child_daemon(int mode)
 	CHECK(fa_buffer_register_device(c, (void *)(uintptr_t)m, l.total, &b) == FA_OK,
 	      "register: %s", fa_last_error_detail());
 	fa_case_args(&tiny, &l, b, &a);
-	uint64_t ent0 = 0, hop0 = 0;
+	uint64_t ent0 = 0, hop0 = 0, q0 = 0, qn0 = 0, c0 = 0, inl0 = 0;
 	for (int i = -WARMUP; i < g_n; i++) {
 		if (i == 0) {
 			ent0 = stat_get(c, "ring_entries");
 			hop0 = stat_get(c, "ring_hop_us_total");
+			q0 = stat_get(c, "fwd_queue_sum_us");
+			qn0 = stat_get(c, "fwd_queue_count");
+			c0 = stat_get(c, "fwd_compute_sum_us");
+			inl0 = stat_get(c, "gpu_inline_jobs");
 		}
 		uint64_t t0 = fa_test_now_us();
 		fa_status st = fa_attn_fwd(c, &a);
@@ -457,7 +479,21 @@ static int child_daemon(int mode)
 		if (i >= 0)
 			v[i] = (double)(fa_test_now_us() - t0);
 	}
+	double sum = 0;
+	for (int i = 0; i < g_n; i++)
+		sum += v[i];
+	r->tiny_mean_us = g_n > 0 ? sum / g_n : 0;
 	pct(v, g_n, &r->tiny50, &r->tiny99);
+	{ /* where a tiny call's time goes, means over the series (the STATS calls are not
+	   * forwards: they leave these sums alone) */
+		uint64_t qn = stat_get(c, "fwd_queue_count") - qn0;
+		if (qn > 0) {
+			r->tiny_queue_us = (double)(stat_get(c, "fwd_queue_sum_us") - q0) / (double)qn;
+			r->tiny_compute_us =
+			    (double)(stat_get(c, "fwd_compute_sum_us") - c0) / (double)qn;
+			r->tiny_inline = (double)(stat_get(c, "gpu_inline_jobs") - inl0) / (double)qn;
+		}
+	}
 	if (mode == 1) { /* the ring thread -> loop hop over the tiny run (the STATS calls'
 	                  * own entries go by the socket) */
 		uint64_t e1 = stat_get(c, "ring_entries"), h1 = stat_get(c, "ring_hop_us_total");
@@ -639,6 +675,18 @@ static void print_variant(int v)
 	       so->tiny50, so->tiny99, ratio(so->tiny50, B->in_tiny50),
 	       B->in_tiny50 > 0 && ri->tiny50 <= 1.5 * B->in_tiny50 ? "met" : "NOT met",
 	       ri->tiny_hop_us);
+	for (int k = 1; k >= 0; k--) {
+		const struct mode_res *r = &B->m[v][k];
+		double mean = r->tiny_mean_us; /* the split's parts are means too */
+		printf("    %s tiny, mean per call %.1f us: the daemon's kernel call (launch + sync, "
+		       "%.0f%% inline on the loop) %.1f us, the daemon's own work around it (decode, "
+		       "validate, submit, hand-back) %.1f us,%s%.1f us%s; the rest %.1f us (the "
+		       "client's encode and decode, its wait, the reply's encode and post)\n",
+		       k ? "ring" : "socket", mean, 100 * r->tiny_inline, r->tiny_compute_us,
+		       r->tiny_queue_us, k ? " ring thread -> loop " : " ",
+		       k ? r->tiny_hop_us : 0.0, k ? "" : " (no ring)",
+		       mean - r->tiny_compute_us - r->tiny_queue_us - (k ? r->tiny_hop_us : 0));
+	}
 	printf("(3) large bf16 B8 H16 S4096 D128, %d requests: in-process %.1f TFLOP/s (kernel "
 	       "%.3f ms); ring sync %.1f (%.3fx) async %.1f (%.3fx); socket sync %.1f (%.3fx) "
 	       "async %.1f (%.3fx); target >= 0.97x: sync %s, async %s\n", g_large, B->in_tflops,
@@ -646,6 +694,9 @@ static void print_variant(int v)
 	       ri->async_tflops / in, so->sync_tflops, so->sync_tflops / in, so->async_tflops,
 	       so->async_tflops / in, ri->sync_tflops >= 0.97 * in ? "met" : "NOT met",
 	       ri->async_tflops >= 0.97 * in ? "met" : "NOT met");
+	printf("    large sync against an in-process synchronous caller (launch + sync each, "
+	       "%.1f TFLOP/s): ring %.3fx, socket %.3fx\n", B->in_sync_tflops,
+	       ratio(ri->sync_tflops, B->in_sync_tflops), ratio(so->sync_tflops, B->in_sync_tflops));
 	for (int k = 1; k >= 0; k--) {
 		const struct mode_res *r = &B->m[v][k];
 		printf("    %s sync: daemon GPU time %.3f ms per request (%.3fx the in-process "

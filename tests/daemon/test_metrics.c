@@ -122,6 +122,7 @@ static void test_metrics_stats_text_has_count_p50_p99_max(void **state)
 	assert_non_null(strstr(buf, "# latency\n"));
 	assert_non_null(strstr(buf, "fwd_queue_count:100\n"));
 	assert_non_null(strstr(buf, "fwd_queue_max_us:100.0\n"));
+	assert_non_null(strstr(buf, "fwd_queue_sum_us:5050\n")); /* 1 + 2 + ... + 100 us */
 	assert_null(strstr(buf, "unused"));
 	double p50 = atof(strstr(buf, "fwd_queue_p50_us:") + 17);
 	double p99 = atof(strstr(buf, "fwd_queue_p99_us:") + 17);
