@@ -68,6 +68,8 @@ struct ring {
 	_Atomic uint32_t posted;
 	uint32_t room_word;       /* futex: the thread waits here for room (the loop bumps it) */
 	atomic_bool room_waiting; /* the thread sleeps on room_word: the loop must wake it */
+	_Atomic uint64_t awake_until; /* the loop's: the thread polls at least until then (a
+	                          * completion's client calls again soon; a prewake's job ends) */
 	atomic_bool thread_sleeping; /* the thread sleeps on sq_tail (the daemon's own flag: the
 	                          * header's daemon_sleeping is the client's to rewrite) */
 	_Atomic uint64_t last_reply_ns; /* the loop's last completion, taken by the thread at the
@@ -275,7 +277,8 @@ static void *ring_thread(void *arg)
 			break;
 		}
 		if (avail == 0) {
-			if (fa_now_ns() - last_work < spin_ns) {
+			uint64_t now = fa_now_ns();
+			if (now - last_work < spin_ns || now < atomic_load(&r->awake_until)) {
 				ring_pause();
 				continue;
 			}
@@ -372,8 +375,15 @@ static bool rings_pending(struct rings *t)
 /* Wake r's thread if it sleeps on sq_tail: it then polls spin_us for the client's next entry.
  * A wake that just misses it (it falls asleep after the look) only leaves the client's own
  * FUTEX_WAKE to do, as without this. */
-static void ring_wake_thread(struct rings *t, struct ring *r)
+static void ring_wake_thread(struct rings *t, struct ring *r, uint64_t until)
 {
+	/* Before the wake: a thread about to sleep sees it and polls on. Without it the thread
+	 * fell asleep between a completion and the client's next entry whenever its own window
+	 * (--ring-spin-us from its last entry or wake) ended first, and the client paid a
+	 * FUTEX_WAKE and the thread's wake-up: a large synchronous client's next entry came
+	 * 100-170 us after its completion on the H200 (daemon/RESULTS.md 2026-12-03). */
+	if (until > atomic_load(&r->awake_until))
+		atomic_store(&r->awake_until, until);
 	if (atomic_load(&r->thread_sleeping)) {
 		ring_futex(&r->hdr->sq_tail, FUTEX_WAKE, INT_MAX, NULL);
 		t->n.thread_wakes++;
@@ -391,7 +401,8 @@ static void ring_prewake_now(struct rings *t, uint64_t ring_id)
 		ring_futex(&r->hdr->cq_tail, FUTEX_WAKE, INT_MAX, NULL);
 		t->n.prewake_client_wakes++;
 	}
-	ring_wake_thread(t, r);
+	ring_wake_thread(t, r, fa_now_ns() + RING_PREWAKE_LEAD_NS +
+	                           (uint64_t)t->p.loop_spin_us * 1000u);
 }
 
 /* The loop's poll: prewakes whose time came; stops when none waits and spin_until passed. */
@@ -759,8 +770,9 @@ void ring_reply(struct rings *t, const struct ipc_hdr *h, const void *buf, size_
 	 * later: the ring thread and the loop are kept awake for it (no FUTEX_WAKE from the
 	 * client, no eventfd wake of a sleeping loop on the way). */
 	if (t->p.loop_spin_us > 0) {
-		ring_wake_thread(t, r);
-		rings_spin_until(t, fa_now_ns() + (uint64_t)t->p.loop_spin_us * 1000u);
+		uint64_t until = fa_now_ns() + (uint64_t)t->p.loop_spin_us * 1000u;
+		ring_wake_thread(t, r, until);
+		rings_spin_until(t, until);
 	}
 }
 
