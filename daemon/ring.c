@@ -75,6 +75,7 @@ struct ring {
 	_Atomic uint64_t last_reply_ns; /* the loop's last completion, taken by the thread at the
 	                          * next entry: the client's turnaround */
 	int sig_index;            /* its place in the SIGBUS table, -1: none */
+	struct fa_proto_req_memo memo; /* the loop's: its last request decoded (ring_req_memo) */
 	struct ring_msg priv[FA_RING_ENTRIES];
 };
 
@@ -477,6 +478,18 @@ static void ring_hdr_make(struct ipc_hdr *h, const struct ring *r, uint32_t tag)
 bool ring_hdr_is(const struct ipc_hdr *h)
 {
 	return h->len == RING_HDR_MARK;
+}
+
+struct fa_proto_req_memo *ring_req_memo(struct rings *t, const struct ipc_hdr *h)
+{
+	uint64_t id;
+	struct ring *r;
+
+	if (t == NULL || !ring_hdr_is(h))
+		return NULL;
+	memcpy(&id, h->b, 8);
+	r = idmap_get(&t->by_id, id);
+	return r != NULL ? &r->memo : NULL;
 }
 
 uint64_t ring_hdr_session(const struct ipc_hdr *h)

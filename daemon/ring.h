@@ -28,6 +28,7 @@
 #include <uv.h>
 
 #include "fa_types.h"
+#include "fa_proto_memo.h"
 #include "ipc.h"
 
 struct rings;
@@ -95,6 +96,10 @@ void ring_close_session(struct rings *t, uint64_t session);
 
 /* Did this routing header come from a ring (and not from the socket)? */
 bool ring_hdr_is(const struct ipc_hdr *h);
+
+/* The decode memo (proto/fa_proto_memo.h) of the ring a ring header's entry came through, or
+ * NULL (not a ring's, or its ring is gone): the loop's, for fa_proto_decode_req_memo. */
+struct fa_proto_req_memo *ring_req_memo(struct rings *t, const struct ipc_hdr *h);
 
 /* The session a ring header's ring belongs to. */
 uint64_t ring_hdr_session(const struct ipc_hdr *h);

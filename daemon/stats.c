@@ -75,6 +75,7 @@ size_t stats_format(const struct stats *s, const struct stats_info *in, char *bu
 	stats_put(&b, "requests_busy:%" PRIu64 "\n", s->requests_busy);
 	stats_put(&b, "requests_deduped:%" PRIu64 "\n", s->requests_deduped);
 	stats_put(&b, "requests_malformed:%" PRIu64 "\n", s->requests_malformed);
+	stats_put(&b, "requests_memo:%" PRIu64 "\n", s->requests_memo);
 	stats_put(&b, "inflight:%u\n", in->inflight);
 	stats_put(&b, "fwd_running:%u\n", in->running);
 	stats_put(&b, "fwd_total:%" PRIu64 "\n", s->fwd_total);

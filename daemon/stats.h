@@ -20,6 +20,7 @@ struct stats {
 	uint64_t requests_busy;      /* FA_EBUSY: --max-inflight reached (also in failed) */
 	uint64_t requests_deduped;
 	uint64_t requests_malformed; /* FA_EPROTO or FA_ETOOBIG at decoding (also in failed) */
+	uint64_t requests_memo;      /* decoded by a ring's memo (proto/fa_proto_memo.h) */
 	uint64_t fwd_total;          /* forward passes computed successfully */
 	uint64_t fwd_compute_ns;     /* their backend time */
 	uint64_t bwd_total;          /* backward passes computed successfully */

@@ -4,6 +4,8 @@
  * Besides crashes and sanitizer reports, it aborts when an invariant breaks:
  * - a decoder returns a status outside its contract, or an unterminated detail text;
  * - a decoder accepts bytes the pre-scan rejected, or over FA_PROTO_MAX_MSG without FA_ETOOBIG;
+ * - the decode memo (fa_proto_memo.h, kept across inputs) gives another status, text or struct
+ *   than the decoder;
  * - a decoded message does not re-encode, or decoding the re-encoding gives a different struct, or
  *   encoding that again gives different bytes (the encoder is canonical).
  */
@@ -13,6 +15,7 @@
 #include <string.h>
 
 #include "fa_proto.h"
+#include "fa_proto_memo.h"
 #include "proto_equal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -21,7 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static struct fa_proto_req req, req2;
 static struct fa_proto_rep rep, rep2;
 static unsigned char buf1[FA_PROTO_MAX_MSG], buf2[FA_PROTO_MAX_MSG];
-static char err[FA_PROTO_DETAIL_MAX];
+static char err[FA_PROTO_DETAIL_MAX], err2[FA_PROTO_DETAIL_MAX];
+static struct fa_proto_req_memo memo; /* across inputs: a corpus shares prefixes */
 
 /* Abort with a reason (libFuzzer saves the input as a crash artifact). */
 static void die(const char *what, fa_status st)
@@ -75,6 +79,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			die("request encodings differ", st);
 	} else if (st == FA_EVERSION && req.v == FA_PROTO_VERSION) {
 		die("FA_EVERSION with our own version", st);
+	}
+	{
+		fa_status sm = fa_proto_decode_req_memo(&memo, data, size, &req2, err2, sizeof err2);
+		if (sm != st || (st == FA_OK ? !proto_req_equal(&req, &req2) : strcmp(err, err2) != 0))
+			die("the decode memo differs from the decoder", sm);
 	}
 
 	/* Replies. */

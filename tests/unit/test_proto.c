@@ -23,6 +23,7 @@
 #include <msgpack.h>
 
 #include "fa_proto.h"
+#include "fa_proto_memo.h"
 #include "../fuzz/proto_equal.h"
 
 static char errbuf[FA_PROTO_DETAIL_MAX];
@@ -772,6 +773,99 @@ static void test_proto_round_trips_attn_fwd_with_and_without_lse(void **state)
 			(uint8_t)(1 + i % 3);
 		check_req_round_trip(&r);
 	}
+}
+
+/* The decode memo (fa_proto_memo.h): a ring's repeated request, the same but for its seq,
+ * decodes to exactly what fa_proto_decode_req gives, through every width of seq's encoding;
+ * any other change, a seq the full decoder would refuse and bytes after it all go through the
+ * full decoder, with its status and text. */
+static void test_proto_decode_memo_equals_the_decoder(void **state)
+{
+	(void)state;
+	static struct fa_proto_req_memo m;
+	static unsigned char b[4096], b2[4096];
+	struct fa_proto_req r = req_fixture(FA_OP_ATTN_FWD), a, want;
+	char e1[FA_PROTO_DETAIL_MAX], e2[FA_PROTO_DETAIL_MAX];
+	size_t len;
+
+	memset(&m, 0, sizeof m);
+	const uint64_t seqs[] = {1, 5, 127, 128, 255, 256, 70000, 1ull << 33, UINT64_MAX, 2};
+	for (size_t i = 0; i < sizeof seqs / sizeof seqs[0]; i++) {
+		r.seq = seqs[i];
+		assert_int_equal(fa_proto_encode_req(&r, b, sizeof b, &len), FA_OK);
+		assert_int_equal(fa_proto_decode_req_memo(&m, b, len, &a, e1, sizeof e1), FA_OK);
+		assert_int_equal(fa_proto_decode_req(b, len, &want, e2, sizeof e2), FA_OK);
+		assert_true(proto_req_equal(&a, &want));
+		assert_int_equal(a.seq, seqs[i]);
+	}
+	assert_int_equal(m.misses, 1);
+	assert_int_equal(m.hits, 9);
+
+	/* another tensor offset: decoded in full, then remembered */
+	r.u.fwd.q.offset += 64;
+	assert_int_equal(fa_proto_encode_req(&r, b, sizeof b, &len), FA_OK);
+	assert_int_equal(fa_proto_decode_req_memo(&m, b, len, &a, e1, sizeof e1), FA_OK);
+	assert_int_equal(a.u.fwd.q.offset, r.u.fwd.q.offset);
+	assert_int_equal(m.misses, 2);
+
+	/* seq as a negative integer (0xd0 0xff = -1), then with a byte after the map: the full
+	 * decoder's refusal, word for word */
+	size_t off = 0;
+	for (size_t i = 0; i + 4 <= len; i++)
+		if (memcmp(b + i, "\xa3seq", 4) == 0) {
+			off = i + 4;
+			break;
+		}
+	assert_true(off > 0);
+	size_t w = b[off] < 0x80 ? 1 : b[off] == 0xcc ? 2 : b[off] == 0xcd ? 3 : b[off] == 0xce ? 5 : 9;
+	memcpy(b2, b, off);
+	b2[off] = 0xd0;
+	b2[off + 1] = 0xff;
+	memcpy(b2 + off + 2, b + off + w, len - off - w);
+	size_t len2 = len - w + 2;
+	fa_status s1 = fa_proto_decode_req_memo(&m, b2, len2, &a, e1, sizeof e1);
+	fa_status s2 = fa_proto_decode_req(b2, len2, &want, e2, sizeof e2);
+	assert_int_equal(s1, s2);
+	assert_int_not_equal(s1, FA_OK);
+	assert_string_equal(e1, e2);
+	memcpy(b2, b, len);
+	b2[len] = 0xc0;
+	s1 = fa_proto_decode_req_memo(&m, b2, len + 1, &a, e1, sizeof e1);
+	s2 = fa_proto_decode_req(b2, len + 1, &want, e2, sizeof e2);
+	assert_int_equal(s1, FA_EPROTO);
+	assert_int_equal(s2, FA_EPROTO);
+	assert_string_equal(e1, e2);
+	/* the memo still answers the real request */
+	uint64_t hits = m.hits;
+	assert_int_equal(fa_proto_decode_req_memo(&m, b, len, &a, e1, sizeof e1), FA_OK);
+	assert_int_equal(m.hits, hits + 1);
+
+	/* a request whose keys come in another order is never remembered, and still decodes */
+	static struct fa_proto_req_memo m2;
+	memset(&m2, 0, sizeof m2);
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	msgpack_sbuffer_init(&sb);
+	msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+	msgpack_pack_map(&pk, 3);
+	msgpack_pack_str_with_body(&pk, "op", 2);
+	msgpack_pack_uint64(&pk, FA_OP_PING);
+	msgpack_pack_str_with_body(&pk, "v", 1);
+	msgpack_pack_uint64(&pk, FA_PROTO_VERSION);
+	msgpack_pack_str_with_body(&pk, "seq", 3);
+	msgpack_pack_uint64(&pk, 7);
+	for (int i = 0; i < 2; i++) {
+		s1 = fa_proto_decode_req_memo(&m2, sb.data, sb.size, &a, e1, sizeof e1);
+		s2 = fa_proto_decode_req(sb.data, sb.size, &want, e2, sizeof e2);
+		assert_int_equal(s1, s2);
+		if (s1 == FA_OK)
+			assert_true(proto_req_equal(&a, &want));
+		else
+			assert_string_equal(e1, e2);
+	}
+	assert_false(m2.valid);
+	assert_int_equal(m2.hits, 0);
+	msgpack_sbuffer_destroy(&sb);
 }
 
 /* Asynchronous mode: a slot and the client's event in the request, the daemon's event in the
@@ -2340,6 +2434,7 @@ int main(void)
 		cmocka_unit_test(test_proto_round_trips_requests_with_all_fields_min),
 		cmocka_unit_test(test_proto_ring_open_round_trips_and_needs_its_keys),
 		cmocka_unit_test(test_proto_round_trips_attn_fwd_with_and_without_lse),
+		cmocka_unit_test(test_proto_decode_memo_equals_the_decoder),
 		cmocka_unit_test(test_proto_round_trips_async_attn_fwd_and_refuses_bad_slots),
 		cmocka_unit_test(test_proto_round_trips_attn_bwd_with_flags_and_async),
 		cmocka_unit_test(test_proto_rejects_every_attn_bwd_field_out_of_range),

@@ -1,0 +1,105 @@
+/* fa_proto_memo.c - the decode memo (fa_proto_memo.h). */
+#include "fa_proto_memo.h"
+
+#include <string.h>
+
+/* An unsigned integer in one of msgpack's unsigned forms at p (n bytes left): its encoded
+ * length, 0 when it is not one. (msgpack-c also reads a signed form with a non-negative
+ * value as unsigned; those take the full decoder.) */
+static size_t read_uint(const uint8_t *p, size_t n, uint64_t *v)
+{
+	size_t w;
+	if (n == 0)
+		return 0;
+	if (p[0] < 0x80) {
+		*v = p[0];
+		return 1;
+	}
+	switch (p[0]) {
+	case 0xcc: w = 1; break;
+	case 0xcd: w = 2; break;
+	case 0xce: w = 4; break;
+	case 0xcf: w = 8; break;
+	default: return 0;
+	}
+	if (n < 1 + w)
+		return 0;
+	uint64_t x = 0;
+	for (size_t i = 0; i < w; i++)
+		x = x << 8 | p[1 + i];
+	*v = x;
+	return 1 + w;
+}
+
+/* Where seq's value starts in a message that begins as fa_proto_encode_req writes it (a map,
+ * then "v", "op", "seq"), or 0. */
+static size_t seq_offset(const uint8_t *p, size_t n)
+{
+	static const uint8_t kv[] = {0xa1, 'v'}, kop[] = {0xa2, 'o', 'p'},
+	                     kseq[] = {0xa3, 's', 'e', 'q'};
+	size_t at, w;
+	uint64_t x;
+
+	if (n == 0)
+		return 0;
+	if ((p[0] & 0xf0) == 0x80)
+		at = 1;
+	else if (p[0] == 0xde)
+		at = 3;
+	else
+		return 0;
+	if (n - at < sizeof kv || memcmp(p + at, kv, sizeof kv) != 0)
+		return 0;
+	at += sizeof kv;
+	if ((w = read_uint(p + at, n - at, &x)) == 0)
+		return 0;
+	at += w;
+	if (n - at < sizeof kop || memcmp(p + at, kop, sizeof kop) != 0)
+		return 0;
+	at += sizeof kop;
+	if ((w = read_uint(p + at, n - at, &x)) == 0)
+		return 0;
+	at += w;
+	if (n - at < sizeof kseq || memcmp(p + at, kseq, sizeof kseq) != 0)
+		return 0;
+	return at + sizeof kseq;
+}
+
+fa_status fa_proto_decode_req_memo(struct fa_proto_req_memo *m, const void *buf, size_t len,
+                                   struct fa_proto_req *out, char *err, size_t errlen)
+{
+	const uint8_t *p = buf;
+
+	if (m != NULL && out != NULL && buf != NULL && m->valid && len <= FA_PROTO_MEMO_MAX &&
+	    len >= m->seq_off && memcmp(p, m->bytes, m->seq_off) == 0) {
+		uint64_t seq;
+		size_t w = read_uint(p + m->seq_off, len - m->seq_off, &seq);
+		size_t tail = m->len - m->seq_off - m->seq_len;
+		if (w != 0 && len - m->seq_off - w == tail &&
+		    memcmp(p + m->seq_off + w, m->bytes + m->seq_off + m->seq_len, tail) == 0) {
+			*out = m->req;
+			out->seq = seq;
+			if (err != NULL && errlen > 0)
+				err[0] = '\0';
+			m->hits++;
+			return FA_OK;
+		}
+	}
+	fa_status st = fa_proto_decode_req(buf, len, out, err, errlen);
+	if (m == NULL || st != FA_OK)
+		return st;
+	m->misses++;
+	size_t off = len <= FA_PROTO_MEMO_MAX ? seq_offset(p, len) : 0;
+	uint64_t seq;
+	size_t w = off != 0 ? read_uint(p + off, len - off, &seq) : 0;
+	if (w == 0 || seq != out->seq) { /* not one this memo can hold: keep the old one */
+		return st;
+	}
+	memcpy(m->bytes, p, len);
+	m->len = len;
+	m->seq_off = off;
+	m->seq_len = w;
+	m->req = *out;
+	m->valid = true;
+	return st;
+}
