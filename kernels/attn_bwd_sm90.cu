@@ -13,12 +13,23 @@
  *              2, sharing 64 keys)
  *   FA_BQ      query rows per step: 64 or 128 (the N of S^T = K Q^T; the wide form: 64)
  *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_bwd.cu)
+ *   FA_WIN     1: the sliding window, as attn_bwd.cu's: the host folds the mask into the range
+ *              [win_lo, win_hi] of j - i that query i sees (fa_attn_window_diffs; FA_MASK is
+ *              then ignored); a key block walks only the query blocks whose rows see one of its
+ *              keys (qblock_range), element-wise masks only where an edge crosses a warpgroup's
+ *              tile
+ *   FA_SOFTCAP 1: logit softcapping, as attn_bwd.cu's 16-bit kernel: P = exp(cap tanh(s scale /
+ *              cap) - lse) (the forward's MUFU tanh, fa_softcap2), dS = P (dP - delta)
+ *              (1 - tanh^2), the gradient of the raw score, so dK and dQ keep their scale.
+ *              Both off (default): the code and PTX as before them; on, the parameter block's
+ *              tail (win_lo .. cap_log2) is declared
  *   FA_DET     1: the deterministic dQ (its own specialisation, gpu_bwd.c asks for it with the
  *              tile's rt = 2): a block adds a query block's dQ rows only when the counter of
  *              that (query head, query block) reads the number of adds that come before its
  *              own in a fixed order (under no mask and both causal ones the key blocks that see
- *              a query block are a prefix 0 .. M). Two orders, chosen per call by tstride's bit
- *              8 (gpu_bwd.c):
+ *              a query block are a prefix 0 .. M; under FA_WIN a range a .. M, and the chain
+ *              counts from a: det_win_turn). Two orders, chosen per call by tstride's bit 8
+ *              (gpu_bwd.c; under FA_WIN the chain only):
  *              rotated (det_rot, an experiment: off unless FA_BWD_DET_ROT=1, since without a
  *              mask it gave gradients far from the atomic mode's on the H200, 2026-12-03;
  *              not yet understood): the atomic mode's grid (key block fastest: the
@@ -70,8 +81,7 @@
  * warpgroup): the wide form below splits the head dim over two warpgroups instead; the kernel
  * above is compiled only up to 128, so its code is the same as before the wide form existed.
  *
- * Not here (the planner keeps them on attn_bwd.cu): fp32 and its bf16 staging, the sliding
- * window and softcap.
+ * Not here (the planner keeps them on attn_bwd.cu): fp32 and its bf16 staging.
  *
  * Numerics as attn_bwd.cu's 16-bit kernel: P^T and dS^T rounded to the input type for the
  * products, fp32 accumulation, the plain exponent.
