@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fa_attn.h"
 #include "fa_check.h"
 #include "fa_ctl.h"
 #include "fa_gpu.h"
@@ -25,7 +26,8 @@ static void usage(FILE *f)
 	        "usage: fa-ctl plan [--arch sm_80|sm_86|sm_89|sm_90|sm_100|sm_120|h200...|--device N]\n"
 	        "                   --dtype fp16|bf16|fp32 --head-dim D [--precision P]\n"
 	        "                   [--causal|--causal-top-left] [--batch B --heads H --seq-q S\n"
-	        "                   --seq-k S] [--backward] [--all] [--json]\n"
+	        "                   --seq-k S] [--window L,R] [--softcap C] [--backward] [--all]\n"
+	        "                   [--json]\n"
 	        "       fa-ctl plan ... --decode [--batch B] [--heads H] [--kv-heads H] [--seq-q S]\n"
 	        "                   [--seq-k S | --cache-lens L,L,... [--page-size P]] [--json]\n"
 	        "       fa-ctl plan ... --prefill --seq-q S --seq-k S [--batch B] [--heads H]\n"
@@ -33,6 +35,10 @@ static void usage(FILE *f)
 	        "  precision (fp32): 3xtf32 (default), ieee, tf32, bf16\n"
 	        "  --causal is bottom-right aligned (FlashAttention >= 2.1); --causal-top-left is\n"
 	        "  PyTorch's is_causal. Shape arguments, when given, let the ranking account for waves.\n"
+	        "  --window L,R: a sliding window (fa_attn.h: query i sees keys from L before its\n"
+	        "  diagonal to R after it; -1 leaves a side unbounded); --softcap C: logits capped\n"
+	        "  to C tanh(s / C). Both choose no other tile (every kernel has them); the plan\n"
+	        "  says which kernel serves them.\n"
 	        "  --backward plans the backward pass (dQ, dK, dV): keys per block, query rows per\n"
 	        "  step, warps, stages; its shared memory against the same opt-in limit.\n"
 	        "  --all prints every fitting candidate (default: the best 10).\n"
@@ -76,6 +82,16 @@ static const char *path_name(int path)
 	                                 : "sm_90a wgmma tf32";
 }
 
+/* The source whose FA_WIN / FA_SOFTCAP specialisation serves a window or softcap on path. */
+static const char *ext_kernel(int path)
+{
+	return path == FA_KPATH_BWDWG16             ? "attn_bwd_sm90.cu (the wgmma backward)"
+	       : fa_kpath_is_bwd(path)              ? "attn_bwd.cu"
+	       : fa_kpath_is_wg(path)               ? "attn_fwd_sm90.cu"
+	       : fa_kpath_is_decode(path)           ? "attn_decode.cu"
+	                                            : "attn_fwd.cu";
+}
+
 /* The plan as text (stdout; the status on stderr when nothing fits). Returns the exit status. */
 static int plan_print_text(const struct fa_device_model *model, bool real,
                            const struct fa_plan_req *r, fa_status st, const char *err,
@@ -91,6 +107,10 @@ static int plan_print_text(const struct fa_device_model *model, bool real,
 	if (r->Sq > 0)
 		printf(", B=%lld H=%lld Sq=%lld Sk=%lld", (long long)r->B, (long long)r->H,
 		       (long long)r->Sq, (long long)r->Sk);
+	if (r->window)
+		printf(", window (%lld, %lld)", (long long)r->window_left, (long long)r->window_right);
+	if (r->softcap > 0)
+		printf(", softcap %g", r->softcap);
 	printf("\n");
 	if (st != FA_OK)
 		return fa_ctl_failure("plan", "%s: %s", fa_status_name(st), err);
@@ -110,6 +130,14 @@ static int plan_print_text(const struct fa_device_model *model, bool real,
 	printf("shared:    %zu of %zu bytes (%.0f%%), ~%d registers/thread, %d block(s)/SM\n",
 	       t[0].smem, model->smem_optin, 100.0 * (double)t[0].smem / (double)model->smem_optin,
 	       t[0].regs, t[0].blocks_per_sm);
+	if (r->window || r->softcap > 0)
+		printf("served:    %s: the %s specialisation of %s\n",
+		       r->window && r->softcap > 0 ? "window and softcap" : r->window ? "window"
+		                                                                     : "softcap",
+		       r->window && r->softcap > 0 ? "FA_WIN + FA_SOFTCAP"
+		       : r->window                 ? "FA_WIN"
+		                                   : "FA_SOFTCAP",
+		       ext_kernel(t[0].path));
 	int shown = all ? n : (n < 10 ? n : 10);
 	printf("candidates that fit: %d%s\n", n, shown < n ? " (best 10; --all for every one)" : "");
 	printf("  %-18s %10s %6s %5s %7s\n", "tile", "smem", "regs", "blk", "score");
@@ -156,6 +184,15 @@ static int plan_print_json(const struct fa_device_model *model, bool real,
 		printf("null");
 	printf(", \"head_dim\": %d, \"mask\": ", r->D);
 	fa_ctl_json_string(stdout, fa_mask_name(r->mask));
+	if (r->window)
+		printf(", \"window\": [%lld, %lld]", (long long)r->window_left,
+		       (long long)r->window_right);
+	else
+		printf(", \"window\": null");
+	if (r->softcap > 0)
+		printf(", \"softcap\": %.17g", r->softcap);
+	else
+		printf(", \"softcap\": null");
 	if (r->Sq > 0)
 		printf(", \"B\": %lld, \"H\": %lld, \"Sq\": %lld, \"Sk\": %lld", (long long)r->B,
 		       (long long)r->H, (long long)r->Sq, (long long)r->Sk);
@@ -169,6 +206,10 @@ static int plan_print_json(const struct fa_device_model *model, bool real,
 	printf(",\n  \"chosen\": ");
 	tile_json(&t[0]);
 	printf(",\n  \"smem_fraction\": %.4f", (double)t[0].smem / (double)model->smem_optin);
+	if (r->window || r->softcap > 0) {
+		printf(",\n  \"window_softcap_kernel\": ");
+		fa_ctl_json_string(stdout, ext_kernel(t[0].path));
+	}
 	int shown = all ? n : (n < 10 ? n : 10);
 	printf(",\n  \"candidates_fit\": %d,\n  \"candidates\": [", n);
 	for (int i = 0; i < shown; i++) {
@@ -201,6 +242,8 @@ int fa_ctl_plan_main(int argc, char **argv)
 		{"kv-heads", required_argument, NULL, 'K'},
 		{"cache-lens", required_argument, NULL, 'L'},
 		{"page-size", required_argument, NULL, 'P'},
+		{"window", required_argument, NULL, 'W'},
+		{"softcap", required_argument, NULL, 'S'},
 		{"help", no_argument, NULL, 'h'},
 		{NULL, 0, NULL, 0},
 	};
@@ -208,6 +251,9 @@ int fa_ctl_plan_main(int argc, char **argv)
 	int device = -1, bad = 0, all = 0, json = 0, backward = 0, decode = 0, prefill = 0;
 	int64_t hkv = 0, page_size = 0;
 	const char *cache_lens = NULL;
+	bool window = false;
+	long long wl = -1, wr = -1;
+	double softcap = 0;
 	struct fa_kernel_settings ks;
 	if (fa_ctl_kernel_settings(&ks, "plan") != 0)
 		return 2;
@@ -219,7 +265,7 @@ int fa_ctl_plan_main(int argc, char **argv)
 	optind = 1;
 	opterr = 0; /* our own messages, with fa-ctl's prefix */
 	int c;
-	while ((c = getopt_long(argc, argv, ":a:g:t:d:p:cCB:H:q:k:AjbhDFK:L:P:", opts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, ":a:g:t:d:p:cCB:H:q:k:AjbhDFK:L:P:W:S:", opts, NULL)) != -1) {
 		switch (c) {
 		case 'a': arch = optarg; break;
 		case 'g': device = (int)parse_long(optarg, "device", &bad); break;
@@ -258,6 +304,25 @@ int fa_ctl_plan_main(int argc, char **argv)
 		case 'K': hkv = parse_long(optarg, "kv-heads", &bad); break;
 		case 'L': cache_lens = optarg; break;
 		case 'P': page_size = parse_long(optarg, "page-size", &bad); break;
+		case 'W': {
+			char tail;
+			if (sscanf(optarg, "%lld,%lld%c", &wl, &wr, &tail) != 2 || wl < -1 || wr < -1) {
+				fa_ctl_usage_error("plan", "bad window '%s' (L,R: keys before and after the "
+				                   "diagonal, -1 unbounded)", optarg);
+				bad = 1;
+			}
+			window = true;
+			break;
+		}
+		case 'S': {
+			char *end;
+			softcap = strtod(optarg, &end);
+			if (*optarg == 0 || *end != 0 || !(softcap >= 0) || softcap > 1e30) {
+				fa_ctl_usage_error("plan", "bad softcap '%s' (a cap > 0; 0: off)", optarg);
+				bad = 1;
+			}
+			break;
+		}
 		case 'h': usage(stdout); return FA_CTL_EXIT_OK;
 		case ':':
 			fa_ctl_usage_error("plan", "option '%s' needs a value", argv[optind - 1]);
@@ -290,6 +355,21 @@ int fa_ctl_plan_main(int argc, char **argv)
 		usage(stderr);
 		return FA_CTL_EXIT_USAGE;
 	}
+	/* as a call's descriptor reaches the planner (fa_plan_req_from_desc): a window only when it
+	 * bounds a side, which needs the lengths; without them, when a side is given */
+	if (window) {
+		struct fa_attn_fwd_desc wd;
+		memset(&wd, 0, sizeof wd);
+		wd.window = true;
+		wd.window_left = wl;
+		wd.window_right = wr;
+		wd.Sq = r.Sq;
+		wd.Sk = r.Sk;
+		r.window = r.Sq > 0 && r.Sk > 0 ? fa_attn_window_active(&wd) : wl >= 0 || wr >= 0;
+		r.window_left = r.window ? wl : 0;
+		r.window_right = r.window ? wr : 0;
+	}
+	r.softcap = softcap;
 
 	struct fa_device_model model;
 	struct fa_gpu *g = NULL;

@@ -13,12 +13,23 @@
  *              2, sharing 64 keys)
  *   FA_BQ      query rows per step: 64 or 128 (the N of S^T = K Q^T; the wide form: 64)
  *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_bwd.cu)
+ *   FA_WIN     1: the sliding window, as attn_bwd.cu's: the host folds the mask into the range
+ *              [win_lo, win_hi] of j - i that query i sees (fa_attn_window_diffs; FA_MASK is
+ *              then ignored); a key block walks only the query blocks whose rows see one of its
+ *              keys (qblock_range), element-wise masks only where an edge crosses a warpgroup's
+ *              tile
+ *   FA_SOFTCAP 1: logit softcapping, as attn_bwd.cu's 16-bit kernel: P = exp(cap tanh(s scale /
+ *              cap) - lse) (the forward's MUFU tanh, fa_softcap2), dS = P (dP - delta)
+ *              (1 - tanh^2), the gradient of the raw score, so dK and dQ keep their scale.
+ *              Both off (default): the code and PTX as before them; on, the parameter block's
+ *              tail (win_lo .. cap_log2) is declared
  *   FA_DET     1: the deterministic dQ (its own specialisation, gpu_bwd.c asks for it with the
  *              tile's rt = 2): a block adds a query block's dQ rows only when the counter of
  *              that (query head, query block) reads the number of adds that come before its
  *              own in a fixed order (under no mask and both causal ones the key blocks that see
- *              a query block are a prefix 0 .. M). Two orders, chosen per call by tstride's bit
- *              8 (gpu_bwd.c):
+ *              a query block are a prefix 0 .. M; under FA_WIN a range a .. M, and the chain
+ *              counts from a: det_win_turn). Two orders, chosen per call by tstride's bit 8
+ *              (gpu_bwd.c; under FA_WIN the chain only):
  *              rotated (det_rot, an experiment: off unless FA_BWD_DET_ROT=1, since without a
  *              mask it gave gradients far from the atomic mode's on the H200, 2026-12-03;
  *              not yet understood): the atomic mode's grid (key block fastest: the
@@ -70,8 +81,7 @@
  * warpgroup): the wide form below splits the head dim over two warpgroups instead; the kernel
  * above is compiled only up to 128, so its code is the same as before the wide form existed.
  *
- * Not here (the planner keeps them on attn_bwd.cu): fp32 and its bf16 staging, the sliding
- * window and softcap.
+ * Not here (the planner keeps them on attn_bwd.cu): fp32 and its bf16 staging.
  *
  * Numerics as attn_bwd.cu's 16-bit kernel: P^T and dS^T rounded to the input type for the
  * products, fp32 accumulation, the plain exponent.
@@ -106,8 +116,15 @@
 #ifndef FA_DET
 #define FA_DET 0
 #endif
-#if (defined(FA_WIN) && FA_WIN) || (defined(FA_SOFTCAP) && FA_SOFTCAP)
-#error "attn_bwd_sm90.cu has no window or softcap (attn_bwd.cu serves them)"
+#ifndef FA_WIN
+#define FA_WIN 0
+#endif
+#ifndef FA_SOFTCAP
+#define FA_SOFTCAP 0
+#endif
+#if FA_WIN /* the host folds the causal mask into the window's range (fa_attn_window_diffs) */
+#undef FA_MASK
+#define FA_MASK 0
 #endif
 #if FA_NWG != 1 && FA_NWG != 2
 #error "FA_NWG: 1 or 2"
@@ -183,7 +200,66 @@ struct fa_bwd_params {
 	float scale;
 	int tstride; /* attn_bwd.cu's dgrp_lg: here the turn counters per query block (FA_DET) */
 	float scale_lo;
+#if FA_WIN || FA_SOFTCAP
+	/* attn_bwd.cu's tail, declared by these specialisations only (the others' parameter
+	 * block, hence PTX, stays as it was); the host always passes it. FA_WIN: key j visible to
+	 * query i iff win_lo <= j - i <= win_hi; FA_SOFTCAP: scale / cap (signed), cap, its
+	 * remainder (unused: the plain exponent), cap log2(e). */
+	int win_lo, win_hi;
+	float cap_scale, cap, cap_lo, cap_log2;
+#endif
 };
+/* gpu_bwd.c's struct bwd_params: 272 bytes before the tail (8-aligned), whose six 4-byte
+ * fields then start at 272 */
+static_assert(sizeof(fa_bwd_params) == (FA_WIN || FA_SOFTCAP ? 296 : 272),
+              "the parameter block's layout (gpu_bwd.c's struct bwd_params)");
+
+#if FA_WIN
+/* The query blocks [f, l) whose rows see some key of the block's [kv0, kv0 + BKV)
+ * (attn_bwd.cu's qblock_range): the rows [max(0, kv0 - win_hi), min(Sq, ke - win_lo)), ke one
+ * past the block's last key, rounded out to whole blocks; empty (0, 0) when no row sees one.
+ * In 64 bits: kv0 - win_hi reaches 2^31. */
+__device__ __forceinline__ void qblock_range(const fa_bwd_params &p, int kv0, int &f, int &l)
+{
+	const long long k0 = kv0, ke = kv0 + BKV < p.Sk ? kv0 + BKV : (long long)p.Sk;
+	const long long ilo = k0 - p.win_hi > 0 ? k0 - p.win_hi : 0LL;
+	const long long ihi = ke - p.win_lo < p.Sq ? ke - p.win_lo : (long long)p.Sq;
+	f = ilo < ihi ? (int)(ilo / FA_BQ) : 0;
+	l = ilo < ihi ? (int)((ihi + FA_BQ - 1) / FA_BQ) : 0;
+}
+
+/* FA_DET (the chain) under a window: the adds to query block iq (rows from q0) that come
+ * before key block n's. The key blocks that see a query block are a range [a, b), not the
+ * masks' prefix 0 .. M: its rows see the keys from max(0, q0 + win_lo) to min(Sk - 1, last
+ * row + win_hi), one interval (each row's is win_hi - win_lo + 1 >= 1 long and the next row's
+ * starts one further), and qblock_range is the same relation seen from the keys, so exactly
+ * the blocks a .. b - 1 visit iq, each for every query head of the group. Block n waits for
+ * n - a adds, all from lower key blocks, launched before it on the chain's grid (key block
+ * slowest): no deadlock. Counting from 0 would wait for adds that never come. */
+__device__ __forceinline__ int det_win_turn(const fa_bwd_params &p, int n, int q0)
+{
+	const long long k0 = (long long)q0 + p.win_lo; /* the first key iq's rows see */
+	return n - (k0 > 0 ? (int)(k0 / BKV) : 0);
+}
+#endif
+
+#if FA_SOFTCAP
+/* tanh(s scale / cap) of a raw score: P = exp(cap tc - lse) (attn_bwd.cu's 16-bit kernel: the
+ * forward's MUFU tanh, fa_softcap2, and the plain exponent), and dS takes 1 - tc^2, the
+ * derivative of cap tanh(x / cap), so that dK = scale dS^T Q and dQ = scale dS K stay. */
+__device__ __forceinline__ float cap_tanh(const fa_bwd_params &p, float s)
+{
+	return fa_softcap2<false>(s, p.cap_scale, 1.f);
+}
+#endif
+
+/* The query blocks a key block walks: [iq0, iq1) under FA_WIN; to p.nq otherwise, read where it
+ * always was, so that the other specialisations' PTX stays as it was. */
+#if FA_WIN
+#define IQ_END iq1
+#else
+#define IQ_END p.nq
+#endif
 
 /* FA_DET: the hand-over of a step's dQ adds, attn_bwd.cu's release_turn for the block: every
  * thread fences its reductions (issued a step ago), the caller's barrier follows, then one thread
@@ -426,23 +502,29 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	const int g = lane >> 2, c = lane & 3, r0 = 16 * wi + g;
 	/* FA_DET: tstride's bit 8 (det_rot) picks the rotated order on the atomic mode's grid, else
 	 * the chain on the grid with the key block slowest (gpu_bwd.c) */
-	const bool rot = FA_DET && (p.tstride >> 8) != 0;
+	const bool rot = FA_DET && !FA_WIN && (p.tstride >> 8) != 0; /* a window: the chain */
 	const int n = FA_DET && !rot ? (int)blockIdx.z : (int)blockIdx.x;
 	const int hk = FA_DET && !rot ? (int)blockIdx.x : (int)blockIdx.y;
 	const int b = FA_DET && !rot ? (int)blockIdx.y : (int)blockIdx.z;
 	const int kv0 = n * BKV, kw0 = kv0 + 64 * wg; /* the block's, the warpgroup's first key */
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
+#if FA_WIN
+	int iq0, iq1; /* the query blocks whose rows see the block's keys: steps follow the window */
+	qblock_range(p, kv0, iq0, iq1);
+	(void)off;
+#else
 	int iq0 = 0; /* the first query block whose rows see key kv0 */
 	if (FA_MASK) {
 		const int r = kv0 - off;
 		iq0 = r >= p.Sq ? p.nq : r > 0 ? r / FA_BQ : 0;
 	}
+#endif
 
 	load_tile<BKV>(sK, (const u16 *)p.k + b * p.ks[0] + hk * p.ks[2] + (long long)kv0 * p.ks[1],
 	               p.ks[1], p.Sk - kv0);
 	load_tile<BKV>(sV, (const u16 *)p.v + b * p.vs[0] + hk * p.vs[2] + (long long)kv0 * p.vs[1],
 	               p.vs[1], p.Sk - kv0);
-	const int nsteps = p.nq - iq0, total = nsteps * p.group;
+	const int nsteps = IQ_END - iq0, total = nsteps * p.group;
 	/* FA_DET rotated, no mask: key block n starts at query block n nq / nk and wraps */
 	const int rot0 = FA_DET && !FA_MASK && rot ? n * p.nq / (int)gridDim.x : 0;
 	if (total > 0)
@@ -504,21 +586,39 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			wg_touch(dp[i]);
 		}
 
-		/* P^T, dS^T; the key tail and the causal edge masked where the tile has them */
+		/* P^T, dS^T; the key tail and the causal edge (FA_WIN: the window's edges) masked
+		 * where the tile has them */
+#if FA_WIN
+		const bool need_mask = kw0 + 64 > p.Sk || kw0 - (q0 + FA_BQ - 1) < p.win_lo ||
+		                       kw0 + 63 - q0 > p.win_hi;
+#else
 		const bool need_mask = kw0 + 64 > p.Sk || (FA_MASK && kw0 + 63 > q0 + off);
+#endif
 #pragma unroll
 		for (int nb = 0; nb < FA_BQ / 8; nb++)
 #pragma unroll
 			for (int e = 0; e < 4; e++) {
 				const int il = nb * 8 + 2 * c + (e & 1);
+#if FA_SOFTCAP
+				const float tc = cap_tanh(p, s[4 * nb + e]);
+				float pv = fast_exp2(fmaf(tc, p.cap_log2, -sL[il]));
+#else
 				float pv = fast_exp2(fmaf(s[4 * nb + e], p.sl, -sL[il]));
+#endif
 				if (need_mask) {
 					const int j = kw0 + r0 + (e >> 1) * 8;
+#if FA_WIN
+					if (!fa_win_sees(q0 + il, j, p.Sk, p.win_lo, p.win_hi))
+#else
 					if (!(j < p.Sk && (!FA_MASK || j <= q0 + il + off)))
+#endif
 						pv = 0.f;
 				}
 				s[4 * nb + e] = pv;
 				dp[4 * nb + e] = pv * (dp[4 * nb + e] - sDl[il]);
+#if FA_SOFTCAP
+				dp[4 * nb + e] *= fmaf(-tc, tc, 1.f);
+#endif
 			}
 		/* as A fragments (k16 step m: queries 16m .. 16m + 15): a0 (r0, 2c..), a1 (r0 + 8, 2c..),
 		 * a2 (r0, 8 + 2c..), a3 (r0 + 8, 8 + 2c..) */
@@ -579,7 +679,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		}
 		if (FA_DET) { /* this block's turn: the adds that come before its own have landed */
 			int *t = p.turn + (bh * p.nq + iq) * (p.tstride & 255);
+#if FA_WIN
+			const int my = det_win_turn(p, n, q0);
+#else
 			const int my = rot ? det_rank(p, n, iq, q0, off) : n;
+#endif
 			if (lane == 0)
 				while (fa_ld_acquire(t) != my)
 					__nanosleep(32);
@@ -716,17 +820,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	const int b = FA_DET ? (int)blockIdx.y : (int)blockIdx.z;
 	const int kv0 = n * BKV, wq = QH * wg; /* the block's first key, the warpgroup's first query */
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
+#if FA_WIN
+	int iq0, iq1; /* the query blocks whose rows see the block's keys: steps follow the window */
+	qblock_range(p, kv0, iq0, iq1);
+	(void)off;
+#else
 	int iq0 = 0; /* the first query block whose rows see key kv0 */
 	if (FA_MASK) {
 		const int r = kv0 - off;
 		iq0 = r >= p.Sq ? p.nq : r > 0 ? r / FA_BQ : 0;
 	}
+#endif
 
 	load_tile<BKV>(sK, (const u16 *)p.k + b * p.ks[0] + hk * p.ks[2] + (long long)kv0 * p.ks[1],
 	               p.ks[1], p.Sk - kv0);
 	load_tile<BKV>(sV, (const u16 *)p.v + b * p.vs[0] + hk * p.vs[2] + (long long)kv0 * p.vs[1],
 	               p.vs[1], p.Sk - kv0);
-	const int nsteps = p.nq - iq0, total = nsteps * p.group;
+	const int nsteps = IQ_END - iq0, total = nsteps * p.group;
 	if (total > 0) {
 		int h0, i0;
 		wide_step(0, n, total, nsteps, iq0, h0, i0);
@@ -791,22 +901,40 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			wg_touch(dp[i]);
 		}
 
-		/* P^T, dS^T; the key tail and the causal edge masked where the tile has them; both to
-		 * shared memory, a thread's pairs of queries as 32-bit words */
+		/* P^T, dS^T; the key tail and the causal edge (FA_WIN: the window's edges) masked
+		 * where the tile has them; both to shared memory, a thread's pairs of queries as
+		 * 32-bit words */
+#if FA_WIN
+		const bool need_mask = kv0 + 64 > p.Sk || kv0 - (q0 + wq + QH - 1) < p.win_lo ||
+		                       kv0 + 63 - (q0 + wq) > p.win_hi;
+#else
 		const bool need_mask = kv0 + 64 > p.Sk || (FA_MASK && kv0 + 63 > q0 + wq + off);
+#endif
 #pragma unroll
 		for (int nb = 0; nb < QH / 8; nb++) {
 #pragma unroll
 			for (int e = 0; e < 4; e++) {
 				const int il = wq + nb * 8 + 2 * c + (e & 1);
+#if FA_SOFTCAP
+				const float tc = cap_tanh(p, s[4 * nb + e]);
+				float pv = fast_exp2(fmaf(tc, p.cap_log2, -sL[il]));
+#else
 				float pv = fast_exp2(fmaf(s[4 * nb + e], p.sl, -sL[il]));
+#endif
 				if (need_mask) {
 					const int j = kv0 + r0 + (e >> 1) * 8;
+#if FA_WIN
+					if (!fa_win_sees(q0 + il, j, p.Sk, p.win_lo, p.win_hi))
+#else
 					if (!(j < p.Sk && (!FA_MASK || j <= q0 + il + off)))
+#endif
 						pv = 0.f;
 				}
 				s[4 * nb + e] = pv;
 				dp[4 * nb + e] = pv * (dp[4 * nb + e] - sDl[il]);
+#if FA_SOFTCAP
+				dp[4 * nb + e] *= fmaf(-tc, tc, 1.f);
+#endif
 			}
 #pragma unroll
 			for (int hf = 0; hf < 2; hf++) {
@@ -845,10 +973,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 #pragma unroll
 		for (int i = 0; i < NQ; i++)
 			wg_touch(dq[i]);
-		if (FA_DET) { /* this block's turn: the n lower key blocks have added */
+		if (FA_DET) { /* this block's turn: the lower key blocks that see iq have added */
 			int *t = p.turn + (bh * p.nq + iq) * p.tstride;
+#if FA_WIN
+			const int my = det_win_turn(p, n, q0);
+#else
+			const int my = n;
+#endif
 			if (lane == 0)
-				while (fa_ld_acquire(t) != n)
+				while (fa_ld_acquire(t) != my)
 					__nanosleep(32);
 			__syncwarp();
 			prev_turn = t;

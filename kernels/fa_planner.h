@@ -53,8 +53,8 @@ enum fa_kpath {
 	FA_KPATH_BWD32 = 9, /* fp32 shared memory, m16n8k8 tf32 / 3xtf32, FFMA for ieee */
 	/* sm_90 only (attn_bwd_sm90.cu, sm_90a): fp16 / bf16 on wgmma; nw = 4 per warpgroup of 64
 	 * keys (bc = 16 nw), br = 64 query rows per step, stages = 2; head dims up to 128, and
-	 * above (to 256) its wide form: nw = 8, bc = 64 (two warpgroups halve the head dim); no
-	 * window or softcap (gpu_bwd.c then takes the next candidate) */
+	 * above (to 256) its wide form: nw = 8, bc = 64 (two warpgroups halve the head dim); the
+	 * window and softcap as attn_bwd.cu (FA_WIN, FA_SOFTCAP) */
 	FA_KPATH_BWDWG16 = 10,
 };
 
@@ -97,6 +97,14 @@ struct fa_plan_req {
 	int D;
 	fa_mask mask;
 	int64_t B, H, Sq, Sk;
+	/* the sliding window and logit softcap (fa_attn.h): window when it bounds a side
+	 * (fa_attn_window_active; window_left, window_right as the descriptor's, negative
+	 * unbounded), softcap > 0 on. Every backward kernel serves both (their FA_WIN / FA_SOFTCAP
+	 * specialisations), so they change no candidate; they are here so that what the planner
+	 * is asked is what a call runs (fa-ctl plan --window / --softcap shows it). */
+	bool window;
+	int64_t window_left, window_right;
+	double softcap;
 	/* what the planner may offer (wgmma, experiments' tile filters); borrowed for the call;
 	 * NULL: fa_kernel_settings_default() */
 	const struct fa_kernel_settings *ks;

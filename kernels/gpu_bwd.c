@@ -1,9 +1,10 @@
 /* gpu_bwd.c - the backward launch API (fa_gpu_bwd.h): checks, the backward tile (planner_bwd.c),
  * the fp32 scratch, and the three kernels of attn_bwd.cu enqueued on the caller's stream.
  *
- * The sliding window and softcap (fa_attn.h) select attn_bwd.cu's FA_WIN / FA_SOFTCAP
- * specialisations (fa_kernel_spec_mask_ext), the window passed as the range of j - i with the
- * mask folded in (fa_attn_window_diffs).
+ * The sliding window and softcap (fa_attn.h) select the FA_WIN / FA_SOFTCAP specialisations
+ * (fa_kernel_spec_mask_ext) of whichever main pass the plan chose, attn_bwd.cu's or the wgmma
+ * one's (attn_bwd_sm90.cu), the window passed as the range of j - i with the mask folded in
+ * (fa_attn_window_diffs).
  *
  * Scratch (one stream-ordered allocation per call, freed in stream order: the device's memory
  * pool keeps it, gpu_cuda.c sets its release threshold to the maximum, so repeated calls reuse
@@ -130,30 +131,21 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 
 	struct fa_tile t;
 	const bool det = (flags & FA_GPU_BWD_DETERMINISTIC) != 0;
-	/* the wgmma backward (attn_bwd_sm90.cu) has no window or softcap: the planner's next
-	 * candidate (an attn_bwd.cu tile) serves those */
-	const bool wg_ok = !fa_attn_window_active(f) && !(f->softcap > 0);
 	if (tile) {
 		t = *tile;
 		if (!fa_kpath_is_bwd(t.path) || !fa_bwd_tile_layout_ok(&t, (int)f->D))
 			return fa_err(err, errlen, FA_EINVAL, "backward: not a backward tile for head dim %d",
 			              (int)f->D);
-		if (t.path == FA_KPATH_BWDWG16 &&
-		    (!wg_ok || f->dtype == FA_DTYPE_FP32 || fa_gpu_sm(g) != 90))
+		if (t.path == FA_KPATH_BWDWG16 && (f->dtype == FA_DTYPE_FP32 || fa_gpu_sm(g) != 90))
 			return fa_err(err, errlen, FA_EINVAL,
-			              "backward: the wgmma tile takes fp16 / bf16 on sm_90 without a window "
-			              "or softcap (this is %s on sm_%d%s%s)",
-			              f->dtype == FA_DTYPE_FP32 ? "fp32" : "16-bit", fa_gpu_sm(g),
-			              fa_attn_window_active(f) ? ", a window" : "",
-			              f->softcap > 0 ? ", softcap" : "");
+			              "backward: the wgmma tile takes fp16 / bf16 on sm_90 (this is %s on "
+			              "sm_%d)", f->dtype == FA_DTYPE_FP32 ? "fp32" : "16-bit", fa_gpu_sm(g));
 	} else {
-		struct fa_tile cand[FA_PLAN_MAX_CANDIDATES];
-		int n = 0, i = 0;
-		if ((st = fa_gpu_plan_bwd(g, d, cand, FA_PLAN_MAX_CANDIDATES, &n, err, errlen)))
+		/* the planner's first: the window and softcap run on every backward kernel, so no
+		 * candidate is passed over (fa_plan_req carries them for the planner's record) */
+		int n = 0;
+		if ((st = fa_gpu_plan_bwd(g, d, &t, 1, &n, err, errlen)))
 			return st;
-		while (i + 1 < n && cand[i].path == FA_KPATH_BWDWG16 && !wg_ok)
-			i++;
-		t = cand[i];
 	}
 	const bool wgp = t.path == FA_KPATH_BWDWG16;
 	struct fa_kernel_spec spec;
@@ -217,14 +209,16 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		const int bps = spec.tile.blocks_per_sm > 0 ? spec.tile.blocks_per_sm : 1;
 		if ((int64_t)m->sm_count * bps < (1 << dgrp_lg))
 			dgrp_lg = 0;
-		/* (the wide form, head dims above 128, has the chain only). OFF unless
+		/* (the wide form, head dims above 128, has the chain only, and so has the window:
+		 * the rotated order's ranks, det_rank, assume that a query block's key blocks are a
+		 * prefix, and a window's start past 0). OFF unless
 		 * FA_BWD_DET_ROT=1, an experiment: on the H200 (2026-12-03) its dQ/dK/dV differed from
 		 * the atomic mode's beyond the tolerance in every case without a mask (the causal
 		 * ones passed, all gave the same bits five times), and it measured +16..37% against
 		 * the atomic mode where the chain measures +18..38%: kernels/RESULTS.md. */
 		const char *e = getenv("FA_BWD_DET_ROT");
 		det_rot = e != NULL && strcmp(e, "1") == 0 && det && wgp && f->D <= 128 &&
-		          4 * nkv64 <= (int64_t)m->sm_count * bps;
+		          !spec.window && 4 * nkv64 <= (int64_t)m->sm_count * bps;
 	}
 	const int64_t ngroups = (nkv64 + (1 << dgrp_lg) - 1) >> dgrp_lg;
 	if ((flags & FA_GPU_BWD_DETERMINISTIC) && !det_rot && ngroups > 65535)

@@ -531,4 +531,8 @@ void fa_plan_req_from_desc(const struct fa_attn_fwd_desc *d, struct fa_plan_req 
 	r->H = d->Hq;
 	r->Sq = d->Sq;
 	r->Sk = d->Sk;
+	r->window = fa_attn_window_active(d);
+	r->window_left = r->window ? d->window_left : 0;
+	r->window_right = r->window ? d->window_right : 0;
+	r->softcap = d->softcap > 0 ? d->softcap : 0;
 }

@@ -5,7 +5,8 @@
  * (per step), P^T and dS^T (per step) in shared memory, dK and dV accumulators in registers. Its
  * own formula decides its tile, so the forward's tile is never limited by it (the training
  * library this project replaced sized both passes by the backward's need, and fp32 head dim 256
- * could not run). Plans against the device's opt-in limit.
+ * could not run). Plans against the device's opt-in limit. The sliding window and softcap
+ * (fa_plan_req) choose no tile: every backward kernel serves both.
  */
 #include "fa_planner.h"
 #include "fa_err.h"
@@ -162,7 +163,12 @@ static double bwd_score(const struct fa_device_model *dev, const struct fa_plan_
  * backward": the backward alone 1.61x attn_bwd.cu's best tile at bf16 D=128, 1.46x causal,
  * 1.48x at D=64) and 192 to 256 ("the wide form": 1.32x at bf16 and fp16 D=256, 1.24x causal,
  * 1.12x at bf16 D=192). Below 64 and from 136 to 184 it is correct (FA_WGMMA16_BWD=1, the GPU
- * test's grid) but not timed, so the measured kernel keeps them. */
+ * test's grid) but not timed, so the measured kernel keeps them. The window and softcap
+ * (req->window, req->softcap) change nothing here: attn_bwd_sm90.cu has both (FA_WIN,
+ * FA_SOFTCAP, attn_bwd.cu's numerics) in both forms, and its deterministic dQ's chain takes a
+ * window (a query block's key blocks are a range, the turn counts from its first,
+ * det_chain_turn); only the rotated order (an experiment, FA_BWD_DET_ROT=1) is not offered
+ * with a window, gpu_bwd.c runs the chain then. */
 static bool bwdwg_offered(const struct fa_device_model *dev, const struct fa_plan_req *req)
 {
 	const struct fa_kernel_settings *ks = req->ks ? req->ks : fa_kernel_settings_default();

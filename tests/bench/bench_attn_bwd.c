@@ -7,7 +7,11 @@
  * rows (rows 11-13: bf16 D=128 S=16k, full causal, window (4095, 0), the window with softcap 30;
  * flops by visible pairs) and the window's backward time over dense 4k's (row 0) and full
  * causal 16k's; rows 14-16: bf16 D=256 causal, fp16 D=256, bf16 D=192 (the wgmma backward's
- * wide form; swept with FA_BENCH_SWEEP like rows 0-3).
+ * wide form; swept with FA_BENCH_SWEEP like rows 0-3); rows 17-20: the window and softcap on
+ * the wgmma backward (bf16 D=128 S=4096: window (1023, 0), softcap 30, both; bf16 D=256 both),
+ * swept too, with the deterministic mode's time per tile.
+ * A sweep times attn_bwd.cu's first tile too where the first FA_BENCH_SWEEP_N are all the
+ * wgmma backward's (the comparison of the two kernels in one run).
  *
  * Prints "no GPU: skipped" and exits 0 without a GPU. Environment:
  *   FA_BENCH_SWEEP=1   also time the backward's first FA_BENCH_SWEEP_N (6) planner candidates of
@@ -243,14 +247,24 @@ static void run_shape(const struct shape *s, bool sweep)
 		const char *sn = getenv("FA_BENCH_SWEEP_N");
 		int lim = sn ? atoi(sn) : 6;
 		if (fa_gpu_plan_bwd(g, &d, c, FA_PLAN_MAX_CANDIDATES, &nc, err, sizeof err) == FA_OK)
-			for (int i = 0; i < nc && i < lim; i++) {
+			for (int i = 0, mma = 0; i < nc && (i < lim || !mma); i++) {
+				/* past the first lim: only attn_bwd.cu's first tile, if none came before */
+				if (i >= lim && c[i].path == FA_KPATH_BWDWG16)
+					continue;
+				mma |= c[i].path != FA_KPATH_BWDWG16;
 				float x = time_it(&d, &p, 1, &c[i], err, sizeof err);
+				/* the window and softcap rows: the deterministic mode per tile too */
+				float xd = s->win || s->cap > 0 ? time_it(&d, &p, 2, &c[i], err, sizeof err)
+				                                : -1;
 				fa_tile_format(&c[i], tn, sizeof tn);
-				printf("    sweep %-16s smem %6zu est regs %3d  bwd %7.3f ms %7.1f TFLOP/s\n",
+				printf("    sweep %-16s smem %6zu est regs %3d  bwd %7.3f ms %7.1f TFLOP/s",
 				       tn, c[i].smem, c[i].regs, x, x > 0 ? 2.5 * fl / x / 1e9 : 0.0);
+				if (xd > 0)
+					printf("  det %7.3f ms %7.1f TFLOP/s", xd, 2.5 * fl / xd / 1e9);
+				printf("\n");
 				if (tsv)
-					fprintf(tsv, "sweep\t%s\t%d\t%d\t%d\t%s\t%.4f\n", label(s), s->D, s->S,
-					        s->causal, tn, x);
+					fprintf(tsv, "sweep\t%s%s\t%d\t%d\t%d\t%s\t%.4f\t%.4f\n", label(s),
+					        shape_ext(s), s->D, s->S, s->causal, tn, x, xd);
 			}
 	}
 out:
@@ -456,6 +470,11 @@ int main(void)
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, 4096, 1, 0},
 		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 256, 4096, 0, 0},
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 192, 4096, 0, 0},
+		/* the window and softcap on the wgmma backward, against attn_bwd.cu's tile (sweep) */
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 4096, 0, 0, 1, 1023, 0, 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 4096, 0, 0, 0, 0, 0, 30.0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 4096, 0, 0, 1, 1023, 0, 30.0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, 4096, 0, 0, 1, 1023, 0, 30.0},
 	};
 	enum { ROW_DENSE4K = 0, ROW_CAUSAL16K = 11, ROW_WIN16K = 12, ROW_WIDE = 14 };
 	float bwd_of[24], det_of[24];

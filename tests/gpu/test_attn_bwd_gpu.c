@@ -14,7 +14,8 @@
  * both causal masks, Sq != Sk both ways and more key blocks than query blocks. The sliding window and softcap (FA_WIN,
  * FA_SOFTCAP) have their own cases: one- and two-sided windows, with both causal masks, a window
  * that bounds nothing, rows that see no key (Sq > Sk), softcaps 1..20, the deterministic mode bit
- * for bit with a window. Default: a
+ * for bit with a window, and on sm_90's 16-bit the wgmma backward's window and softcap (narrow
+ * and wide forms, deterministic chain). Default: a
  * representative sample; FA_GPU_GRID=full the whole grid; FA_GPU_GRID_D / FA_GPU_GRID_DT narrow
  * it as in test_attn_fwd_gpu, FA_GPU_GRID_WIN=1 keeps the window and softcap cases,
  * FA_GPU_GRID_DET=1 the deterministic ones,
@@ -832,6 +833,40 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 	};
 	for (size_t i = 0; i < sizeof win_cases / sizeof win_cases[0]; i++)
 		cases[n++] = win_cases[i];
+	/* the window and softcap on the wgmma backward (attn_bwd_sm90.cu, 16-bit on sm_90: head
+	 * dims 64..128 its narrow form, 192..256 its wide one): causal with a window, GQA and MQA,
+	 * Sq != Sk both ways (Sq > Sk: rows that see no key) with odd lengths, one-sided windows,
+	 * key blocks that no query sees (their dK, dV zero) and the deterministic chain counting
+	 * from a query block's first key block */
+	static const struct gcase wg_win[] = {
+		/* dt, prec, D, Sq, Sk, mask, B, Hq, Hkv, bhsd, neg, det, win, wl, wr, cap */
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 1000, 3000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 8, 2,
+		 0, 0, 1, 1, 255, 0, 0},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 96, 777, 777, FA_MASK_NONE, 2, 4, 1, 1, 0, 0, 1, 100, 37,
+		 15.0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 64, 3001, 1000, FA_MASK_CAUSAL_TOP_LEFT, 1, 6, 2, 0, 0,
+		 1, 1, 64, -1, 0},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 80, 129, 4097, FA_MASK_NONE, 1, 2, 2, 0, 1, 0, 1, -1,
+		 300, 5.0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 300, 5000, FA_MASK_NONE, 1, 4, 2, 1, 0, 1, 1, 10, 10,
+		 0},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 64, 1000, 1000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 2, 4, 4, 0,
+		 0, 0, 1, 1, -1, 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 4097, 4097, FA_MASK_NONE, 1, 2, 1, 0, 0, 1, 0, 0, 0,
+		 50.0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, 1000, 1000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 4, 2, 0,
+		 0, 1, 1, 300, 0, 30.0},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 192, 1500, 999, FA_MASK_NONE, 1, 4, 1, 1, 0, 0, 1, 128,
+		 128, 0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, 129, 2049, FA_MASK_CAUSAL_TOP_LEFT, 2, 2, 1, 0, 0,
+		 1, 1, 511, 0, 0},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 200, 17, 17, FA_MASK_NONE, 2, 2, 2, 0, 1, 0, 0, 0, 0,
+		 2.0},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 224, 333, 4000, FA_MASK_NONE, 1, 2, 2, 1, 0, 1, 1, 20, 7,
+		 10.0},
+	};
+	for (size_t i = 0; i < sizeof wg_win / sizeof wg_win[0]; i++)
+		cases[n++] = wg_win[i];
 	const char *wonly = getenv("FA_GPU_GRID_WIN"); /* 1: only the window and softcap cases */
 	if (wonly && strcmp(wonly, "1") == 0) {
 		int m = 0;
@@ -913,8 +948,8 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 }
 
 /* Bad input is refused before anything runs: misaligned pointers and strides, a missing lse,
- * unknown flags, a tile that is not a backward one, the wgmma backward's tile with softcap or
- * off sm_90. */
+ * unknown flags, a tile that is not a backward one, the wgmma backward's tile for fp32 or off
+ * sm_90 (with softcap it runs: attn_bwd_sm90.cu has FA_SOFTCAP). */
 static void test_attn_bwd_gpu_rejects_bad_input(void **state)
 {
 	(void)state;
@@ -950,17 +985,25 @@ static void test_attn_bwd_gpu_rejects_bad_input(void **state)
 	t.bc = 64;
 	t.stages = 2;
 	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, 0, NULL, err, sizeof err), FA_EINVAL);
-	/* the wgmma backward's tile: sm_90 only, and never with softcap (or a window) */
+	/* the wgmma backward's tile: fp16 / bf16 on sm_90 only; with softcap it takes it there */
 	t.path = FA_KPATH_BWDWG16;
 	t.nw = 8;
 	t.bc = 128;
+	struct gcase c32 = c;
+	c32.dt = FA_DTYPE_FP32;
+	struct fa_attn_bwd_desc d32;
+	make_desc(&c32, &d32);
+	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d32, &t, &p, 0, NULL, err, sizeof err),
+	                 FA_EINVAL);
+	printf("wgmma tile for fp32: %s\n", err);
 	d.fwd.softcap = 30.0;
-	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, 0, NULL, err, sizeof err), FA_EINVAL);
-	printf("wgmma tile with softcap: %s\n", err);
-	d.fwd.softcap = 0;
 	if (fa_gpu_sm(gpu) != 90)
 		assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, 0, NULL, err, sizeof err),
 		                 FA_EINVAL);
+	else
+		assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, FA_GPU_BWD_PREPARE, NULL, err,
+		                                      sizeof err), FA_OK);
+	d.fwd.softcap = 0;
 	assert_int_equal(fa_gpu_sync(gpu, err, sizeof err), FA_OK);
 	fa_gpu_free(gpu, m);
 }

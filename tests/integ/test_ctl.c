@@ -136,7 +136,9 @@ static void test_ctl_usage_errors_exit_2(void **state)
 		"ping extra", "stats extra", "stats --json --bogus", "version extra", "help extra",
 		"plan", "plan --bogus", "plan --arch", "plan --arch sm_89 --dtype fp16 --head-dim x",
 		"plan --arch sm_89 --dtype fp99 --head-dim 64", "plan --arch sm_1 --dtype fp16 --head-dim 64",
-		"plan --arch sm_89 --dtype fp16 --head-dim 64 extra", "tune", "tune --runs x",
+		"plan --arch sm_89 --dtype fp16 --head-dim 64 extra",
+		"plan --arch sm_90 --dtype bf16 --head-dim 64 --window 5",
+		"plan --arch sm_90 --dtype bf16 --head-dim 64 --softcap -1", "tune", "tune --runs x",
 		"tune --device x --dtype fp16 --head-dim 64 --seq 128", "tune --dtype fp16 --seq 128",
 		"tune --dtype fp16 --head-dim 64 --seq 128 --bogus", "clients extra",
 		"clients --json --bogus",
@@ -298,7 +300,9 @@ static void test_ctl_plan_prefill(void **state)
 }
 
 /* plan --backward: the backward's own planner; fp32 head dim 128 causal fits a 99 KiB card, and
- * a device too small for any backward tile gets FA_ENOFIT with the bytes (exit 1). */
+ * a device too small for any backward tile gets FA_ENOFIT with the bytes (exit 1); a window and
+ * softcap on sm_90's 16-bit run on the wgmma backward, and a window that bounds nothing is
+ * none. */
 static void test_ctl_plan_backward(void **state)
 {
 	(void)state;
@@ -317,6 +321,22 @@ static void test_ctl_plan_backward(void **state)
 	assert_non_null(strstr(err, "FA_ENOFIT: no backward tile fits"));
 	assert_non_null(strstr(err, "bytes of shared memory, the device (sm_75) allows 65536"));
 	free(err);
+	assert_int_equal(ctl("plan --arch h200 --dtype bf16 --head-dim 128 --backward --window 1023,0 "
+	                     "--softcap 30 --json", &out, NULL), 0);
+	assert_json(out);
+	assert_non_null(strstr(out, "\"window\": [1023, 0], \"softcap\": 30"));
+	assert_non_null(strstr(out, "\"path\": \"backward sm_90a wgmma 16-bit\""));
+	assert_non_null(strstr(out, "\"window_softcap_kernel\": \"attn_bwd_sm90.cu"));
+	free(out);
+	assert_int_equal(ctl("plan --arch h200 --dtype fp16 --head-dim 256 --backward --window 255,-1 "
+	                     "--seq-q 4096 --seq-k 4096", &out, NULL), 0);
+	assert_non_null(strstr(out, ", window (255, -1)\n"));
+	assert_non_null(strstr(out, "served:    window: the FA_WIN specialisation of attn_bwd_sm90.cu"));
+	free(out);
+	assert_int_equal(ctl("plan --arch h200 --dtype bf16 --head-dim 128 --backward --window "
+	                     "5000,-1 --seq-q 1000 --seq-k 1000", &out, NULL), 0);
+	assert_null(strstr(out, "window"));
+	free(out);
 }
 
 /* The daemon's answer to a request with head dim D (a raw request: the client library would

@@ -14,7 +14,10 @@
  *     give) waits for an add that never comes: the simulation reports the deadlock.
  *   - attn_bwd_sm90.cu's rotated order (det_iq, det_rank): every query block's ranks a
  *     permutation, and the kernel's loop, simulated with one head's key blocks resident or
- *     more, completes with the same order of adds on every schedule.
+ *     more, completes with the same order of adds on every schedule;
+ *   - attn_bwd_sm90.cu's chain under a window (det_win_turn): the key blocks that walk a query
+ *     block are exactly n = a .. b - 1 with a the block of its first visible key, so the turns
+ *     n - a are 0 .. walkers - 1 (each waits only on lower, earlier launched key blocks).
  * The functions below are attn_bwd.cu's (and attn_bwd_sm90.cu's), line for line (FA_WIN and
  * the masks); a change there is made here too.
  */
@@ -610,6 +613,59 @@ static void test_the_wgmma_kernels_rotated_order_is_fixed_and_completes(void **s
 	printf("%ld schedules simulated\n", sims);
 }
 
+/* attn_bwd_sm90.cu's det_win_turn: n - (the key block of q0 + win_lo, 0 below). */
+static int wg_win_turn(const struct kp *p, int n, int q0)
+{
+	const long long k0 = (long long)q0 + p->win_lo;
+	return n - (k0 > 0 ? (int)(k0 / p->BKV) : 0);
+}
+
+static void test_the_wgmma_kernels_chain_under_a_window_counts_from_the_first_key_block(void **state)
+{
+	(void)state;
+	static const int tiles[][2] = {{64, 128}, {64, 64}}; /* BQ, BKV: the narrow and wide forms */
+	long cells = 0;
+	for (int a = 0; a < NLENS; a++)
+		for (int b = 0; b < NLENS; b++)
+			for (int m = 0; m < 3; m++)
+				for (int wi = 1; wi < NWINS; wi++)
+					for (int t = 0; t < 2; t++) {
+						struct fa_attn_fwd_desc d = make_desc(LENS[a], LENS[b], MASKS[m], wi);
+						struct kp p = make_kp(&d, 0);
+						if (!p.win)
+							continue;
+						p.BQ = tiles[t][0];
+						p.BKV = tiles[t][1];
+						p.nq = (p.Sq + p.BQ - 1) / p.BQ;
+						const int nkv = (p.Sk + p.BKV - 1) / p.BKV;
+						for (int iq = 0; iq < p.nq; iq++, cells++) {
+							int walkers = 0;
+							unsigned long long seen = 0; /* turns, nkv <= 16 here */
+							assert_true(nkv <= 64);
+							for (int n = 0; n < nkv; n++) {
+								int f, l;
+								qblock_range(&p, n, &f, &l);
+								if (iq < f || iq >= l)
+									continue;
+								walkers++;
+								const int r = wg_win_turn(&p, n, iq * p.BQ);
+								if (r < 0 || r >= nkv || (seen >> r & 1))
+									fail_msg("Sq=%d Sk=%d mask %d window (%lld, %lld) q%d kv%d: "
+									         "query block %d, key block %d: turn %d", p.Sq, p.Sk,
+									         m, (long long)d.window_left,
+									         (long long)d.window_right, p.BQ, p.BKV, iq, n, r);
+								seen |= 1ull << r;
+							}
+							if (seen != (walkers ? ~0ull >> (64 - walkers) : 0))
+								fail_msg("Sq=%d Sk=%d mask %d window (%lld, %lld) q%d kv%d: query "
+								         "block %d: turns 0x%llx of %d walkers", p.Sq, p.Sk, m,
+								         (long long)d.window_left, (long long)d.window_right,
+								         p.BQ, p.BKV, iq, seen, walkers);
+						}
+					}
+	printf("%ld query blocks\n", cells);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -618,6 +674,7 @@ int main(void)
 		cmocka_unit_test(test_deterministic_turns_are_a_permutation_and_the_hand_over_completes),
 		cmocka_unit_test(test_turns_counted_from_key_block_zero_deadlock_under_a_window),
 		cmocka_unit_test(test_the_wgmma_kernels_rotated_order_is_fixed_and_completes),
+		cmocka_unit_test(test_the_wgmma_kernels_chain_under_a_window_counts_from_the_first_key_block),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* test_nvrtc_bwd.c - the backward specialisations the planner picks (kernels/planner_bwd.c)
  * compile with NVRTC for sm_80, sm_86, sm_89, sm_90, sm_100 and sm_120 (a few also as the
  * deterministic dQ's specialisation; the sliding window and softcap ones, FA_WIN / FA_SOFTCAP,
- * for every dtype and precision), and what ptxas reports
+ * for every dtype and precision, on sm_90's 16-bit the wgmma kernel's narrow and wide forms),
+ * and what ptxas reports
  * (registers against the planner's estimate, spills, stack). No GPU needed; skipped (with the
  * reason) when NVRTC cannot be loaded.
  *
@@ -61,8 +62,8 @@ static void add_jobs_det(const char *arch, fa_dtype dt, fa_precision p, int D, f
 	add_jobs_sel(arch, dt, p, D, m, top, det, false);
 }
 
-/* no_wg: the planner's tiles without the wgmma backward's (attn_bwd_sm90.cu has no window or
- * softcap: gpu_bwd.c takes the next candidate for those). */
+/* no_wg: the planner's tiles without the wgmma backward's (attn_bwd.cu's tiles where sm_90
+ * offers attn_bwd_sm90.cu first). */
 static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
                          int top, bool det, bool no_wg)
 {
@@ -110,12 +111,13 @@ static void add_jobs(const char *arch, fa_dtype dt, fa_precision p, int D, fa_ma
 
 /* The sliding window (FA_WIN) and softcap (FA_SOFTCAP) specialisations of the planner's first
  * tile, as gpu_bwd.c asks for them (fa_kernel_spec_mask_ext of a descriptor with the window
- * and softcap), atomic and, with det, deterministic. */
-static void add_jobs_ext(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
-                         bool window, bool softcap, bool det)
+ * and softcap), atomic and, with det, deterministic; no_wg: the first attn_bwd.cu tile (on
+ * sm_90's 16-bit the planner's first is attn_bwd_sm90.cu's). */
+static void add_jobs_ext_sel(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
+                             bool window, bool softcap, bool det, bool no_wg)
 {
 	const int first = njobs;
-	add_jobs_sel(arch, dt, p, D, m, 1, det, true);
+	add_jobs_sel(arch, dt, p, D, m, 1, det, no_wg);
 	struct fa_attn_fwd_desc d;
 	memset(&d, 0, sizeof d);
 	d.Sq = d.Sk = 4096;
@@ -127,6 +129,12 @@ static void add_jobs_ext(const char *arch, fa_dtype dt, fa_precision p, int D, f
 		fa_kernel_spec_mask_ext(&jobs[i].spec, &d);
 		assert_true(jobs[i].spec.window == window && jobs[i].spec.softcap == softcap);
 	}
+}
+
+static void add_jobs_ext(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
+                         bool window, bool softcap, bool det)
+{
+	add_jobs_ext_sel(arch, dt, p, D, m, window, softcap, det, false);
 }
 
 static int setup(void **state)
@@ -225,6 +233,18 @@ static void test_nvrtc_compiles_the_planned_backward_specialisations(void **stat
 		             false);
 		add_jobs_ext("sm_120", FA_DTYPE_FP16, FA_PREC_DEFAULT, 256, FA_MASK_CAUSAL_TOP_LEFT, true,
 		             true, false);
+		/* the wgmma backward (attn_bwd_sm90.cu) with the window, softcap and both: its
+		 * narrow form (one and two warpgroups: D 64 and 128 are its first tiles, 40 and 96
+		 * under FA_WGMMA16_BWD=1) and its wide form (136, 192, 256), atomic and deterministic
+		 * in turn; sm_90's attn_bwd.cu tile with both beside it */
+		const int wsD[] = {128, 64, 40, 96, 136, 192, 256, 128, 256};
+		for (int i = 0; i < 9; i++)
+			add_jobs_ext("sm_90", i % 2 ? FA_DTYPE_FP16 : FA_DTYPE_BF16, FA_PREC_DEFAULT, wsD[i],
+			             masks[i % 3], i % 3 != 1, i % 3 != 0, i % 2 == 0);
+		add_jobs_ext("sm_90", FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, FA_MASK_CAUSAL_BOTTOM_RIGHT,
+		             true, true, true);
+		add_jobs_ext_sel("sm_90", FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, FA_MASK_NONE, true, true,
+		                 false, true);
 	}
 	fa_test_parallel_for(njobs, compile_one);
 

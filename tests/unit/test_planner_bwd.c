@@ -1,7 +1,7 @@
 /* test_planner_bwd.c - the backward's tile planner (kernels/planner_bwd.c) on device models,
  * without a GPU: its own shared-memory formula, the opt-in limit, the cases the issue names
  * (fp32 head dim 256 on the H200, fp32 head dim 128 causal on a 99 KiB card), FA_ENOFIT with the
- * bytes, bad requests. */
+ * bytes, bad requests, the wgmma backward's tiles, the window and softcap. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "fa_attn.h"
 #include "fa_planner.h"
 #include "fa_settings.h"
 
@@ -363,6 +364,70 @@ static void test_planner_bwd_wgmma_path(void **state)
 	assert_true(listed);
 }
 
+/* The sliding window and softcap reach the planner (fa_plan_req_from_desc: a window only when
+ * it bounds a side) and change no candidate: on sm_90 the wgmma backward serves them (its
+ * FA_WIN / FA_SOFTCAP specialisations, narrow and wide forms, atomic and deterministic), first
+ * as without them; elsewhere attn_bwd.cu's tiles, the same as without them. */
+static void test_planner_bwd_window_and_softcap_plan_the_same_tiles(void **state)
+{
+	(void)state;
+	struct fa_attn_fwd_desc d;
+	memset(&d, 0, sizeof d);
+	d.dtype = FA_DTYPE_BF16;
+	d.D = 128;
+	d.B = 2;
+	d.Hq = 8;
+	d.Sq = d.Sk = 4096;
+	d.window = true;
+	d.window_left = 1023;
+	d.window_right = 0;
+	d.softcap = 30.0;
+	struct fa_plan_req r;
+	fa_plan_req_from_desc(&d, &r);
+	assert_true(r.window);
+	assert_int_equal(r.window_left, 1023);
+	assert_int_equal(r.window_right, 0);
+	assert_true(r.softcap == 30.0);
+	d.window_left = d.window_right = -1; /* bounds nothing: runs as none */
+	d.softcap = -1;
+	fa_plan_req_from_desc(&d, &r);
+	assert_false(r.window);
+	assert_true(r.softcap == 0);
+
+	struct fa_kernel_settings ks = FA_KERNEL_SETTINGS_INIT;
+	const char *archs[] = {"sm_90", "sm_80", "sm_86", "sm_120"};
+	const int Ds[] = {64, 128, 192, 256};
+	for (int a = 0; a < 4; a++)
+		for (int i = 0; i < 4; i++)
+			for (int m = 0; m < 3; m++) {
+				const struct fa_device_model *dev = fa_device_model_find(archs[a]);
+				struct fa_plan_req q = req(i % 2 ? FA_DTYPE_FP16 : FA_DTYPE_BF16,
+				                           FA_PREC_DEFAULT, Ds[i], (fa_mask)m);
+				q.ks = &ks;
+				q.Sq = q.Sk = 4096;
+				q.B = 2;
+				q.H = 16;
+				struct fa_tile t0[FA_PLAN_MAX_CANDIDATES], t1[FA_PLAN_MAX_CANDIDATES];
+				int n0 = 0, n1 = 0;
+				char err[512];
+				assert_int_equal(fa_plan_bwd(dev, &q, t0, FA_PLAN_MAX_CANDIDATES, &n0, err,
+				                             sizeof err), FA_OK);
+				q.window = m != 1;
+				q.window_left = 255 * (m + 1);
+				q.window_right = m == 0 ? 255 : 0;
+				q.softcap = m != 2 ? 30.0 : 0;
+				assert_int_equal(fa_plan_bwd(dev, &q, t1, FA_PLAN_MAX_CANDIDATES, &n1, err,
+				                             sizeof err), FA_OK);
+				assert_int_equal(n0, n1);
+				for (int k = 0; k < n0; k++) {
+					assert_int_equal(t0[k].path, t1[k].path);
+					assert_int_equal(t0[k].bc, t1[k].bc);
+					assert_int_equal(t0[k].nw, t1[k].nw);
+				}
+				assert_int_equal(t1[0].path == FA_KPATH_BWDWG16, a == 0);
+			}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -374,6 +439,7 @@ int main(void)
 		cmocka_unit_test(test_planner_bwd_rejects_bad_requests),
 		cmocka_unit_test(test_planner_bwd_det_group_setting),
 		cmocka_unit_test(test_planner_bwd_wgmma_path),
+		cmocka_unit_test(test_planner_bwd_window_and_softcap_plan_the_same_tiles),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
