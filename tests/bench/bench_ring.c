@@ -22,7 +22,10 @@
  * at a time with the daemon's old idle gap (a synchronous client's ~350 us) between launches
  * (clocks and power with gaps), and launched on memory another process exported by CUDA IPC,
  * as the daemon sees a client's buffers. The daemon's launch calls' host time per job (STATS
- * gpu_enqueue_host_us) is printed beside the in-process one's.
+ * gpu_enqueue_host_us) is printed beside the in-process one's. The rotation anchors: bench_serving's
+ * 8-client request (bf16 B1 S4096) launched back to back over 8 tensor sets in turn, on local
+ * memory and on memory another process exported (its 8 clients' kernels ran 7% longer than 8
+ * local sets' with the GPU 99% busy, 2026-12-03: is it the imported memory?).
  *
  * (4) The host time of one fa_gpu_attn_fwd call in-process (the call alone, no sync), p50, for
  *     the tiny and the large shape, with the launch memo (kernels/fa_launch_memo.h) against
@@ -49,11 +52,17 @@
 #include "fa_ksettings.h"
 
 #define WARMUP 100
+#define ROT_SETS 8 /* tensor sets of the rotation anchors */
+#define ROT_LAUNCHES 800
 
 static const struct fa_case tiny = {.dtype = FA_DTYPE_BF16, .B = 1, .Sq = 128, .Sk = 128,
                                     .Hq = 16, .Hkv = 16, .D = 64};
 static const struct fa_case small_async = {.dtype = FA_DTYPE_FP16, .B = 1, .Sq = 128,
                                            .Sk = 128, .Hq = 4, .Hkv = 4, .D = 64};
+/* One client's request of bench_serving's 8-client run (bf16 B1 H16 S4096 D128): the
+ * rotation anchors' shape. */
+static const struct fa_case rot1 = {.dtype = FA_DTYPE_BF16, .B = 1, .Sq = 4096, .Sk = 4096,
+                                    .Hq = 16, .Hkv = 16, .D = 128};
 static const struct fa_case large = {.dtype = FA_DTYPE_BF16, .B = 8, .Sq = 4096, .Sk = 4096,
                                      .Hq = 16, .Hkv = 16, .D = 128};
 
@@ -104,8 +113,13 @@ struct board {
 	double in_gapped_ms;          /* the kernel by events, launched alone after ~350 us idle */
 	double in_ipc_ms, in_ipc_tflops; /* on memory another process exported by CUDA IPC */
 	int in_ok, ipc_ok;
+	/* the rotation anchors (ROT_SETS tensor sets of the B1 shape in turn, as 8 clients'):
+	 * local memory, and memory another process exported by CUDA IPC, as the daemon sees it */
+	double rot_local_tflops, rot_ipc_tflops, rot_ipc1_tflops;
+	int rot_ok;
 	/* the IPC anchor's two processes */
 	struct fa_cu_ipc_handle ipc_handle;
+	struct fa_cu_ipc_handle rot_handle[ROT_SETS];
 	volatile int ipc_state;       /* 1: exported, 2: the importer is done (or gave up) */
 	struct mode_res m[VARIANTS][2]; /* [variant][0 socket, 1 ring] */
 };
@@ -371,15 +385,23 @@ static int child_ipc_export(void)
 	struct fa_case_layout l;
 	cu_ptr m = 0;
 
+	cu_ptr rm[ROT_SETS] = {0};
 	if (fa_cu_start(0, why, sizeof why) != 0 || upload(&large, &l, &m) != 0 ||
 	    cu.IpcGetMemHandle(&B->ipc_handle, m) != 0) {
 		B->ipc_state = 2;
 		return 1;
 	}
+	for (int i = 0; i < ROT_SETS; i++)
+		if (upload(&rot1, &l, &rm[i]) != 0 || cu.IpcGetMemHandle(&B->rot_handle[i], rm[i]) != 0) {
+			B->ipc_state = 2;
+			return 1;
+		}
 	__atomic_store_n(&B->ipc_state, 1, __ATOMIC_SEQ_CST);
 	for (int i = 0; i < 120000 && __atomic_load_n(&B->ipc_state, __ATOMIC_SEQ_CST) != 2; i++)
 		usleep(1000);
 	cu.MemFree(m);
+	for (int i = 0; i < ROT_SETS; i++)
+		cu.MemFree(rm[i]);
 	return 0;
 }
 
@@ -418,6 +440,42 @@ static int child_ipc_import(void)
 		goto out;
 	B->ipc_ok = 1;
 	rc = 0;
+	{ /* the rotation anchors: ROT_LAUNCHES launches back to back over ROT_SETS sets in turn
+	   * (8 clients' requests as the daemon's worker launches them), on this process's own
+	   * memory, on the exporter's, and on one exported set again and again */
+		struct fa_case_layout rl;
+		struct fa_attn_fwd_desc rd;
+		cu_ptr loc[ROT_SETS] = {0}, imp[ROT_SETS] = {0};
+		bool ok = true;
+		fa_case_layout(&rot1, &rl);
+		fa_case_desc(&rot1, &rl, &rd);
+		for (int i = 0; i < ROT_SETS && ok; i++)
+			ok = upload(&rot1, &rl, &loc[i]) == 0 &&
+			     cu.IpcOpenMemHandle(&imp[i], B->rot_handle[i], 1) == 0;
+		double *out3[3] = {&B->rot_local_tflops, &B->rot_ipc_tflops, &B->rot_ipc1_tflops};
+		for (int k = 0; k < 3 && ok; k++) {
+			const cu_ptr *set = k == 0 ? loc : imp;
+			for (int i = 0; i < ROT_SETS && ok; i++) /* warm: each set once */
+				ok = launch(g, &rd, set[i], &rl, s, err, sizeof err) == FA_OK;
+			ok = ok && cu.StreamSynchronize(s) == 0;
+			uint64_t t0 = fa_test_now_us();
+			for (int i = 0; i < ROT_LAUNCHES && ok; i++)
+				ok = launch(g, &rd, set[k == 2 ? 0 : i % ROT_SETS], &rl, s, err,
+				            sizeof err) == FA_OK;
+			ok = ok && cu.StreamSynchronize(s) == 0;
+			*out3[k] = flop(&rot1) * ROT_LAUNCHES /
+			           ((double)(fa_test_now_us() - t0) / 1e6) / 1e12;
+		}
+		B->rot_ok = ok;
+		for (int i = 0; i < ROT_SETS; i++) {
+			if (loc[i] != 0)
+				cu.MemFree(loc[i]);
+			if (imp[i] != 0)
+				cu.IpcCloseMemHandle(imp[i]);
+		}
+		if (!ok)
+			fprintf(stderr, "bench_ring: the rotation anchors failed (%s)\n", err);
+	}
 out:
 	if (rc != 0)
 		fprintf(stderr, "bench_ring: the IPC anchor failed (%s)\n", err);
@@ -779,6 +837,13 @@ int main(int argc, char **argv)
 	       B->ipc_ok         ? ""
 	       : g_anchors_only ? " (IPC anchor not run: -a)"
 	                        : " (IPC anchor failed)");
+	if (B->rot_ok)
+		printf("rotation anchors, bf16 B1 H16 S4096 D128, %d launches back to back over %d "
+		       "tensor sets in turn (as 8 clients' requests): this process's memory %.1f "
+		       "TFLOP/s; CUDA IPC memory of another process %.1f (%.3fx); one IPC set "
+		       "again and again %.1f (%.3fx)\n", ROT_LAUNCHES, ROT_SETS, B->rot_local_tflops,
+		       B->rot_ipc_tflops, ratio(B->rot_ipc_tflops, B->rot_local_tflops),
+		       B->rot_ipc1_tflops, ratio(B->rot_ipc1_tflops, B->rot_local_tflops));
 	printf("(4) in-process launch call host time (fa_gpu_attn_fwd alone, p50), launch memo on "
 	       "vs off: tiny %.1f vs %.1f us, large %.1f vs %.1f us; a new shape (large, B=7, "
 	       "kernel loaded): first launch %.1f us, repeats %.1f us; memo hits %" PRIu64
