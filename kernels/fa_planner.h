@@ -56,12 +56,25 @@ enum fa_kpath {
 	 * above (to 256) its wide form: nw = 8, bc = 64 (two warpgroups halve the head dim); no
 	 * window or softcap (gpu_bwd.c then takes the next candidate) */
 	FA_KPATH_BWDWG16 = 10,
+	/* sm_90 only (attn_bwd_sm90_tf32.cu, sm_90a): fp32 tf32 / 3xtf32 on wgmma; nw = 4 (one
+	 * warpgroup of 64 keys, bc = 64), br = 32 or 64 query rows per step, stages = 2; head dims
+	 * up to 128 (3xtf32: as far as its images fit, 64); atomic dQ only (the deterministic
+	 * mode, a window and softcap take attn_bwd.cu's tiles: gpu_bwd.c) */
+	FA_KPATH_BWDWG32 = 11,   /* tf32 */
+	FA_KPATH_BWDWG32X3 = 12, /* 3xtf32: every image with its remainder */
 };
+
+/* Whether a path is the fp32 wgmma backward's (either precision). */
+static inline bool fa_kpath_is_bwdwg32(int path)
+{
+	return path == FA_KPATH_BWDWG32 || path == FA_KPATH_BWDWG32X3;
+}
 
 /* Whether a path is one of the backward's. */
 static inline bool fa_kpath_is_bwd(int path)
 {
-	return path == FA_KPATH_BWD16 || path == FA_KPATH_BWD32 || path == FA_KPATH_BWDWG16;
+	return path == FA_KPATH_BWD16 || path == FA_KPATH_BWD32 || path == FA_KPATH_BWDWG16 ||
+	       fa_kpath_is_bwdwg32(path);
 }
 
 /* Whether a path is one of the wgmma paths. */

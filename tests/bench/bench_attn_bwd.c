@@ -456,6 +456,11 @@ int main(void)
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, 4096, 1, 0},
 		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 256, 4096, 0, 0},
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 192, 4096, 0, 0},
+		/* fp32 D=64 (the fp32 wgmma backward's 3xtf32 and 64-row tf32 tiles; rows 17, 18),
+		 * tf32 D=128 causal */
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 64, 4096, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 64, 4096, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 128, 4096, 1, 0},
 	};
 	enum { ROW_DENSE4K = 0, ROW_CAUSAL16K = 11, ROW_WIN16K = 12, ROW_WIDE = 14 };
 	float bwd_of[24], det_of[24];
@@ -463,8 +468,7 @@ int main(void)
 		bwd_of[i] = det_of[i] = -1;
 		if (shape_wanted(i)) {
 			run_shape(&shapes[i], sweep && !shapes[i].fwd_only &&
-			                          (i < 4 || (shapes[i].dt == FA_DTYPE_FP32 && i < 11) ||
-			                           i >= ROW_WIDE));
+			                          (i < 4 || shapes[i].dt == FA_DTYPE_FP32 || i >= ROW_WIDE));
 			bwd_of[i] = last_bwd;
 			det_of[i] = last_det;
 		}
