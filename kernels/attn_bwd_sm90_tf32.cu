@@ -12,6 +12,7 @@
  *              accumulator's row, attn_bwd.cu's DP)
  *   FA_BQ      query rows per step: 32 or 64 (the N of S^T = K Q^T)
  *   FA_MASK    0 none, 1 causal bottom-right, 2 causal top-left (as attn_bwd.cu)
+ *   FA_NWG     warpgroups per block: 2 (default) or 1 (the planner's tile nw: 8 or 4)
  *
  * Why: attn_bwd.cu's fp32 main pass runs mma.sync m16n8k8 (321 tf32 TFLOP/s on the H200, 107
  * for 3xtf32); wgmma tf32 reaches 495. What makes fp32 differ from attn_bwd_sm90.cu's 16-bit
@@ -36,14 +37,18 @@
  * forward's P V, the queries of each 8 are permuted in Q^T and dO^T (slot s holds query 2s for
  * s < 4, 2(s - 4) + 1 above), so that P^T and dS^T become A fragments without shuffles.
  *
- * A block is one warpgroup owning 64 keys of one (batch, kv head): its K, V, K^T images
- * resident in shared memory, dK and dV in fp32 registers, over the query heads of the GQA
- * group and the query blocks the mask lets see its keys; grid (key block, kv head, batch).
- * Per step: the next step's images load by cp.async into the second buffer; S^T and dP^T (one
- * wgmma group, waited for); P^T = exp2(S^T scale log2e - lse2) (3xtf32: the compensated
- * exponent of attn_bwd.cu, lse2 holding the natural lse), dS^T = P^T (dP^T - delta); dV and
- * dK issued; dS stored to shared memory (into the step's Q tile, dead by then: a barrier
- * first); dQ^T issued; all waited for, dQ added. Three barriers per step.
+ * A block owns 64 keys of one (batch, kv head): their K, V, K^T images resident in shared
+ * memory, over the query heads of the GQA group and the query blocks the mask lets see its
+ * keys; grid (key block, kv head, batch). Its FA_NWG warpgroups (2, the default) take the
+ * block's steps in turn, each with its own step buffer and its own dK and dV in fp32 registers
+ * (summed through shared memory at the end), so that one warpgroup's exponentials, stores, barriers and dQ
+ * adds run while the other's wgmmas do (FA_NWG 1: one warpgroup, its next step prefetched
+ * into the second buffer). Per step of a warpgroup: S^T and dP^T (one wgmma group, waited
+ * for); P^T = exp2(S^T scale log2e - lse2) (3xtf32: the compensated exponent of attn_bwd.cu,
+ * lse2 holding the natural lse), dS^T = P^T (dP^T - delta); dV and dK issued; dS stored to
+ * shared memory (into the step's Q image, dead by then: a barrier first); dQ^T issued; all
+ * waited for; the next step's images requested; dQ added. Barriers are the warpgroup's own
+ * (named barriers), four a step.
  *
  * Shared memory: 4 (1 + 3xtf32) (3 x 64 DP (K, V, K^T; K^T DQP rows) + 2 x 4 BQ DP (Q, dO, Q^T,
  * dO^T, two buffers)) + lse2 and delta: 229,888 bytes for tf32 D=128 BQ=32, under sm_90's
@@ -72,6 +77,12 @@
 #ifndef FA_MASK
 #define FA_MASK 0
 #endif
+#ifndef FA_NWG
+#define FA_NWG 2
+#endif
+#if FA_NWG != 1 && FA_NWG != 2
+#error "FA_NWG: 1 or 2"
+#endif
 #if FA_PREC != 2 && FA_PREC != 3
 #error "attn_bwd_sm90_tf32.cu: FA_PREC 2 (3xtf32) or 3 (tf32)"
 #endif
@@ -91,7 +102,8 @@
 
 #define X3 (FA_PREC == 2)
 #define NI (X3 ? 2 : 1)            /* images per operand: hi [, lo] */
-#define NT 128
+#define NT (128 * FA_NWG)
+#define NBUF (2 / FA_NWG)          /* step buffers per warpgroup */
 #define BKV 64
 #define DP ((FA_D + 15) / 16 * 16) /* attn_bwd.cu's padded head dim (the dQ accumulator's row) */
 #define DQP ((FA_D + 63) / 64 * 64) /* K^T's rows: the M of dQ^T in tiles of 64 */
@@ -342,21 +354,29 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_wgprep(const fa_bwd_wgp
 	}
 }
 
-/* nfl floats (a multiple of 4) global -> shared by 16-byte cp.async; the caller commits. */
-__device__ __forceinline__ void load_run(float *s, const float *g, int nfl)
+/* nfl floats (a multiple of 4) global -> shared by 16-byte cp.async, threads t0, t0 + nth, ..;
+ * the caller commits. */
+__device__ __forceinline__ void load_run(float *s, const float *g, int nfl, int t0, int nth)
 {
-	for (int i = (int)threadIdx.x; i < nfl / 4; i += NT)
+	for (int i = t0; i < nfl / 4; i += nth)
 		cp_async16(smem_u32(s + 4 * i), g + 4 * i, 16);
 }
 
-/* Step (query head h, query block iq): its images, lse2 and delta (the rows of sqp exist). */
+/* Step (query head h, query block iq): its images, lse2 and delta (the rows of sqp exist), by
+ * the 128 threads of one warpgroup (lt: the thread's index in it). */
 __device__ __forceinline__ void load_step(const fa_bwd_params &p, float *sSt, float *sL,
-                                          float *sDl, int b, int h, int iq)
+                                          float *sDl, int b, int h, int iq, int lt)
 {
 	const long long bh = (long long)b * p.Hq + h;
-	load_run(sSt, (const float *)p.q + (bh * p.nq + iq) * STBLK, STBLK);
-	load_run(sL, p.lse2 + bh * p.sqp + iq * FA_BQ, FA_BQ);
-	load_run(sDl, p.delta + bh * p.sqp + iq * FA_BQ, FA_BQ);
+	load_run(sSt, (const float *)p.q + (bh * p.nq + iq) * STBLK, STBLK, lt, 128);
+	load_run(sL, p.lse2 + bh * p.sqp + iq * FA_BQ, FA_BQ, lt, 128);
+	load_run(sDl, p.delta + bh * p.sqp + iq * FA_BQ, FA_BQ, lt, 128);
+}
+
+/* A barrier of warpgroup wg's 128 threads alone (named barrier wg + 1; 0 is __syncthreads). */
+__device__ __forceinline__ void wg_bar(int wg)
+{
+	asm volatile("bar.sync %0, 128;" ::"r"(wg + 1) : "memory");
 }
 
 /* The A fragment's element e of k8 step m from accumulator index 4 m + (0, 2, 1, 3)[e] (the
@@ -366,8 +386,20 @@ __device__ __forceinline__ int frag_src(int m, int e)
 	return 4 * m + (e == 1 ? 2 : e == 2 ? 1 : e);
 }
 
+/* Step it of the block (it = hh nsteps + (iq - iq0)): its query head of the group, query block. */
+__device__ __forceinline__ void step_of(int it, int nsteps, int iq0, int &hh, int &iq)
+{
+	hh = it / nsteps;
+	iq = iq0 + (it - hh * nsteps);
+}
+
 /* ---------------------------------------------------------------------------------------------
- * The main pass; grid (key block, kv head, batch), one warpgroup per block. */
+ * The main pass; grid (key block, kv head, batch). FA_NWG 2 (the default): two warpgroups on
+ * the block's 64 keys take its steps in turn (warpgroup w steps w, w + 2, ..), each with its
+ * own step buffer, dK and dV, so that one's softmax, stores, barriers and dQ adds run while
+ * the other's wgmmas do; a warpgroup loads its next step once its wgmmas are done with the
+ * buffer (under its dQ adds); dK and dV are summed through shared memory at the end. FA_NWG 1:
+ * one warpgroup, its next step prefetched into a second buffer. */
 extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_params p)
 {
 	extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -375,10 +407,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	float *sSt0 = sKV + KVBLK;          /* 2 x STBLK: Q [, lo], dO [..], Q^T [..], dO^T [..] */
 	float *sL0 = sSt0 + 2 * STBLK;      /* 2 x BQ */
 	float *sDl0 = sL0 + 2 * FA_BQ;      /* 2 x BQ */
-	float *sDSx = sDl0 + 2 * FA_BQ;     /* !DS_ALIAS: dS [, lo] (BQ x 64 each) */
+	float *sDSx = sDl0 + 2 * FA_BQ;     /* !DS_ALIAS: per warpgroup dS [, lo] (BQ x 64 each) */
 	(void)sDSx;
 
-	const int tid = (int)threadIdx.x, lane = tid & 31, wi = tid >> 5;
+	const int tid = (int)threadIdx.x, lane = tid & 31, wi = (tid >> 5) & 3;
+	/* the warpgroup as a warp-uniform value (CUTLASS's canonical_warp_group_idx): from
+	 * tid >> 7 alone ptxas takes the loop below for divergent and serializes every wgmma
+	 * (C7520) */
+	const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), lt = tid & 127;
 	const int g = lane >> 2, c = lane & 3, r0 = 16 * wi + g;
 	const int n = (int)blockIdx.x, hk = (int)blockIdx.y, b = (int)blockIdx.z;
 	const int kv0 = n * BKV;
@@ -390,10 +426,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	}
 
 	load_run(sKV, (const float *)p.k + ((long long)(b * p.Hkv + hk) * gridDim.x + n) * KVBLK,
-	         KVBLK);
+	         KVBLK, tid, NT);
 	const int nsteps = p.nq - iq0, total = nsteps * p.group;
-	if (total > 0)
-		load_step(p, sSt0, sL0, sDl0, b, hk * p.group, iq0);
+	float *const sStw = sSt0 + wg * NBUF * STBLK; /* the warpgroup's buffers */
+	float *const sLw = sL0 + wg * NBUF * FA_BQ, *const sDlw = sDl0 + wg * NBUF * FA_BQ;
+	if (wg < total) {
+		int hh, iq;
+		step_of(wg, nsteps, iq0, hh, iq);
+		load_step(p, sStw, sLw, sDlw, b, hk * p.group + hh, iq, lt);
+	}
 	cp_async_commit();
 
 	float dk[NKV], dv[NKV];
@@ -403,24 +444,35 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	const u32 kaddr = smem_u32(sKV), vaddr = kaddr + NI * T_KV * 4;
 	const u32 ktaddr = kaddr + 2 * NI * T_KV * 4;
 	constexpr int DSLO = DS_ALIAS ? T_Q : FA_BQ * BKV; /* dS lo after dS hi (floats) */
+	/* K, V (every thread's copies) and each warpgroup's first step landed */
+	cp_async_wait<0>();
+	fence_proxy_async();
+	__syncthreads();
 
-	for (int it = 0; it < total; it++) {
-		const int hh = it / nsteps, iq = iq0 + (it - hh * nsteps);
-		const int h = hk * p.group + hh, q0 = iq * FA_BQ, buf = it & 1;
+	for (int it = wg, jw = 0; it < total; it += FA_NWG, jw++) {
+		int hh, iq;
+		step_of(it, nsteps, iq0, hh, iq);
+		const int h = hk * p.group + hh, q0 = iq * FA_BQ, buf = NBUF == 2 ? jw & 1 : 0;
 		const long long bh = (long long)b * p.Hq + h;
-		float *sSt = sSt0 + buf * STBLK;
-		const float *sL = sL0 + buf * FA_BQ, *sDl = sDl0 + buf * FA_BQ;
-		/* this step's images landed (every thread's copies: the barrier), and the step
-		 * before is done (its wgmmas waited for): the other buffer is free */
-		cp_async_wait<0>();
-		fence_proxy_async();
-		__syncthreads();
+		float *sSt = sStw + buf * STBLK;
+		const float *sL = sLw + buf * FA_BQ, *sDl = sDlw + buf * FA_BQ;
+		if (jw > 0) {
+			/* this step's images landed (the warpgroup's copies: its barrier); FA_NWG 1:
+			 * and the step before is done (its wgmmas waited for), so the other buffer is
+			 * free */
+			cp_async_wait<0>();
+			fence_proxy_async();
+			wg_bar(wg);
+		}
+#if NBUF == 2
 		if (it + 1 < total) {
-			const int hn = (it + 1) / nsteps, iqn = iq0 + (it + 1 - hn * nsteps);
-			load_step(p, sSt0 + (buf ^ 1) * STBLK, sL0 + (buf ^ 1) * FA_BQ,
-			          sDl0 + (buf ^ 1) * FA_BQ, b, hk * p.group + hn, iqn);
+			int hn, iqn;
+			step_of(it + 1, nsteps, iq0, hn, iqn);
+			load_step(p, sStw + (buf ^ 1) * STBLK, sLw + (buf ^ 1) * FA_BQ,
+			          sDlw + (buf ^ 1) * FA_BQ, b, hk * p.group + hn, iqn, lt);
 		}
 		cp_async_commit();
+#endif
 
 		/* S^T = K Q^T, dP^T = V dO^T (k over d); 3xtf32 + K Q_lo^T + K_lo Q^T, likewise */
 		const u32 qaddr = smem_u32(sSt), doaddr = qaddr + NI * T_Q * 4;
@@ -525,9 +577,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 
 		/* dS to shared memory as [query][key] (the K-major B of dQ^T); in the step's Q image
 		 * when it fits: every warp's S^T has read Q first (the barrier) */
-		float *sdS = DS_ALIAS ? sSt : sDSx;
+		float *sdS = DS_ALIAS ? sSt : sDSx + wg * NI * FA_BQ * BKV;
 		if (DS_ALIAS)
-			__syncthreads();
+			wg_bar(wg);
 #pragma unroll
 		for (int m = 0; m < NKS; m++)
 #pragma unroll
@@ -540,7 +592,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 #endif
 			}
 		fence_proxy_async();
-		__syncthreads();
+		wg_bar(wg);
 #if X3
 		wg_wait<0>(); /* dV's sum */
 #pragma unroll
@@ -603,6 +655,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			for (int i = 0; i < NS; i++)
 				wg_touch(dq[mt][i]);
 
+#if NBUF == 1
+		/* every warp's wgmmas of the step are done: the buffer takes the warpgroup's next
+		 * step, whose loads run under the dQ adds */
+		wg_bar(wg);
+		if (it + FA_NWG < total) {
+			int hn, iqn;
+			step_of(it + FA_NWG, nsteps, iq0, hn, iqn);
+			load_step(p, sStw, sLw, sDlw, b, hk * p.group + hn, iqn, lt);
+		}
+		cp_async_commit();
+#endif
 		/* dQ^T's elements into the fp32 accumulator ([query][DP]) */
 		float *acc = p.dqacc + (bh * p.sqp + q0) * DP;
 #pragma unroll
@@ -618,7 +681,27 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 						             : "memory");
 				}
 	}
-	cp_async_wait<0>(); /* K and V landed even when no step ran */
+	cp_async_wait<0>();
+#if FA_NWG == 2
+	/* warpgroup 1's dK, dV into warpgroup 0's through the step buffers (both are done with
+	 * them: the barrier), element i of thread t at i 128 + t */
+	__syncthreads();
+	if (wg == 1) {
+#pragma unroll
+		for (int i = 0; i < NKV; i++) {
+			sSt0[i * 128 + lt] = dk[i];
+			sSt0[(NKV + i) * 128 + lt] = dv[i];
+		}
+	}
+	__syncthreads();
+	if (wg == 1)
+		return;
+#pragma unroll
+	for (int i = 0; i < NKV; i++) {
+		dk[i] += sSt0[i * 128 + lt];
+		dv[i] += sSt0[(NKV + i) * 128 + lt];
+	}
+#endif
 
 	/* dK = scale dS^T Q, dV, fp32; keys past Sk and head dims past D not written */
 	float *dKg = (float *)p.dk + b * p.dks[0] + hk * p.dks[2];

@@ -56,8 +56,9 @@ enum fa_kpath {
 	 * above (to 256) its wide form: nw = 8, bc = 64 (two warpgroups halve the head dim); no
 	 * window or softcap (gpu_bwd.c then takes the next candidate) */
 	FA_KPATH_BWDWG16 = 10,
-	/* sm_90 only (attn_bwd_sm90_tf32.cu, sm_90a): fp32 tf32 / 3xtf32 on wgmma; nw = 4 (one
-	 * warpgroup of 64 keys, bc = 64), br = 32 or 64 query rows per step, stages = 2; head dims
+	/* sm_90 only (attn_bwd_sm90_tf32.cu, sm_90a): fp32 tf32 / 3xtf32 on wgmma; nw = 8 or 4 (two
+	 * warpgroups taking the steps of 64 keys in turn, or one; bc = 64), br = 32 or 64 query
+	 * rows per step (3xtf32: 32), stages = 2; head dims
 	 * up to 128 (3xtf32: as far as its images fit, 64); atomic dQ only (the deterministic
 	 * mode, a window and softcap take attn_bwd.cu's tiles: gpu_bwd.c) */
 	FA_KPATH_BWDWG32 = 11,   /* tf32 */

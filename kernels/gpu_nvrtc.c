@@ -167,11 +167,11 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 		}
 		if (fa_kpath_is_bwdwg32(tile->path) && dt == FA_DTYPE_FP32 &&
 		    (prec == FA_PREC_TF32 || prec == FA_PREC_3XTF32)) {
-			/* attn_bwd_sm90_tf32.cu: one warpgroup of 64 keys, 32 or 64 query rows, two
-			 * buffers; the path follows the precision (its images) */
+			/* attn_bwd_sm90_tf32.cu: one or two warpgroups on 64 keys, 32 or 64 query rows,
+			 * two step buffers; the path follows the precision (its images) */
 			s->tile.path = prec == FA_PREC_3XTF32 ? FA_KPATH_BWDWG32X3 : FA_KPATH_BWDWG32;
 			s->tile.rt = 1;
-			s->tile.nw = 4;
+			s->tile.nw = tile->nw == 4 ? 4 : 8;
 			s->tile.bc = 64;
 			s->tile.br = tile->br == 64 && prec == FA_PREC_TF32 ? 64 : 32;
 			s->tile.stages = 2;
@@ -337,6 +337,7 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_PREC=%d",
 		         s->tile.path == FA_KPATH_BWDWG32X3 ? 2 : 3);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_D=%d", s->D);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NWG=%d", s->tile.nw / 4);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
 		goto ext;

@@ -55,22 +55,23 @@ static bool bwdwg_layout_ok(const struct fa_tile *t, int D)
 
 /* attn_bwd_sm90_tf32.cu: fp32 images (3xtf32: each with its remainder) of K, V (64 x DP),
  * K^T (DQP x 64, DQP the head dim rounded up to 64) and two buffers of Q, dO, Q^T, dO^T
- * (br x DP each), two of lse2 and delta; dS (br x 64) lies in the step's Q image from DP 64
- * up, beside the rest below: 229,888 bytes for tf32 D=128 q32, 3xtf32 D=64 q32. */
+ * (br x DP each: one per warpgroup, or both the one warpgroup's), two of lse2 and delta; dS
+ * (br x 64) lies in the step's Q image from DP 64 up, one per warpgroup beside the rest below:
+ * 229,888 bytes for tf32 D=128 q32, 3xtf32 D=64 q32. */
 static size_t bwdwg32_smem(const struct fa_tile *t, int D)
 {
 	const size_t ni = t->path == FA_KPATH_BWDWG32X3 ? 2 : 1;
 	const size_t dp = (size_t)fa_bwd_padded_d(t->path, D), dqp = ((size_t)D + 63) / 64 * 64;
 	const size_t bq = (size_t)t->br, bkv = 64;
-	const size_t ds = dp >= bkv ? 0 : bq * bkv;
+	const size_t ds = dp >= bkv ? 0 : bq * bkv * (size_t)(t->nw / 4);
 	return 4 * ni * (2 * bkv * dp + dqp * bkv + 2 * 4 * bq * dp + ds) + 4 * 2 * 2 * bq;
 }
 
-/* attn_bwd_sm90_tf32.cu's static checks: one warpgroup of 64 keys, 32 or 64 query rows (3xtf32:
- * 32), head dims up to 128. */
+/* attn_bwd_sm90_tf32.cu's static checks: one or two warpgroups on 64 keys, 32 or 64 query rows
+ * (3xtf32: 32), head dims up to 128. */
 static bool bwdwg32_layout_ok(const struct fa_tile *t, int D)
 {
-	return D >= 8 && D % 8 == 0 && D <= 128 && t->nw == 4 && t->bc == 64 &&
+	return D >= 8 && D % 8 == 0 && D <= 128 && (t->nw == 4 || t->nw == 8) && t->bc == 64 &&
 	       (t->br == 32 || (t->br == 64 && t->path == FA_KPATH_BWDWG32));
 }
 
@@ -325,13 +326,14 @@ fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_re
 			all[nall++] = t;
 		}
 	}
-	/* the fp32 wgmma backward's tiles (64 query rows a step, then 32), ranked above every
-	 * mma.sync tile */
+	/* the fp32 wgmma backward's tiles (64 query rows a step, then 32; two warpgroups taking
+	 * the steps in turn, then one), ranked above every mma.sync tile */
 	if (bwdwg32_offered(dev, req, prec)) {
-		for (int br = 64; br >= 32; br -= 32) {
+		for (int v = 0; v < 4; v++) {
+			const int br = v < 2 ? 64 : 32;
 			struct fa_tile t = {0};
 			t.path = prec == FA_PREC_3XTF32 ? FA_KPATH_BWDWG32X3 : FA_KPATH_BWDWG32;
-			t.nw = 4;
+			t.nw = v % 2 ? 4 : 8;
 			t.rt = 1;
 			t.bc = 64;
 			t.br = br;

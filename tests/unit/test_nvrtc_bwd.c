@@ -260,8 +260,8 @@ static void test_nvrtc_compiles_the_planned_backward_specialisations(void **stat
 		fail_msg("%d of %d specialisations failed to compile cleanly", bad, njobs);
 }
 
-/* The fp32 wgmma backward (attn_bwd_sm90_tf32.cu, FA_WGMMA32_BWD=1): its tiles for tf32 and
- * 3xtf32 over head dims 8 (padding to 16, dS beside the images), 40, 64, 96 (K^T padded to 128
+/* The fp32 wgmma backward (attn_bwd_sm90_tf32.cu, FA_WGMMA32_BWD=1): its tiles (two warpgroups;
+ * one too at 64 and 128) for tf32 and 3xtf32 over head dims 8 (padding to 16, dS beside the images), 40, 64, 96 (K^T padded to 128
  * rows), 128 and every mask compile for sm_90a with no spill, no stack and no serialized
  * wgmma; 3xtf32 above head dim 64 has no tile (its images do not fit 227 KiB), so the planner
  * keeps attn_bwd.cu there. */
@@ -304,11 +304,17 @@ static void test_nvrtc_compiles_the_fp32_wgmma_backward_without_spills(void **st
 					continue;
 				assert_int_equal(t[0].path, pi ? FA_KPATH_BWDWG32X3 : FA_KPATH_BWDWG32);
 				assert_true(t[0].smem <= dev->smem_optin);
-				struct job *j = &wj[nw++];
-				fa_kernel_spec_make(&j->spec, 90, FA_DTYPE_FP32, p, Ds[di], r.mask, &t[0]);
-				assert_int_equal(j->spec.tile.path, t[0].path);
-				assert_int_equal(j->spec.tile.smem, t[0].smem);
-				j->regs_est = t[0].regs;
+				/* two warpgroups (the first tile) and, at 64 and 128, one (the second) */
+				for (int ti = 0; ti < (nm == 3 && mi == 0 ? 2 : 1); ti++) {
+					assert_true(fa_kpath_is_bwdwg32(t[ti].path));
+					assert_int_equal(t[ti].nw, ti ? 4 : 8);
+					struct job *j = &wj[nw++];
+					fa_kernel_spec_make(&j->spec, 90, FA_DTYPE_FP32, p, Ds[di], r.mask, &t[ti]);
+					assert_int_equal(j->spec.tile.path, t[ti].path);
+					assert_int_equal(j->spec.tile.nw, t[ti].nw);
+					assert_int_equal(j->spec.tile.smem, t[ti].smem);
+					j->regs_est = t[ti].regs;
+				}
 			}
 		}
 	for (int i = 0; i < nw; i++)

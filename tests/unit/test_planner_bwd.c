@@ -407,12 +407,13 @@ static void test_planner_bwd_fp32_wgmma_path(void **state)
 			if (!fits)
 				continue;
 			assert_int_equal(t[0].path, pi ? FA_KPATH_BWDWG32X3 : FA_KPATH_BWDWG32);
-			assert_int_equal(t[0].nw, 4);
+			assert_int_equal(t[0].nw, 8); /* two warpgroups, then one */
+			assert_true(n > 1 && t[1].path == t[0].path && t[1].nw == 4 && t[1].br == t[0].br);
 			assert_int_equal(t[0].bc, 64);
 			const int dp = (D + 15) / 16 * 16, dqp = (D + 63) / 64 * 64, ni = pi ? 2 : 1;
 			const int bq = t[0].br;
 			assert_int_equal(bq, !pi && D <= 64 ? 64 : 32);
-			const size_t ds = dp >= 64 ? 0 : (size_t)bq * 64;
+			const size_t ds = dp >= 64 ? 0 : (size_t)bq * 64 * 2;
 			assert_int_equal(t[0].smem, 4 * ni * (2 * 64 * dp + dqp * 64 + 8 * bq * dp + ds) +
 			                                16 * bq);
 			assert_true(t[0].smem <= h200->smem_optin);
@@ -420,7 +421,7 @@ static void test_planner_bwd_fp32_wgmma_path(void **state)
 			assert_int_equal(fa_bwd_padded_d(t[0].path, D), dp);
 			assert_true(fa_bwd_tile_regs(&t[0], D, p) <= 255);
 			struct fa_tile bad = t[0];
-			bad.nw = 8;
+			bad.nw = 2;
 			assert_false(fa_bwd_tile_layout_ok(&bad, D));
 			bad = t[0];
 			bad.bc = 128;
