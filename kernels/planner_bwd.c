@@ -210,9 +210,12 @@ static bool bwdwg_offered(const struct fa_device_model *dev, const struct fa_pla
 
 /* Whether the fp32 wgmma backward (attn_bwd_sm90_tf32.cu) is offered for req: sm_90 with the
  * wgmma paths on, FA_WGMMA32_BWD not 0, fp32 tf32 or 3xtf32, head dims up to 128 (its tiles
- * fit 3xtf32 up to 64 only). Under "auto": nowhere yet (not timed against attn_bwd.cu);
- * FA_WGMMA32_BWD=1 offers it wherever it fits. The deterministic dQ stays on attn_bwd.cu
- * (gpu_bwd.c takes the next candidate). */
+ * fit 3xtf32 up to 64 only). Under "auto" where it measured faster (H200, S = 4096,
+ * kernels/RESULTS.md "the fp32 wgmma backward"): tf32 head dims 64 to 128 (the backward
+ * alone 1.77x attn_bwd.cu's tile at D=128, 1.69x causal, 1.74x at D=64) and 3xtf32 at 64
+ * (1.43x). Below and between (3xtf32 under 64) it is correct (FA_WGMMA32_BWD=1, the GPU
+ * test's cases) but not timed, so the measured kernel keeps them. The deterministic dQ stays
+ * on attn_bwd.cu (gpu_bwd.c takes the next candidate). */
 static bool bwdwg32_offered(const struct fa_device_model *dev, const struct fa_plan_req *req,
                             fa_precision prec)
 {
@@ -223,7 +226,8 @@ static bool bwdwg32_offered(const struct fa_device_model *dev, const struct fa_p
 		return false;
 	if (req->D > 128)
 		return false;
-	return ks->wgmma32_bwd == FA_WGMMA16_ALL;
+	return ks->wgmma32_bwd == FA_WGMMA16_ALL ||
+	       (prec == FA_PREC_TF32 ? req->D >= 64 : req->D == 64);
 }
 
 /* Blocks of tile t resident on one SM: its shared memory (and the 1 KiB the driver reserves per

@@ -7,7 +7,8 @@
  * rows (rows 11-13: bf16 D=128 S=16k, full causal, window (4095, 0), the window with softcap 30;
  * flops by visible pairs) and the window's backward time over dense 4k's (row 0) and full
  * causal 16k's; rows 14-16: bf16 D=256 causal, fp16 D=256, bf16 D=192 (the wgmma backward's
- * wide form; swept with FA_BENCH_SWEEP like rows 0-3).
+ * wide form; swept with FA_BENCH_SWEEP like rows 0-3); rows 17-19: fp32 3xtf32 and tf32 D=64,
+ * tf32 D=128 causal (the fp32 wgmma backward's; every fp32 row is swept).
  *
  * Prints "no GPU: skipped" and exits 0 without a GPU. Environment:
  *   FA_BENCH_SWEEP=1   also time the backward's first FA_BENCH_SWEEP_N (6) planner candidates of

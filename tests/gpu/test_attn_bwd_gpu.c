@@ -767,8 +767,9 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 	};
 	for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++)
 		cases[n++] = wide[i];
-	/* the fp32 wgmma backward (attn_bwd_sm90_tf32.cu on sm_90, FA_WGMMA32_BWD=1; attn_bwd.cu
-	 * otherwise): tf32 up to head dim 128 (64 query rows a step up to 64, 32 above; K^T padded
+	/* the fp32 wgmma backward (attn_bwd_sm90_tf32.cu on sm_90: by default tf32 64..128 and
+	 * 3xtf32 64, FA_WGMMA32_BWD=1 wherever it fits; attn_bwd.cu otherwise): tf32 up to head
+	 * dim 128 (64 query rows a step up to 64, 32 above; K^T padded
 	 * at 40 and 96; dS beside the images at 8), 3xtf32 up to 64; GQA and MQA, both masks,
 	 * Sq != Sk both ways, odd lengths, both layouts, a negative scale; the deterministic mode
 	 * (attn_bwd.cu's, the next candidate); 3xtf32 at 128 (no tile fits: attn_bwd.cu) */

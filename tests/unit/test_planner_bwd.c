@@ -143,11 +143,18 @@ static void test_planner_bwd_every_shape_plans_within_the_limit(void **state)
 						assert_true(t[i - 1].score >= t[i].score);
 				}
 				/* sm_90, 16-bit, head dims 64 to 128 and 192 to 256 (auto: where it measured
-				 * faster): the wgmma backward first (above 128 its wide form) */
+				 * faster): the wgmma backward first (above 128 its wide form); fp32 tf32 64
+				 * to 128 and 3xtf32 64: the fp32 wgmma backward */
 				const bool wg = models[m].sm == 90 && dts[a] != FA_DTYPE_FP32 &&
 				                ((D >= 64 && D <= 128) || D >= 192);
+				const bool wg32 = models[m].sm == 90 && dts[a] == FA_DTYPE_FP32 &&
+				                  ((precs[a] == FA_PREC_TF32 && D >= 64 && D <= 128) ||
+				                   (precs[a] == FA_PREC_3XTF32 && D == 64));
 				assert_int_equal(t[0].path,
-				                 wg ? FA_KPATH_BWDWG16 : fa_plan_bwd_path(dts[a], precs[a]));
+				                 wg     ? FA_KPATH_BWDWG16
+				                 : wg32 ? (precs[a] == FA_PREC_TF32 ? FA_KPATH_BWDWG32
+				                                                    : FA_KPATH_BWDWG32X3)
+				                        : fa_plan_bwd_path(dts[a], precs[a]));
 			}
 }
 
@@ -371,9 +378,8 @@ static void test_planner_bwd_wgmma_path(void **state)
  * like FA_WGMMA16_BWD. */
 static bool fp32wg_auto(fa_precision p, int D)
 {
-	(void)p;
-	(void)D;
-	return false; /* not yet measured faster: attn_bwd.cu keeps fp32 by default */
+	/* measured faster on the H200 (kernels/RESULTS.md): tf32 64..128, 3xtf32 64 */
+	return p == FA_PREC_TF32 ? D >= 64 && D <= 128 : D == 64;
 }
 
 static void test_planner_bwd_fp32_wgmma_path(void **state)
