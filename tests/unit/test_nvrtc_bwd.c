@@ -61,8 +61,9 @@ static void add_jobs_det(const char *arch, fa_dtype dt, fa_precision p, int D, f
 	add_jobs_sel(arch, dt, p, D, m, top, det, false);
 }
 
-/* no_wg: the planner's tiles without the wgmma backward's (attn_bwd_sm90.cu has no window or
- * softcap: gpu_bwd.c takes the next candidate for those). */
+/* no_wg: the planner's tiles without the wgmma backwards' (attn_bwd_sm90.cu and
+ * attn_bwd_sm90_tf32.cu have no window or softcap: gpu_bwd.c takes the next candidate for
+ * those). */
 static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
                          int top, bool det, bool no_wg)
 {
@@ -82,7 +83,7 @@ static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, f
 	if (no_wg) {
 		int k = 0;
 		for (int i = 0; i < n; i++)
-			if (t[i].path != FA_KPATH_BWDWG16)
+			if (t[i].path != FA_KPATH_BWDWG16 && !fa_kpath_is_bwdwg32(t[i].path))
 				t[k++] = t[i];
 		n = k;
 	}
