@@ -222,6 +222,11 @@ static const struct config_option config_options[] = {
 	 .help = "gpu backend: the 16-bit wgmma backward (sm_90) where it measured faster (auto), "
 	         "never (0) or wherever it claims the shape (1)",
 	 FIELD(kernels)},
+	{.name = "wgmma32-bwd", .type = CONFIG_KERNEL, .def = "auto", .env = "FA_WGMMA32_BWD",
+	 .metavar = "auto|0|1",
+	 .help = "gpu backend: the fp32 tf32 / 3xtf32 wgmma backward (sm_90) where it measured "
+	         "faster (auto), never (0) or wherever it fits the shape (1)",
+	 FIELD(kernels)},
 	{.name = "cuda-home", .type = CONFIG_KERNEL, .def = "", .env = "CUDA_HOME", .metavar = "DIR",
 	 .help = "a CUDA toolkit whose lib64/libnvrtc.so.13 is tried after the one built in",
 	 FIELD(kernels)},

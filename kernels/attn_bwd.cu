@@ -111,8 +111,8 @@ typedef u16 in_t;
 #define KK 16
 #endif
 /* fp32 ieee and 3xtf32: P = exp(s scale - lse) with the exponent's roundings compensated
- * (p_exp_comp): the plain exp2(s scale log2e - lse2) loses |lse2| ~ 10 ulps of fp32 in the
- * exponent, measured as most of these precisions' gradient error (PERF-NOTES.md, backward).
+ * (fa_p_exp_comp, fa_device.cuh): the plain exp2(s scale log2e - lse2) loses |lse2| ~ 10 ulps
+ * of fp32 in the exponent, measured as most of these precisions' gradient error (PERF-NOTES.md, backward).
  * lse2 then holds the natural lse (a large finite sentinel, not +inf, for rows that give
  * P = 0). tf32 and the 16-bit kernels keep the plain exponent (their operands' rounding is
  * larger than its error). */
@@ -522,27 +522,6 @@ template <int MT, int NTN> __device__ __forceinline__ void zero_acc(float (&acc)
 			acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.f;
 }
 
-#if FA_XEXP
-/* exp(s sc - L) for fp32 s, sc + sc_lo the scale, L the row's natural lse: the product's and
- * the difference's rounding errors (Dekker's product residual, Knuth's two-sum) and that of the
- * change to base 2 are added back as a first-order factor (1 + err); the exponent is then exact
- * to a few units of 2^-24 relative, and P to ex2.approx's own error. The _rn intrinsics keep the
- * compiler from contracting the terms whose roundings are being measured. */
-__device__ __forceinline__ float p_exp_comp(float s, float sc, float sc_lo, float L)
-{
-	const float L2E = 1.44269502162933349609375f, L2E_LO = 1.925963033500011e-8f;
-	const float hi = __fmul_rn(s, sc);
-	const float lo = fmaf(s, sc_lo, fmaf(s, sc, -hi));  /* s sc = hi + lo */
-	const float d = __fadd_rn(hi, -L);                   /* two-sum: hi - L = d + e */
-	const float bb = __fadd_rn(d, -hi);
-	const float e = __fadd_rn(__fadd_rn(hi, -__fadd_rn(d, -bb)), __fadd_rn(-L, -bb));
-	const float x = __fmul_rn(d, L2E);
-	const float r = fmaf(d, L2E_LO, fmaf(d, L2E, -x)); /* d log2(e) = x + r */
-	const float corr = fmaf(r, 0.693147182464599609375f, __fadd_rn(e, lo));
-	const float p = fast_exp2(x);
-	return fmaf(p, corr, p);
-}
-#endif
 
 /* Two adjacent fp32 values added to the dQ accumulator (no return value: a reduction). */
 __device__ __forceinline__ void red_add2(float *p, float x0, float x1)
@@ -802,12 +781,12 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 				 * compensated like the scale's (FA_XEXP) */
 				const float tc = fa_softcap2<CAP_ACCURATE>(s[mt][nt][e], p.cap_scale, 1.f);
 #if FA_XEXP
-				float pv = p_exp_comp(tc, p.cap, p.cap_lo, sL[il]);
+				float pv = fa_p_exp_comp(tc, p.cap, p.cap_lo, sL[il]);
 #else
 				float pv = fast_exp2(fmaf(tc, p.cap_log2, -sL[il]));
 #endif
 #elif FA_XEXP
-				float pv = p_exp_comp(s[mt][nt][e], p.scale, p.scale_lo, sL[il]);
+				float pv = fa_p_exp_comp(s[mt][nt][e], p.scale, p.scale_lo, sL[il]);
 #else
 				float pv = fast_exp2(fmaf(s[mt][nt][e], p.sl, -sL[il]));
 #endif

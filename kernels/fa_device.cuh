@@ -182,6 +182,27 @@ __device__ __forceinline__ float fa_f16_to_f32(u16 x)
 	return y;
 }
 
+/* The backward's P for fp32 ieee and 3xtf32 (attn_bwd.cu's FA_XEXP, attn_bwd_sm90_tf32.cu):
+ * exp(s sc - L) for fp32 s, sc + sc_lo the scale, L the row's natural lse: the product's and
+ * the difference's rounding errors (Dekker's product residual, Knuth's two-sum) and that of the
+ * change to base 2 are added back as a first-order factor (1 + err); the exponent is then exact
+ * to a few units of 2^-24 relative, and P to ex2.approx's own error. The _rn intrinsics keep the
+ * compiler from contracting the terms whose roundings are being measured. */
+__device__ __forceinline__ float fa_p_exp_comp(float s, float sc, float sc_lo, float L)
+{
+	const float L2E = 1.44269502162933349609375f, L2E_LO = 1.925963033500011e-8f;
+	const float hi = __fmul_rn(s, sc);
+	const float lo = fmaf(s, sc_lo, fmaf(s, sc, -hi));  /* s sc = hi + lo */
+	const float d = __fadd_rn(hi, -L);                   /* two-sum: hi - L = d + e */
+	const float bb = __fadd_rn(d, -hi);
+	const float e = __fadd_rn(__fadd_rn(hi, -__fadd_rn(d, -bb)), __fadd_rn(-L, -bb));
+	const float x = __fmul_rn(d, L2E);
+	const float r = fmaf(d, L2E_LO, fmaf(d, L2E, -x)); /* d log2(e) = x + r */
+	const float corr = fmaf(r, 0.693147182464599609375f, __fadd_rn(e, lo));
+	const float p = fast_exp2(x);
+	return fmaf(p, corr, p);
+}
+
 /* A flag in global memory read with acquire / written with release at GPU scope (the
  * deterministic dQ's turn counter). */
 __device__ __forceinline__ int fa_ld_acquire(const int *p)

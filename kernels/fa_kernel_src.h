@@ -20,6 +20,9 @@ extern const unsigned long fa_src_attn_bwd_len;
 /* kernels/attn_bwd_sm90.cu: the backward's main pass on wgmma (sm_90a, 16-bit) */
 extern const char fa_src_attn_bwd_sm90[];
 extern const unsigned long fa_src_attn_bwd_sm90_len;
+/* kernels/attn_bwd_sm90_tf32.cu: the backward's main pass on wgmma for fp32 (tf32, 3xtf32) */
+extern const char fa_src_attn_bwd_sm90_tf32[];
+extern const unsigned long fa_src_attn_bwd_sm90_tf32_len;
 /* kernels/fa_device.cuh: the device helpers both include, handed to NVRTC as a header */
 extern const char fa_src_fa_device[];
 extern const unsigned long fa_src_fa_device_len;

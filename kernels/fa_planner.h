@@ -56,12 +56,26 @@ enum fa_kpath {
 	 * above (to 256) its wide form: nw = 8, bc = 64 (two warpgroups halve the head dim); the
 	 * window and softcap as attn_bwd.cu (FA_WIN, FA_SOFTCAP) */
 	FA_KPATH_BWDWG16 = 10,
+	/* sm_90 only (attn_bwd_sm90_tf32.cu, sm_90a): fp32 tf32 / 3xtf32 on wgmma; nw = 8 or 4 (two
+	 * warpgroups taking the steps of 64 keys in turn, or one; bc = 64), br = 32 or 64 query
+	 * rows per step (3xtf32: 32), stages = 2; head dims
+	 * up to 128 (3xtf32: as far as its images fit, 64); atomic dQ only (the deterministic
+	 * mode, a window and softcap take attn_bwd.cu's tiles: gpu_bwd.c) */
+	FA_KPATH_BWDWG32 = 11,   /* tf32 */
+	FA_KPATH_BWDWG32X3 = 12, /* 3xtf32: every image with its remainder */
 };
+
+/* Whether a path is the fp32 wgmma backward's (either precision). */
+static inline bool fa_kpath_is_bwdwg32(int path)
+{
+	return path == FA_KPATH_BWDWG32 || path == FA_KPATH_BWDWG32X3;
+}
 
 /* Whether a path is one of the backward's. */
 static inline bool fa_kpath_is_bwd(int path)
 {
-	return path == FA_KPATH_BWD16 || path == FA_KPATH_BWD32 || path == FA_KPATH_BWDWG16;
+	return path == FA_KPATH_BWD16 || path == FA_KPATH_BWD32 || path == FA_KPATH_BWDWG16 ||
+	       fa_kpath_is_bwdwg32(path);
 }
 
 /* Whether a path is one of the wgmma paths. */
@@ -99,9 +113,10 @@ struct fa_plan_req {
 	int64_t B, H, Sq, Sk;
 	/* the sliding window and logit softcap (fa_attn.h): window when it bounds a side
 	 * (fa_attn_window_active; window_left, window_right as the descriptor's, negative
-	 * unbounded), softcap > 0 on. Every backward kernel serves both (their FA_WIN / FA_SOFTCAP
-	 * specialisations), so they change no candidate; they are here so that what the planner
-	 * is asked is what a call runs (fa-ctl plan --window / --softcap shows it). */
+	 * unbounded), softcap > 0 on. Every backward kernel but the fp32 wgmma one serves both
+	 * (their FA_WIN / FA_SOFTCAP specialisations), so they change no other candidate; they are
+	 * here so that what the planner is asked is what a call runs (fa-ctl plan --window /
+	 * --softcap shows it). */
 	bool window;
 	int64_t window_left, window_right;
 	double softcap;

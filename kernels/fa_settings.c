@@ -14,7 +14,7 @@ static const char *const names[] = {
 	"FA_WGMMA",   "FA_WGMMA16",          "FA_WG_BC",              "FA_WG_STAGES",
 	"FA_WG_NWG",  "FA_NVRTC_EXTRA",      "FA_KERNEL_CACHE_MAX_MB", "CUDA_HOME",
 	"FA_DECODE",  "FA_DECODE_SPLITS",    "FA_DECODE_STAGES",      "FA_BWD_DET_GROUP",
-	"FA_WGMMA16_BWD",
+	"FA_WGMMA16_BWD", "FA_WGMMA32_BWD",
 	NULL,
 };
 
@@ -75,9 +75,11 @@ fa_status fa_kernel_settings_set(struct fa_kernel_settings *s, const char *name,
 		if (strcmp(value, "0") != 0 && strcmp(value, "1") != 0)
 			return bad(err, errlen, name, value, "0 or 1");
 		s->wgmma = value[0] == '1';
-	} else if (strcmp(name, "FA_WGMMA16") == 0 || strcmp(name, "FA_WGMMA16_BWD") == 0) {
-		enum fa_wgmma16_mode *m =
-		    strcmp(name, "FA_WGMMA16_BWD") == 0 ? &s->wgmma16_bwd : &s->wgmma16;
+	} else if (strcmp(name, "FA_WGMMA16") == 0 || strcmp(name, "FA_WGMMA16_BWD") == 0 ||
+	           strcmp(name, "FA_WGMMA32_BWD") == 0) {
+		enum fa_wgmma16_mode *m = strcmp(name, "FA_WGMMA16_BWD") == 0   ? &s->wgmma16_bwd
+		                          : strcmp(name, "FA_WGMMA32_BWD") == 0 ? &s->wgmma32_bwd
+		                                                                : &s->wgmma16;
 		if (strcmp(value, "auto") == 0)
 			*m = FA_WGMMA16_MEASURED;
 		else if (strcmp(value, "0") == 0)
@@ -133,9 +135,11 @@ bool fa_kernel_settings_get(const struct fa_kernel_settings *s, const char *name
 		return false;
 	if (strcmp(name, "FA_WGMMA") == 0)
 		snprintf(buf, cap, "%d", s->wgmma ? 1 : 0);
-	else if (strcmp(name, "FA_WGMMA16") == 0 || strcmp(name, "FA_WGMMA16_BWD") == 0) {
-		const enum fa_wgmma16_mode m =
-		    strcmp(name, "FA_WGMMA16_BWD") == 0 ? s->wgmma16_bwd : s->wgmma16;
+	else if (strcmp(name, "FA_WGMMA16") == 0 || strcmp(name, "FA_WGMMA16_BWD") == 0 ||
+	         strcmp(name, "FA_WGMMA32_BWD") == 0) {
+		const enum fa_wgmma16_mode m = strcmp(name, "FA_WGMMA16_BWD") == 0   ? s->wgmma16_bwd
+		                               : strcmp(name, "FA_WGMMA32_BWD") == 0 ? s->wgmma32_bwd
+		                                                                     : s->wgmma16;
 		snprintf(buf, cap, "%s", m == FA_WGMMA16_OFF ? "0" : m == FA_WGMMA16_ALL ? "1" : "auto");
 	}
 	else if (strcmp(name, "FA_WG_BC") == 0)

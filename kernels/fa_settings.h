@@ -71,6 +71,10 @@ struct fa_kernel_settings {
 	 * "auto" (default: where it measured faster, planner_bwd.c), "0" never (attn_bwd.cu serves
 	 * every shape), "1" wherever it claims the shape (tests force it with this). */
 	enum fa_wgmma16_mode wgmma16_bwd;
+	/* FA_WGMMA32_BWD: where the fp32 tf32 / 3xtf32 wgmma backward (attn_bwd_sm90_tf32.cu,
+	 * sm_90) is offered: "auto" (default: where it measured faster, planner_bwd.c), "0" never,
+	 * "1" wherever it fits the shape (tests force it with this). */
+	enum fa_wgmma16_mode wgmma32_bwd;
 };
 
 /* The defaults, as an initialiser: struct fa_kernel_settings s = FA_KERNEL_SETTINGS_INIT; */
@@ -78,7 +82,7 @@ struct fa_kernel_settings {
 	{ .wgmma = true, .wgmma16 = FA_WGMMA16_MEASURED, .wg_bc = 0, .wg_stages = 0, .wg_nwg = 0,  \
 	  .nvrtc_extra = "", .kernel_cache_max_mb = 0, .cuda_home = "", .decode = FA_DECODE_AUTO,  \
 	  .decode_splits = 0, .decode_stages = 0, .bwd_det_group = 0,                          \
-	  .wgmma16_bwd = FA_WGMMA16_MEASURED }
+	  .wgmma16_bwd = FA_WGMMA16_MEASURED, .wgmma32_bwd = FA_WGMMA16_MEASURED }
 
 /* The defaults, for a struct that exists already. */
 void fa_kernel_settings_init(struct fa_kernel_settings *s);
@@ -89,7 +93,7 @@ const struct fa_kernel_settings *fa_kernel_settings_default(void);
 /* The settings' names, NULL-terminated ("FA_WGMMA", ..., "CUDA_HOME"). Static storage. */
 const char *const *fa_kernel_settings_names(void);
 
-/* Set one setting by name from text: FA_WGMMA "0"/"1"; FA_WGMMA16, FA_WGMMA16_BWD and FA_DECODE
+/* Set one setting by name from text: FA_WGMMA "0"/"1"; FA_WGMMA16, FA_WGMMA16_BWD, FA_WGMMA32_BWD and FA_DECODE
  * "auto"/"0"/"1";
  * FA_WG_* and FA_DECODE_SPLITS a count in [0, 1024]; FA_DECODE_STAGES 0 or 2..8;
  * FA_BWD_DET_GROUP 0, 1, 2, 4 or 8;

@@ -70,6 +70,27 @@ struct bwd_dq_params {
 	int pad_;
 };
 _Static_assert(sizeof(struct bwd_dq_params) == 64, "backward dq parameter block layout");
+/* attn_bwd_sm90_tf32.cu's fa_bwd_wgprep_params (same order, same types). */
+struct bwd_wgprep_params {
+	uint64_t q, k, v, dout, qimg, kimg;
+	long long qs[3], ks[3], vs[3], dos[3];
+	int B, Sq, Sk, Hq, Hkv, nq, nk, pad_;
+};
+_Static_assert(sizeof(struct bwd_wgprep_params) == 176, "backward images parameter block layout");
+
+/* attn_bwd_sm90_tf32.cu's images, in floats: one step's (Q, dO, Q^T, dO^T of bq rows) and one
+ * key block's (K, V of 64 keys, K^T of the head dim rounded up to 64 rows), 3xtf32 with their
+ * remainders (its STBLK and KVBLK). */
+static int64_t wg32_step_floats(const struct fa_tile *t, int D)
+{
+	const int64_t ni = t->path == FA_KPATH_BWDWG32X3 ? 2 : 1;
+	return ni * 4 * t->br * fa_bwd_padded_d(t->path, D);
+}
+static int64_t wg32_kblk_floats(const struct fa_tile *t, int D)
+{
+	const int64_t ni = t->path == FA_KPATH_BWDWG32X3 ? 2 : 1;
+	return ni * (2 * 64 * fa_bwd_padded_d(t->path, D) + (D + 63) / 64 * 64 * 64);
+}
 
 static fa_status cu_fail(fa_cu_res r, const char *what, char *err, size_t errlen)
 {
@@ -131,6 +152,11 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 
 	struct fa_tile t;
 	const bool det = (flags & FA_GPU_BWD_DETERMINISTIC) != 0;
+	/* the fp32 wgmma backward (attn_bwd_sm90_tf32.cu) has no window, softcap or deterministic
+	 * dQ: the planner's next candidate (an attn_bwd.cu tile) serves those; the 16-bit wgmma
+	 * backward has all three */
+	const bool wg32_ok = !fa_attn_window_active(f) && !(f->softcap > 0) && !det;
+	const fa_precision prec = fa_prec_resolve(f->dtype, f->precision);
 	if (tile) {
 		t = *tile;
 		if (!fa_kpath_is_bwd(t.path) || !fa_bwd_tile_layout_ok(&t, (int)f->D))
@@ -140,14 +166,31 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 			return fa_err(err, errlen, FA_EINVAL,
 			              "backward: the wgmma tile takes fp16 / bf16 on sm_90 (this is %s on "
 			              "sm_%d)", f->dtype == FA_DTYPE_FP32 ? "fp32" : "16-bit", fa_gpu_sm(g));
+		if (fa_kpath_is_bwdwg32(t.path) &&
+		    (!wg32_ok || f->dtype != FA_DTYPE_FP32 || fa_gpu_sm(g) != 90 ||
+		     prec != (t.path == FA_KPATH_BWDWG32X3 ? FA_PREC_3XTF32 : FA_PREC_TF32)))
+			return fa_err(err, errlen, FA_EINVAL,
+			              "backward: the fp32 wgmma tile takes fp32 in its precision (%s) on "
+			              "sm_90, atomic dQ, without a window or softcap (this is %s %s on "
+			              "sm_%d%s%s%s)",
+			              t.path == FA_KPATH_BWDWG32X3 ? "3xtf32" : "tf32",
+			              f->dtype == FA_DTYPE_FP32 ? "fp32" : "16-bit", fa_prec_name(prec),
+			              fa_gpu_sm(g), det ? ", deterministic" : "",
+			              fa_attn_window_active(f) ? ", a window" : "",
+			              f->softcap > 0 ? ", softcap" : "");
 	} else {
-		/* the planner's first: the window and softcap run on every backward kernel, so no
-		 * candidate is passed over (fa_plan_req carries them for the planner's record) */
-		int n = 0;
-		if ((st = fa_gpu_plan_bwd(g, d, &t, 1, &n, err, errlen)))
+		/* the planner's first, but past an fp32 wgmma tile when the call needs what that
+		 * kernel lacks (above); the window and softcap run on every other backward kernel */
+		struct fa_tile cand[FA_PLAN_MAX_CANDIDATES];
+		int n = 0, i = 0;
+		if ((st = fa_gpu_plan_bwd(g, d, cand, FA_PLAN_MAX_CANDIDATES, &n, err, errlen)))
 			return st;
+		while (i + 1 < n && fa_kpath_is_bwdwg32(cand[i].path) && !wg32_ok)
+			i++;
+		t = cand[i];
 	}
-	const bool wgp = t.path == FA_KPATH_BWDWG16;
+	const bool wg32 = fa_kpath_is_bwdwg32(t.path);
+	const bool wgp = t.path == FA_KPATH_BWDWG16 || wg32;
 	struct fa_kernel_spec spec;
 	t.rt = det ? 2 : 1; /* the deterministic dQ is its own specialisation (FA_DET, both kernels) */
 	fa_kernel_spec_make(&spec, fa_gpu_sm(g), f->dtype, f->precision, (int)f->D, f->mask, &t);
@@ -170,7 +213,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	int pre_nw = spec.tile.nw;
 	if (wgp) {
 		struct fa_tile ct = {0};
-		ct.path = FA_KPATH_BWD16;
+		ct.path = wg32 ? FA_KPATH_BWD32 : FA_KPATH_BWD16; /* fp32: the same precision's lse2 */
 		ct.rt = 1;
 		ct.bc = 64;
 		ct.br = 64;
@@ -187,6 +230,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 			return st;
 		fn.pre = cf.pre;
 		fn.dq = cf.dq;
+		if (wg32 && !fn.prep)
+			return fa_err(err, errlen, FA_EINTERNAL, "backward: fa_bwd_wgprep not loaded");
 		pre_nw = cs.tile.nw;
 	}
 	if (flags & FA_GPU_BWD_PREPARE)
@@ -232,7 +277,17 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	const size_t b_row = (size_t)rows * 4, b_acc = (size_t)(rows * dp) * 4;
 	const size_t b_turn = (size_t)(f->B * f->Hq * nq * pre_nw) * 4; /* one per warp */
 	const size_t a_row = (b_row + 255) / 256 * 256, a_acc = (b_acc + 255) / 256 * 256;
-	const size_t total = 2 * a_row + a_acc + (b_turn + 255) / 256 * 256;
+	const size_t a_turn = (b_turn + 255) / 256 * 256;
+	/* attn_bwd_sm90_tf32.cu: its images of Q, dO (per query head and block) and K, V (per kv
+	 * head and key block of 64), after the rest */
+	const size_t b_qimg = wg32 ? (size_t)(f->B * f->Hq * nq * wg32_step_floats(&spec.tile,
+	                                                                             (int)f->D)) * 4
+	                           : 0;
+	const size_t b_kimg = wg32 ? (size_t)(f->B * f->Hkv * nkv64 *
+	                                      wg32_kblk_floats(&spec.tile, (int)f->D)) * 4
+	                           : 0;
+	const size_t a_qimg = (b_qimg + 255) / 256 * 256;
+	const size_t total = 2 * a_row + a_acc + a_turn + a_qimg + b_kimg;
 	CUdeviceptr scratch = 0;
 	fa_cu_res r = fa_cu->MemAllocAsync(&scratch, total, (fa_cu_stream)s);
 	if (r) {
@@ -243,6 +298,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	}
 	const CUdeviceptr lse2 = scratch, delta = scratch + a_row, acc = scratch + 2 * a_row;
 	const CUdeviceptr turn = acc + a_acc;
+	const CUdeviceptr qimg = turn + a_turn, kimg = qimg + a_qimg;
 
 	struct bwd_pre_params pp;
 	memset(&pp, 0, sizeof pp);
@@ -267,11 +323,44 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	r = fa_cu->LaunchKernel(fn.pre, (unsigned)((rows + 7) / 8), 1, 1, 256, 1, 1, 0,
 	                        (fa_cu_stream)s, a1, NULL);
 	const char *what = "launching fa_bwd_pre";
+	if (r == 0 && wg32) {
+		struct bwd_wgprep_params ip;
+		memset(&ip, 0, sizeof ip);
+		ip.q = p->q;
+		ip.k = p->k;
+		ip.v = p->v;
+		ip.dout = p->dout;
+		ip.qimg = qimg;
+		ip.kimg = kimg;
+		for (int i = 0; i < 3; i++) {
+			ip.qs[i] = f->q_stride[i];
+			ip.ks[i] = f->k_stride[i];
+			ip.vs[i] = f->v_stride[i];
+			ip.dos[i] = d->do_stride[i];
+		}
+		ip.B = (int)f->B;
+		ip.Sq = (int)f->Sq;
+		ip.Sk = (int)f->Sk;
+		ip.Hq = (int)f->Hq;
+		ip.Hkv = (int)f->Hkv;
+		ip.nq = (int)nq;
+		ip.nk = (int)nkv64;
+		/* one thread per 16 bytes of the hi images, grid-strided */
+		const int64_t chunks = (int64_t)(b_qimg + b_kimg) / 16 /
+		                       (spec.tile.path == FA_KPATH_BWDWG32X3 ? 2 : 1);
+		int64_t blocks = (chunks + 255) / 256;
+		if (blocks > 132 * 16)
+			blocks = 132 * 16;
+		void *a4[] = {&ip};
+		r = fa_cu->LaunchKernel(fn.prep, (unsigned)(blocks > 0 ? blocks : 1), 1, 1, 256, 1, 1,
+		                        0, (fa_cu_stream)s, a4, NULL);
+		what = "launching fa_bwd_wgprep";
+	}
 	if (r == 0) {
 		struct bwd_params mp;
 		memset(&mp, 0, sizeof mp);
-		mp.q = p->q;
-		mp.k = p->k;
+		mp.q = wg32 ? qimg : p->q; /* attn_bwd_sm90_tf32.cu reads its images */
+		mp.k = wg32 ? kimg : p->k;
 		mp.v = p->v;
 		mp.dout = p->dout;
 		mp.dk = p->dk;

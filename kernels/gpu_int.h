@@ -10,10 +10,11 @@
 #include "fa_gpu.h"
 #include "fa_planner.h"
 
-/* The three functions of one backward module (attn_bwd.cu), owned by the device's cache (valid
- * until fa_gpu_close). */
+/* The functions of one backward module (attn_bwd.cu: pre, main, dq; the wgmma ones: main, and
+ * attn_bwd_sm90_tf32.cu's images pass prep), owned by the device's cache (valid until
+ * fa_gpu_close); the ones a module lacks are 0. */
 struct fa_gpu_bwd_funcs {
-	fa_cu_func pre, main, dq;
+	fa_cu_func pre, main, dq, prep;
 };
 
 /* Compile (or load from disk) and load the backward specialisation s (a backward tile path:

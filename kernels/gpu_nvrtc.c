@@ -165,6 +165,19 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 			s->tile.smem = fa_bwd_tile_smem(&s->tile, D);
 			return;
 		}
+		if (fa_kpath_is_bwdwg32(tile->path) && dt == FA_DTYPE_FP32 &&
+		    (prec == FA_PREC_TF32 || prec == FA_PREC_3XTF32)) {
+			/* attn_bwd_sm90_tf32.cu: one or two warpgroups on 64 keys, 32 or 64 query rows,
+			 * two step buffers; the path follows the precision (its images) */
+			s->tile.path = prec == FA_PREC_3XTF32 ? FA_KPATH_BWDWG32X3 : FA_KPATH_BWDWG32;
+			s->tile.rt = 1;
+			s->tile.nw = tile->nw == 4 ? 4 : 8;
+			s->tile.bc = 64;
+			s->tile.br = tile->br == 64 && prec == FA_PREC_TF32 ? 64 : 32;
+			s->tile.stages = 2;
+			s->tile.smem = fa_bwd_tile_smem(&s->tile, D);
+			return;
+		}
 		s->tile.path = s->in == FA_DTYPE_FP32 ? FA_KPATH_BWD32 : FA_KPATH_BWD16;
 		s->tile.rt = tile->rt == 2 ? 2 : 1; /* 2: the deterministic dQ's kernel (FA_DET) */
 		s->tile.stages = tile->stages == 2 ? 2 : 1;
@@ -219,7 +232,8 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 		         s->in == FA_DTYPE_FP32 ? fa_prec_name(s->precision) : "", s->D,
 		         s->mask == FA_MASK_NONE ? "nomask" : s->mask == FA_MASK_CAUSAL_TOP_LEFT ? "causal-tl" : "causal-br",
 		         tb + 4, s->tile.rt == 2 ? " det" : "");
-		if (s->tile.path == FA_KPATH_BWDWG16 && strlen(buf) < len)
+		if ((s->tile.path == FA_KPATH_BWDWG16 || fa_kpath_is_bwdwg32(s->tile.path)) &&
+		    strlen(buf) < len)
 			snprintf(buf + strlen(buf), len - strlen(buf), " wgmma");
 		name_ext(s, buf, len);
 		return;
@@ -240,6 +254,11 @@ void fa_kernel_source(const struct fa_kernel_spec *s, const char **src, size_t *
 	if (s->tile.path == FA_KPATH_BWDWG16) {
 		*src = fa_src_attn_bwd_sm90;
 		*len = fa_src_attn_bwd_sm90_len;
+		return;
+	}
+	if (fa_kpath_is_bwdwg32(s->tile.path)) {
+		*src = fa_src_attn_bwd_sm90_tf32;
+		*len = fa_src_attn_bwd_sm90_tf32_len;
 		return;
 	}
 	if (fa_kpath_is_bwd(s->tile.path)) {
@@ -309,6 +328,18 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
 		if (s->tile.rt == 2)
 			snprintf(o->v[k++], sizeof o->v[0], "-DFA_DET=1");
+		goto ext;
+	}
+	if (fa_kpath_is_bwdwg32(s->tile.path)) { /* attn_bwd_sm90_tf32.cu's parameters */
+		snprintf(o->v[k++], sizeof o->v[0], "-arch=sm_%da", s->sm);
+		snprintf(o->v[k++], sizeof o->v[0], "-std=c++17");
+		snprintf(o->v[k++], sizeof o->v[0], "--ptxas-options=-v");
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_PREC=%d",
+		         s->tile.path == FA_KPATH_BWDWG32X3 ? 2 : 3);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_D=%d", s->D);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NWG=%d", s->tile.nw / 4);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
+		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
 		goto ext;
 	}
 	if (fa_kpath_is_bwd(s->tile.path)) { /* attn_bwd.cu's parameters */
@@ -436,6 +467,7 @@ fa_status fa_nvrtc_compile_opts(struct fa_nvrtc *n, const struct fa_kernel_spec 
 	const bool bwd = fa_kpath_is_bwd(s->tile.path);
 	nvrtcResult_t r = n->CreateProgram(&prog, src,
 	                                   s->tile.path == FA_KPATH_BWDWG16 ? "attn_bwd_sm90.cu"
+	                                   : fa_kpath_is_bwdwg32(s->tile.path) ? "attn_bwd_sm90_tf32.cu"
 	                                   : bwd ? "attn_bwd.cu"
 	                                   : dec ? "attn_decode.cu"
 	                                   : fa_kpath_is_wg(s->tile.path) ? "attn_fwd_sm90.cu"

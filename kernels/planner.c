@@ -507,7 +507,8 @@ fa_status fa_plan(const struct fa_device_model *dev, const struct fa_plan_req *r
 /* "128x64 w4r2 s2". */
 void fa_tile_format(const struct fa_tile *t, char *buf, size_t len)
 {
-	if (t->path == FA_KPATH_BWDWG16) /* "bwd wg kv128 q64 wg2": the wgmma backward */
+	if (t->path == FA_KPATH_BWDWG16 || fa_kpath_is_bwdwg32(t->path)) /* "bwd wg kv128 q64 wg2":
+	                                                                       the wgmma backward */
 		snprintf(buf, len, "bwd wg kv%d q%d wg%d", t->bc, t->br, t->nw / 4);
 	else if (fa_kpath_is_bwd(t->path)) /* "bwd kv64 q64 w8": keys per block, rows per step */
 		snprintf(buf, len, "bwd kv%d q%d w%d%s", t->bc, t->br, t->nw, t->stages == 2 ? " s2" : "");

@@ -6,9 +6,29 @@
 # --bwd: the 16-bit wrappers of kernels/attn_bwd_sm90.cu instead (wgb_ss_n*, wgb_rs_n*): the
 # transpose immediates as template arguments TA, TB (ss) and TB (rs), printed by the "n"
 # constraint, so that one wrapper serves K-major and MN-major operands.
+# --bwd32: the tf32 wrappers of kernels/attn_bwd_sm90_tf32.cu (wgt_ss_n*, wgt_rs_n*): K-major
+# operands only (tf32 has no transpose), the register A fragment as an array.
 import sys
 
 out = []
+if "--bwd32" in sys.argv[1:]:
+    for N in (8, 16, 32, 64, 128):
+        nr = N // 2
+        shape = "m64n%dk8.f32.tf32.tf32" % N
+        accs_ = ", ".join('"+f"(d[%d])' % i for i in range(nr))
+        ops_ = ", ".join("%%%d" % i for i in range(nr))
+        out.append("__device__ __forceinline__ void wgt_ss_n%d(float *d, u64 da, u64 db)\n{\n" % N)
+        out.append('\tasm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"\n')
+        out.append('\t             "wgmma.mma_async.sync.aligned.%s {%s}, %%%d, %%%d, p, 1, 1;\\n}\\n"\n'
+                   % (shape, ops_, nr, nr + 1))
+        out.append('\t             : %s\n\t             : "l"(da), "l"(db));\n}\n' % accs_)
+        out.append("__device__ __forceinline__ void wgt_rs_n%d(float *d, const u32 (&a)[4], u64 db)\n{\n" % N)
+        out.append('\tasm volatile("{\\n.reg .pred p;\\nsetp.ne.b32 p, 1, 0;\\n"\n')
+        out.append('\t             "wgmma.mma_async.sync.aligned.%s {%s}, {%%%d, %%%d, %%%d, %%%d}, %%%d, p, 1, 1;\\n}\\n"\n'
+                   % (shape, ops_, nr, nr + 1, nr + 2, nr + 3, nr + 4))
+        out.append('\t             : %s\n\t             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));\n}\n' % accs_)
+    print("".join(out), end="")
+    sys.exit(0)
 if "--bwd" in sys.argv[1:]:
     for N in (8, 16, 32, 64, 128):
         nr = N // 2

@@ -11,7 +11,8 @@
  * the wgmma backward (bf16 D=128 S=4096: window (1023, 0), softcap 30, both; bf16 D=256 both),
  * swept too, with the deterministic mode's time per tile.
  * A sweep times attn_bwd.cu's first tile too where the first FA_BENCH_SWEEP_N are all the
- * wgmma backward's (the comparison of the two kernels in one run).
+ * wgmma backward's (the comparison of the two kernels in one run); rows 21-23: fp32 3xtf32
+ * and tf32 D=64, tf32 D=128 causal (the fp32 wgmma backward's; every fp32 row is swept).
  *
  * Prints "no GPU: skipped" and exits 0 without a GPU. Environment:
  *   FA_BENCH_SWEEP=1   also time the backward's first FA_BENCH_SWEEP_N (6) planner candidates of
@@ -475,6 +476,11 @@ int main(void)
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 4096, 0, 0, 0, 0, 0, 30.0},
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 4096, 0, 0, 1, 1023, 0, 30.0},
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 256, 4096, 0, 0, 1, 1023, 0, 30.0},
+		/* fp32 D=64 (the fp32 wgmma backward's 3xtf32 and 64-row tf32 tiles; rows 21, 22),
+		 * tf32 D=128 causal */
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 64, 4096, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 64, 4096, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 128, 4096, 1, 0},
 	};
 	enum { ROW_DENSE4K = 0, ROW_CAUSAL16K = 11, ROW_WIN16K = 12, ROW_WIDE = 14 };
 	float bwd_of[24], det_of[24];
@@ -482,8 +488,7 @@ int main(void)
 		bwd_of[i] = det_of[i] = -1;
 		if (shape_wanted(i)) {
 			run_shape(&shapes[i], sweep && !shapes[i].fwd_only &&
-			                          (i < 4 || (shapes[i].dt == FA_DTYPE_FP32 && i < 11) ||
-			                           i >= ROW_WIDE));
+			                          (i < 4 || shapes[i].dt == FA_DTYPE_FP32 || i >= ROW_WIDE));
 			bwd_of[i] = last_bwd;
 			det_of[i] = last_det;
 		}

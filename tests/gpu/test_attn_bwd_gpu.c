@@ -768,6 +768,29 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 	};
 	for (size_t i = 0; i < sizeof wide / sizeof wide[0]; i++)
 		cases[n++] = wide[i];
+	/* the fp32 wgmma backward (attn_bwd_sm90_tf32.cu on sm_90: by default tf32 64..128 and
+	 * 3xtf32 64, FA_WGMMA32_BWD=1 wherever it fits; attn_bwd.cu otherwise): tf32 up to head
+	 * dim 128 (64 query rows a step up to 64, 32 above; K^T padded
+	 * at 40 and 96; dS beside the images at 8), 3xtf32 up to 64; GQA and MQA, both masks,
+	 * Sq != Sk both ways, odd lengths, both layouts, a negative scale; the deterministic mode
+	 * (attn_bwd.cu's, the next candidate); 3xtf32 at 128 (no tile fits: attn_bwd.cu) */
+	static const struct gcase wg32[] = {
+		{FA_DTYPE_FP32, FA_PREC_TF32, 128, 4097, 4097, FA_MASK_NONE, 1, 4, 1, 1, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 128, 1000, 3000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 2, 4, 2, 0, 0,
+		 0},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 64, 3000, 1000, FA_MASK_CAUSAL_TOP_LEFT, 1, 6, 2, 1, 1, 0},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 96, 777, 2500, FA_MASK_NONE, 2, 3, 3, 1, 0, 1},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 8, 17, 17, FA_MASK_CAUSAL_BOTTOM_RIGHT, 2, 2, 1, 0, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 40, 129, 1000, FA_MASK_CAUSAL_TOP_LEFT, 1, 4, 4, 0, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 64, 4097, 4097, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 2, 1, 0,
+		 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 64, 129, 1000, FA_MASK_NONE, 2, 4, 2, 1, 0, 1},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 40, 1000, 17, FA_MASK_CAUSAL_TOP_LEFT, 1, 8, 2, 0, 1, 0},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 8, 1, 4097, FA_MASK_NONE, 2, 2, 2, 1, 0, 0},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 128, 1000, 1000, FA_MASK_NONE, 1, 4, 2, 0, 0, 0},
+	};
+	for (size_t i = 0; i < sizeof wg32 / sizeof wg32[0]; i++)
+		cases[n++] = wg32[i];
 	for (int a = 0; a < 6; a++)
 		for (int di = 0; di < 9; di++)
 			for (int m = 0; m < 3; m++) {
@@ -1004,6 +1027,21 @@ static void test_attn_bwd_gpu_rejects_bad_input(void **state)
 		assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, FA_GPU_BWD_PREPARE, NULL, err,
 		                                      sizeof err), FA_OK);
 	d.fwd.softcap = 0;
+	/* the fp32 wgmma backward's tile: fp32 of its precision only, never deterministic */
+	t.path = FA_KPATH_BWDWG32;
+	t.nw = 4;
+	t.bc = 64;
+	t.br = 64;
+	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, 0, NULL, err, sizeof err), FA_EINVAL);
+	printf("fp32 wgmma tile on bf16: %s\n", err);
+	struct gcase t32 = {FA_DTYPE_FP32, FA_PREC_TF32, 64, 16, 16, FA_MASK_NONE, 1, 1, 1, 0, 0, 0};
+	make_desc(&t32, &d);
+	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, FA_GPU_BWD_DETERMINISTIC, NULL, err,
+	                                      sizeof err), FA_EINVAL);
+	printf("fp32 wgmma tile, deterministic: %s\n", err);
+	t.path = FA_KPATH_BWDWG32X3; /* a 3xtf32 tile for tf32 */
+	t.br = 32;
+	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, 0, NULL, err, sizeof err), FA_EINVAL);
 	assert_int_equal(fa_gpu_sync(gpu, err, sizeof err), FA_OK);
 	fa_gpu_free(gpu, m);
 }

@@ -62,8 +62,9 @@ static void add_jobs_det(const char *arch, fa_dtype dt, fa_precision p, int D, f
 	add_jobs_sel(arch, dt, p, D, m, top, det, false);
 }
 
-/* no_wg: the planner's tiles without the wgmma backward's (attn_bwd.cu's tiles where sm_90
- * offers attn_bwd_sm90.cu first). */
+/* no_wg: the planner's tiles without the wgmma backwards' (attn_bwd_sm90.cu and
+ * attn_bwd_sm90_tf32.cu have no window or softcap: gpu_bwd.c takes the next candidate for
+ * those). */
 static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
                          int top, bool det, bool no_wg)
 {
@@ -83,7 +84,7 @@ static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, f
 	if (no_wg) {
 		int k = 0;
 		for (int i = 0; i < n; i++)
-			if (t[i].path != FA_KPATH_BWDWG16)
+			if (t[i].path != FA_KPATH_BWDWG16 && !fa_kpath_is_bwdwg32(t[i].path))
 				t[k++] = t[i];
 		n = k;
 	}
@@ -280,10 +281,91 @@ static void test_nvrtc_compiles_the_planned_backward_specialisations(void **stat
 		fail_msg("%d of %d specialisations failed to compile cleanly", bad, njobs);
 }
 
+/* The fp32 wgmma backward (attn_bwd_sm90_tf32.cu, FA_WGMMA32_BWD=1): its tiles (two warpgroups;
+ * one too at 64 and 128) for tf32 and 3xtf32 over head dims 8 (padding to 16, dS beside the images), 40, 64, 96 (K^T padded to 128
+ * rows), 128 and every mask compile for sm_90a with no spill, no stack and no serialized
+ * wgmma; 3xtf32 above head dim 64 has no tile (its images do not fit 227 KiB), so the planner
+ * keeps attn_bwd.cu there. */
+static void test_nvrtc_compiles_the_fp32_wgmma_backward_without_spills(void **state)
+{
+	(void)state;
+	if (!nv) {
+		printf("skipped: NVRTC not available: %s\n", nv_err);
+		skip();
+	}
+	struct fa_kernel_settings ks = FA_KERNEL_SETTINGS_INIT;
+	ks.wgmma32_bwd = FA_WGMMA16_ALL;
+	const struct fa_device_model *dev = fa_device_model_find("sm_90");
+	const fa_mask masks[] = {FA_MASK_NONE, FA_MASK_CAUSAL_BOTTOM_RIGHT, FA_MASK_CAUSAL_TOP_LEFT};
+	const int Ds[] = {8, 40, 64, 96, 128};
+	struct job *wj = calloc(64, sizeof *wj);
+	assert_non_null(wj);
+	int nw = 0, k = 0;
+	for (int pi = 0; pi < 2; pi++)
+		for (int di = 0; di < 5; di++) {
+			const fa_precision p = pi ? FA_PREC_3XTF32 : FA_PREC_TF32;
+			/* D 64 and 128: every mask; the others one each */
+			const int nm = Ds[di] == 64 || Ds[di] == 128 ? 3 : 1;
+			for (int mi = 0; mi < nm; mi++, k++) {
+				struct fa_plan_req r;
+				memset(&r, 0, sizeof r);
+				r.dtype = FA_DTYPE_FP32;
+				r.precision = p;
+				r.D = Ds[di];
+				r.mask = nm == 3 ? masks[mi] : masks[k % 3];
+				r.ks = &ks;
+				struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+				int n = 0;
+				char err[512];
+				assert_int_equal(fa_plan_bwd(dev, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err,
+				                             sizeof err), FA_OK);
+				const bool want = !pi || Ds[di] <= 64;
+				assert_int_equal(fa_kpath_is_bwdwg32(t[0].path), want);
+				if (!want)
+					continue;
+				assert_int_equal(t[0].path, pi ? FA_KPATH_BWDWG32X3 : FA_KPATH_BWDWG32);
+				assert_true(t[0].smem <= dev->smem_optin);
+				/* two warpgroups (the first tile) and, at 64 and 128, one (the second) */
+				for (int ti = 0; ti < (nm == 3 && mi == 0 ? 2 : 1); ti++) {
+					assert_true(fa_kpath_is_bwdwg32(t[ti].path));
+					assert_int_equal(t[ti].nw, ti ? 4 : 8);
+					struct job *j = &wj[nw++];
+					fa_kernel_spec_make(&j->spec, 90, FA_DTYPE_FP32, p, Ds[di], r.mask, &t[ti]);
+					assert_int_equal(j->spec.tile.path, t[ti].path);
+					assert_int_equal(j->spec.tile.nw, t[ti].nw);
+					assert_int_equal(j->spec.tile.smem, t[ti].smem);
+					j->regs_est = t[ti].regs;
+				}
+			}
+		}
+	for (int i = 0; i < nw; i++)
+		wj[i].st = fa_nvrtc_compile(nv, &wj[i].spec, NULL, NULL, &wj[i].u, wj[i].err,
+		                            sizeof wj[i].err);
+	int bad = 0;
+	for (int i = 0; i < nw; i++) {
+		struct job *j = &wj[i];
+		char name[128];
+		fa_kernel_spec_name(&j->spec, name, sizeof name);
+		const bool ok = j->st == FA_OK && j->u.regs > 0 && j->u.regs <= 255 &&
+		                j->u.spill_stores == 0 && j->u.spill_loads == 0 && j->u.stack == 0 &&
+		                !j->u.serialized;
+		printf("%-56s regs %3d (est %3d) spill %d/%d stack %d smem %zu%s%s\n", name, j->u.regs,
+		       j->regs_est, j->u.spill_stores, j->u.spill_loads, j->u.stack, j->spec.tile.smem,
+		       j->u.serialized ? " SERIALIZED" : "", ok ? "" : "   <-- not clean");
+		if (j->st != FA_OK)
+			printf("  %s\n", j->err);
+		bad += !ok;
+	}
+	free(wj);
+	if (bad)
+		fail_msg("%d of %d fp32 wgmma backward specialisations not clean", bad, nw);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_nvrtc_compiles_the_planned_backward_specialisations),
+		cmocka_unit_test(test_nvrtc_compiles_the_fp32_wgmma_backward_without_spills),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -144,11 +144,18 @@ static void test_planner_bwd_every_shape_plans_within_the_limit(void **state)
 						assert_true(t[i - 1].score >= t[i].score);
 				}
 				/* sm_90, 16-bit, head dims 64 to 128 and 192 to 256 (auto: where it measured
-				 * faster): the wgmma backward first (above 128 its wide form) */
+				 * faster): the wgmma backward first (above 128 its wide form); fp32 tf32 64
+				 * to 128 and 3xtf32 64: the fp32 wgmma backward */
 				const bool wg = models[m].sm == 90 && dts[a] != FA_DTYPE_FP32 &&
 				                ((D >= 64 && D <= 128) || D >= 192);
+				const bool wg32 = models[m].sm == 90 && dts[a] == FA_DTYPE_FP32 &&
+				                  ((precs[a] == FA_PREC_TF32 && D >= 64 && D <= 128) ||
+				                   (precs[a] == FA_PREC_3XTF32 && D == 64));
 				assert_int_equal(t[0].path,
-				                 wg ? FA_KPATH_BWDWG16 : fa_plan_bwd_path(dts[a], precs[a]));
+				                 wg     ? FA_KPATH_BWDWG16
+				                 : wg32 ? (precs[a] == FA_PREC_TF32 ? FA_KPATH_BWDWG32
+				                                                    : FA_KPATH_BWDWG32X3)
+				                        : fa_plan_bwd_path(dts[a], precs[a]));
 			}
 }
 
@@ -428,6 +435,138 @@ static void test_planner_bwd_window_and_softcap_plan_the_same_tiles(void **state
 			}
 }
 
+/* The fp32 wgmma backward (attn_bwd_sm90_tf32.cu): under FA_WGMMA32_BWD=1 offered first on sm_90
+ * for fp32 tf32 up to head dim 128 (64 query rows a step where both buffers fit, 32 above)
+ * and 3xtf32 up to 64 (32 rows; above, its images pass 227 KiB), never for ieee or the bf16
+ * staging, above 128, off sm_90, with FA_WGMMA=0 or FA_WGMMA32_BWD=0; under "auto" where it
+ * measured faster (FP32WG_AUTO); its shared memory is the kernel's layout; the setting parses
+ * like FA_WGMMA16_BWD. */
+static bool fp32wg_auto(fa_precision p, int D)
+{
+	/* measured faster on the H200 (kernels/RESULTS.md): tf32 64..128, 3xtf32 64 */
+	return p == FA_PREC_TF32 ? D >= 64 && D <= 128 : D == 64;
+}
+
+static void test_planner_bwd_fp32_wgmma_path(void **state)
+{
+	(void)state;
+	struct fa_kernel_settings ks = FA_KERNEL_SETTINGS_INIT, all = FA_KERNEL_SETTINGS_INIT;
+	char err[512], buf[16];
+	assert_int_equal(fa_kernel_settings_set(&all, "FA_WGMMA32_BWD", "1", err, sizeof err), FA_OK);
+	assert_true(fa_kernel_settings_get(&all, "FA_WGMMA32_BWD", buf, sizeof buf));
+	assert_string_equal(buf, "1");
+	assert_int_equal(all.wgmma16_bwd, FA_WGMMA16_MEASURED); /* the 16-bit switch is its own */
+	const struct fa_device_model *h200 = fa_device_model_find("sm_90");
+	struct fa_tile t[FA_PLAN_MAX_CANDIDATES];
+	int n = 0;
+	for (int pi = 0; pi < 2; pi++)
+		for (int D = 8; D <= 136; D += 8) {
+			const fa_precision p = pi ? FA_PREC_3XTF32 : FA_PREC_TF32;
+			struct fa_plan_req q = req(FA_DTYPE_FP32, p, D, (fa_mask)(D / 8 % 3));
+			q.ks = &ks;
+			assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err,
+			                             sizeof err), FA_OK);
+			assert_int_equal(fa_kpath_is_bwdwg32(t[0].path), fp32wg_auto(p, D));
+			q.ks = &all;
+			assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err,
+			                             sizeof err), FA_OK);
+			const bool fits = D <= (pi ? 64 : 128);
+			assert_int_equal(fa_kpath_is_bwdwg32(t[0].path), fits);
+			for (int k = fits ? 1 : 0; k < n; k++) /* attn_bwd.cu's tiles after it */
+				assert_true(t[k].path == FA_KPATH_BWD32 || fa_kpath_is_bwdwg32(t[k].path));
+			assert_true(n > 1 && !fa_kpath_is_bwdwg32(t[n - 1].path));
+			if (!fits)
+				continue;
+			assert_int_equal(t[0].path, pi ? FA_KPATH_BWDWG32X3 : FA_KPATH_BWDWG32);
+			assert_int_equal(t[0].nw, 8); /* two warpgroups, then one */
+			assert_true(n > 1 && t[1].path == t[0].path && t[1].nw == 4 && t[1].br == t[0].br);
+			assert_int_equal(t[0].bc, 64);
+			const int dp = (D + 15) / 16 * 16, dqp = (D + 63) / 64 * 64, ni = pi ? 2 : 1;
+			const int bq = t[0].br;
+			assert_int_equal(bq, !pi && D <= 64 ? 64 : 32);
+			const size_t ds = dp >= 64 ? 0 : (size_t)bq * 64 * 2;
+			assert_int_equal(t[0].smem, 4 * ni * (2 * 64 * dp + dqp * 64 + 8 * bq * dp + ds) +
+			                                16 * bq);
+			assert_true(t[0].smem <= h200->smem_optin);
+			assert_true(fa_bwd_tile_layout_ok(&t[0], D));
+			assert_int_equal(fa_bwd_padded_d(t[0].path, D), dp);
+			assert_true(fa_bwd_tile_regs(&t[0], D, p) <= 255);
+			struct fa_tile bad = t[0];
+			bad.nw = 2;
+			assert_false(fa_bwd_tile_layout_ok(&bad, D));
+			bad = t[0];
+			bad.bc = 128;
+			assert_false(fa_bwd_tile_layout_ok(&bad, D));
+			bad = t[0];
+			bad.br = 16;
+			assert_false(fa_bwd_tile_layout_ok(&bad, D));
+		}
+	{ /* the largest: tf32 and 3xtf32 at their limits, 229,888 bytes of 232,448 */
+		struct fa_plan_req q = req(FA_DTYPE_FP32, FA_PREC_TF32, 128, FA_MASK_NONE);
+		q.ks = &all;
+		assert_int_equal(fa_plan_bwd(h200, &q, t, 1, &n, err, sizeof err), FA_OK);
+		assert_int_equal(t[0].smem, 229888);
+		q.precision = FA_PREC_3XTF32;
+		q.D = 64;
+		assert_int_equal(fa_plan_bwd(h200, &q, t, 1, &n, err, sizeof err), FA_OK);
+		assert_int_equal(t[0].smem, 229888);
+		struct fa_tile x3 = t[0];
+		x3.br = 64; /* 3xtf32: 32 rows only (its registers) */
+		assert_false(fa_bwd_tile_layout_ok(&x3, 64));
+	}
+	{ /* a window or softcap (the kernel has neither): attn_bwd.cu's tiles only, so that
+	   * what fa-ctl plan shows is what gpu_bwd.c runs */
+		struct fa_plan_req q = req(FA_DTYPE_FP32, FA_PREC_TF32, 128, FA_MASK_NONE);
+		q.ks = &all;
+		for (int w = 0; w < 3; w++) {
+			q.window = w == 1;
+			q.window_left = w == 1 ? 255 : -1;
+			q.window_right = w == 1 ? 0 : -1;
+			q.softcap = w == 2 ? 30.0 : 0;
+			assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err,
+			                             sizeof err), FA_OK);
+			for (int k = 0; k < n; k++)
+				assert_int_equal(fa_kpath_is_bwdwg32(t[k].path), w == 0 && k < 2);
+		}
+	}
+	/* never: other precisions and dtypes, other devices, the switches off */
+	const struct { fa_dtype dt; fa_precision p; int D; const char *arch; } no[] = {
+		{FA_DTYPE_FP32, FA_PREC_IEEE, 64, "sm_90"},  {FA_DTYPE_FP32, FA_PREC_BF16, 128, "sm_90"},
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, "sm_90"}, {FA_DTYPE_FP32, FA_PREC_TF32, 128, "sm_80"},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 64, "sm_100"}, {FA_DTYPE_FP32, FA_PREC_3XTF32, 64, "sm_86"}};
+	for (int i = 0; i < 6; i++) {
+		struct fa_plan_req q = req(no[i].dt, no[i].p, no[i].D, FA_MASK_NONE);
+		q.ks = &all;
+		assert_int_equal(fa_plan_bwd(fa_device_model_find(no[i].arch), &q, t,
+		                             FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+		for (int k = 0; k < n; k++)
+			assert_false(fa_kpath_is_bwdwg32(t[k].path));
+	}
+	struct fa_plan_req q = req(FA_DTYPE_FP32, FA_PREC_TF32, 128, FA_MASK_NONE);
+	struct fa_kernel_settings off = all;
+	q.ks = &off;
+	off.wgmma = false;
+	assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+	assert_false(fa_kpath_is_bwdwg32(t[0].path));
+	off = all;
+	assert_int_equal(fa_kernel_settings_set(&off, "FA_WGMMA32_BWD", "0", err, sizeof err), FA_OK);
+	assert_true(fa_kernel_settings_get(&off, "FA_WGMMA32_BWD", buf, sizeof buf));
+	assert_string_equal(buf, "0");
+	assert_int_equal(fa_plan_bwd(h200, &q, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+	for (int k = 0; k < n; k++)
+		assert_false(fa_kpath_is_bwdwg32(t[k].path));
+	assert_int_equal(fa_kernel_settings_set(&off, "FA_WGMMA32_BWD", "auto", err, sizeof err),
+	                 FA_OK);
+	assert_int_equal(off.wgmma32_bwd, FA_WGMMA16_MEASURED);
+	assert_int_equal(fa_kernel_settings_set(&off, "FA_WGMMA32_BWD", "2", err, sizeof err),
+	                 FA_EINVAL);
+	assert_non_null(strstr(err, "FA_WGMMA32_BWD"));
+	bool listed = false;
+	for (const char *const *nm = fa_kernel_settings_names(); *nm; nm++)
+		listed |= strcmp(*nm, "FA_WGMMA32_BWD") == 0;
+	assert_true(listed);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -440,6 +579,7 @@ int main(void)
 		cmocka_unit_test(test_planner_bwd_det_group_setting),
 		cmocka_unit_test(test_planner_bwd_wgmma_path),
 		cmocka_unit_test(test_planner_bwd_window_and_softcap_plan_the_same_tiles),
+		cmocka_unit_test(test_planner_bwd_fp32_wgmma_path),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
