@@ -55,18 +55,19 @@ static struct fa_kernel_settings plan_ks = FA_KERNEL_SETTINGS_INIT; /* setup(): 
  * rt = 2): it must compile; its spills are shown, not failed (only the deterministic mode runs
  * it, and its counters' state lies beside the 16-bit tiles' 255 registers). */
 static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
-                         int top, bool det, bool no_wg);
+                         int top, bool det, bool no_wg, bool no_wg32);
 static void add_jobs_det(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
                          int top, bool det)
 {
-	add_jobs_sel(arch, dt, p, D, m, top, det, false);
+	add_jobs_sel(arch, dt, p, D, m, top, det, false, false);
 }
 
-/* no_wg: the planner's tiles without the wgmma backwards' (attn_bwd_sm90.cu and
- * attn_bwd_sm90_tf32.cu have no window or softcap: gpu_bwd.c takes the next candidate for
- * those). */
+/* no_wg: the planner's tiles without the wgmma backwards' (attn_bwd.cu's first where sm_90
+ * offers a wgmma one first); no_wg32: without the fp32 wgmma backward's only
+ * (attn_bwd_sm90_tf32.cu has no window, softcap or deterministic dQ: gpu_bwd.c and the planner
+ * take the next candidate for those). */
 static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, fa_mask m,
-                         int top, bool det, bool no_wg)
+                         int top, bool det, bool no_wg, bool no_wg32)
 {
 	const struct fa_device_model *dev = fa_device_model_find(arch);
 	struct fa_plan_req r;
@@ -81,10 +82,10 @@ static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, f
 	char err[512];
 	if (fa_plan_bwd(dev, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err) != FA_OK)
 		fail_msg("plan %s: %s", arch, err);
-	if (no_wg) {
+	if (no_wg || no_wg32) {
 		int k = 0;
 		for (int i = 0; i < n; i++)
-			if (t[i].path != FA_KPATH_BWDWG16 && !fa_kpath_is_bwdwg32(t[i].path))
+			if (!fa_kpath_is_bwdwg32(t[i].path) && !(no_wg && t[i].path == FA_KPATH_BWDWG16))
 				t[k++] = t[i];
 		n = k;
 	}
@@ -118,7 +119,7 @@ static void add_jobs_ext_sel(const char *arch, fa_dtype dt, fa_precision p, int 
                              bool window, bool softcap, bool det, bool no_wg)
 {
 	const int first = njobs;
-	add_jobs_sel(arch, dt, p, D, m, 1, det, no_wg);
+	add_jobs_sel(arch, dt, p, D, m, 1, det, no_wg, window || softcap);
 	struct fa_attn_fwd_desc d;
 	memset(&d, 0, sizeof d);
 	d.Sq = d.Sk = 4096;
