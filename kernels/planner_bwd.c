@@ -251,6 +251,20 @@ static int bwd_blocks_per_sm(const struct fa_device_model *dev, const struct fa_
 	return bps < 1 ? 1 : bps;
 }
 
+/* A wgmma tile (either kernel) whose layout fits, its smem set: its registers, blocks per SM
+ * and score (ranked above every mma.sync tile), onto all when within the device's limit and
+ * the list has room. */
+static void wg_tile_add(const struct fa_device_model *dev, const struct fa_plan_req *req,
+                        fa_precision prec, struct fa_tile *t, struct fa_tile *all, int *nall)
+{
+	t->regs = fa_bwd_tile_regs(t, req->D, prec);
+	if (t->smem > dev->smem_optin || *nall >= FA_PLAN_MAX_CANDIDATES)
+		return;
+	t->blocks_per_sm = bwd_blocks_per_sm(dev, t);
+	t->score = 1.0 + bwd_score(dev, req, t, t->blocks_per_sm);
+	all[(*nall)++] = *t;
+}
+
 static int cmp_tile(const void *a, const void *b)
 {
 	const struct fa_tile *x = a, *y = b;
@@ -333,12 +347,7 @@ fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_re
 			if (!bwdwg_layout_ok(&t, req->D))
 				continue;
 			t.smem = bwdwg_smem(&t, req->D);
-			t.regs = fa_bwd_tile_regs(&t, req->D, prec);
-			if (t.smem > dev->smem_optin || nall >= FA_PLAN_MAX_CANDIDATES)
-				continue;
-			t.blocks_per_sm = bwd_blocks_per_sm(dev, &t);
-			t.score = 1.0 + bwd_score(dev, req, &t, t.blocks_per_sm);
-			all[nall++] = t;
+			wg_tile_add(dev, req, prec, &t, all, &nall);
 		}
 	}
 	/* the fp32 wgmma backward's tiles (64 query rows a step, then 32; two warpgroups taking
@@ -356,12 +365,7 @@ fa_status fa_plan_bwd(const struct fa_device_model *dev, const struct fa_plan_re
 			if (!bwdwg32_layout_ok(&t, req->D))
 				continue;
 			t.smem = bwdwg32_smem(&t, req->D);
-			t.regs = fa_bwd_tile_regs(&t, req->D, prec);
-			if (t.smem > dev->smem_optin || nall >= FA_PLAN_MAX_CANDIDATES)
-				continue;
-			t.blocks_per_sm = bwd_blocks_per_sm(dev, &t);
-			t.score = 1.0 + bwd_score(dev, req, &t, t.blocks_per_sm);
-			all[nall++] = t;
+			wg_tile_add(dev, req, prec, &t, all, &nall);
 		}
 	}
 	if (nall == 0 && nheavy > 0) {

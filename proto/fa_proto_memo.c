@@ -31,14 +31,28 @@ static size_t read_uint(const uint8_t *p, size_t n, uint64_t *v)
 	return 1 + w;
 }
 
+/* At p + *at (n bytes in all): the key `key` (its klen encoded bytes), then, with uint set, an
+ * unsigned integer after it; *at moves past them. Whether they are there. */
+static bool skip_key(const uint8_t *p, size_t n, size_t *at, const uint8_t *key, size_t klen,
+                     bool uint)
+{
+	uint64_t x;
+	size_t w = 0;
+	if (n - *at < klen || memcmp(p + *at, key, klen) != 0)
+		return false;
+	if (uint && (w = read_uint(p + *at + klen, n - *at - klen, &x)) == 0)
+		return false;
+	*at += klen + w;
+	return true;
+}
+
 /* Where seq's value starts in a message that begins as fa_proto_encode_req writes it (a map,
  * then "v", "op", "seq"), or 0. */
 static size_t seq_offset(const uint8_t *p, size_t n)
 {
 	static const uint8_t kv[] = {0xa1, 'v'}, kop[] = {0xa2, 'o', 'p'},
 	                     kseq[] = {0xa3, 's', 'e', 'q'};
-	size_t at, w;
-	uint64_t x;
+	size_t at;
 
 	if (n == 0)
 		return 0;
@@ -48,21 +62,11 @@ static size_t seq_offset(const uint8_t *p, size_t n)
 		at = 3;
 	else
 		return 0;
-	if (n - at < sizeof kv || memcmp(p + at, kv, sizeof kv) != 0)
+	if (at > n || !skip_key(p, n, &at, kv, sizeof kv, true) ||
+	    !skip_key(p, n, &at, kop, sizeof kop, true) ||
+	    !skip_key(p, n, &at, kseq, sizeof kseq, false))
 		return 0;
-	at += sizeof kv;
-	if ((w = read_uint(p + at, n - at, &x)) == 0)
-		return 0;
-	at += w;
-	if (n - at < sizeof kop || memcmp(p + at, kop, sizeof kop) != 0)
-		return 0;
-	at += sizeof kop;
-	if ((w = read_uint(p + at, n - at, &x)) == 0)
-		return 0;
-	at += w;
-	if (n - at < sizeof kseq || memcmp(p + at, kseq, sizeof kseq) != 0)
-		return 0;
-	return at + sizeof kseq;
+	return at;
 }
 
 fa_status fa_proto_decode_req_memo(struct fa_proto_req_memo *m, const void *buf, size_t len,
