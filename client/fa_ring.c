@@ -30,6 +30,7 @@
 
 #include "fa_client_int.h"
 #include "fa_ring.h"
+#include "fa_proto_memo.h"
 
 #define RING_POLL_MS 100 /* a sleeping waiter looks at the daemon's socket this often */
 /* How long a waiter polls after the daemon woke it before its completion came (its prewake,
@@ -68,6 +69,7 @@ struct fa_ring {
 	fa_status sticky;                   /* the first failed asynchronous call's status */
 	char sticky_detail[FA_PROTO_DETAIL_MAX];
 	uint64_t calls, wakes;              /* for FA_DEBUG */
+	struct fa_proto_enc_memo enc;       /* the last request encoded (a repeat: its bytes) */
 	struct fa_ring_wait w[FA_RING_ENTRIES];
 };
 
@@ -381,7 +383,8 @@ static fa_status ring_publish(struct fa_ring *r, const struct fa_proto_req *req,
 		return FA_OK; /* abandoned waiters hold every place: the socket */
 	struct fa_ring_sqe *e = fa_ring_sqe_at(r->hdr, r->sq_tail);
 	size_t len = 0;
-	st = fa_proto_encode_req(req, e->msg, FA_RING_MSG_MAX, &len);
+	/* (a repeated call, the same but its seq: the last one's bytes, fa_proto_memo.h) */
+	st = fa_proto_encode_req_memo(&r->enc, req, e->msg, FA_RING_MSG_MAX, &len);
 	if (st == FA_ETOOBIG)
 		return FA_OK;
 	if (st != FA_OK)

@@ -107,3 +107,72 @@ fa_status fa_proto_decode_req_memo(struct fa_proto_req_memo *m, const void *buf,
 	m->valid = true;
 	return st;
 }
+
+/* msgpack's shortest form of an unsigned integer at p (what msgpack_pack_uint64 writes, so
+ * fa_proto_encode_req's): its length. */
+static size_t write_uint(uint8_t *p, uint64_t v)
+{
+	size_t w;
+	if (v < 0x80) {
+		p[0] = (uint8_t)v;
+		return 1;
+	}
+	if (v <= 0xff) {
+		p[0] = 0xcc;
+		w = 1;
+	} else if (v <= 0xffff) {
+		p[0] = 0xcd;
+		w = 2;
+	} else if (v <= 0xffffffffu) {
+		p[0] = 0xce;
+		w = 4;
+	} else {
+		p[0] = 0xcf;
+		w = 8;
+	}
+	for (size_t i = 0; i < w; i++)
+		p[1 + i] = (uint8_t)(v >> (8 * (w - 1 - i)));
+	return 1 + w;
+}
+
+/* Whether a and b are the same request but (perhaps) for seq: their bytes around it. */
+static bool same_but_seq(const struct fa_proto_req *a, const struct fa_proto_req *b)
+{
+	const size_t o = offsetof(struct fa_proto_req, seq), e = o + sizeof a->seq;
+	return memcmp(a, b, o) == 0 &&
+	       memcmp((const uint8_t *)a + e, (const uint8_t *)b + e, sizeof *a - e) == 0;
+}
+
+fa_status fa_proto_encode_req_memo(struct fa_proto_enc_memo *m, const struct fa_proto_req *req,
+                                   void *buf, size_t cap, size_t *len)
+{
+	if (m != NULL && req != NULL && buf != NULL && len != NULL && m->valid &&
+	    m->len <= cap && same_but_seq(req, &m->req)) {
+		uint8_t sq[9];
+		if (write_uint(sq, req->seq) == m->seq_len) {
+			memcpy(buf, m->bytes, m->len);
+			memcpy((uint8_t *)buf + m->seq_off, sq, m->seq_len);
+			*len = m->len;
+			m->hits++;
+			return FA_OK;
+		}
+	}
+	fa_status st = fa_proto_encode_req(req, buf, cap, len);
+	if (m == NULL || st != FA_OK)
+		return st;
+	m->misses++;
+	const uint8_t *p = buf;
+	size_t off = *len <= FA_PROTO_MEMO_MAX ? seq_offset(p, *len) : 0;
+	uint64_t seq;
+	size_t w = off != 0 ? read_uint(p + off, *len - off, &seq) : 0;
+	uint8_t sq[9];
+	if (w == 0 || seq != req->seq || write_uint(sq, seq) != w || memcmp(sq, p + off, w) != 0)
+		return st; /* not a form this memo rewrites: keep the old one */
+	memcpy(m->bytes, p, *len);
+	m->len = *len;
+	m->seq_off = off;
+	m->seq_len = w;
+	memcpy(&m->req, req, sizeof m->req);
+	m->valid = true;
+	return st;
+}

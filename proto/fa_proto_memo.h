@@ -1,4 +1,4 @@
-/* fa_proto_memo.h - a request decoded once and recognised again: the decode memo.
+/* fa_proto_memo.h - a request decoded (or encoded) once and recognised again: the memos.
  *
  * Why: a client repeats the same call (the same op, tensors, settings) with only its sequence
  * number changed, and decoding the ~240 bytes of a forward request through msgpack-c took
@@ -37,5 +37,22 @@ struct fa_proto_req_memo {
  * statuses and error texts. A success of a request this memo can hold replaces what it held. */
 fa_status fa_proto_decode_req_memo(struct fa_proto_req_memo *m, const void *buf, size_t len,
                                    struct fa_proto_req *out, char *err, size_t errlen);
+
+/* The encoding side, the client's (one per submission ring): a request equal to the last one
+ * encoded but for its seq is written as the remembered bytes with the new seq's, when its
+ * encoding is as long as the old one's (else, and for anything else, fa_proto_encode_req).
+ * The bytes are exactly fa_proto_encode_req's (its encoding is canonical); requests are
+ * compared as structs, so they must be built from zeroed memory (fa__req_init does). */
+struct fa_proto_enc_memo {
+	bool valid;
+	size_t len, seq_off, seq_len;
+	uint8_t bytes[FA_PROTO_MEMO_MAX];
+	struct fa_proto_req req;
+	uint64_t hits, misses;
+};
+
+/* fa_proto_encode_req through the memo m (zeroed before the first use): the same results. */
+fa_status fa_proto_encode_req_memo(struct fa_proto_enc_memo *m, const struct fa_proto_req *req,
+                                   void *buf, size_t cap, size_t *len);
 
 #endif /* FA_PROTO_MEMO_H */

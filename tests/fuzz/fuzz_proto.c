@@ -5,7 +5,7 @@
  * - a decoder returns a status outside its contract, or an unterminated detail text;
  * - a decoder accepts bytes the pre-scan rejected, or over FA_PROTO_MAX_MSG without FA_ETOOBIG;
  * - the decode memo (fa_proto_memo.h, kept across inputs) gives another status, text or struct
- *   than the decoder;
+ *   than the decoder, or the encode memo other bytes than the encoder;
  * - a decoded message does not re-encode, or decoding the re-encoding gives a different struct, or
  *   encoding that again gives different bytes (the encoder is canonical).
  */
@@ -26,6 +26,7 @@ static struct fa_proto_rep rep, rep2;
 static unsigned char buf1[FA_PROTO_MAX_MSG], buf2[FA_PROTO_MAX_MSG];
 static char err[FA_PROTO_DETAIL_MAX], err2[FA_PROTO_DETAIL_MAX];
 static struct fa_proto_req_memo memo; /* across inputs: a corpus shares prefixes */
+static struct fa_proto_enc_memo enc_memo;
 
 /* Abort with a reason (libFuzzer saves the input as a crash artifact). */
 static void die(const char *what, fa_status st)
@@ -77,6 +78,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			die("second request encoding fails", st);
 		if (len1 != len2 || memcmp(buf1, buf2, len1) != 0)
 			die("request encodings differ", st);
+		/* the encode memo (kept across inputs) writes the encoder's bytes, for this seq
+		 * and a neighbour's */
+		for (int k = 0; k < 2; k++) {
+			req2.seq = req.seq + (uint64_t)k;
+			if ((st = fa_proto_encode_req(&req2, buf1, sizeof buf1, &len1)) != FA_OK ||
+			    (st = fa_proto_encode_req_memo(&enc_memo, &req2, buf2, sizeof buf2,
+			                                   &len2)) != FA_OK)
+				die("the encode memo refuses what the encoder takes", st);
+			if (len1 != len2 || memcmp(buf1, buf2, len1) != 0)
+				die("the encode memo's bytes differ from the encoder's", st);
+		}
 	} else if (st == FA_EVERSION && req.v == FA_PROTO_VERSION) {
 		die("FA_EVERSION with our own version", st);
 	}

@@ -775,6 +775,41 @@ static void test_proto_round_trips_attn_fwd_with_and_without_lse(void **state)
 	}
 }
 
+/* The encode memo (fa_proto_memo.h): a repeated request, the same but for its seq, is written
+ * as exactly fa_proto_encode_req's bytes through every width of seq (a width change encodes in
+ * full); any other change encodes in full; a buffer too small fails as the encoder does. */
+static void test_proto_encode_memo_equals_the_encoder(void **state)
+{
+	(void)state;
+	static struct fa_proto_enc_memo m;
+	static unsigned char b[4096], want[4096];
+	struct fa_proto_req r = req_fixture(FA_OP_ATTN_FWD);
+	size_t len, wlen;
+
+	memset(&m, 0, sizeof m);
+	const uint64_t seqs[] = {1, 5, 127, 128, 255, 256, 300, 70000, 70001, 1ull << 33,
+	                         UINT64_MAX, 2, 3};
+	for (size_t i = 0; i < sizeof seqs / sizeof seqs[0]; i++) {
+		r.seq = seqs[i];
+		assert_int_equal(fa_proto_encode_req_memo(&m, &r, b, sizeof b, &len), FA_OK);
+		assert_int_equal(fa_proto_encode_req(&r, want, sizeof want, &wlen), FA_OK);
+		assert_int_equal(len, wlen);
+		assert_memory_equal(b, want, len);
+	}
+	/* hits where the width stayed: 5, 127, 255, 300, 70001, UINT64_MAX, 3 */
+	assert_int_equal(m.hits, 7);
+	assert_int_equal(m.misses, 6);
+	r.u.fwd.k.offset += 128; /* another request: in full */
+	assert_int_equal(fa_proto_encode_req_memo(&m, &r, b, sizeof b, &len), FA_OK);
+	assert_int_equal(fa_proto_encode_req(&r, want, sizeof want, &wlen), FA_OK);
+	assert_int_equal(len, wlen);
+	assert_memory_equal(b, want, len);
+	assert_int_equal(m.misses, 7);
+	assert_int_equal(fa_proto_encode_req_memo(&m, &r, b, len - 1, &len), FA_ETOOBIG);
+	r.u.fwd.scale = NAN; /* what the encoder refuses, refused */
+	assert_int_equal(fa_proto_encode_req_memo(&m, &r, b, sizeof b, &len), FA_EINVAL);
+}
+
 /* The decode memo (fa_proto_memo.h): a ring's repeated request, the same but for its seq,
  * decodes to exactly what fa_proto_decode_req gives, through every width of seq's encoding;
  * any other change, a seq the full decoder would refuse and bytes after it all go through the
@@ -2435,6 +2470,7 @@ int main(void)
 		cmocka_unit_test(test_proto_ring_open_round_trips_and_needs_its_keys),
 		cmocka_unit_test(test_proto_round_trips_attn_fwd_with_and_without_lse),
 		cmocka_unit_test(test_proto_decode_memo_equals_the_decoder),
+		cmocka_unit_test(test_proto_encode_memo_equals_the_encoder),
 		cmocka_unit_test(test_proto_round_trips_async_attn_fwd_and_refuses_bad_slots),
 		cmocka_unit_test(test_proto_round_trips_attn_bwd_with_flags_and_async),
 		cmocka_unit_test(test_proto_rejects_every_attn_bwd_field_out_of_range),
