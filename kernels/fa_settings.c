@@ -14,7 +14,7 @@ static const char *const names[] = {
 	"FA_WGMMA",   "FA_WGMMA16",          "FA_WG_BC",              "FA_WG_STAGES",
 	"FA_WG_NWG",  "FA_NVRTC_EXTRA",      "FA_KERNEL_CACHE_MAX_MB", "CUDA_HOME",
 	"FA_DECODE",  "FA_DECODE_SPLITS",    "FA_DECODE_STAGES",      "FA_BWD_DET_GROUP",
-	"FA_WGMMA16_BWD", "FA_WGMMA32_BWD",
+	"FA_WGMMA16_BWD", "FA_WGMMA32_BWD", "FA_BWD_DET_ROT",
 	NULL,
 };
 
@@ -71,10 +71,10 @@ fa_status fa_kernel_settings_set(struct fa_kernel_settings *s, const char *name,
 	}
 	if (!value)
 		return FA_OK;
-	if (strcmp(name, "FA_WGMMA") == 0) {
+	if (strcmp(name, "FA_WGMMA") == 0 || strcmp(name, "FA_BWD_DET_ROT") == 0) {
 		if (strcmp(value, "0") != 0 && strcmp(value, "1") != 0)
 			return bad(err, errlen, name, value, "0 or 1");
-		s->wgmma = value[0] == '1';
+		*(name[3] == 'W' ? &s->wgmma : &s->bwd_det_rot) = value[0] == '1';
 	} else if (strcmp(name, "FA_WGMMA16") == 0 || strcmp(name, "FA_WGMMA16_BWD") == 0 ||
 	           strcmp(name, "FA_WGMMA32_BWD") == 0) {
 		enum fa_wgmma16_mode *m = strcmp(name, "FA_WGMMA16_BWD") == 0   ? &s->wgmma16_bwd
@@ -135,6 +135,8 @@ bool fa_kernel_settings_get(const struct fa_kernel_settings *s, const char *name
 		return false;
 	if (strcmp(name, "FA_WGMMA") == 0)
 		snprintf(buf, cap, "%d", s->wgmma ? 1 : 0);
+	else if (strcmp(name, "FA_BWD_DET_ROT") == 0)
+		snprintf(buf, cap, "%d", s->bwd_det_rot ? 1 : 0);
 	else if (strcmp(name, "FA_WGMMA16") == 0 || strcmp(name, "FA_WGMMA16_BWD") == 0 ||
 	         strcmp(name, "FA_WGMMA32_BWD") == 0) {
 		const enum fa_wgmma16_mode m = strcmp(name, "FA_WGMMA16_BWD") == 0   ? s->wgmma16_bwd

@@ -75,6 +75,10 @@ struct fa_kernel_settings {
 	 * sm_90) is offered: "auto" (default: where it measured faster, planner_bwd.c), "0" never,
 	 * "1" wherever it fits the shape (tests force it with this). */
 	enum fa_wgmma16_mode wgmma32_bwd;
+	/* FA_BWD_DET_ROT: "1" lets the 16-bit wgmma backward's deterministic mode take the
+	 * rotated order (an experiment, off: on the H200 it gave gradients far from the atomic
+	 * mode's without a mask, 2026-12-03, kernels/RESULTS.md); "0" (default) the chain. */
+	bool bwd_det_rot;
 };
 
 /* The defaults, as an initialiser: struct fa_kernel_settings s = FA_KERNEL_SETTINGS_INIT; */
@@ -82,7 +86,8 @@ struct fa_kernel_settings {
 	{ .wgmma = true, .wgmma16 = FA_WGMMA16_MEASURED, .wg_bc = 0, .wg_stages = 0, .wg_nwg = 0,  \
 	  .nvrtc_extra = "", .kernel_cache_max_mb = 0, .cuda_home = "", .decode = FA_DECODE_AUTO,  \
 	  .decode_splits = 0, .decode_stages = 0, .bwd_det_group = 0,                          \
-	  .wgmma16_bwd = FA_WGMMA16_MEASURED, .wgmma32_bwd = FA_WGMMA16_MEASURED }
+	  .wgmma16_bwd = FA_WGMMA16_MEASURED, .wgmma32_bwd = FA_WGMMA16_MEASURED,               \
+	  .bwd_det_rot = false }
 
 /* The defaults, for a struct that exists already. */
 void fa_kernel_settings_init(struct fa_kernel_settings *s);
@@ -93,7 +98,7 @@ const struct fa_kernel_settings *fa_kernel_settings_default(void);
 /* The settings' names, NULL-terminated ("FA_WGMMA", ..., "CUDA_HOME"). Static storage. */
 const char *const *fa_kernel_settings_names(void);
 
-/* Set one setting by name from text: FA_WGMMA "0"/"1"; FA_WGMMA16, FA_WGMMA16_BWD, FA_WGMMA32_BWD and FA_DECODE
+/* Set one setting by name from text: FA_WGMMA and FA_BWD_DET_ROT "0"/"1"; FA_WGMMA16, FA_WGMMA16_BWD, FA_WGMMA32_BWD and FA_DECODE
  * "auto"/"0"/"1";
  * FA_WG_* and FA_DECODE_SPLITS a count in [0, 1024]; FA_DECODE_STAGES 0 or 2..8;
  * FA_BWD_DET_GROUP 0, 1, 2, 4 or 8;

@@ -261,8 +261,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		 * the atomic mode's beyond the tolerance in every case without a mask (the causal
 		 * ones passed, all gave the same bits five times), and it measured +16..37% against
 		 * the atomic mode where the chain measures +18..38%: kernels/RESULTS.md. */
-		const char *e = getenv("FA_BWD_DET_ROT");
-		det_rot = e != NULL && strcmp(e, "1") == 0 && det && wgp && f->D <= 128 &&
+		const struct fa_kernel_settings *ks = fa_gpu_settings(g);
+		det_rot = ks != NULL && ks->bwd_det_rot && det && wgp && f->D <= 128 &&
 		          !spec.window && 4 * nkv64 <= (int64_t)m->sm_count * bps;
 	}
 	const int64_t ngroups = (nkv64 + (1 << dgrp_lg) - 1) >> dgrp_lg;
