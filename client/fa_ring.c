@@ -69,7 +69,7 @@ struct fa_ring {
 	fa_status sticky;                   /* the first failed asynchronous call's status */
 	char sticky_detail[FA_PROTO_DETAIL_MAX];
 	uint64_t calls, wakes;              /* for FA_DEBUG */
-	struct fa_proto_enc_memo enc;       /* the last request encoded (a repeat: its bytes) */
+	struct fa_proto_req_memo enc;       /* the last request encoded (a repeat: its bytes) */
 	struct fa_ring_wait w[FA_RING_ENTRIES];
 };
 

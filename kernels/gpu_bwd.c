@@ -21,7 +21,6 @@
 
 #include <math.h>
 #include <stddef.h>
-#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 

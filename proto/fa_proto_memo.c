@@ -1,4 +1,4 @@
-/* fa_proto_memo.c - the decode memo (fa_proto_memo.h). */
+/* fa_proto_memo.c - the decode and encode memos (fa_proto_memo.h). */
 #include "fa_proto_memo.h"
 
 #include <string.h>
@@ -69,6 +69,25 @@ static size_t seq_offset(const uint8_t *p, size_t n)
 	return at;
 }
 
+/* Remember p's len bytes (a request beginning as fa_proto_encode_req writes it) and req, their
+ * struct, when the memo can hold them (short enough, seq where seq_offset finds it, with req's
+ * value); otherwise the memo keeps what it held. */
+static void memo_keep(struct fa_proto_req_memo *m, const uint8_t *p, size_t len,
+                      const struct fa_proto_req *req)
+{
+	size_t off = len <= FA_PROTO_MEMO_MAX ? seq_offset(p, len) : 0;
+	uint64_t seq;
+	size_t w = off != 0 ? read_uint(p + off, len - off, &seq) : 0;
+	if (w == 0 || seq != req->seq)
+		return;
+	memcpy(m->bytes, p, len);
+	m->len = len;
+	m->seq_off = off;
+	m->seq_len = w;
+	memcpy(&m->req, req, sizeof m->req); /* padding too: the encoder's memo compares bytes */
+	m->valid = true;
+}
+
 fa_status fa_proto_decode_req_memo(struct fa_proto_req_memo *m, const void *buf, size_t len,
                                    struct fa_proto_req *out, char *err, size_t errlen)
 {
@@ -93,18 +112,7 @@ fa_status fa_proto_decode_req_memo(struct fa_proto_req_memo *m, const void *buf,
 	if (m == NULL || st != FA_OK)
 		return st;
 	m->misses++;
-	size_t off = len <= FA_PROTO_MEMO_MAX ? seq_offset(p, len) : 0;
-	uint64_t seq;
-	size_t w = off != 0 ? read_uint(p + off, len - off, &seq) : 0;
-	if (w == 0 || seq != out->seq) { /* not one this memo can hold: keep the old one */
-		return st;
-	}
-	memcpy(m->bytes, p, len);
-	m->len = len;
-	m->seq_off = off;
-	m->seq_len = w;
-	m->req = *out;
-	m->valid = true;
+	memo_keep(m, p, len, out);
 	return st;
 }
 
@@ -143,7 +151,7 @@ static bool same_but_seq(const struct fa_proto_req *a, const struct fa_proto_req
 	       memcmp((const uint8_t *)a + e, (const uint8_t *)b + e, sizeof *a - e) == 0;
 }
 
-fa_status fa_proto_encode_req_memo(struct fa_proto_enc_memo *m, const struct fa_proto_req *req,
+fa_status fa_proto_encode_req_memo(struct fa_proto_req_memo *m, const struct fa_proto_req *req,
                                    void *buf, size_t cap, size_t *len)
 {
 	if (m != NULL && req != NULL && buf != NULL && len != NULL && m->valid &&
@@ -161,18 +169,8 @@ fa_status fa_proto_encode_req_memo(struct fa_proto_enc_memo *m, const struct fa_
 	if (m == NULL || st != FA_OK)
 		return st;
 	m->misses++;
-	const uint8_t *p = buf;
-	size_t off = *len <= FA_PROTO_MEMO_MAX ? seq_offset(p, *len) : 0;
-	uint64_t seq;
-	size_t w = off != 0 ? read_uint(p + off, *len - off, &seq) : 0;
-	uint8_t sq[9];
-	if (w == 0 || seq != req->seq || write_uint(sq, seq) != w || memcmp(sq, p + off, w) != 0)
-		return st; /* not a form this memo rewrites: keep the old one */
-	memcpy(m->bytes, p, *len);
-	m->len = *len;
-	m->seq_off = off;
-	m->seq_len = w;
-	memcpy(&m->req, req, sizeof m->req);
-	m->valid = true;
+	/* (the encoder writes seq in its shortest form, as write_uint: a hit's patch of the same
+	 * width is its bytes) */
+	memo_keep(m, buf, *len, req);
 	return st;
 }

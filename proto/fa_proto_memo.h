@@ -23,6 +23,8 @@
 
 #define FA_PROTO_MEMO_MAX 2048 /* longer requests are decoded each time */
 
+/* A request remembered as its bytes and its struct; one kind for both directions (each side
+ * has its own: the daemon's decodes, the client's encodes). */
 struct fa_proto_req_memo {
 	bool valid;
 	size_t len;     /* of bytes */
@@ -42,17 +44,9 @@ fa_status fa_proto_decode_req_memo(struct fa_proto_req_memo *m, const void *buf,
  * encoded but for its seq is written as the remembered bytes with the new seq's, when its
  * encoding is as long as the old one's (else, and for anything else, fa_proto_encode_req).
  * The bytes are exactly fa_proto_encode_req's (its encoding is canonical); requests are
- * compared as structs, so they must be built from zeroed memory (fa__req_init does). */
-struct fa_proto_enc_memo {
-	bool valid;
-	size_t len, seq_off, seq_len;
-	uint8_t bytes[FA_PROTO_MEMO_MAX];
-	struct fa_proto_req req;
-	uint64_t hits, misses;
-};
-
-/* fa_proto_encode_req through the memo m (zeroed before the first use): the same results. */
-fa_status fa_proto_encode_req_memo(struct fa_proto_enc_memo *m, const struct fa_proto_req *req,
+ * compared as structs, so they must be built from zeroed memory (fa__req_init does). m:
+ * zeroed before the first use, never also used for decoding. */
+fa_status fa_proto_encode_req_memo(struct fa_proto_req_memo *m, const struct fa_proto_req *req,
                                    void *buf, size_t cap, size_t *len);
 
 #endif /* FA_PROTO_MEMO_H */

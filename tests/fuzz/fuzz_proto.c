@@ -26,7 +26,7 @@ static struct fa_proto_rep rep, rep2;
 static unsigned char buf1[FA_PROTO_MAX_MSG], buf2[FA_PROTO_MAX_MSG];
 static char err[FA_PROTO_DETAIL_MAX], err2[FA_PROTO_DETAIL_MAX];
 static struct fa_proto_req_memo memo; /* across inputs: a corpus shares prefixes */
-static struct fa_proto_enc_memo enc_memo;
+static struct fa_proto_req_memo enc_memo;
 
 /* Abort with a reason (libFuzzer saves the input as a crash artifact). */
 static void die(const char *what, fa_status st)

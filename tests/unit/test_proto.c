@@ -781,7 +781,7 @@ static void test_proto_round_trips_attn_fwd_with_and_without_lse(void **state)
 static void test_proto_encode_memo_equals_the_encoder(void **state)
 {
 	(void)state;
-	static struct fa_proto_enc_memo m;
+	static struct fa_proto_req_memo m;
 	static unsigned char b[4096], want[4096];
 	struct fa_proto_req r = req_fixture(FA_OP_ATTN_FWD);
 	size_t len, wlen;
