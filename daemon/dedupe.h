@@ -33,14 +33,25 @@ struct dedupe_entry {
 	uint8_t state;      /* enum dedupe_state */
 	uint64_t age;       /* insertion stamp: the smallest DONE is evicted first */
 	struct ipc_hdr hdr; /* RUNNING: where the reply goes (the latest copy's header) */
-	void *reply;        /* DONE: the encoded reply */
-	size_t reply_len;
+	void *reply;        /* DONE: the encoded reply (the buffer outlives it when small) */
+	size_t reply_len, reply_cap;
+	int32_t next;       /* the next entry of its hash bucket, -1: none (not FREE only) */
+	uint32_t heap_at;   /* DONE: its place in the age heap */
 };
 
+/* The entries, found by seq through a chained hash, claimed from a stack of free ones, else
+ * from a min-heap of the answered ones by age: O(1) per request (a scan of the ring cost more
+ * than the rest of a tiny request's work once decoding was memoised, 2026-12-03). */
 struct dedupe {
 	struct dedupe_entry *e;
 	unsigned cap;
 	uint64_t clock;
+	int32_t *bucket;    /* first entry of each bucket, -1: none */
+	unsigned mask;      /* buckets - 1 (a power of two, at least 2 * cap) */
+	uint32_t *free_idx; /* the FREE entries, a stack */
+	unsigned nfree;
+	uint32_t *heap;     /* the DONE entries, a min-heap on age */
+	unsigned nheap;
 };
 
 /* What dedupe_check found. */

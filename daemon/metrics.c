@@ -89,6 +89,7 @@ uint64_t metrics_hist_quantile(const struct metrics_hist *h, double q)
 void metrics_init(struct metrics *m)
 {
 	m->n = 0;
+	memset(m->memo, 0, sizeof m->memo);
 }
 
 /* [a-z0-9_]+, shorter than METRICS_NAME_MAX; a letter first when `letter`. */

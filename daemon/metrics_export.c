@@ -7,30 +7,48 @@
 #include "server.h"
 #include "util.h"
 
+/* metrics_memo slots: the per-op reply latency at the op's number, then the forward's two */
+#define MEMO_OPS 64
+#define MEMO_FWD_QUEUE (MEMO_OPS + 0)
+#define MEMO_FWD_COMPUTE (MEMO_OPS + 1)
+_Static_assert(MEMO_FWD_COMPUTE < METRICS_MEMO, "the slots fit metrics' memo");
+
 void metrics_export_reply(struct metrics *m, uint32_t op, uint64_t ns)
 {
-	const char *name = fa_proto_op_name(op);
-	char key[METRICS_NAME_MAX];
-	int n = snprintf(key, sizeof key, "latency_%s", name);
-	for (int i = 8; i < n && i < (int)sizeof key; i++)
-		if (key[i] >= 'A' && key[i] <= 'Z')
-			key[i] = (char)(key[i] - 'A' + 'a');
-	struct metrics_hist *h =
-	    metrics_series(m, key, "fa_request_duration_seconds", "op", name,
-	                   "time from a request's arrival to its reply, by op (FA_OK replies)");
+	unsigned slot = op < MEMO_OPS ? op : METRICS_MEMO; /* a larger op: no slot */
+	struct metrics_hist *h = metrics_memo_get(m, slot);
+	if (h == NULL) {
+		const char *name = fa_proto_op_name(op);
+		char key[METRICS_NAME_MAX];
+		int n = snprintf(key, sizeof key, "latency_%s", name);
+		for (int i = 8; i < n && i < (int)sizeof key; i++)
+			if (key[i] >= 'A' && key[i] <= 'Z')
+				key[i] = (char)(key[i] - 'A' + 'a');
+		h = metrics_series(m, key, "fa_request_duration_seconds", "op", name,
+		                   "time from a request's arrival to its reply, by op (FA_OK replies)");
+		metrics_memo_put(m, slot, h);
+	}
 	if (h != NULL)
 		metrics_hist_record(h, ns);
 }
 
 void metrics_export_fwd(struct metrics *m, uint64_t total_ns, uint64_t compute_ns)
 {
-	struct metrics_hist *q = metrics_series(
-	    m, "fwd_queue", "fa_fwd_queue_seconds", "", "",
-	    "time an attention request spent outside the backend's computation: validation, the "
-	    "queue, the reply");
-	struct metrics_hist *c = metrics_series(
-	    m, "fwd_compute", "fa_fwd_compute_seconds", "", "",
-	    "time the backend computed an attention request (first chunk started to last done)");
+	struct metrics_hist *q = metrics_memo_get(m, MEMO_FWD_QUEUE);
+	struct metrics_hist *c = metrics_memo_get(m, MEMO_FWD_COMPUTE);
+	if (q == NULL) {
+		q = metrics_series(
+		    m, "fwd_queue", "fa_fwd_queue_seconds", "", "",
+		    "time an attention request spent outside the backend's computation: validation, "
+		    "the queue, the reply");
+		metrics_memo_put(m, MEMO_FWD_QUEUE, q);
+	}
+	if (c == NULL) {
+		c = metrics_series(
+		    m, "fwd_compute", "fa_fwd_compute_seconds", "", "",
+		    "time the backend computed an attention request (first chunk started to last done)");
+		metrics_memo_put(m, MEMO_FWD_COMPUTE, c);
+	}
 	if (q != NULL)
 		metrics_hist_record(q, total_ns > compute_ns ? total_ns - compute_ns : 0);
 	if (c != NULL)

@@ -19,6 +19,7 @@
 
 #include "fa_err.h"
 #include "fa_proto.h"
+#include "fa_proto_rep_fast.h"
 
 /* ---- keys ------------------------------------------------------------------------------------ */
 
@@ -1016,20 +1017,26 @@ static fa_status decode_rep_map(const msgpack_object_map *m, struct fa_proto_rep
 	}
 }
 
-/* The bytes of fa_proto_rep's union that its small members use (hello, reg, fwd; the text's
- * first byte and the table's count among them). */
-#define REP_SMALL_U                                                                          \
-	(sizeof(((struct fa_proto_rep *)0)->u.hello) > sizeof(((struct fa_proto_rep *)0)->u.fwd) \
-	     ? sizeof(((struct fa_proto_rep *)0)->u.hello)                                       \
-	     : sizeof(((struct fa_proto_rep *)0)->u.fwd))
-_Static_assert(sizeof(((struct fa_proto_rep *)0)->u.reg) <= REP_SMALL_U &&
+_Static_assert(sizeof(((struct fa_proto_rep *)0)->u.reg) <= FA_PROTO_REP_SMALL_U &&
                    offsetof(struct fa_proto_rep, u.clients.n) + sizeof(uint32_t) <=
-                       offsetof(struct fa_proto_rep, u) + REP_SMALL_U,
+                       offsetof(struct fa_proto_rep, u) + FA_PROTO_REP_SMALL_U,
                "fa_proto_decode_rep clears the small members, the text's first byte and n");
 
-/* Decode a reply from untrusted bytes. */
+/* Decode a reply from untrusted bytes: the forward family's plain FA_OK reply by its shortcut,
+ * everything else by msgpack-c. */
 fa_status fa_proto_decode_rep(const void *buf, size_t len, struct fa_proto_rep *out, char *err,
                               size_t errlen)
+{
+	if (buf != NULL && out != NULL && fa_proto_rep_fast_decode(buf, len, out)) {
+		if (err && errlen > 0)
+			err[0] = '\0';
+		return FA_OK;
+	}
+	return fa_proto_decode_rep_general(buf, len, out, err, errlen);
+}
+
+fa_status fa_proto_decode_rep_general(const void *buf, size_t len, struct fa_proto_rep *out,
+                                      char *err, size_t errlen)
 {
 	msgpack_unpacked up;
 
@@ -1041,7 +1048,7 @@ fa_status fa_proto_decode_rep(const void *buf, size_t len, struct fa_proto_rep *
 	 * clear: a third of a tiny call's reply decoding, 2026-12-03): the small members of u
 	 * are zero, the text an empty string and the table empty; decode_rep_map writes the
 	 * text with its NUL and the table's entries up to n. The failure path clears it all. */
-	memset(out, 0, offsetof(struct fa_proto_rep, u) + REP_SMALL_U);
+	memset(out, 0, offsetof(struct fa_proto_rep, u) + FA_PROTO_REP_SMALL_U);
 	fa_status st = unpack_map(buf, len, &up, err, errlen);
 	if (st != FA_OK)
 		return st;
@@ -1445,6 +1452,15 @@ fa_status fa_proto_encode_req(const struct fa_proto_req *req, void *buf, size_t 
 /* Encode a reply; rep->v is ignored (this side's FA_PROTO_VERSION is written). A failure reply
  * (status != FA_OK) carries the detail and no op-specific keys; op 0 is allowed there. */
 fa_status fa_proto_encode_rep(const struct fa_proto_rep *rep, void *buf, size_t cap, size_t *len)
+{
+	/* (the shortcut takes only replies the general path accepts: FA_OK, no detail) */
+	if (rep != NULL && buf != NULL && len != NULL && fa_proto_rep_fast_encode(rep, buf, cap, len))
+		return FA_OK;
+	return fa_proto_encode_rep_general(rep, buf, cap, len);
+}
+
+fa_status fa_proto_encode_rep_general(const struct fa_proto_rep *rep, void *buf, size_t cap,
+                                      size_t *len)
 {
 	const struct op_info *oi = NULL;
 

@@ -3,33 +3,7 @@
 
 #include <string.h>
 
-/* An unsigned integer in one of msgpack's unsigned forms at p (n bytes left): its encoded
- * length, 0 when it is not one. (msgpack-c also reads a signed form with a non-negative
- * value as unsigned; those take the full decoder.) */
-static size_t read_uint(const uint8_t *p, size_t n, uint64_t *v)
-{
-	size_t w;
-	if (n == 0)
-		return 0;
-	if (p[0] < 0x80) {
-		*v = p[0];
-		return 1;
-	}
-	switch (p[0]) {
-	case 0xcc: w = 1; break;
-	case 0xcd: w = 2; break;
-	case 0xce: w = 4; break;
-	case 0xcf: w = 8; break;
-	default: return 0;
-	}
-	if (n < 1 + w)
-		return 0;
-	uint64_t x = 0;
-	for (size_t i = 0; i < w; i++)
-		x = x << 8 | p[1 + i];
-	*v = x;
-	return 1 + w;
-}
+#include "fa_mp.h"
 
 /* At p + *at (n bytes in all): the key `key` (its klen encoded bytes), then, with uint set, an
  * unsigned integer after it; *at moves past them. Whether they are there. */
@@ -40,7 +14,7 @@ static bool skip_key(const uint8_t *p, size_t n, size_t *at, const uint8_t *key,
 	size_t w = 0;
 	if (n - *at < klen || memcmp(p + *at, key, klen) != 0)
 		return false;
-	if (uint && (w = read_uint(p + *at + klen, n - *at - klen, &x)) == 0)
+	if (uint && (w = fa_mp_read_uint(p + *at + klen, n - *at - klen, &x)) == 0)
 		return false;
 	*at += klen + w;
 	return true;
@@ -77,7 +51,7 @@ static void memo_keep(struct fa_proto_req_memo *m, const uint8_t *p, size_t len,
 {
 	size_t off = len <= FA_PROTO_MEMO_MAX ? seq_offset(p, len) : 0;
 	uint64_t seq;
-	size_t w = off != 0 ? read_uint(p + off, len - off, &seq) : 0;
+	size_t w = off != 0 ? fa_mp_read_uint(p + off, len - off, &seq) : 0;
 	if (w == 0 || seq != req->seq)
 		return;
 	memcpy(m->bytes, p, len);
@@ -96,7 +70,7 @@ fa_status fa_proto_decode_req_memo(struct fa_proto_req_memo *m, const void *buf,
 	if (m != NULL && out != NULL && buf != NULL && m->valid && len <= FA_PROTO_MEMO_MAX &&
 	    len >= m->seq_off && memcmp(p, m->bytes, m->seq_off) == 0) {
 		uint64_t seq;
-		size_t w = read_uint(p + m->seq_off, len - m->seq_off, &seq);
+		size_t w = fa_mp_read_uint(p + m->seq_off, len - m->seq_off, &seq);
 		size_t tail = m->len - m->seq_off - m->seq_len;
 		if (w != 0 && len - m->seq_off - w == tail &&
 		    memcmp(p + m->seq_off + w, m->bytes + m->seq_off + m->seq_len, tail) == 0) {
@@ -116,33 +90,6 @@ fa_status fa_proto_decode_req_memo(struct fa_proto_req_memo *m, const void *buf,
 	return st;
 }
 
-/* msgpack's shortest form of an unsigned integer at p (what msgpack_pack_uint64 writes, so
- * fa_proto_encode_req's): its length. */
-static size_t write_uint(uint8_t *p, uint64_t v)
-{
-	size_t w;
-	if (v < 0x80) {
-		p[0] = (uint8_t)v;
-		return 1;
-	}
-	if (v <= 0xff) {
-		p[0] = 0xcc;
-		w = 1;
-	} else if (v <= 0xffff) {
-		p[0] = 0xcd;
-		w = 2;
-	} else if (v <= 0xffffffffu) {
-		p[0] = 0xce;
-		w = 4;
-	} else {
-		p[0] = 0xcf;
-		w = 8;
-	}
-	for (size_t i = 0; i < w; i++)
-		p[1 + i] = (uint8_t)(v >> (8 * (w - 1 - i)));
-	return 1 + w;
-}
-
 /* Whether a and b are the same request but (perhaps) for seq: their bytes around it. */
 static bool same_but_seq(const struct fa_proto_req *a, const struct fa_proto_req *b)
 {
@@ -157,7 +104,7 @@ fa_status fa_proto_encode_req_memo(struct fa_proto_req_memo *m, const struct fa_
 	if (m != NULL && req != NULL && buf != NULL && len != NULL && m->valid &&
 	    m->len <= cap && same_but_seq(req, &m->req)) {
 		uint8_t sq[9];
-		if (write_uint(sq, req->seq) == m->seq_len) {
+		if (fa_mp_write_uint(sq, req->seq) == m->seq_len) {
 			memcpy(buf, m->bytes, m->len);
 			memcpy((uint8_t *)buf + m->seq_off, sq, m->seq_len);
 			*len = m->len;
@@ -169,8 +116,8 @@ fa_status fa_proto_encode_req_memo(struct fa_proto_req_memo *m, const struct fa_
 	if (m == NULL || st != FA_OK)
 		return st;
 	m->misses++;
-	/* (the encoder writes seq in its shortest form, as write_uint: a hit's patch of the same
-	 * width is its bytes) */
+	/* (the encoder writes seq in its shortest form, as fa_mp_write_uint: a hit's patch of
+	 * the same width is its bytes) */
 	memo_keep(m, buf, *len, req);
 	return st;
 }

@@ -6,6 +6,8 @@
  * - a decoder accepts bytes the pre-scan rejected, or over FA_PROTO_MAX_MSG without FA_ETOOBIG;
  * - the decode memo (fa_proto_memo.h, kept across inputs) gives another status, text or struct
  *   than the decoder, or the encode memo other bytes than the encoder;
+ * - the reply shortcut (fa_proto_rep_fast.h) gives another status, text or struct than the
+ *   general decoder, or other bytes than the general encoder;
  * - a decoded message does not re-encode, or decoding the re-encoding gives a different struct, or
  *   encoding that again gives different bytes (the encoder is canonical).
  */
@@ -16,13 +18,14 @@
 
 #include "fa_proto.h"
 #include "fa_proto_memo.h"
+#include "fa_proto_rep_fast.h"
 #include "proto_equal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* Static: the reply struct is 16 KiB and the buffers 64 KiB each. */
 static struct fa_proto_req req, req2;
-static struct fa_proto_rep rep, rep2;
+static struct fa_proto_rep rep, rep2, rep3;
 static unsigned char buf1[FA_PROTO_MAX_MSG], buf2[FA_PROTO_MAX_MSG];
 static char err[FA_PROTO_DETAIL_MAX], err2[FA_PROTO_DETAIL_MAX];
 static struct fa_proto_req_memo memo; /* across inputs: a corpus shares prefixes */
@@ -115,8 +118,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			die("second reply encoding fails", st);
 		if (len1 != len2 || memcmp(buf1, buf2, len1) != 0)
 			die("reply encodings differ", st);
+		if ((st = fa_proto_encode_rep_general(&rep2, buf2, sizeof buf2, &len2)) != FA_OK ||
+		    len1 != len2 || memcmp(buf1, buf2, len1) != 0)
+			die("the reply shortcut's bytes differ from the general encoder's", st);
 	} else if (st == FA_EVERSION && rep.v == FA_PROTO_VERSION) {
 		die("FA_EVERSION with our own version", st);
+	}
+	{
+		fa_status sg = fa_proto_decode_rep(data, size, &rep2, err, sizeof err);
+		fa_status sf = fa_proto_decode_rep_general(data, size, &rep3, err2, sizeof err2);
+		if (sg != sf || (sg == FA_OK ? !proto_rep_equal(&rep2, &rep3) : strcmp(err, err2) != 0))
+			die("the reply shortcut differs from the general decoder", sg);
 	}
 	return 0;
 }

@@ -24,6 +24,7 @@
 
 #include "fa_proto.h"
 #include "fa_proto_memo.h"
+#include "fa_proto_rep_fast.h"
 #include "../fuzz/proto_equal.h"
 
 static char errbuf[FA_PROTO_DETAIL_MAX];
@@ -814,6 +815,114 @@ static void test_proto_encode_memo_equals_the_encoder(void **state)
  * decodes to exactly what fa_proto_decode_req gives, through every width of seq's encoding;
  * any other change, a seq the full decoder would refuse and bytes after it all go through the
  * full decoder, with its status and text. */
+/* The forward family's FA_OK reply by the shortcut (fa_proto_rep_fast.c) and by msgpack-c:
+ * the same bytes written, the same struct read, and for every changed byte the same status and
+ * text as the general decoder. */
+static void rep_fast_same(const unsigned char *b, size_t len)
+{
+	static struct fa_proto_rep a, g;
+	char e1[FA_PROTO_DETAIL_MAX], e2[FA_PROTO_DETAIL_MAX];
+
+	memset(&a, 0x5a, sizeof a);
+	memset(&g, 0x5a, sizeof g);
+	fa_status s1 = fa_proto_decode_rep(b, len, &a, e1, sizeof e1);
+	fa_status s2 = fa_proto_decode_rep_general(b, len, &g, e2, sizeof e2);
+	assert_int_equal(s1, s2);
+	assert_string_equal(e1, e2);
+	if (s1 == FA_OK) {
+		assert_true(proto_rep_equal(&a, &g));
+		assert_memory_equal(&a, &g, offsetof(struct fa_proto_rep, u) + FA_PROTO_REP_SMALL_U);
+	}
+}
+
+static void test_proto_fast_reply_equals_the_general_paths(void **state)
+{
+	(void)state;
+	static struct fa_proto_rep r, d;
+	unsigned char b1[256], b2[256], m[256];
+	const uint32_t ops[] = {FA_OP_ATTN_FWD, FA_OP_ATTN_VARLEN, FA_OP_ATTN_KVCACHE, FA_OP_ATTN_BWD};
+	const uint64_t vals[] = {0, 1, 127, 128, 255, 256, 65535, 65536, 1ull << 32, UINT64_MAX};
+	size_t l1, l2;
+	unsigned fast = 0;
+
+	for (size_t o = 0; o < 4; o++)
+		for (size_t i = 0; i < 10; i++)
+			for (size_t j = 0; j < 10; j++) {
+				memset(&r, 0, sizeof r);
+				r.op = ops[o];
+				r.seq = vals[i];
+				r.epoch = vals[j];
+				r.u.fwd.compute_ns = vals[(i + j) % 10];
+				assert_int_equal(fa_proto_encode_rep(&r, b1, sizeof b1, &l1), FA_OK);
+				assert_int_equal(fa_proto_encode_rep_general(&r, b2, sizeof b2, &l2),
+				                 FA_OK);
+				assert_int_equal(l1, l2);
+				assert_memory_equal(b1, b2, l1);
+				assert_true(fa_proto_rep_fast_decode(b1, l1, &d));
+				fast++;
+				rep_fast_same(b1, l1);
+			}
+	assert_int_equal(fast, 400);
+
+	/* every byte of one reply changed to a few values, and every shorter length: what the
+	 * shortcut takes it reads as the general decoder, what it leaves gets the decoder's own
+	 * status and text */
+	memset(&r, 0, sizeof r);
+	r.op = FA_OP_ATTN_FWD;
+	r.seq = 300;
+	r.epoch = 1ull << 40;
+	r.u.fwd.compute_ns = 5000;
+	assert_int_equal(fa_proto_encode_rep(&r, b1, sizeof b1, &l1), FA_OK);
+	const unsigned char subst[] = {0x00, 0x01, 0x02, 0x7f, 0x80, 0x86, 0x87, 0xa2, 0xc0,
+	                               0xcc, 0xcf, 0xd0, 0xff, 's', 'n'};
+	for (size_t i = 0; i < l1; i++)
+		for (size_t k = 0; k < sizeof subst; k++) {
+			memcpy(m, b1, l1);
+			m[i] = subst[k];
+			rep_fast_same(m, l1);
+		}
+	for (size_t n = 0; n <= l1; n++)
+		rep_fast_same(b1, n);
+	memcpy(m, b1, l1);
+	m[l1] = 0xc0; /* a byte after the map */
+	rep_fast_same(m, l1 + 1);
+	assert_false(fa_proto_rep_fast_decode(m, l1 + 1, &d));
+
+	/* unsigned integers in longer forms than the encoder's (v as 0xcc 0x01): still a reply
+	 * the general decoder takes, and the shortcut reads it the same */
+	static const unsigned char wide[] = {0x86, 0xa1, 'v', 0xcc, 0x01, 0xa2, 'o', 'p', 0xcd, 0x00,
+	                                     FA_OP_ATTN_FWD, 0xa3, 's', 'e', 'q', 0xcf, 0, 0, 0, 0,
+	                                     0, 0, 0, 7, 0xa2, 's', 't', 0xce, 0, 0, 0, 0, 0xa2,
+	                                     'e', 'p', 0x09, 0xa2, 'n', 's', 0xcc, 0xff};
+	assert_true(fa_proto_rep_fast_decode(wide, sizeof wide, &d));
+	assert_int_equal(d.seq, 7);
+	assert_int_equal(d.u.fwd.compute_ns, 255);
+	rep_fast_same(wide, sizeof wide);
+
+	/* what the shortcut leaves to the general path: an event, a detail, a failure, another
+	 * op, a short buffer */
+	r.u.fwd.async = true;
+	memset(r.u.fwd.event, 7, sizeof r.u.fwd.event);
+	assert_false(fa_proto_rep_fast_encode(&r, b1, sizeof b1, &l1));
+	assert_int_equal(fa_proto_encode_rep(&r, b1, sizeof b1, &l1), FA_OK);
+	assert_false(fa_proto_rep_fast_decode(b1, l1, &d));
+	rep_fast_same(b1, l1);
+	r.u.fwd.async = false;
+	snprintf(r.detail, sizeof r.detail, "a note");
+	assert_false(fa_proto_rep_fast_encode(&r, b1, sizeof b1, &l1));
+	r.detail[0] = '\0';
+	r.status = FA_EBUSY;
+	assert_false(fa_proto_rep_fast_encode(&r, b1, sizeof b1, &l1));
+	assert_int_equal(fa_proto_encode_rep(&r, b1, sizeof b1, &l1), FA_OK);
+	rep_fast_same(b1, l1);
+	r.status = FA_OK;
+	r.op = FA_OP_PING;
+	assert_false(fa_proto_rep_fast_encode(&r, b1, sizeof b1, &l1));
+	r.op = FA_OP_ATTN_FWD;
+	assert_false(fa_proto_rep_fast_encode(&r, b1, 16, &l1));
+	assert_int_equal(fa_proto_encode_rep(&r, b1, 16, &l1), FA_ETOOBIG);
+}
+
 static void test_proto_decode_memo_equals_the_decoder(void **state)
 {
 	(void)state;
@@ -2469,6 +2578,7 @@ int main(void)
 		cmocka_unit_test(test_proto_round_trips_requests_with_all_fields_min),
 		cmocka_unit_test(test_proto_ring_open_round_trips_and_needs_its_keys),
 		cmocka_unit_test(test_proto_round_trips_attn_fwd_with_and_without_lse),
+		cmocka_unit_test(test_proto_fast_reply_equals_the_general_paths),
 		cmocka_unit_test(test_proto_decode_memo_equals_the_decoder),
 		cmocka_unit_test(test_proto_encode_memo_equals_the_encoder),
 		cmocka_unit_test(test_proto_round_trips_async_attn_fwd_and_refuses_bad_slots),
