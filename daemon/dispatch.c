@@ -718,7 +718,7 @@ static fa_status dispatch_attn_fwd(struct dispatch_ctx *c)
 	struct region *wr = NULL;
 	if (async && (st = dispatch_async_open(c, c->req->u.fwd.words_region, &wr)) != FA_OK)
 		return st;
-	st = validate_attn_fwd(s, c->req, srv->backend->align, &vr, err, errlen);
+	st = validate_attn_fwd_memo(s, c->req, srv->backend->align, &vr, err, errlen);
 	if (st != FA_OK)
 		return st;
 	uint64_t max_gflop = dispatch_max_gflop(srv);

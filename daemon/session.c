@@ -185,6 +185,7 @@ void session_close(struct session_table *t, struct session *s, bool unlink, cons
 	while (idmap_first(&s->regions, NULL, &val)) {
 		struct region *r = val;
 		idmap_del(&s->regions, r->id);
+		s->regions_gen++;
 		r->unlink = unlink;
 		region_unref(r);
 	}
@@ -207,6 +208,7 @@ void session_unref(struct session *s)
 		s->table->on_free(s, s->table->on_free_arg);
 	dedupe_fini(&s->dedupe);
 	idmap_fini(&s->regions);
+	free(s->validate_memo);
 	free(s->pipes);
 	free(s);
 }
@@ -226,6 +228,7 @@ fa_status session_region_add(struct session *s, struct region *r, char *err, siz
 	} while (idmap_get(&s->regions, r->id) != NULL);
 	if ((st = idmap_put(&s->regions, r->id, r)) != FA_OK)
 		return fa_err(err, errlen, st, "out of memory");
+	s->regions_gen++;
 	return FA_OK;
 }
 
@@ -242,6 +245,7 @@ fa_status session_region_remove(struct session *s, uint64_t id)
 
 	if (r == NULL)
 		return FA_EREGION;
+	s->regions_gen++;
 	r->unlink = false;
 	region_unref(r);
 	return FA_OK;

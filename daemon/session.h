@@ -33,6 +33,8 @@ struct session {
 	uint32_t *pipes;               /* connections used by this session */
 	unsigned npipes, pipes_cap;
 	struct idmap regions;          /* region id -> struct region* */
+	uint64_t regions_gen;          /* bumped whenever regions changes (validate's memo) */
+	void *validate_memo;           /* validate_attn_fwd_memo's (validate.c), malloc'd, or NULL */
 	unsigned inflight;             /* ATTN_FWD requests accepted, not yet answered */
 	struct dedupe dedupe;
 	uint64_t requests;             /* requests served, for the closing log line */

@@ -4,9 +4,12 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fa_check.h"
+#include "fa_proto_memo.h"
 #include "util.h"
 
 /* Each output against every input and every output before it (each pair once, outputs in
@@ -145,4 +148,41 @@ fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *
 	out->o = b[VALIDATE_O];
 	out->lse = has_lse ? (float *)(void *)b[VALIDATE_LSE] : NULL;
 	return FA_OK;
+}
+
+/* The last request validate_attn_fwd_memo passed, and its result. */
+struct validate_memo {
+	uint64_t gen;
+	size_t align;
+	struct fa_proto_req req;
+	struct validate_result vr;
+};
+
+fa_status validate_attn_fwd_memo(struct session *s, const struct fa_proto_req *req, size_t align,
+                                 struct validate_result *out, char *err, size_t errlen)
+{
+	struct validate_memo *m = s->validate_memo;
+
+	if (m != NULL && m->gen == s->regions_gen && m->align == align &&
+	    fa_proto_req_same_but_seq(req, &m->req)) {
+		bool broken = false;
+		for (int i = 0; i < VALIDATE_NTENSORS; i++)
+			broken |= m->vr.region[i] != NULL && atomic_load(&m->vr.region[i]->broken);
+		if (!broken) { /* (a broken one gets its error from the full checks) */
+			*out = m->vr;
+			if (err != NULL && errlen > 0)
+				err[0] = '\0';
+			return FA_OK;
+		}
+	}
+	fa_status st = validate_attn_fwd(s, req, align, out, err, errlen);
+	if (st != FA_OK)
+		return st;
+	if (m == NULL && (m = s->validate_memo = malloc(sizeof *m)) == NULL)
+		return st; /* no memo: every request is validated in full */
+	m->gen = s->regions_gen;
+	m->align = align;
+	memcpy(&m->req, req, sizeof m->req);
+	m->vr = *out;
+	return st;
 }

@@ -49,6 +49,14 @@ struct validate_result {
 fa_status validate_attn_fwd(const struct session *s, const struct fa_proto_req *req, size_t align,
                             struct validate_result *out, char *err, size_t errlen);
 
+/* validate_attn_fwd through the session's memo of its last success: a request equal to that
+ * one but for its seq, while the session's regions are unchanged (regions_gen) and none of the
+ * request's is broken, gets the same result without the checks (about 2,000 instructions of a
+ * tiny request's ~6,000 in the daemon, 2026-12-03); anything else is validated in full, and a
+ * success is remembered. The same statuses and texts as validate_attn_fwd. */
+fa_status validate_attn_fwd_memo(struct session *s, const struct fa_proto_req *req, size_t align,
+                                 struct validate_result *out, char *err, size_t errlen);
+
 /* Each output among the n tensors (is_output[i]) against every input and every output before it,
  * where region_same_mem says both map one memory: fa_check_overlap on their spans. FA_OK or
  * FA_EOVERLAP with the detail in err. */

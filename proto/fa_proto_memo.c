@@ -90,8 +90,7 @@ fa_status fa_proto_decode_req_memo(struct fa_proto_req_memo *m, const void *buf,
 	return st;
 }
 
-/* Whether a and b are the same request but (perhaps) for seq: their bytes around it. */
-static bool same_but_seq(const struct fa_proto_req *a, const struct fa_proto_req *b)
+bool fa_proto_req_same_but_seq(const struct fa_proto_req *a, const struct fa_proto_req *b)
 {
 	const size_t o = offsetof(struct fa_proto_req, seq), e = o + sizeof a->seq;
 	return memcmp(a, b, o) == 0 &&
@@ -102,7 +101,7 @@ fa_status fa_proto_encode_req_memo(struct fa_proto_req_memo *m, const struct fa_
                                    void *buf, size_t cap, size_t *len)
 {
 	if (m != NULL && req != NULL && buf != NULL && len != NULL && m->valid &&
-	    m->len <= cap && same_but_seq(req, &m->req)) {
+	    m->len <= cap && fa_proto_req_same_but_seq(req, &m->req)) {
 		uint8_t sq[9];
 		if (fa_mp_write_uint(sq, req->seq) == m->seq_len) {
 			memcpy(buf, m->bytes, m->len);

@@ -49,4 +49,9 @@ fa_status fa_proto_decode_req_memo(struct fa_proto_req_memo *m, const void *buf,
 fa_status fa_proto_encode_req_memo(struct fa_proto_req_memo *m, const struct fa_proto_req *req,
                                    void *buf, size_t cap, size_t *len);
 
+/* Whether a and b are the same request but (perhaps) for seq: their bytes around it, padding
+ * too (structs built from zeroed memory, as the decoder's and fa__req_init's are; anything else
+ * only compares unequal). */
+bool fa_proto_req_same_but_seq(const struct fa_proto_req *a, const struct fa_proto_req *b);
+
 #endif /* FA_PROTO_MEMO_H */

@@ -26,8 +26,6 @@ void gpu_dev_fini(struct gpu_dev *d)
 		for (int i = 0; i < 2; i++)
 			if (d->piece_ev[i] != NULL)
 				fa_cu->EventDestroy(d->piece_ev[i]);
-		if (d->inline_ev != NULL)
-			fa_cu->EventDestroy(d->inline_ev);
 		if (d->inline_stream != NULL)
 			fa_cu->StreamDestroy(d->inline_stream);
 		if (d->stream != NULL)
@@ -90,16 +88,12 @@ fa_status gpu_dev_open(struct gpu_backend *b, struct gpu_dev *d, int ordinal,
 		d->inline_high = true;
 	else
 		d->inline_stream = NULL;
-	if ((d->inline_stream == NULL &&
-	     (r = fa_cu->StreamCreate(&d->inline_stream, FA_CU_STREAM_NON_BLOCKING)) != 0) ||
-	    (r = fa_cu->EventCreate(&d->inline_ev, FA_CU_EVENT_DISABLE_TIMING)) != 0) {
+	if (d->inline_stream == NULL &&
+	    (r = fa_cu->StreamCreate(&d->inline_stream, FA_CU_STREAM_NON_BLOCKING)) != 0) {
 		/* only a latency optimisation: carry on without it */
 		log_warn("gpu: GPU %d: no stream for small jobs on the loop: CUDA error %d (%s)",
 		         ordinal, r, fa_cu_errstr(r));
-		if (d->inline_stream != NULL)
-			fa_cu->StreamDestroy(d->inline_stream);
 		d->inline_stream = NULL;
-		d->inline_ev = NULL;
 		d->inline_high = false;
 	}
 	for (int i = 0; i < GPU_PIPE; i++)

@@ -105,21 +105,22 @@ void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream
 	if ((r = gpu_stage_out(&sg, stream, &what)) != 0)
 		job->status = gpu_job_cuerr(d, job, r, what, sticky);
 sync:
-	if ((r = cu->EventRecord(ev, stream)) != 0 && job->status == FA_OK)
+	if (ev != NULL && (r = cu->EventRecord(ev, stream)) != 0 && job->status == FA_OK)
 		job->status = gpu_job_cuerr(d, job, r, "recording the job's event", sticky);
 	job->bytes_in = sg.bytes_in;
 	job->bytes_out = sg.bytes_out;
 }
 
 /* Wait for a job gpu_enqueue enqueued (its event) and classify what the device says. */
-void gpu_complete(struct gpu_dev *d, struct backend_job *job, fa_cu_event ev, bool *sticky)
+void gpu_complete(struct gpu_dev *d, struct backend_job *job, fa_cu_event ev, fa_cu_stream stream,
+                  bool *sticky)
 {
 	const struct fa_cu_api *cu = fa_cu;
 	fa_cu_res r;
 
 	/* A fault of the kernel shows here (errors of earlier asynchronous work come back from
 	 * the next synchronising call). */
-	r = cu->EventSynchronize(ev);
+	r = ev != NULL ? cu->EventSynchronize(ev) : cu->StreamSynchronize(stream);
 	if (r != 0 && job->status == FA_OK)
 		job->status = gpu_job_cuerr(d, job, r, "running attention", sticky);
 	else if (r != 0 && fa_cu_sticky(r))

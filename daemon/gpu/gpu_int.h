@@ -292,7 +292,6 @@ struct gpu_dev {
 	bool inline_high;                        /* open: inline_stream has the device's greatest
 	                                          * priority, so a high-priority job may run
 	                                          * inline beside a busy worker */
-	fa_cu_event inline_ev;                     /* loop */
 	uint64_t inline_jobs;                    /* mu */
 	uint64_t batches;                        /* mu: batches the worker took (STATS gpu_batches) */
 	/* The canary (gpu_canary.c) */
@@ -499,15 +498,18 @@ fa_status gpu_job_cuerr(struct gpu_dev *d, struct backend_job *job, fa_cu_res r,
                         bool *sticky);
 
 /* Enqueue one synchronous job on `stream` (host tensors: copies into the scratch, the kernel,
- * copies out) and record ev after it, also after a failure (copies may be queued). Sets
+ * copies out) and record ev after it (ev NULL: none, the caller waits for the whole stream),
+ * also after a failure (copies may be queued). Sets
  * job->status, detail and *sticky on a failure to enqueue; gpu_complete waits. Without mu. A job
  * that stages host memory uses d's scratch: only d's worker runs those (inline runs never). */
 void gpu_enqueue(struct gpu_dev *d, struct backend_job *job, fa_cu_stream stream, fa_cu_event ev,
                  bool *sticky);
 
-/* Wait for a job gpu_enqueue enqueued (its event), classify what the device says (*sticky),
- * and count its staging bytes (takes mu). Backward jobs too (gpu_enqueue_bwd). */
-void gpu_complete(struct gpu_dev *d, struct backend_job *job, fa_cu_event ev, bool *sticky);
+/* Wait for a job gpu_enqueue enqueued (its event; ev NULL: all of `stream`), classify what the
+ * device says (*sticky), and count its staging bytes (takes mu). Backward jobs too
+ * (gpu_enqueue_bwd). */
+void gpu_complete(struct gpu_dev *d, struct backend_job *job, fa_cu_event ev, fa_cu_stream stream,
+                  bool *sticky);
 
 /* ---- gpu_stage.c: host tensors through d's scratch (every synchronous job kind) ------------- */
 

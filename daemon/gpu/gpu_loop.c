@@ -141,8 +141,10 @@ static bool gpu_try_inline(struct gpu_backend *b, struct gpu_dev *d, struct back
 	fa_cu_ctx cur = NULL;
 	if (fa_cu->CtxGetCurrent(&cur) != 0 || cur != d->ctx)
 		fa_cu->CtxSetCurrent(d->ctx);
-	gpu_enqueue(d, job, d->inline_stream, d->inline_ev, &sticky);
-	gpu_complete(d, job, d->inline_ev, &s2);
+	/* the inline stream carries this job alone: its synchronisation is the job's, without an
+	 * event recorded after it (a driver call of the tiny request's path) */
+	gpu_enqueue(d, job, d->inline_stream, NULL, &sticky);
+	gpu_complete(d, job, NULL, d->inline_stream, &s2);
 	job->compute_ns = fa_now_ns() - t0;
 	pthread_mutex_lock(&b->mu);
 	b->lat_ns[3] += job->compute_ns;

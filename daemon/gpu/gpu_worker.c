@@ -152,7 +152,7 @@ void *gpu_worker(void *arg)
 			bool s1 = false;
 			if (i + 1 == n && end != 0)
 				gpu_prewake(d, batch[i], end);
-			gpu_complete(d, batch[i], d->pipe_ev[i], &s1);
+			gpu_complete(d, batch[i], d->pipe_ev[i], d->stream, &s1);
 			uint64_t seen = fa_now_ns();
 			if (!s1) {
 				gpu_timing_read(d, i, batch[i]);

@@ -1,5 +1,6 @@
 /* test_validate.c - ATTN_FWD validation: a good request resolves to a descriptor and pointers;
- * each kind of bad request gets its exact status and a detail that names the tensor. */
+ * each kind of bad request gets its exact status and a detail that names the tensor; the memo
+ * of the last success answers its repeats and nothing else. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -341,6 +342,53 @@ static void test_validate_refuses_a_region_that_lost_pages(void **state)
 	expect(f, 0, FA_ERANGE, "lost pages while in use");
 }
 
+/* validate_attn_fwd_memo: st and text as validate_attn_fwd's, and the same result */
+static fa_status memo_same(struct fixture *f, size_t align, struct validate_result *vr)
+{
+	struct validate_result want;
+	char e1[FA_PROTO_DETAIL_MAX], e2[FA_PROTO_DETAIL_MAX];
+	fa_status s1 = validate_attn_fwd_memo(f->s, &f->req, align, vr, e1, sizeof e1);
+	fa_status s2 = validate_attn_fwd(f->s, &f->req, align, &want, e2, sizeof e2);
+	assert_int_equal(s1, s2);
+	assert_string_equal(e1, e2);
+	if (s1 == FA_OK)
+		assert_memory_equal(vr, &want, sizeof want);
+	return s1;
+}
+
+static void test_validate_memo_answers_repeats_and_nothing_else(void **state)
+{
+	struct fixture *f = *state;
+	struct validate_result vr;
+
+	assert_int_equal(memo_same(f, 0, &vr), FA_OK);
+	const void *memo = f->s->validate_memo;
+	assert_non_null(memo);
+	for (uint64_t seq = 1; seq < 5; seq++) { /* repeats: another seq only */
+		f->req.seq = seq;
+		assert_int_equal(memo_same(f, 0, &vr), FA_OK);
+	}
+	/* another field, another alignment: validated in full */
+	f->req.u.fwd.o.offset = REGION_BYTES - 64;
+	assert_int_equal(memo_same(f, 0, &vr), FA_ERANGE);
+	f->req.u.fwd.o.offset = 520;
+	assert_int_equal(memo_same(f, 0, &vr), FA_OK);
+	assert_ptr_equal(vr.o, (char *)f->r1->base + 520);
+	assert_int_equal(memo_same(f, 16, &vr), FA_EALIGN);
+	assert_int_equal(memo_same(f, 0, &vr), FA_OK);
+	/* a region that lost its pages since: the full checks' refusal */
+	atomic_store(&f->r1->broken, 1);
+	assert_int_equal(memo_same(f, 0, &vr), FA_ERANGE);
+	atomic_store(&f->r1->broken, 0);
+	assert_int_equal(memo_same(f, 0, &vr), FA_OK);
+	/* the region unregistered: the remembered result is not used */
+	uint64_t gen = f->s->regions_gen;
+	assert_int_equal(session_region_remove(f->s, f->r1->id), FA_OK);
+	assert_true(f->s->regions_gen != gen);
+	assert_int_equal(memo_same(f, 0, &vr), FA_EREGION);
+	assert_ptr_equal(f->s->validate_memo, memo); /* one memo per session, reused */
+}
+
 int main(void)
 {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
@@ -360,6 +408,7 @@ int main(void)
 		T(test_validate_other_shape_errors_are_eshape),
 		T(test_validate_bad_mask_is_einval),
 		T(test_validate_refuses_a_region_that_lost_pages),
+		T(test_validate_memo_answers_repeats_and_nothing_else),
 	};
 	log_level = FA_LOG_ERR;
 	return cmocka_run_group_tests(tests, NULL, NULL);
