@@ -196,7 +196,7 @@ fa_status fa__async_words_call(fa_client *c, struct fa_proto_req *req, void *str
 	bool old = false;
 	st = socket_path(c, w, s, stream, req, rep, deadline, &old);
 	fa_transport_release(c->tr, s);
-	free(rep);
+	fa__rep_free(rep);
 	if (old) {
 		fa__detail_clear();
 		*use_events = true;

@@ -106,7 +106,7 @@ FA_API fa_status fa_attn_bwd(fa_client *c, const fa_attn_bwd_args *args)
 	if ((rep = fa__rep_alloc()) == NULL)
 		return FA_ENOMEM;
 	st = fa__call(c, &req, rep, atomic_load(&c->timeout_ms));
-	free(rep);
+	fa__rep_free(rep);
 	return st;
 }
 
@@ -146,11 +146,11 @@ FA_API fa_status fa_attn_bwd_async(fa_client *c, const fa_attn_bwd_args *args, v
 	 * kernel that event waits for (a GPU deadlock). So the ring's asynchronous calls finish
 	 * first; that costs one wait for the forward kernel. */
 	if (fa__ring_live(c->ring) && (st = fa__ring_flush(c->ring, deadline)) != FA_OK) {
-		free(rep);
+		fa__rep_free(rep);
 		return st;
 	}
 	if ((st = fa_transport_acquire(c->tr, deadline, &s)) != FA_OK) {
-		free(rep);
+		fa__rep_free(rep);
 		return st;
 	}
 	struct fa_async_slot *sl = &c->async[fa_transport_slot_id(s)];
@@ -171,6 +171,6 @@ FA_API fa_status fa_attn_bwd_async(fa_client *c, const fa_attn_bwd_args *args, v
 	if (st == FA_ETIMEDOUT && fa__socket_file_gone(c))
 		st = fa__fail(FA_EUNAVAIL, "no reply, and no daemon socket at %s: the daemon stopped",
 		              c->path);
-	free(rep);
+	fa__rep_free(rep);
 	return st;
 }

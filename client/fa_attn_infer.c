@@ -108,7 +108,7 @@ static fa_status infer_call(fa_client *c, struct fa_proto_req *req)
 	if (rep == NULL)
 		return FA_ENOMEM;
 	fa_status st = fa__call(c, req, rep, atomic_load(&c->timeout_ms));
-	free(rep);
+	fa__rep_free(rep);
 	return st;
 }
 

@@ -162,7 +162,7 @@ static fa_status hello(fa_client *c)
 	} else {
 		fa_transport_release(c->tr, s);
 	}
-	free(rep);
+	fa__rep_free(rep);
 	return st;
 }
 
@@ -202,7 +202,7 @@ static void ring_start(fa_client *c)
 		          fa_status_name(st), fa_last_error_detail());
 		fa__ring_free(r);
 	}
-	free(rep);
+	fa__rep_free(rep);
 	fa__detail_clear();
 }
 
@@ -227,7 +227,7 @@ static void bye(fa_client *c)
 			fa__debug("fa: BYE for session %016" PRIx64 ": %s", c->session,
 			          fa_status_name(st));
 	}
-	free(rep);
+	fa__rep_free(rep);
 	fa_transport_release(c->tr, c->anchor);
 	c->anchor = NULL;
 }
@@ -442,7 +442,7 @@ FA_API fa_status fa_ping(fa_client *c)
 		return FA_ENOMEM;
 	fa__req_init(c, &req, FA_OP_PING);
 	st = fa__call(c, &req, rep, atomic_load(&c->timeout_ms));
-	free(rep);
+	fa__rep_free(rep);
 	return st;
 }
 
@@ -470,7 +470,7 @@ FA_API fa_status fa_stats(fa_client *c, char *buf, size_t len)
 		memcpy(buf, rep->u.stats.text, n);
 		buf[n] = '\0';
 	}
-	free(rep);
+	fa__rep_free(rep);
 	return st;
 }
 
@@ -515,7 +515,7 @@ FA_API fa_status fa_clients(fa_client *c, fa_client_info *out, size_t cap, size_
 		if (rep->u.clients.n < FA_PROTO_CLIENTS_MAX)
 			break;
 	}
-	free(rep);
+	fa__rep_free(rep);
 	return st;
 }
 
@@ -546,7 +546,7 @@ FA_API fa_status fa_buffer_free(fa_buffer *b)
 			fa__req_init(c, &req, FA_OP_UNREGISTER);
 			req.u.unreg.region = b->region;
 			st = fa__call(c, &req, rep, atomic_load(&c->timeout_ms));
-			free(rep);
+			fa__rep_free(rep);
 		} else {
 			st = FA_ENOMEM;
 		}
@@ -675,7 +675,7 @@ FA_API fa_status fa_attn_fwd(fa_client *c, const fa_attn_fwd_args *args)
 	if ((rep = fa__rep_alloc()) == NULL)
 		return FA_ENOMEM;
 	st = fa__call(c, &req, rep, atomic_load(&c->timeout_ms));
-	free(rep);
+	fa__rep_free(rep);
 	return st;
 }
 
@@ -712,7 +712,7 @@ FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, v
 		return FA_ENOMEM;
 	int64_t deadline = fa__deadline(atomic_load(&c->timeout_ms));
 	if ((st = fa_transport_acquire(c->tr, deadline, &s)) != FA_OK) {
-		free(rep);
+		fa__rep_free(rep);
 		return st;
 	}
 	struct fa_async_slot *sl = &c->async[fa_transport_slot_id(s)];
@@ -733,6 +733,6 @@ FA_API fa_status fa_attn_fwd_async(fa_client *c, const fa_attn_fwd_args *args, v
 	if (st == FA_ETIMEDOUT && fa__socket_file_gone(c))
 		st = fa__fail(FA_EUNAVAIL, "no reply, and no daemon socket at %s: the daemon stopped",
 		              c->path);
-	free(rep);
+	fa__rep_free(rep);
 	return st;
 }

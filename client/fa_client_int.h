@@ -293,8 +293,11 @@ bool fa__ring_op(uint32_t op);
 fa_status fa__call(fa_client *c, struct fa_proto_req *req, struct fa_proto_rep *rep,
                    int timeout_ms);
 /* A reply buffer on the heap (the STATS text makes it large); NULL with the detail set when out
- * of memory. Freed with free(). */
+ * of memory. Given back with fa__rep_free. */
 struct fa_proto_rep *fa__rep_alloc(void);
+/* fa__rep_alloc without the failure's detail (NULL on no memory); and the way back for both. */
+struct fa_proto_rep *fa__rep_get(void);
+void fa__rep_free(struct fa_proto_rep *rep);
 /* REGISTER b (already described by its ops) and return the region id in *region (0 on failure).
  * Returns the daemon's status or a transport status. */
 fa_status fa__register_region(fa_client *c, fa_buffer *b, uint64_t *region);

@@ -208,7 +208,7 @@ static void ring_reap(struct fa_ring *r)
 		memcpy(w->msg, e->msg, len);
 		w->len = len;
 		if (w->async) {
-			struct fa_proto_rep *rep = malloc(sizeof *rep);
+			struct fa_proto_rep *rep = fa__rep_get();
 			char err[FA_PROTO_DETAIL_MAX] = "";
 			fa_status st = FA_EPROTO;
 			const char *detail = "the daemon's completion of an asynchronous call did "
@@ -219,7 +219,7 @@ static void ring_reap(struct fa_ring *r)
 				detail = rep->detail;
 			}
 			ring_async_done(r, w, st, detail);
-			free(rep);
+			fa__rep_free(rep);
 		} else if (w->abandoned) {
 			w->used = false; /* its caller timed out and left */
 		} else {
