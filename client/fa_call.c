@@ -83,26 +83,6 @@ fa_status fa__call(fa_client *c, struct fa_proto_req *req, struct fa_proto_rep *
 	return fa__reply_status(c, rep);
 }
 
-/* One reply buffer kept between calls: a 16 KiB malloc and free on every call were ~300
- * instructions of a tiny call's ~4,000 in the client (2026-12-03). A second caller at the same
- * time allocates its own; the spare stays reachable until the process ends. */
-static _Atomic(struct fa_proto_rep *) rep_spare;
-
-struct fa_proto_rep *fa__rep_get(void)
-{
-	struct fa_proto_rep *rep = atomic_exchange(&rep_spare, NULL);
-
-	return rep != NULL ? rep : malloc(sizeof *rep);
-}
-
-void fa__rep_free(struct fa_proto_rep *rep)
-{
-	struct fa_proto_rep *none = NULL;
-
-	if (rep != NULL && !atomic_compare_exchange_strong(&rep_spare, &none, rep))
-		free(rep);
-}
-
 /* A reply buffer: large (the STATS text), so on the heap rather than on a caller's stack. */
 struct fa_proto_rep *fa__rep_alloc(void)
 {
