@@ -210,6 +210,11 @@ struct backend_ops {
 	                         const uint8_t *gpu_uuid, char *err, size_t errlen);
 	/* Extra STATS lines (whole "# section" blocks) into buf; NULL: none. Loop thread. */
 	void (*stats)(struct backend *b, char *buf, size_t cap);
+	/* Hand back now the jobs that finished on the loop thread inside the request just
+	 * dispatched (the GPU backend's inline runs), rather than in the loop's check phase after
+	 * this turn's poll: the server calls it after each request. Loop thread, outside every
+	 * other backend call. NULL: nothing of the kind. */
+	void (*flush)(struct backend *b);
 	/* A session's backend state (*job->owner_state, set by the backend's threads) is no
 	 * longer needed: the session is freed, every job of it was handed back for good. Loop
 	 * thread. NULL: the backend keeps no such state. */

@@ -33,7 +33,13 @@ static void server_fault(struct server *srv, const char *why);
 static void server_on_recv(void *arg, const struct ipc_peer *peer, const struct ipc_hdr *hdr,
                            const void *body, size_t len)
 {
-	dispatch_request(arg, peer, hdr, body, len);
+	struct server *srv = arg;
+
+	dispatch_request(srv, peer, hdr, body, len);
+	/* an inline run's reply now, not after the loop's next poll (~2 us of a tiny request's
+	 * ~3 us in the daemon, H200 host 2026-12-03) */
+	if (srv->backend != NULL && srv->backend->ops->flush != NULL)
+		srv->backend->ops->flush(srv->backend);
 }
 
 /* A connection closed: sessions that used only it close too. */

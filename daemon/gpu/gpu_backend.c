@@ -247,4 +247,5 @@ const struct backend_ops backend_gpu_ops = {
 	.region_open = gpu_region_open,
 	.stats = gpu_stats,
 	.owner_free = gpu_owner_free,
+	.flush = gpu_flush,
 };

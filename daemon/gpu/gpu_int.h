@@ -684,6 +684,8 @@ void gpu_stats(struct backend *base, char *buf, size_t cap);
 
 /* ops.submit: queue a job on its device, or put it behind a compile, or run it inline. */
 fa_status gpu_submit(struct backend *base, struct backend_job *job);
+/* backend_ops.flush: an inline run's hand-back at once (gpu_loop.c). */
+void gpu_flush(struct backend *base);
 
 /* The async handle's callback: hand finished jobs back (an asynchronous job's first hand-back
  * is its reply), then fault_check. Also called by gpu_close. */

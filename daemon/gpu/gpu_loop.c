@@ -115,6 +115,14 @@ static void gpu_check_cb(uv_check_t *h)
 	gpu_spin_check(b);
 }
 
+void gpu_flush(struct backend *base)
+{
+	struct gpu_backend *b = (struct gpu_backend *)base;
+
+	if (b->inline_pending) /* the check handle's work, at once; it is stopped there */
+		gpu_check_cb(&b->check);
+}
+
 /* Run a small synchronous device-memory job on the loop thread when d's worker is idle and the
  * kernel is loaded: no hand-off to the worker and back (tens of microseconds of a tiny request's
  * latency). Returns whether it ran (then it is on the done list, answered this loop turn). */
