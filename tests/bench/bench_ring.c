@@ -24,8 +24,9 @@
  * as the daemon sees a client's buffers. The daemon's launch calls' host time per job (STATS
  * gpu_enqueue_host_us) is printed beside the in-process one's. The rotation anchors: bench_serving's
  * 8-client request (bf16 B1 S4096) launched back to back over 8 tensor sets in turn, on local
- * memory and on memory another process exported (its 8 clients' kernels ran 7% longer than 8
- * local sets' with the GPU 99% busy, 2026-12-03: is it the imported memory?).
+ * memory and on memory another process exported, interleaved repeats with medians (8 imported
+ * allocations of 64 MiB + 256 B ran 0.91x of local, the same rounded to 2 MiB 1.00x:
+ * bench_ipcmem.c, the full study, and daemon/RESULTS.md 2026-12-03 16:53 UTC).
  *
  * (4) The host time of one fa_gpu_attn_fwd call in-process (the call alone, no sync), p50, for
  *     the tiny and the large shape, with the launch memo (kernels/fa_launch_memo.h) against
