@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 
 #ifdef FA_HAVE_CUDA_HEADERS
@@ -73,6 +74,18 @@ FA_CU_SAME_(FA_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CU_POINTER_ATTRIBUTE_DEVICE_
 FA_CU_SAME_(FA_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
             CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE)
 FA_CU_SAME_(FA_CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE)
+FA_CU_SAME_(FA_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
+FA_CU_SAME_(FA_CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_RANGE_SIZE)
+FA_CU_SAME_(FA_CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+            CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES)
+FA_CU_SAME_(FA_CU_POINTER_ATTRIBUTE_MAPPING_SIZE, CU_POINTER_ATTRIBUTE_MAPPING_SIZE)
+FA_CU_SAME_(FA_CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR, CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR)
+FA_CU_SAME_(FA_CU_MEM_ALLOCATION_TYPE_PINNED, CU_MEM_ALLOCATION_TYPE_PINNED)
+FA_CU_SAME_(FA_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+FA_CU_SAME_(FA_CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_DEVICE)
+FA_CU_SAME_(FA_CU_MEM_ACCESS_FLAGS_PROT_READWRITE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+FA_CU_SAME_(FA_CU_MEM_ALLOC_GRANULARITY_MINIMUM, CU_MEM_ALLOC_GRANULARITY_MINIMUM)
+FA_CU_SAME_(FA_CU_MEM_ALLOC_GRANULARITY_RECOMMENDED, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)
 FA_CU_SAME_(FA_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
 FA_CU_SAME_(FA_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
             CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)
@@ -107,6 +120,18 @@ _Static_assert(sizeof(struct fa_cu_ipc_handle) == sizeof(CUipcMemHandle) &&
                sizeof(CUuuid) == 16 && sizeof(fa_cu_ptr) == sizeof(CUdeviceptr) &&
                sizeof(fa_cu_dev) == sizeof(CUdevice) && sizeof(fa_cu_res) == sizeof(CUresult),
                "the driver's types as the 12.0 ABI passes them");
+_Static_assert(sizeof(fa_cu_mem_handle) == sizeof(CUmemGenericAllocationHandle) &&
+               sizeof(struct fa_cu_mem_location) == sizeof(CUmemLocation) &&
+               sizeof(struct fa_cu_mem_prop) == sizeof(CUmemAllocationProp) &&
+               offsetof(struct fa_cu_mem_prop, location) ==
+                   offsetof(CUmemAllocationProp, location) &&
+               offsetof(struct fa_cu_mem_prop, win32_metadata) ==
+                   offsetof(CUmemAllocationProp, win32HandleMetaData) &&
+               offsetof(struct fa_cu_mem_prop, alloc_flags) ==
+                   offsetof(CUmemAllocationProp, allocFlags) &&
+               sizeof(struct fa_cu_mem_access) == sizeof(CUmemAccessDesc) &&
+               offsetof(struct fa_cu_mem_access, flags) == offsetof(CUmemAccessDesc, flags),
+               "the virtual memory calls' structs are cuda.h's");
 #endif
 
 static struct fa_cu_api table;

@@ -56,6 +56,35 @@ struct fa_cu_ipc_handle {
 	char reserved[FA_CU_IPC_HANDLE_LEN];
 };
 
+/* The virtual memory management calls' types (cuMemCreate and its kin; tests/bench/bench_ipcmem.c
+ * compares their exported memory with legacy IPC's): CUmemGenericAllocationHandle,
+ * CUmemLocation, CUmemAllocationProp and CUmemAccessDesc, field for field (fa_cu.c checks the
+ * sizes and offsets against cuda.h). */
+typedef unsigned long long fa_cu_mem_handle;
+
+struct fa_cu_mem_location {
+	int type; /* FA_CU_MEM_LOCATION_TYPE_DEVICE */
+	int id;   /* the device ordinal */
+};
+
+struct fa_cu_mem_prop {
+	int type;                   /* FA_CU_MEM_ALLOCATION_TYPE_PINNED */
+	int requested_handle_types; /* FA_CU_MEM_HANDLE_TYPE_*, or 0: not exportable */
+	struct fa_cu_mem_location location;
+	void *win32_metadata; /* NULL */
+	struct {
+		unsigned char compression_type;
+		unsigned char gpu_direct_rdma_capable;
+		unsigned short usage;
+		unsigned char reserved[4];
+	} alloc_flags;
+};
+
+struct fa_cu_mem_access {
+	struct fa_cu_mem_location location;
+	int flags; /* FA_CU_MEM_ACCESS_FLAGS_PROT_READWRITE */
+};
+
 /* ---- constants the callers pass (cuda.h's values; fa_cu.c checks them against cuda.h) -------- */
 
 enum {
@@ -65,7 +94,12 @@ enum {
 	FA_CU_POINTER_ATTRIBUTE_IS_MANAGED = 8,
 	FA_CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9,
 	FA_CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE = 10,
+	FA_CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11,
+	FA_CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12,
+	FA_CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES = 14,
 	FA_CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17,
+	FA_CU_POINTER_ATTRIBUTE_MAPPING_SIZE = 18,
+	FA_CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR = 19,
 	/* CUdevice_attribute */
 	FA_CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16,
 	FA_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
@@ -94,6 +128,14 @@ enum {
 	 * NO_MEMORY_BARRIER does not (and the _v2 entry points this table holds refuse it) */
 	FA_CU_STREAM_WRITE_VALUE_DEFAULT = 0x0,
 	FA_CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER = 0x1,
+	/* virtual memory management: CUmemAllocationType, CUmemAllocationHandleType,
+	 * CUmemLocationType, CUmemAccess_flags, CUmemAllocationGranularity_flags */
+	FA_CU_MEM_ALLOCATION_TYPE_PINNED = 0x1,
+	FA_CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1,
+	FA_CU_MEM_LOCATION_TYPE_DEVICE = 0x1,
+	FA_CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3,
+	FA_CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0,
+	FA_CU_MEM_ALLOC_GRANULARITY_RECOMMENDED = 0x1,
 	/* CUresult values the callers test for */
 	FA_CU_ERROR_INVALID_VALUE = 1,
 	FA_CU_ERROR_OUT_OF_MEMORY = 2,
@@ -151,6 +193,22 @@ enum {
 	X(IpcGetMemHandle, (struct fa_cu_ipc_handle *handle, fa_cu_ptr p))                        \
 	X(IpcOpenMemHandle, (fa_cu_ptr *p, struct fa_cu_ipc_handle handle, unsigned flags))       \
 	X(IpcCloseMemHandle, (fa_cu_ptr p))                                                       \
+	X(MemGetAllocationGranularity, (size_t *granularity, const struct fa_cu_mem_prop *prop,   \
+	                                int option))                                              \
+	X(MemCreate, (fa_cu_mem_handle *h, size_t bytes, const struct fa_cu_mem_prop *prop,       \
+	              unsigned long long flags))                                                  \
+	X(MemRelease, (fa_cu_mem_handle h))                                                       \
+	X(MemAddressReserve, (fa_cu_ptr *p, size_t bytes, size_t alignment, fa_cu_ptr addr,       \
+	                      unsigned long long flags))                                          \
+	X(MemAddressFree, (fa_cu_ptr p, size_t bytes))                                            \
+	X(MemMap, (fa_cu_ptr p, size_t bytes, size_t offset, fa_cu_mem_handle h,                  \
+	           unsigned long long flags))                                                     \
+	X(MemUnmap, (fa_cu_ptr p, size_t bytes))                                                  \
+	X(MemSetAccess, (fa_cu_ptr p, size_t bytes, const struct fa_cu_mem_access *desc,          \
+	                 size_t count))                                                           \
+	X(MemExportToShareableHandle, (void *shareable, fa_cu_mem_handle h, int type,             \
+	                               unsigned long long flags))                                 \
+	X(MemImportFromShareableHandle, (fa_cu_mem_handle *h, void *os_handle, int type))         \
 	X(StreamCreate, (fa_cu_stream *stream, unsigned flags))                                   \
 	X(StreamCreateWithPriority, (fa_cu_stream *stream, unsigned flags, int priority))         \
 	X(CtxGetStreamPriorityRange, (int *least, int *greatest))                                 \

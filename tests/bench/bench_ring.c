@@ -24,8 +24,9 @@
  * as the daemon sees a client's buffers. The daemon's launch calls' host time per job (STATS
  * gpu_enqueue_host_us) is printed beside the in-process one's. The rotation anchors: bench_serving's
  * 8-client request (bf16 B1 S4096) launched back to back over 8 tensor sets in turn, on local
- * memory and on memory another process exported (its 8 clients' kernels ran 7% longer than 8
- * local sets' with the GPU 99% busy, 2026-12-03: is it the imported memory?).
+ * memory and on memory another process exported, interleaved repeats with medians (8 imported
+ * allocations of 64 MiB + 256 B ran 0.91x of local, the same rounded to 2 MiB 1.00x:
+ * bench_ipcmem.c, the full study, and daemon/RESULTS.md 2026-12-03 16:53 UTC).
  *
  * (4) The host time of one fa_gpu_attn_fwd call in-process (the call alone, no sync), p50, for
  *     the tiny and the large shape, with the launch memo (kernels/fa_launch_memo.h) against
@@ -53,7 +54,8 @@
 
 #define WARMUP 100
 #define ROT_SETS 8 /* tensor sets of the rotation anchors */
-#define ROT_LAUNCHES 800
+#define ROT_LAUNCHES 200 /* a block of the rotation anchors (about 80 ms) */
+#define ROT_REPS 8       /* interleaved repeats of the three blocks */
 
 static const struct fa_case tiny = {.dtype = FA_DTYPE_BF16, .B = 1, .Sq = 128, .Sk = 128,
                                     .Hq = 16, .Hkv = 16, .D = 64};
@@ -115,7 +117,8 @@ struct board {
 	int in_ok, ipc_ok;
 	/* the rotation anchors (ROT_SETS tensor sets of the B1 shape in turn, as 8 clients'):
 	 * local memory, and memory another process exported by CUDA IPC, as the daemon sees it */
-	double rot_local_tflops, rot_ipc_tflops, rot_ipc1_tflops;
+	double rot_tflops[3], rot_ms[3]; /* [local, IPC, one IPC set] medians over the repeats */
+	double rot_ratio[3], rot_ratio_lo[3], rot_ratio_hi[3]; /* / local in the same repeat */
 	int rot_ok;
 	/* the IPC anchor's two processes */
 	struct fa_cu_ipc_handle ipc_handle;
@@ -142,6 +145,15 @@ static int cmpd(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
 	return x < y ? -1 : x > y;
+}
+
+/* Median of n values (sorted in place), with the min and max. */
+static double med(double *v, int n, double *lo, double *hi)
+{
+	qsort(v, (size_t)n, sizeof *v, cmpd);
+	*lo = v[0];
+	*hi = v[n - 1];
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static void pct(double *v, int n, double *p50, double *p99)
@@ -405,6 +417,82 @@ static int child_ipc_export(void)
 	return 0;
 }
 
+/* The rotation anchors: ROT_LAUNCHES launches back to back over ROT_SETS sets in turn (8
+ * clients' requests as the daemon's worker launches them) on this process's own memory, on the
+ * exporter's, and on one exported set again and again. Interleaved: ROT_REPS repeats of the
+ * three, the order rotated and reversed every other repeat, so drifting clocks and heat fall on
+ * all three alike; medians with min..max, the ratios paired within a repeat (tests/bench/
+ * bench_ipcmem.c is the full study). A kernel's time: the block's span by events over its
+ * launches. */
+static int rot_anchors(struct fa_gpu *g, void *s)
+{
+	char err[1024] = "";
+	struct fa_case_layout rl;
+	struct fa_attn_fwd_desc rd;
+	cu_ptr loc[ROT_SETS] = {0}, imp[ROT_SETS] = {0};
+	void *ev[2] = {0};
+	double tf[3][ROT_REPS], ms[3][ROT_REPS];
+	int rc = 1;
+
+	fa_case_layout(&rot1, &rl);
+	fa_case_desc(&rot1, &rl, &rd);
+	if (cu.EventCreate(&ev[0], 0) != 0 || cu.EventCreate(&ev[1], 0) != 0)
+		goto out;
+	for (int i = 0; i < ROT_SETS; i++)
+		if (upload(&rot1, &rl, &loc[i]) != 0 ||
+		    cu.IpcOpenMemHandle(&imp[i], B->rot_handle[i], 1) != 0)
+			goto out;
+	for (int i = 0; i < ROT_SETS; i++) /* warm: each set once */
+		if (launch(g, &rd, loc[i], &rl, s, err, sizeof err) != FA_OK ||
+		    launch(g, &rd, imp[i], &rl, s, err, sizeof err) != FA_OK)
+			goto out;
+	if (cu.StreamSynchronize(s) != 0)
+		goto out;
+	for (int r = 0; r < ROT_REPS; r++)
+		for (int j = 0; j < 3; j++) {
+			int k = (r + j) % 3;
+			k = r % 2 ? 2 - k : k;
+			const cu_ptr *set = k == 0 ? loc : imp;
+			float span = 0;
+			cu.EventRecord(ev[0], s);
+			for (int i = 0; i < ROT_LAUNCHES; i++)
+				if (launch(g, &rd, set[k == 2 ? 0 : i % ROT_SETS], &rl, s, err,
+				           sizeof err) != FA_OK)
+					goto out;
+			cu.EventRecord(ev[1], s);
+			if (cu.EventSynchronize(ev[1]) != 0 ||
+			    cu.EventElapsedTime(&span, ev[0], ev[1]) != 0)
+				goto out;
+			ms[k][r] = span / ROT_LAUNCHES;
+			tf[k][r] = flop(&rot1) * ROT_LAUNCHES / (span / 1e3) / 1e12;
+		}
+	for (int k = 0; k < 3; k++) {
+		double ratio[ROT_REPS], lo, hi;
+		for (int r = 0; r < ROT_REPS; r++)
+			ratio[r] = tf[k][r] / tf[0][r];
+		B->rot_ratio[k] = med(ratio, ROT_REPS, &lo, &hi);
+		B->rot_ratio_lo[k] = lo;
+		B->rot_ratio_hi[k] = hi;
+		B->rot_tflops[k] = med(tf[k], ROT_REPS, &lo, &hi);
+		B->rot_ms[k] = med(ms[k], ROT_REPS, &lo, &hi);
+	}
+	B->rot_ok = 1;
+	rc = 0;
+out:
+	if (rc != 0)
+		fprintf(stderr, "bench_ring: the rotation anchors failed (%s)\n", err);
+	for (int i = 0; i < ROT_SETS; i++) {
+		if (loc[i] != 0)
+			cu.MemFree(loc[i]);
+		if (imp[i] != 0)
+			cu.IpcCloseMemHandle(imp[i]);
+	}
+	for (int i = 0; i < 2; i++)
+		if (ev[i] != NULL)
+			cu.EventDestroy(ev[i]);
+	return rc;
+}
+
 /* The IPC anchor's importer: the kernel by events and back to back on the exported memory. */
 static int child_ipc_import(void)
 {
@@ -440,42 +528,7 @@ static int child_ipc_import(void)
 		goto out;
 	B->ipc_ok = 1;
 	rc = 0;
-	{ /* the rotation anchors: ROT_LAUNCHES launches back to back over ROT_SETS sets in turn
-	   * (8 clients' requests as the daemon's worker launches them), on this process's own
-	   * memory, on the exporter's, and on one exported set again and again */
-		struct fa_case_layout rl;
-		struct fa_attn_fwd_desc rd;
-		cu_ptr loc[ROT_SETS] = {0}, imp[ROT_SETS] = {0};
-		bool ok = true;
-		fa_case_layout(&rot1, &rl);
-		fa_case_desc(&rot1, &rl, &rd);
-		for (int i = 0; i < ROT_SETS && ok; i++)
-			ok = upload(&rot1, &rl, &loc[i]) == 0 &&
-			     cu.IpcOpenMemHandle(&imp[i], B->rot_handle[i], 1) == 0;
-		double *out3[3] = {&B->rot_local_tflops, &B->rot_ipc_tflops, &B->rot_ipc1_tflops};
-		for (int k = 0; k < 3 && ok; k++) {
-			const cu_ptr *set = k == 0 ? loc : imp;
-			for (int i = 0; i < ROT_SETS && ok; i++) /* warm: each set once */
-				ok = launch(g, &rd, set[i], &rl, s, err, sizeof err) == FA_OK;
-			ok = ok && cu.StreamSynchronize(s) == 0;
-			uint64_t t0 = fa_test_now_us();
-			for (int i = 0; i < ROT_LAUNCHES && ok; i++)
-				ok = launch(g, &rd, set[k == 2 ? 0 : i % ROT_SETS], &rl, s, err,
-				            sizeof err) == FA_OK;
-			ok = ok && cu.StreamSynchronize(s) == 0;
-			*out3[k] = flop(&rot1) * ROT_LAUNCHES /
-			           ((double)(fa_test_now_us() - t0) / 1e6) / 1e12;
-		}
-		B->rot_ok = ok;
-		for (int i = 0; i < ROT_SETS; i++) {
-			if (loc[i] != 0)
-				cu.MemFree(loc[i]);
-			if (imp[i] != 0)
-				cu.IpcCloseMemHandle(imp[i]);
-		}
-		if (!ok)
-			fprintf(stderr, "bench_ring: the rotation anchors failed (%s)\n", err);
-	}
+	rot_anchors(g, s); /* a figure only: its failure is said on stderr */
 out:
 	if (rc != 0)
 		fprintf(stderr, "bench_ring: the IPC anchor failed (%s)\n", err);
@@ -839,11 +892,14 @@ int main(int argc, char **argv)
 	                        : " (IPC anchor failed)");
 	if (B->rot_ok)
 		printf("rotation anchors, bf16 B1 H16 S4096 D128, %d launches back to back over %d "
-		       "tensor sets in turn (as 8 clients' requests): this process's memory %.1f "
-		       "TFLOP/s; CUDA IPC memory of another process %.1f (%.3fx); one IPC set "
-		       "again and again %.1f (%.3fx)\n", ROT_LAUNCHES, ROT_SETS, B->rot_local_tflops,
-		       B->rot_ipc_tflops, ratio(B->rot_ipc_tflops, B->rot_local_tflops),
-		       B->rot_ipc1_tflops, ratio(B->rot_ipc1_tflops, B->rot_local_tflops));
+		       "tensor sets in turn (as 8 clients' requests), %d interleaved repeats, medians "
+		       "[min..max of the ratio within a repeat]: this process's memory %.1f TFLOP/s "
+		       "(%.4f ms a kernel); CUDA IPC memory of another process %.1f (%.4f ms, %.3fx "
+		       "[%.3f..%.3f]); one IPC set again and again %.1f (%.4f ms, %.3fx [%.3f..%.3f])\n",
+		       ROT_LAUNCHES, ROT_SETS, ROT_REPS, B->rot_tflops[0], B->rot_ms[0],
+		       B->rot_tflops[1], B->rot_ms[1], B->rot_ratio[1], B->rot_ratio_lo[1],
+		       B->rot_ratio_hi[1], B->rot_tflops[2], B->rot_ms[2], B->rot_ratio[2],
+		       B->rot_ratio_lo[2], B->rot_ratio_hi[2]);
 	printf("(4) in-process launch call host time (fa_gpu_attn_fwd alone, p50), launch memo on "
 	       "vs off: tiny %.1f vs %.1f us, large %.1f vs %.1f us; a new shape (large, B=7, "
 	       "kernel loaded): first launch %.1f us, repeats %.1f us; memo hits %" PRIu64
