@@ -176,7 +176,8 @@ static int upload(const struct fa_case *cs, struct fa_case_layout *l, cu_ptr *me
 	void *h = malloc(l->total);
 	CHECK(h != NULL, "malloc %zu", l->total);
 	fa_case_fill(cs, l, h, &rng);
-	CHECK(cu.MemAlloc(mem, l->total) == 0, "cuMemAlloc %zu", l->total);
+	CHECK(cu.MemAlloc(mem, fa_test_client_alloc_bytes(l->total)) == 0, "cuMemAlloc %zu",
+	      l->total);
 	CHECK(cu.MemcpyHtoD(*mem, h, l->total) == 0, "upload");
 	free(h);
 	return 0;

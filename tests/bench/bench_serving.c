@@ -203,7 +203,7 @@ static int dev_case_open(struct dev_case *dc, const struct fa_case *cs, uint64_t
 	dc->cs = *cs;
 	fa_case_layout(cs, &dc->l);
 	shape_name(cs, name, sizeof name);
-	cu_res r = cu.MemAlloc(&dc->mem, dc->l.total);
+	cu_res r = cu.MemAlloc(&dc->mem, fa_test_client_alloc_bytes(dc->l.total));
 	if (r != 0)
 		return fail("cuMemAlloc(%zu) for %s: CUDA error %d (%s)", dc->l.total, name, r,
 			    fa_cu_errstr(r));

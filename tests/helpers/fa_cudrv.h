@@ -90,4 +90,15 @@ static inline int fa_cu_in_child(int (*fn)(void *), void *arg, int timeout_ms, i
 	return code;
 }
 
+/* Bytes to cuMemAlloc for a client's n: n rounded up to 2 MiB, as PyTorch's caching allocator
+ * sizes its large segments. Another process's import of an odd-sized allocation ran the
+ * kernel at 0.905-0.914x of local memory over 8 rotating sets, a rounded one at 0.999x
+ * (bench_ipcmem, daemon/RESULTS.md 2026-12-03 16:53): a benchmark's clients allocate as real
+ * ones do. */
+static inline size_t fa_test_client_alloc_bytes(size_t n)
+{
+	const size_t two_mib = (size_t)2 << 20;
+	return (n + two_mib - 1) / two_mib * two_mib;
+}
+
 #endif /* FA_TEST_CUDRV_H */
