@@ -116,6 +116,9 @@ struct fa_kparams {
 #ifndef FA_SOFTCAP
 #define FA_SOFTCAP 0
 #endif
+#ifndef FA_QK_X3SPLIT
+#define FA_QK_X3SPLIT 2
+#endif
 #ifndef FA_LAYOUT
 #define FA_LAYOUT 0
 #endif
@@ -841,6 +844,16 @@ __device__ __forceinline__ void qk_16(float (&s)[SRT][SNJ][4], const QF &qf, u32
 __device__ __forceinline__ void qk_32(float (&s)[SRT][SNJ][4], op32 (&a)[FA_RT][4], const in_t *sQ,
                                       const in_t *cK, int wrow, int g, int t)
 {
+#if FA_PREC == 2 && FA_QK_X3SPLIT
+	/* Experiment: every k step's big x big product from zero, IEEE-added; the two small
+	 * products chained in their own accumulator cs (attn_bwd.cu's FA_X3SPLIT 1) */
+	float cs[FA_RT][NJ][4];
+#pragma unroll
+	for (int r = 0; r < FA_RT; r++)
+#pragma unroll
+		for (int n = 0; n < NJ; n++)
+			cs[r][n][0] = cs[r][n][1] = cs[r][n][2] = cs[r][n][3] = 0.f;
+#endif
 #pragma unroll 4 /* k steps unrolled together (PERF-NOTES.md v1) */
 	for (int kk = 0; kk < FA_D / 8; kk++) {
 #pragma unroll
@@ -857,10 +870,36 @@ __device__ __forceinline__ void qk_32(float (&s)[SRT][SNJ][4], op32 (&a)[FA_RT][
 			float2 x = *(const float2 *)(cK + (n * 8 + g) * LDK + kk * 8 + 2 * t);
 			op32 b0 = make_op(x.x), b1 = make_op(x.y);
 #pragma unroll
-			for (int r = 0; r < FA_RT; r++)
+			for (int r = 0; r < FA_RT; r++) {
+#if FA_PREC == 2 && FA_QK_X3SPLIT
+				const u32 ab[4] = {a[r][0].big, a[r][1].big, a[r][2].big, a[r][3].big};
+				const u32 as[4] = {a[r][0].small, a[r][1].small, a[r][2].small, a[r][3].small};
+				mma_tf32(cs[r][n], as, b0.big, b1.big);
+				mma_tf32(cs[r][n], ab, b0.small, b1.small);
+#if FA_QK_X3SPLIT == 1
+				float tb[4] = {0.f, 0.f, 0.f, 0.f};
+				mma_tf32(tb, ab, b0.big, b1.big);
+#pragma unroll
+				for (int e = 0; e < 4; e++)
+					s[r][n][e] += tb[e];
+#else
+				mma_tf32(s[r][n], ab, b0.big, b1.big);
+#endif
+#else
 				mma32(s[r][n], a[r], b0, b1);
+#endif
+			}
 		}
 	}
+#if FA_PREC == 2 && FA_QK_X3SPLIT
+#pragma unroll
+	for (int r = 0; r < FA_RT; r++)
+#pragma unroll
+		for (int n = 0; n < NJ; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				s[r][n][e] += cs[r][n][e];
+#endif
 }
 #endif
 

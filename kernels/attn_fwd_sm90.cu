@@ -108,6 +108,12 @@
 #ifndef FA_SOFTCAP
 #define FA_SOFTCAP 0
 #endif
+#ifndef FA_OLD_ALPHA
+#define FA_OLD_ALPHA 0
+#endif
+#ifndef FA_X3R_SPLIT
+#define FA_X3R_SPLIT 1
+#endif
 
 #define BR (64 * FA_NWG)
 #define NT (128 * FA_NWG)
@@ -540,8 +546,13 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NSACC], int j, int wrow0
 			mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
 		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
 		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+#if FA_OLD_ALPHA
 		const float msc = mx == NEG_INF ? 0.f : mx * sl;
 		alpha[hh] = mrow[hh] == NEG_INF ? 0.f : fast_exp2(mrow[hh] * sl - msc);
+#else
+		const float msc = mx == NEG_INF ? 0.f : __fmul_rn(mx, sl);
+		alpha[hh] = mrow[hh] == NEG_INF ? 0.f : fast_exp2(__fmul_rn(mrow[hh], sl) - msc);
+#endif
 		mrow[hh] = mx;
 		float sum = 0.f;
 #pragma unroll
@@ -720,6 +731,37 @@ __device__ __forceinline__ void issue_s(float (&s)[NSACC], const qlo_frags &qlo,
 	}
 	wg_commit();
 }
+
+#if X3R && FA_X3R_SPLIT
+/* Experiment (FA_X3R_SPLIT=1): issue_s with the two small cross products (Q K_lo^T, Q_lo K^T)
+ * chained in their own accumulator sb, added to s once waited for: the big products' chain
+ * is then 16 truncations long at D = 128 instead of 48. */
+__device__ __forceinline__ void issue_s_split(float (&s)[NSACC], float (&sb)[NSACC],
+                                              const qlo_frags &qlo, int j, u32 qaddr, u32 kaddr,
+                                              u32 kladdr)
+{
+#pragma unroll
+	for (int i = 0; i < NSACC; i++)
+		s[i] = sb[i] = 0.f;
+	const u32 z = (u32)j >> 30;
+	u32 qa[NSTEP_S][4];
+#pragma unroll
+	for (int ks = 0; ks < NSTEP_S; ks++)
+#pragma unroll
+		for (int e = 0; e < 4; e++)
+			qa[ks][e] = qlo[ks][e] ^ z;
+	wg_fence();
+#pragma unroll
+	for (int ks = 0; ks < NSTEP_S; ks++) {
+		const u64 dq = wg_desc(qaddr + ks * 256, SBO_Q);
+		const u64 dk = wg_desc(kaddr + ks * 256, SBO_Q);
+		s_ss(s, dq, dk);
+		s_ss(sb, dq, wg_desc(kladdr + ks * 256, SBO_Q));
+		s_rs(sb, qa[ks], dk);
+	}
+	wg_commit();
+}
+#endif
 
 #if X3S
 /* X3S: S = Q K^T's k steps in parts of FA_X3S_KP (default: all of them, one part). Each part's
@@ -987,7 +1029,12 @@ __device__ __forceinline__ void epilogue(const fa_wgparams &p, const float (&acc
 			continue;
 		if (p.lse && c == 0)
 			p.lse[b * p.ls[0] + h * p.ls[1] + row * p.ls[2]] =
+#if FA_OLD_ALPHA
 			    l > 0.f ? (mrow[hh] * sl + fast_log2(l)) * 0.69314718055994531f : NEG_INF;
+#else
+			    l > 0.f ? (__fmul_rn(mrow[hh], sl) + fast_log2(l)) * 0.69314718055994531f
+			            : NEG_INF;
+#endif
 		const long long ob = b * p.os[0] + h * p.os[2] + (long long)row * p.os[1];
 #pragma unroll
 		for (int n = 0; n < FA_D / 8; n++) {
@@ -1167,8 +1214,19 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 		const u32 vaddr = smem_u32(kv + (X3 ? 2 : 1) * TILE), vladdr = smem_u32(kv + 3 * TILE);
 
 		float s[NSACC];
+#if X3R && FA_X3R_SPLIT
+		float sb[NSACC];
+		issue_s_split(s, sb, qlo, j, qaddr, kaddr, kladdr);
+		wg_wait_acc<0>(s);
+#pragma unroll
+		for (int i = 0; i < NSACC; i++) {
+			wg_touch(sb[i]);
+			s[i] += sb[i];
+		}
+#else
 		issue_s(s, qlo, j, qaddr, kaddr, kladdr);
 		wg_wait_acc<0>(s);
+#endif
 		float alpha[2];
 		softmax_tile(s, jt0 + j, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha MX_ARG);
 		rescale_o(acc, alpha);
