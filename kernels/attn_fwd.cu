@@ -116,9 +116,6 @@ struct fa_kparams {
 #ifndef FA_SOFTCAP
 #define FA_SOFTCAP 0
 #endif
-#ifndef FA_QK_X3SPLIT
-#define FA_QK_X3SPLIT 2
-#endif
 #ifndef FA_LAYOUT
 #define FA_LAYOUT 0
 #endif
@@ -844,9 +841,14 @@ __device__ __forceinline__ void qk_16(float (&s)[SRT][SNJ][4], const QF &qf, u32
 __device__ __forceinline__ void qk_32(float (&s)[SRT][SNJ][4], op32 (&a)[FA_RT][4], const in_t *sQ,
                                       const in_t *cK, int wrow, int g, int t)
 {
-#if FA_PREC == 2 && FA_QK_X3SPLIT
-	/* Experiment: every k step's big x big product from zero, IEEE-added; the two small
-	 * products chained in their own accumulator cs (attn_bwd.cu's FA_X3SPLIT 1) */
+#if FA_PREC == 2
+	/* 3xtf32: the two small cross products chained in their own accumulator cs, added at the
+	 * end: the tensor cores truncate as they accumulate, and the three products of every k
+	 * step chained in s biased S toward zero by 3 D / 8 truncations (the lse by -1.35e-6 at D
+	 * = 256: 2.0x SDPA's dV error); with cs the big products' chain is a third as long
+	 * (-7e-7, 1.23x). Starting each k step's big product from zero as well (attn_bwd.cu's
+	 * FA_X3SPLIT 1) measured -4e-7 but 8.6% slower at D = 192 (PERF-NOTES.md, "the 3xtf32
+	 * forward's lse"). */
 	float cs[FA_RT][NJ][4];
 #pragma unroll
 	for (int r = 0; r < FA_RT; r++)
@@ -871,27 +873,19 @@ __device__ __forceinline__ void qk_32(float (&s)[SRT][SNJ][4], op32 (&a)[FA_RT][
 			op32 b0 = make_op(x.x), b1 = make_op(x.y);
 #pragma unroll
 			for (int r = 0; r < FA_RT; r++) {
-#if FA_PREC == 2 && FA_QK_X3SPLIT
+#if FA_PREC == 2
 				const u32 ab[4] = {a[r][0].big, a[r][1].big, a[r][2].big, a[r][3].big};
 				const u32 as[4] = {a[r][0].small, a[r][1].small, a[r][2].small, a[r][3].small};
 				mma_tf32(cs[r][n], as, b0.big, b1.big);
 				mma_tf32(cs[r][n], ab, b0.small, b1.small);
-#if FA_QK_X3SPLIT == 1
-				float tb[4] = {0.f, 0.f, 0.f, 0.f};
-				mma_tf32(tb, ab, b0.big, b1.big);
-#pragma unroll
-				for (int e = 0; e < 4; e++)
-					s[r][n][e] += tb[e];
-#else
 				mma_tf32(s[r][n], ab, b0.big, b1.big);
-#endif
 #else
 				mma32(s[r][n], a[r], b0, b1);
 #endif
 			}
 		}
 	}
-#if FA_PREC == 2 && FA_QK_X3SPLIT
+#if FA_PREC == 2
 #pragma unroll
 	for (int r = 0; r < FA_RT; r++)
 #pragma unroll

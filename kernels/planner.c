@@ -360,11 +360,15 @@ static void wg_candidates(const struct fa_device_model *dev, const struct fa_pla
 				/* 3xtf32 keeps Q's remainder in registers up to D = 128; above (X3S) in
 				 * shared memory, one tile only: one warpgroup, 16 keys, the half-tile ring
 				 * (its register count checked by test_nvrtc_compile, not the estimate).
-				 * 1.23x the mma.sync kernel's speed at D = 256 (PERF-NOTES.md, X3S); its
-				 * gradient error at S = 4096 (5.8x SDPA's) was the softmax's rescale
-				 * factor, fixed (PERF-NOTES.md, "the 3xtf32 forward's lse") */
+				 * Offered above head dim 192, where it measured faster than the mma.sync
+				 * kernel (D = 256: 52.7 / 45.1 TFLOP/s against 42.5 / 41.4, causal; D =
+				 * 192: 48.8 against 48.8, causal 42.2 against 46.4), and with FA_WG_BC=16
+				 * above 128. Its gradient error at S = 4096 (5.8x SDPA's before) was the
+				 * softmax's rescale factor, fixed: 1.2x (PERF-NOTES.md, "the 3xtf32
+				 * forward's lse") */
 				const bool x3s = t.path == FA_KPATH_WG32X3 && req->D > 128;
-				if (x3s && (nwgs[a] != 1 || t.bc != 16 || t.stages != 2))
+				if (x3s && (nwgs[a] != 1 || t.bc != 16 || t.stages != 2 ||
+				            (req->D <= 192 && only_bc != 16)))
 					continue;
 				if ((!x3s && tile_regs_raw(&t, req->D, prec) > 250) ||
 				    t.smem > dev->smem_optin || req->D > FA_ATTN_MAX_HEAD_DIM)

@@ -131,11 +131,14 @@ static void test_nvrtc_compiles_the_planned_specialisations_without_spills(void 
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_TF32, 248, FA_MASK_CAUSAL_TOP_LEFT, 1);
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 40, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1);
 		/* 3xtf32 above head dim 128 (X3S: Q_lo in shared memory, the half-tile ring, P V in
-		 * 64-column parts): 254 of 255 registers at d256, so both ends and one between */
+		 * 64-column parts; by default above 192, with FA_WG_BC=16 above 128): 254 of 255
+		 * registers at d256, so both ends and one between */
+		plan_ks.wg_bc = 16;
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 256, FA_MASK_NONE, 1);
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 256, FA_MASK_CAUSAL_TOP_LEFT, 1);
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 200, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1);
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 136, FA_MASK_NONE, 1);
+		plan_ks.wg_bc = 0;
 		/* the 16-bit wgmma kernel, offered everywhere (FA_WGMMA16=1): its first two tiles
 		 * (two stages, and the overlapped three-stage loop) at d64/256/72 */
 		plan_ks.wgmma16 = FA_WGMMA16_ALL;
