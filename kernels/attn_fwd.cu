@@ -841,6 +841,21 @@ __device__ __forceinline__ void qk_16(float (&s)[SRT][SNJ][4], const QF &qf, u32
 __device__ __forceinline__ void qk_32(float (&s)[SRT][SNJ][4], op32 (&a)[FA_RT][4], const in_t *sQ,
                                       const in_t *cK, int wrow, int g, int t)
 {
+#if FA_PREC == 2
+	/* 3xtf32: the two small cross products chained in their own accumulator cs, added at the
+	 * end: the tensor cores truncate as they accumulate, and the three products of every k
+	 * step chained in s biased S toward zero by 3 D / 8 truncations (the lse by -1.35e-6 at D
+	 * = 256: 2.0x SDPA's dV error); with cs the big products' chain is a third as long
+	 * (-7e-7, 1.23x). Starting each k step's big product from zero as well (attn_bwd.cu's
+	 * FA_X3SPLIT 1) measured -4e-7 but 8.6% slower at D = 192 (PERF-NOTES.md, "the 3xtf32
+	 * forward's lse"). */
+	float cs[FA_RT][NJ][4];
+#pragma unroll
+	for (int r = 0; r < FA_RT; r++)
+#pragma unroll
+		for (int n = 0; n < NJ; n++)
+			cs[r][n][0] = cs[r][n][1] = cs[r][n][2] = cs[r][n][3] = 0.f;
+#endif
 #pragma unroll 4 /* k steps unrolled together (PERF-NOTES.md v1) */
 	for (int kk = 0; kk < FA_D / 8; kk++) {
 #pragma unroll
@@ -857,10 +872,28 @@ __device__ __forceinline__ void qk_32(float (&s)[SRT][SNJ][4], op32 (&a)[FA_RT][
 			float2 x = *(const float2 *)(cK + (n * 8 + g) * LDK + kk * 8 + 2 * t);
 			op32 b0 = make_op(x.x), b1 = make_op(x.y);
 #pragma unroll
-			for (int r = 0; r < FA_RT; r++)
+			for (int r = 0; r < FA_RT; r++) {
+#if FA_PREC == 2
+				const u32 ab[4] = {a[r][0].big, a[r][1].big, a[r][2].big, a[r][3].big};
+				const u32 as[4] = {a[r][0].small, a[r][1].small, a[r][2].small, a[r][3].small};
+				mma_tf32(cs[r][n], as, b0.big, b1.big);
+				mma_tf32(cs[r][n], ab, b0.small, b1.small);
+				mma_tf32(s[r][n], ab, b0.big, b1.big);
+#else
 				mma32(s[r][n], a[r], b0, b1);
+#endif
+			}
 		}
 	}
+#if FA_PREC == 2
+#pragma unroll
+	for (int r = 0; r < FA_RT; r++)
+#pragma unroll
+		for (int n = 0; n < NJ; n++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				s[r][n][e] += cs[r][n][e];
+#endif
 }
 #endif
 

@@ -540,8 +540,14 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NSACC], int j, int wrow0
 			mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
 		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
 		mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-		const float msc = mx == NEG_INF ? 0.f : mx * sl;
-		alpha[hh] = mrow[hh] == NEG_INF ? 0.f : fast_exp2(mrow[hh] * sl - msc);
+		/* m sl rounded once (__fmul_rn: never contracted into an FFMA), the same value in P's
+		 * exponent, in alpha and in the lse: alpha is then exactly 1 while the max holds.
+		 * Contracted, alpha was 2^(m sl - rn(m sl)), the product's rounding error, applied to
+		 * l and O at every tile: O / l kept it, the lse drifted by ~(tiles) x 2^-25 (4.8e-6
+		 * rms at 4096 keys of 16, 5.8x SDPA's gradient error; PERF-NOTES.md, "the 3xtf32
+		 * forward's lse"). */
+		const float msc = mx == NEG_INF ? 0.f : __fmul_rn(mx, sl);
+		alpha[hh] = mrow[hh] == NEG_INF ? 0.f : fast_exp2(__fmul_rn(mrow[hh], sl) - msc);
 		mrow[hh] = mx;
 		float sum = 0.f;
 #pragma unroll
@@ -585,6 +591,11 @@ typedef no_frags qlo_frags; /* X3S: Q's remainder is in shared memory */
 typedef u32 plo_frags[NSTEP_P][4];
 #else
 typedef no_frags plo_frags;
+#endif
+#if X3R
+typedef float s_small[NSACC]; /* S's two small cross products (issue_s) */
+#else
+typedef no_frags s_small;
 #endif
 
 /* Q: BR rows (zeros past Sq and, 16-bit, past D) into core matrices; one commit group (fp32
@@ -682,13 +693,23 @@ __device__ __forceinline__ void prep_q(const fa_wgparams &p, elem_t *sQw, elem_t
 /* S = Q K^T of one tile (3xtf32: + Q K_lo^T + Q_lo K^T) as one wgmma group, issued and
  * committed, not waited for: s zeroed, wgmma.fence (s and Q_lo's registers are written before
  * the first wgmma reads them), the k steps, commit. qaddr, kaddr, kladdr: shared addresses of
- * Q, K hi, K lo (3xtf32 only); j: the step (3xtf32: see qa). */
-__device__ __forceinline__ void issue_s(float (&s)[NSACC], const qlo_frags &qlo, int j, u32 qaddr,
-                                        u32 kaddr, u32 kladdr)
+ * Q, K hi, K lo (3xtf32 only); j: the step (3xtf32: see qa). 3xtf32 (X3R) chains the two
+ * small cross products in their own accumulator sb, added by add_small once waited for: the
+ * tensor cores truncate as they accumulate, and all three in s biased S toward zero by ~48
+ * truncations at D = 128 (the lse by -8e-7; 16 with sb: -5e-7, PERF-NOTES.md). */
+__device__ __forceinline__ void issue_s(float (&s)[NSACC], s_small &sb, const qlo_frags &qlo,
+                                        int j, u32 qaddr, u32 kaddr, u32 kladdr)
 {
 #pragma unroll
 	for (int i = 0; i < NSACC; i++)
 		s[i] = 0.f;
+#if X3R
+#pragma unroll
+	for (int i = 0; i < NSACC; i++)
+		sb[i] = 0.f;
+#else
+	(void)sb;
+#endif
 #if X3R
 	/* Fresh copies of Q's remainder for this step's wgmmas: with the loop-invariant
 	 * registers themselves as A operands, ptxas (CUDA 13.0) handed three of them to other
@@ -714,21 +735,38 @@ __device__ __forceinline__ void issue_s(float (&s)[NSACC], const qlo_frags &qlo,
 		const u64 dk = wg_desc(kaddr + ks * 256, SBO_Q);
 		s_ss(s, dq, dk);
 #if X3R
-		s_ss(s, dq, wg_desc(kladdr + ks * 256, SBO_Q)); /* Q K_lo^T */
-		s_rs(s, qa[ks], dk);                            /* Q_lo K^T */
+		s_ss(sb, dq, wg_desc(kladdr + ks * 256, SBO_Q)); /* Q K_lo^T */
+		s_rs(sb, qa[ks], dk);                            /* Q_lo K^T */
 #endif
 	}
 	wg_commit();
+}
+
+/* S's small products (issue_s, X3R) into S, after the wait. */
+__device__ __forceinline__ void add_small(float (&s)[NSACC], s_small &sb)
+{
+#if X3R
+#pragma unroll
+	for (int i = 0; i < NSACC; i++) {
+		wg_touch(sb[i]);
+		s[i] += sb[i];
+	}
+#else
+	(void)s;
+	(void)sb;
+#endif
 }
 
 #if X3S
 /* X3S: S = Q K^T's k steps in parts of FA_X3S_KP (default: all of them, one part). Each part's
  * Q [K; K_lo]^T starts from zero (wgmma's scale-d 0) and is added to the score with IEEE adds;
  * the parts alternate between two accumulators, so part c + 1 runs while part c is added; Q_lo
- * K^T (2^-11 smaller) is chained over all of them. Written against the suspicion that the
- * tensor cores' truncating adds over 32 k steps biased S and the lse: parts of 1, 4 and 8 k
- * steps measured the same gradient error as one part (kernels/PERF-NOTES.md, X3S), so the
- * default is one part; the switch stays for the search of the error's cause. */
+ * K^T (2^-11 smaller) is chained over all of them. Against the tensor cores' truncating adds
+ * over 32 k steps (a bias of S and the lse toward zero): before softmax_tile's rescale fix they
+ * were hidden by its larger error (parts of 1, 4, 8: no change); after it, parts of 4 measured
+ * the lse's bias -4.0e-7 against one part's -6.6e-7, D = 256 S = 4096 dV 1.06x / 1.38x SDPA's
+ * (full / causal) against 1.21x / 1.48x (PERF-NOTES.md, "the 3xtf32 forward's lse"). One part
+ * stays the default: the GPU grids ran it, parts of 4 only the D = 256 error cases. */
 #ifndef FA_X3S_KP
 #define FA_X3S_KP NSTEP_S
 #endif
@@ -987,7 +1025,8 @@ __device__ __forceinline__ void epilogue(const fa_wgparams &p, const float (&acc
 			continue;
 		if (p.lse && c == 0)
 			p.lse[b * p.ls[0] + h * p.ls[1] + row * p.ls[2]] =
-			    l > 0.f ? (mrow[hh] * sl + fast_log2(l)) * 0.69314718055994531f : NEG_INF;
+			    l > 0.f ? (__fmul_rn(mrow[hh], sl) + fast_log2(l)) * 0.69314718055994531f
+			            : NEG_INF;
 		const long long ob = b * p.os[0] + h * p.os[2] + (long long)row * p.os[1];
 #pragma unroll
 		for (int n = 0; n < FA_D / 8; n++) {
@@ -1095,7 +1134,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 	float x[4];   /* unused: 16-bit */
 	if (ntiles > 0) {
 		kv_ready<FA_STAGES - 2>(); /* tile 0 */
-		issue_s(sc, qlo, 0, qaddr, smem_u32(sKV), 0);
+		s_small sb; /* none: 16-bit */
+		issue_s(sc, sb, qlo, 0, qaddr, smem_u32(sKV), 0);
 		wg_wait_acc<0>(sc);
 		float alpha[2];
 		softmax_tile(sc, jt0 + 0, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha MX_ARG);
@@ -1110,7 +1150,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 		if (j + 2 < ntiles)
 			load_kv((j + 2) % FA_STAGES, j + 2);
 		cp_async_commit();
-		issue_s(sn, qlo, j + 1, qaddr, smem_u32(sKV + ((j + 1) % FA_STAGES) * NT_KV * TILE), 0);
+		s_small sb; /* none: 16-bit */
+		issue_s(sn, sb, qlo, j + 1, qaddr, smem_u32(sKV + ((j + 1) % FA_STAGES) * NT_KV * TILE), 0);
 		issue_pv(acc, pc, smem_u32(sKV + (j % FA_STAGES) * NT_KV * TILE + TILE));
 		wg_wait_acc<1>(sn); /* S_{j+1}; P_j V_j may still run */
 		float alpha[2];
@@ -1167,8 +1208,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_attn_fwd(const fa_wgparam
 		const u32 vaddr = smem_u32(kv + (X3 ? 2 : 1) * TILE), vladdr = smem_u32(kv + 3 * TILE);
 
 		float s[NSACC];
-		issue_s(s, qlo, j, qaddr, kaddr, kladdr);
+		s_small sb;
+		issue_s(s, sb, qlo, j, qaddr, kaddr, kladdr);
 		wg_wait_acc<0>(s);
+		add_small(s, sb);
 		float alpha[2];
 		softmax_tile(s, jt0 + j, q0 + wg * 64, r0, c, p.Sk, off, sl, mrow, lrow, alpha MX_ARG);
 		rescale_o(acc, alpha);

@@ -360,11 +360,15 @@ static void wg_candidates(const struct fa_device_model *dev, const struct fa_pla
 				/* 3xtf32 keeps Q's remainder in registers up to D = 128; above (X3S) in
 				 * shared memory, one tile only: one warpgroup, 16 keys, the half-tile ring
 				 * (its register count checked by test_nvrtc_compile, not the estimate).
-				 * Offered only when FA_WG_BC=16 asks for it: 1.23x the mma.sync kernel's
-				 * speed at D = 256, but 5.8x SDPA mem-efficient's gradient error at S =
-				 * 4096 (mma.sync's forward: 1.4x), cause not found (PERF-NOTES.md, X3S) */
+				 * Offered above head dim 192, where it measured faster than the mma.sync
+				 * kernel (D = 256: 52.7 / 45.1 TFLOP/s against 42.5 / 41.4, causal; D =
+				 * 192: 48.8 against 48.8, causal 42.2 against 46.4), and with FA_WG_BC=16
+				 * above 128. Its gradient error at S = 4096 (5.8x SDPA's before) was the
+				 * softmax's rescale factor, fixed: 1.2x (PERF-NOTES.md, "the 3xtf32
+				 * forward's lse") */
 				const bool x3s = t.path == FA_KPATH_WG32X3 && req->D > 128;
-				if (x3s && (nwgs[a] != 1 || t.bc != 16 || t.stages != 2 || only_bc != 16))
+				if (x3s && (nwgs[a] != 1 || t.bc != 16 || t.stages != 2 ||
+				            (req->D <= 192 && only_bc != 16)))
 					continue;
 				if ((!x3s && tile_regs_raw(&t, req->D, prec) > 250) ||
 				    t.smem > dev->smem_optin || req->D > FA_ATTN_MAX_HEAD_DIM)
@@ -378,8 +382,8 @@ static void wg_candidates(const struct fa_device_model *dev, const struct fa_pla
 				 * no faster than two with wider key steps (PERF-NOTES.md v8) */
 				double f_ovl = w16 && t.stages == 3 ? 0.9 : 1.0;
 				t.score = 2.0 * (nwgs[a] == 2 ? 1.0 : 0.7) * f_bc * f_fill * f_ovl;
-				/* X3S scores 0.62 x fill by the formula, under mma.sync's best; asked for,
-				 * it is ranked above it as the other wgmma tiles are */
+				/* X3S scores 0.62 x fill by the formula, under mma.sync's best: it is
+				 * ranked above it as the other wgmma tiles are (measured faster) */
 				if (x3s)
 					t.score += 1.0;
 				if (*nall < FA_PLAN_MAX_CANDIDATES)

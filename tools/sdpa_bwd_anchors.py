@@ -7,7 +7,8 @@
 # FA_ERR_DUMP=dir: also writes each error case's inputs and float64 gradients there (cases.txt,
 # name.{q,k,v,g}.f32, name.{dq,dk,dv}.f64), so that bench_attn_bwd (FA_BENCH_ERR_DIR) measures
 # our error on the very same inputs; FA_ANCHORS_ERR_ONLY=1 skips the timings.
-# FA_ANCHORS_DT=fp32: time only the shapes of these dtypes (space- or comma-separated); FA_ANCHORS_FWD=1:
+# The fp32 error cases add mem-efficient's forward errors (O, lse; fwd_* in its json line) and,
+# dumping, the float64 O and lse (name.{o,lse}.f64). FA_ANCHORS_DT=fp32: time only the shapes of these dtypes (space- or comma-separated); FA_ANCHORS_FWD=1:
 # also the forward alone of the fp32 shapes (mem-efficient; issue 10's fp32 D=256 forward row);
 # FA_ANCHORS_D256=1: also the fp32 errors at D=256 (S=4096, where sm_90 runs the wgmma forward),
 # and the 16-bit timings at bf16 D=256 causal, fp16 D=256 and bf16 D=192.
@@ -51,6 +52,32 @@ def speed(dt, d, s, causal, bk, tokens=32768, heads=16, fwd_only=False):
     torch.cuda.empty_cache()
 
 
+def lse64(q, k, causal):
+    """The natural logsumexp of each query row's scaled scores, in float64 (B, H, S)."""
+    with torch.no_grad():
+        sc = (q.detach() @ k.detach().transpose(-1, -2)) / q.shape[-1] ** 0.5
+        if causal:
+            n = sc.shape[-1]
+            above = torch.triu(torch.ones(n, n, device=sc.device), 1).bool()
+            sc = sc.masked_fill(above, float("-inf"))
+        return torch.logsumexp(sc, dim=-1)
+
+
+def fwd_errors(q, k, v, o64, l64, causal):
+    """mem-efficient's forward alone against float64: O's relative Frobenius error, the lse's
+    rms and mean error (natural units), as bench_attn_bwd prints ours."""
+    try:
+        with torch.no_grad():
+            out = torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, None, True, 0.0, causal)
+        o, l = out[0].double(), out[1][..., :q.shape[2]].double()
+        dl = l - l64
+        return dict(fwd_o=((o - o64).norm() / o64.norm()).item(),
+                    fwd_lse_rms=dl.pow(2).mean().sqrt().item(), fwd_lse_mean=dl.mean().item())
+    except Exception as ex:
+        return dict(fwd_err=str(ex).splitlines()[0][:120])
+
+
 def error(dt, d, s, causal, bk, b=2, heads=4):
     torch.manual_seed(1)
     q64 = (torch.rand(b, heads, s, d, device=dev, dtype=torch.float64) * 3 - 1.5)
@@ -71,6 +98,9 @@ def error(dt, d, s, causal, bk, b=2, heads=4):
             x.float().cpu().numpy().tofile(os.path.join(dump, name + "." + ext))
         for x, ext in ((qr, "dq.f64"), (kr, "dk.f64"), (vr, "dv.f64")):
             x.grad.cpu().numpy().tofile(os.path.join(dump, name + "." + ext))
+        # the forward's float64 O and natural lse, for bench_attn_bwd's forward errors
+        o.detach().cpu().numpy().tofile(os.path.join(dump, name + ".o.f64"))
+        lse64(qr, kr, causal).cpu().numpy().tofile(os.path.join(dump, name + ".lse.f64"))
         with open(os.path.join(dump, "cases.txt"), "a") as f:
             f.write("%s %s %d %d %d %d %d\n" % (name, dt, d, s, int(causal), b, heads))
     try:
@@ -81,6 +111,8 @@ def error(dt, d, s, causal, bk, b=2, heads=4):
         e = [((a.grad.double() - b_.grad).norm() / b_.grad.norm()).item()
              for a, b_ in ((q1, qr), (k1, kr), (v1, vr))]
         r = dict(kind="error", dt=dt, d=d, s=s, causal=causal, bk=bk, dq=e[0], dk=e[1], dv=e[2])
+        if dt == "fp32" and bk == "efficient":
+            r.update(fwd_errors(q, k, v, o.detach(), lse64(qr, kr, causal), causal))
     except Exception as ex:
         r = dict(kind="error", dt=dt, d=d, s=s, causal=causal, bk=bk, err=str(ex).splitlines()[0][:120])
     print(json.dumps(r), flush=True)
@@ -110,7 +142,9 @@ for dt, d, causal in ([] if os.environ.get("FA_ANCHORS_ERR_ONLY") == "1" or
     for bk in ["flash", "cudnn", "efficient"]:
         speed(dt, d, 4096, causal, bk)
 # FA_ANCHORS_SPEED_ONLY=1: the timings only (the errors do not change between runs)
-for dt in ([] if os.environ.get("FA_ANCHORS_SPEED_ONLY") == "1" else ["fp16", "bf16", "fp32"]):
+# FA_ANCHORS_ERR_DT=fp32: the error cases of these dtypes only
+ERR_DT = os.environ.get("FA_ANCHORS_ERR_DT", "").replace(",", " ").split() or ["fp16", "bf16", "fp32"]
+for dt in ([] if os.environ.get("FA_ANCHORS_SPEED_ONLY") == "1" else ERR_DT):
     for d in [64, 128]:
         for bk in ["flash", "cudnn", "efficient"]:
             if dt == "fp32" and bk != "efficient":

@@ -24,7 +24,11 @@
  *                      dir/name.{q,k,v,g}.f32 the inputs (BHSD, fp32 values of the dtype),
  *                      dir/name.{dq,dk,dv}.f64 the float64 gradients; one "err" line per case
  *                      and precision, beside the anchors' SDPA errors on the same inputs;
- *                      FA_BENCH_ERR_ONLY=substring keeps the cases whose name contains it
+ *                      FA_BENCH_ERR_ONLY=substring keeps the cases whose name contains it;
+ *                      where the dump has name.{o,lse}.f64, a "fwd" line first: the forward's
+ *                      O (relative Frobenius) and lse (rms, mean; natural units) errors;
+ *                      FA_BENCH_ERR_FWD=1: those alone, no backward; FA_BENCH_ERR_X3=1:
+ *                      the fp32 cases at 3xtf32 only
  */
 #include <math.h>
 #include <stdint.h>
@@ -290,8 +294,61 @@ static void *read_file(const char *dir, const char *name, const char *ext, size_
 	return b;
 }
 
+/* FA_BENCH_ERR_FWD=1: the forward's errors alone (no backward); FA_BENCH_ERR_X3=1: the fp32
+ * cases at 3xtf32 alone (no ieee run: variants of the 3xtf32 kernels) */
+static bool fwd_only, x3_only;
+
+/* The forward's own errors on a dumped case, where the dump has name.{o,lse}.f64 (float64 O and
+ * natural lse): O's relative Frobenius error, the lse's rms and mean error (the lse is what the
+ * backward's P is recomputed from, so a bias in it scales every gradient). Returns nonzero
+ * when a download failed. */
+static int fwd_errors(const char *dir, const char *name, fa_dtype dt,
+                      const struct fa_gpu_bwd_ptrs *p, size_t n, size_t nrows, const char *pn,
+                      void *host)
+{
+	char path[1024], err[512];
+	snprintf(path, sizeof path, "%s/%s.lse.f64", dir, name);
+	FILE *probe = fopen(path, "rb");
+	if (!probe)
+		return 0; /* an older dump: no forward reference */
+	fclose(probe);
+	double *o64 = read_file(dir, name, "o.f64", n * 8), *l64 = read_file(dir, name, "lse.f64",
+	                                                                      nrows * 8);
+	float *lse = malloc(nrows * 4);
+	int rc = -1;
+	if (!o64 || !l64 || !lse)
+		goto out;
+	if (fa_gpu_download(g, host, p->o, n * fa_dtype_size(dt), err, sizeof err) ||
+	    fa_gpu_download(g, lse, p->lse, nrows * 4, err, sizeof err)) {
+		printf("err %s: %s\n", name, err);
+		goto out;
+	}
+	double num = 0, den = 0, l2 = 0, l1 = 0;
+	for (size_t e = 0; e < n; e++) {
+		const double x = fa_load_elem(host, dt, (int64_t)e) - o64[e];
+		num += x * x;
+		den += o64[e] * o64[e];
+	}
+	for (size_t r = 0; r < nrows; r++) {
+		const double x = (double)lse[r] - l64[r];
+		l2 += x * x;
+		l1 += x;
+	}
+	printf("fwd %-22s %-16s ours  O %.3g lse rms %.3g mean %+.3g\n", name, pn,
+	       den > 0 ? sqrt(num / den) : 0, sqrt(l2 / nrows), l1 / nrows);
+	if (tsv)
+		fprintf(tsv, "fwderr\t%s\t%s\t%.4g\t%.4g\t%.4g\n", name, pn,
+		        den > 0 ? sqrt(num / den) : 0, sqrt(l2 / nrows), l1 / nrows);
+	rc = 0;
+out:
+	free(o64);
+	free(l64);
+	free(lse);
+	return rc;
+}
+
 /* One dumped case at one precision: our forward + backward, the relative Frobenius error of
- * dQ, dK, dV against the float64 gradients (all elements). */
+ * dQ, dK, dV against the float64 gradients (all elements); the forward's (fwd_errors) first. */
 static void err_case(const char *dir, const char *name, fa_dtype dt, fa_precision prec,
                      fa_precision fwd_prec, int D, int S, int causal, int B, int H)
 {
@@ -348,7 +405,17 @@ static void err_case(const char *dir, const char *name, fa_dtype dt, fa_precisio
 	struct fa_attn_fwd_desc ff = *f; /* the forward's own precision (fwd_prec) */
 	ff.precision = fwd_prec;
 	if (fa_gpu_attn_fwd(g, &ff, p.q, p.k, p.v, p.o, p.lse, NULL, err, sizeof err) ||
-	    fa_gpu_attn_bwd(g, &d, &p, 0, NULL, err, sizeof err) || fa_gpu_sync(g, err, sizeof err))
+	    fa_gpu_sync(g, err, sizeof err))
+		goto fail;
+	char pn[40];
+	const bool f32 = dt == FA_DTYPE_FP32, other = fwd_prec != prec;
+	snprintf(pn, sizeof pn, "%s%s%s", f32 ? fa_prec_name(fa_prec_resolve(dt, prec)) : "-",
+	         other ? "/fwd-" : "", other ? fa_prec_name(fa_prec_resolve(dt, fwd_prec)) : "");
+	if (!other && fwd_errors(dir, name, dt, &p, n, (size_t)B * H * S, pn, host))
+		goto fail;
+	if (fwd_only)
+		goto out;
+	if (fa_gpu_attn_bwd(g, &d, &p, 0, NULL, err, sizeof err) || fa_gpu_sync(g, err, sizeof err))
 		goto fail;
 	double rel[3];
 	for (int w = 0; w < 3; w++) {
@@ -362,10 +429,6 @@ static void err_case(const char *dir, const char *name, fa_dtype dt, fa_precisio
 		}
 		rel[w] = den > 0 ? sqrt(num / den) : 0;
 	}
-	char pn[40];
-	const bool f32 = dt == FA_DTYPE_FP32, other = fwd_prec != prec;
-	snprintf(pn, sizeof pn, "%s%s%s", f32 ? fa_prec_name(fa_prec_resolve(dt, prec)) : "-",
-	         other ? "/fwd-" : "", other ? fa_prec_name(fa_prec_resolve(dt, fwd_prec)) : "");
 	printf("err %-22s %-16s ours  dQ %.3g dK %.3g dV %.3g\n", name, pn, rel[0], rel[1], rel[2]);
 	if (tsv)
 		fprintf(tsv, "err\t%s\t%s\t%.4g\t%.4g\t%.4g\n", name, pn, rel[0], rel[1], rel[2]);
@@ -401,11 +464,14 @@ static void err_cases(const char *dir)
 		if (only && *only && !strstr(name, only))
 			continue;
 		if (strcmp(dts, "fp32") == 0) {
-			err_case(dir, name, FA_DTYPE_FP32, FA_PREC_IEEE, FA_PREC_IEEE, D, S, causal, B, H);
+			if (!x3_only)
+				err_case(dir, name, FA_DTYPE_FP32, FA_PREC_IEEE, FA_PREC_IEEE, D, S, causal,
+				         B, H);
 			err_case(dir, name, FA_DTYPE_FP32, FA_PREC_3XTF32, FA_PREC_3XTF32, D, S, causal, B,
 			         H);
 			/* the backward's own share: the same backward after an ieee forward */
-			err_case(dir, name, FA_DTYPE_FP32, FA_PREC_3XTF32, FA_PREC_IEEE, D, S, causal, B, H);
+			if (!fwd_only && !x3_only)
+				err_case(dir, name, FA_DTYPE_FP32, FA_PREC_3XTF32, FA_PREC_IEEE, D, S, causal, B, H);
 		} else {
 			err_case(dir, name, strcmp(dts, "bf16") == 0 ? FA_DTYPE_BF16 : FA_DTYPE_FP16,
 			         FA_PREC_DEFAULT, FA_PREC_DEFAULT, D, S, causal, B, H);
@@ -447,6 +513,8 @@ int main(void)
 	       "forward\n", fa_gpu_name(g), fa_gpu_sm(g));
 	const bool sweep = getenv("FA_BENCH_SWEEP") != NULL;
 	const char *ed = getenv("FA_BENCH_ERR_DIR");
+	fwd_only = getenv("FA_BENCH_ERR_FWD") && strcmp(getenv("FA_BENCH_ERR_FWD"), "1") == 0;
+	x3_only = getenv("FA_BENCH_ERR_X3") && strcmp(getenv("FA_BENCH_ERR_X3"), "1") == 0;
 	if (ed && *ed)
 		err_cases(ed);
 	static const struct shape shapes[] = {

@@ -7,6 +7,8 @@
  *   FA_BENCH_QUICK=1   only the headline shapes (D=128, S=4096; FA_BENCH_D=64 another head dim)
  *   FA_BENCH_SWEEP=1   also time every fitting tile of the headline shapes (tuning data)
  *   FA_BENCH_TSV=path  append one tab-separated line per measurement
+ *   FA_BENCH_X3=1      only fp32 3xtf32, D=128/192/256 S=4096, full and causal ("192 256":
+ *                      those head dims)
  */
 #include <math.h>
 #include <pthread.h>
@@ -230,7 +232,20 @@ int main(void)
 						continue;
 					list[n++] = (struct shape){kinds[k].dt, kinds[k].p, Ds[a], Ss[b], c};
 				}
-	if (nk == 4) {
+	/* FA_BENCH_X3=1: fp32 3xtf32 only, D = 128, 192, 256 at S = 4096 (the 3xtf32 forward's
+	 * variants, PERF-NOTES.md "fp32 3xtf32 forward accuracy") */
+	const char *x3 = getenv("FA_BENCH_X3");
+	if (x3) {
+		n = 0;
+		for (int d = 128; d <= 256; d += 64) {
+			char ds[8];
+			snprintf(ds, sizeof ds, "%d", d);
+			if (strcmp(x3, "1") != 0 && !strstr(x3, ds))
+				continue;
+			for (int c = 0; c < 2; c++)
+				list[n++] = (struct shape){FA_DTYPE_FP32, FA_PREC_3XTF32, d, 4096, c};
+		}
+	} else if (nk == 4) {
 		list[n++] = (struct shape){FA_DTYPE_FP16, FA_PREC_DEFAULT, 128, 4096, 0};
 		list[n++] = (struct shape){FA_DTYPE_FP32, FA_PREC_IEEE, 128, 4096, 0};
 	}

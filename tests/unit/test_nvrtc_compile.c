@@ -131,8 +131,8 @@ static void test_nvrtc_compiles_the_planned_specialisations_without_spills(void 
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_TF32, 248, FA_MASK_CAUSAL_TOP_LEFT, 1);
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 40, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1);
 		/* 3xtf32 above head dim 128 (X3S: Q_lo in shared memory, the half-tile ring, P V in
-		 * 64-column parts; offered with FA_WG_BC=16): 254 of 255 registers at d256, so both
-		 * ends and one between */
+		 * 64-column parts; by default above 192, with FA_WG_BC=16 above 128): 254 of 255
+		 * registers at d256, so both ends and one between */
 		plan_ks.wg_bc = 16;
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 256, FA_MASK_NONE, 1);
 		add_jobs("sm_90", FA_DTYPE_FP32, FA_PREC_3XTF32, 256, FA_MASK_CAUSAL_TOP_LEFT, 1);

@@ -201,20 +201,31 @@ static void test_planner_sm90_fp32_takes_the_wgmma_path(void **state)
 	assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
 	assert_int_equal(t[0].path, FA_KPATH_WG32X3);
 	assert_int_equal(t[0].smem, 4 * ((size_t)t[0].br * 128 + (size_t)t[0].stages * t[0].bc * 128 * 4));
-	/* above 128: mma.sync by default (X3S's error, PERF-NOTES.md); with FA_WG_BC=16 X3S: one
-	 * warpgroup, 16 keys; Q and Q_lo + three half tiles (K or V^T, hi and lo), 224 KiB at D =
-	 * 256, under the H200's 227 KiB; a 99 KiB card stays on mma.sync */
-	struct fa_kernel_settings bc16 = FA_KERNEL_SETTINGS_INIT;
+	/* above 128: X3S with FA_WG_BC=16, and by default above 192 (another key step leaves the
+	 * mma.sync kernel): one warpgroup, 16 keys; Q and Q_lo + three half tiles (K or V^T, hi
+	 * and lo), 224 KiB at D = 256, under the H200's 227 KiB; a 99 KiB card stays on mma.sync */
+	struct fa_kernel_settings bc16 = FA_KERNEL_SETTINGS_INIT, bc32 = FA_KERNEL_SETTINGS_INIT;
 	bc16.wg_bc = 16; /* FA_WG_BC=16 */
+	bc32.wg_bc = 32;
 	for (int D = 136; D <= 256; D += 120) {
 		r.D = D;
-		r.ks = NULL;
+		r.ks = &bc32;
 		assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
 		for (int i = 0; i < n; i++)
 			assert_false(t[i].path == FA_KPATH_WG32X3);
 		r.ks = &bc16;
 		assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+		assert_int_equal(t[0].path, FA_KPATH_WG32X3);
 		r.ks = NULL;
+		assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err), FA_OK);
+		if (D <= 192) {
+			for (int i = 0; i < n; i++)
+				assert_false(t[i].path == FA_KPATH_WG32X3);
+			r.ks = &bc16;
+			assert_int_equal(fa_plan(h, &r, t, FA_PLAN_MAX_CANDIDATES, &n, err, sizeof err),
+			                 FA_OK);
+			r.ks = NULL;
+		}
 		assert_int_equal(t[0].path, FA_KPATH_WG32X3);
 		fa_tile_format(&t[0], tb, sizeof tb);
 		assert_string_equal(tb, "64x16 wg1 s2");
