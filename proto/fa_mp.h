@@ -3,8 +3,10 @@
 #ifndef FA_PROTO_MP_H
 #define FA_PROTO_MP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* An unsigned integer in one of msgpack's unsigned forms at p (n bytes left): its encoded
  * length, 0 when it is not one. (msgpack-c also reads a signed form with a non-negative value
@@ -59,6 +61,28 @@ static inline size_t fa_mp_write_uint(uint8_t *p, uint64_t v)
 	for (size_t i = 0; i < w; i++)
 		p[1 + i] = (uint8_t)(v >> (8 * (w - 1 - i)));
 	return 1 + w;
+}
+
+/* The keys every message begins with, as msgpack writes them (a fixstr): "v", "op", "seq";
+ * FA_MP_K(key) is a key's bytes and length, fa_mp_key_uint's arguments. (The fixstr byte is its
+ * own literal: "\xa2" "ep" is not "\xa2ep", a hex escape that swallows the e.) */
+#define FA_MP_KEY_V "\xa1" "v"
+#define FA_MP_KEY_OP "\xa2" "op"
+#define FA_MP_KEY_SEQ "\xa3" "seq"
+#define FA_MP_K(key) key, sizeof key - 1
+
+/* At p + *at (n bytes in all): the key `key` (its klen encoded bytes), then, unless v is NULL,
+ * an unsigned integer after it (into *v); *at moves past them. Whether they are there. */
+static inline bool fa_mp_key_uint(const uint8_t *p, size_t n, size_t *at, const char *key,
+                                  size_t klen, uint64_t *v)
+{
+	size_t w = 0;
+	if (n - *at < klen || memcmp(p + *at, key, klen) != 0)
+		return false;
+	if (v != NULL && (w = fa_mp_read_uint(p + *at + klen, n - *at - klen, v)) == 0)
+		return false;
+	*at += klen + w;
+	return true;
 }
 
 #endif /* FA_PROTO_MP_H */

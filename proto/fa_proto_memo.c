@@ -5,27 +5,11 @@
 
 #include "fa_mp.h"
 
-/* At p + *at (n bytes in all): the key `key` (its klen encoded bytes), then, with uint set, an
- * unsigned integer after it; *at moves past them. Whether they are there. */
-static bool skip_key(const uint8_t *p, size_t n, size_t *at, const uint8_t *key, size_t klen,
-                     bool uint)
-{
-	uint64_t x;
-	size_t w = 0;
-	if (n - *at < klen || memcmp(p + *at, key, klen) != 0)
-		return false;
-	if (uint && (w = fa_mp_read_uint(p + *at + klen, n - *at - klen, &x)) == 0)
-		return false;
-	*at += klen + w;
-	return true;
-}
-
 /* Where seq's value starts in a message that begins as fa_proto_encode_req writes it (a map,
  * then "v", "op", "seq"), or 0. */
 static size_t seq_offset(const uint8_t *p, size_t n)
 {
-	static const uint8_t kv[] = {0xa1, 'v'}, kop[] = {0xa2, 'o', 'p'},
-	                     kseq[] = {0xa3, 's', 'e', 'q'};
+	uint64_t x;
 	size_t at;
 
 	if (n == 0)
@@ -36,9 +20,9 @@ static size_t seq_offset(const uint8_t *p, size_t n)
 		at = 3;
 	else
 		return 0;
-	if (at > n || !skip_key(p, n, &at, kv, sizeof kv, true) ||
-	    !skip_key(p, n, &at, kop, sizeof kop, true) ||
-	    !skip_key(p, n, &at, kseq, sizeof kseq, false))
+	if (at > n || !fa_mp_key_uint(p, n, &at, FA_MP_K(FA_MP_KEY_V), &x) ||
+	    !fa_mp_key_uint(p, n, &at, FA_MP_K(FA_MP_KEY_OP), &x) ||
+	    !fa_mp_key_uint(p, n, &at, FA_MP_K(FA_MP_KEY_SEQ), NULL))
 		return 0;
 	return at;
 }
