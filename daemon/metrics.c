@@ -124,6 +124,16 @@ struct metrics_hist *metrics_series(struct metrics *m, const char *key, const ch
 	return &s->h;
 }
 
+struct metrics_hist *metrics_series_memo(struct metrics *m, unsigned id, const char *key,
+                                         const char *family, const char *label,
+                                         const char *value, const char *help)
+{
+	struct metrics_hist *h = metrics_series(m, key, family, label, value, help);
+	if (id < METRICS_MEMO)
+		m->memo[id] = h;
+	return h;
+}
+
 struct out {
 	char *p;
 	size_t cap, len;

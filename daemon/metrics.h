@@ -78,18 +78,16 @@ struct metrics_hist *metrics_series(struct metrics *m, const char *key, const ch
 
 /* The per-request recorders' shortcut past metrics_series' name compares (about a thousand
  * instructions a request, 2026-12-03): a series' histogram looked up once and kept in a slot
- * `id` < METRICS_MEMO that the caller numbers. get: the kept one, NULL when none yet or id is
- * out of range; put: keep h (NULL too) there. */
+ * `id` < METRICS_MEMO that the caller numbers. metrics_memo_get: the kept one, NULL when none
+ * yet or id is out of range; metrics_series_memo: metrics_series, its result kept in slot id. */
 static inline struct metrics_hist *metrics_memo_get(const struct metrics *m, unsigned id)
 {
 	return id < METRICS_MEMO ? m->memo[id] : NULL;
 }
 
-static inline void metrics_memo_put(struct metrics *m, unsigned id, struct metrics_hist *h)
-{
-	if (id < METRICS_MEMO)
-		m->memo[id] = h;
-}
+struct metrics_hist *metrics_series_memo(struct metrics *m, unsigned id, const char *key,
+                                         const char *family, const char *label,
+                                         const char *value, const char *help);
 
 /* The STATS lines of every series with a count: "<key>_count:N", "<key>_p50_us:X",
  * "<key>_p99_us:X", "<key>_max_us:X" (microseconds, one decimal), under "# latency". Returns the

@@ -24,9 +24,9 @@ void metrics_export_reply(struct metrics *m, uint32_t op, uint64_t ns)
 		for (int i = 8; i < n && i < (int)sizeof key; i++)
 			if (key[i] >= 'A' && key[i] <= 'Z')
 				key[i] = (char)(key[i] - 'A' + 'a');
-		h = metrics_series(m, key, "fa_request_duration_seconds", "op", name,
-		                   "time from a request's arrival to its reply, by op (FA_OK replies)");
-		metrics_memo_put(m, slot, h);
+		h = metrics_series_memo(m, slot, key, "fa_request_duration_seconds", "op", name,
+		                        "time from a request's arrival to its reply, by op (FA_OK "
+		                        "replies)");
 	}
 	if (h != NULL)
 		metrics_hist_record(h, ns);
@@ -36,19 +36,15 @@ void metrics_export_fwd(struct metrics *m, uint64_t total_ns, uint64_t compute_n
 {
 	struct metrics_hist *q = metrics_memo_get(m, MEMO_FWD_QUEUE);
 	struct metrics_hist *c = metrics_memo_get(m, MEMO_FWD_COMPUTE);
-	if (q == NULL) {
-		q = metrics_series(
-		    m, "fwd_queue", "fa_fwd_queue_seconds", "", "",
+	if (q == NULL)
+		q = metrics_series_memo(
+		    m, MEMO_FWD_QUEUE, "fwd_queue", "fa_fwd_queue_seconds", "", "",
 		    "time an attention request spent outside the backend's computation: validation, "
 		    "the queue, the reply");
-		metrics_memo_put(m, MEMO_FWD_QUEUE, q);
-	}
-	if (c == NULL) {
-		c = metrics_series(
-		    m, "fwd_compute", "fa_fwd_compute_seconds", "", "",
+	if (c == NULL)
+		c = metrics_series_memo(
+		    m, MEMO_FWD_COMPUTE, "fwd_compute", "fa_fwd_compute_seconds", "", "",
 		    "time the backend computed an attention request (first chunk started to last done)");
-		metrics_memo_put(m, MEMO_FWD_COMPUTE, c);
-	}
 	if (q != NULL)
 		metrics_hist_record(q, total_ns > compute_ns ? total_ns - compute_ns : 0);
 	if (c != NULL)
