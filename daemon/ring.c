@@ -40,7 +40,6 @@ _Static_assert(FA_RING_ENTRIES <= FA_PROTO_MAX_SLOTS, "a ring entry can hold a w
 #define RING_SLEEP_MS 200         /* a sleeping thread looks at its stop flag this often */
 #define RING_SIG_MAX 1024         /* rings the SIGBUS handler can know at once */
 #define RING_PREWAKE_MAX 16       /* prewakes waiting for their time (more: done at once) */
-#define RING_LOOP_POLL_NS 2000ull /* the polling loop's look at the rings between two turns */
 
 /* One entry copied out of the shared memory. */
 struct ring_msg {
@@ -87,7 +86,6 @@ struct rings {
 	struct idmap by_session;  /* session id -> ring */
 	pthread_mutex_t mu;       /* guards the pending list and the thread-side counters */
 	struct ring *pending;
-	atomic_bool has_pending;  /* a hint, without mu: pending was not empty (set under mu) */
 	struct ring_counters n;   /* loop-side counters; the thread-side ones are atomics below */
 	_Atomic uint64_t entries, sleeps, hop_ns, turnaround_ns, turnarounds, polled;
 	void (*done)(void *arg);
@@ -230,7 +228,6 @@ static void ring_queue(struct ring *r)
 		pthread_mutex_lock(&t->mu);
 		r->pending_next = t->pending;
 		t->pending = r;
-		atomic_store(&t->has_pending, true);
 		pthread_mutex_unlock(&t->mu);
 	}
 	/* Dekker with rings_spin_cb's store of loop_polling and look at the pending list: a
@@ -415,14 +412,6 @@ static void rings_spin_cb(uv_idle_t *h)
 	struct rings *t = h->data;
 	uint64_t now = fa_now_ns();
 
-	/* A synchronous client's next entry comes a few microseconds after its completion: look
-	 * for it here for RING_LOOP_POLL_NS rather than only once per turn of the loop (each turn
-	 * is an epoll_wait system call and the other handles; the hop from the ring thread was
-	 * ~1 us, daemon/RESULTS.md 2026-12-03). The loop's other work waits at most that long. */
-	for (uint64_t end = now + RING_LOOP_POLL_NS;
-	     !atomic_load_explicit(&t->has_pending, memory_order_relaxed) && now < end;
-	     now = fa_now_ns())
-		ring_pause();
 	if (rings_pending(t)) /* queued while the loop polls: no uv_async was sent */
 		ring_async_cb(&t->async);
 	for (unsigned i = 0; i < t->nprewake;) {
@@ -546,7 +535,6 @@ static void ring_async_cb(uv_async_t *a)
 	pthread_mutex_lock(&t->mu);
 	struct ring *list = t->pending;
 	t->pending = NULL;
-	atomic_store(&t->has_pending, false);
 	pthread_mutex_unlock(&t->mu);
 	while (list != NULL) {
 		struct ring *r = list;
