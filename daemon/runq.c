@@ -41,7 +41,7 @@ void runq_fini(struct runq *s)
 	/* The backend handed every job back first; the nodes are freed without touching a job
 	 * (one left queued may be gone by now). */
 	for (int c = 0; c < RUNQ_NCLASSES; c++) {
-		struct runq_owner *n = s->ring[c];
+		struct runq_owner *n = s->next[c];
 		if (n == NULL)
 			continue;
 		n->prev->next = NULL;
@@ -50,43 +50,44 @@ void runq_fini(struct runq *s)
 			free(n);
 			n = next;
 		}
-		s->ring[c] = NULL;
+		s->next[c] = s->last[c] = NULL;
 		s->queued[c] = 0;
 	}
 }
 
-/* Put node last in its class' turn order: just before the owner served last, so that it comes
- * after everyone already waiting but before that owner's next turn. */
+/* Put node last in its class' turn order: after everyone already waiting, and before the next
+ * turn of the owner served last when that owner still has jobs queued (it was just served; the
+ * newcomer was not). */
 static void runq_ring_insert(struct runq *s, struct runq_owner *n)
 {
-	struct runq_owner *last = s->ring[n->cls];
+	struct runq_owner *next = s->last[n->cls] != NULL ? s->last[n->cls] : s->next[n->cls];
 
-	if (last == NULL) {
+	if (next == NULL) {
 		n->prev = n->next = n;
-		s->ring[n->cls] = n;
-		s->served[n->cls] = false;
+		s->next[n->cls] = n;
 		return;
 	}
-	n->next = last;
-	n->prev = last->prev;
+	n->next = next;
+	n->prev = next->prev;
 	n->prev->next = n;
-	last->prev = n;
+	next->prev = n;
 }
 
-/* Take node out of the ring and free it (its queue is empty). */
+/* Take node out of the ring and free it (its queue is empty). Were it the next to serve, the
+ * owner after it is. */
 static void runq_ring_drop(struct runq *s, struct runq_owner *n)
 {
-	struct runq_owner **head = &s->ring[n->cls];
+	struct runq_owner **next = &s->next[n->cls];
 
+	if (s->last[n->cls] == n)
+		s->last[n->cls] = NULL;
 	if (n->next == n) {
-		*head = NULL;
+		*next = NULL;
 	} else {
 		n->prev->next = n->next;
 		n->next->prev = n->prev;
-		if (*head == n) {
-			*head = n->prev; /* the turn after it stays the next */
-			s->served[n->cls] = true;
-		}
+		if (*next == n)
+			*next = n->next;
 	}
 	free(n);
 }
@@ -94,7 +95,7 @@ static void runq_ring_drop(struct runq *s, struct runq_owner *n)
 fa_status runq_push(struct runq *s, struct backend_job *job)
 {
 	int cls = runq_class(job->priority);
-	struct runq_owner *n = s->ring[cls];
+	struct runq_owner *n = s->next[cls];
 
 	if (n != NULL) {
 		struct runq_owner *first = n;
@@ -122,9 +123,9 @@ fa_status runq_push(struct runq *s, struct backend_job *job)
 struct backend_job *runq_peek(struct runq *s, runq_ok_fn ok, void *arg)
 {
 	for (int c = 0; c < RUNQ_NCLASSES; c++) {
-		if (s->ring[c] == NULL)
+		if (s->next[c] == NULL)
 			continue;
-		struct runq_owner *first = s->served[c] ? s->ring[c]->next : s->ring[c], *n = first;
+		struct runq_owner *first = s->next[c], *n = first;
 		do {
 			if (ok == NULL || ok(n->owner, arg))
 				return n->head;
@@ -156,8 +157,8 @@ void runq_take(struct runq *s, struct backend_job *job)
 	runq_unlink(n, job);
 	job->runq_node = NULL;
 	s->queued[n->cls]--;
-	s->ring[n->cls] = n; /* its turn is used: the next peek starts after it */
-	s->served[n->cls] = true;
+	s->next[n->cls] = n->next; /* its turn is used: the owner after it is next */
+	s->last[n->cls] = n;
 	if (n->head == NULL)
 		runq_ring_drop(s, n);
 }
@@ -170,8 +171,8 @@ void runq_rotate(struct runq *s, struct backend_job *job)
 		runq_unlink(n, job);
 		backend_job_append(&n->head, &n->tail, job);
 	}
-	s->ring[n->cls] = n;
-	s->served[n->cls] = true;
+	s->next[n->cls] = n->next;
+	s->last[n->cls] = n;
 }
 
 struct backend_job *runq_remove(struct runq *s, const void *owner, runq_match_fn match,
@@ -180,7 +181,7 @@ struct backend_job *runq_remove(struct runq *s, const void *owner, runq_match_fn
 	struct backend_job *out = NULL, *out_tail = NULL;
 
 	for (int c = 0; c < RUNQ_NCLASSES; c++) {
-		struct runq_owner *n = s->ring[c];
+		struct runq_owner *n = s->next[c];
 		unsigned owners = 0;
 		if (n == NULL)
 			continue;
@@ -188,7 +189,7 @@ struct backend_job *runq_remove(struct runq *s, const void *owner, runq_match_fn
 			owners++;
 		owners++;
 		/* Walk each node once; a node may be freed on the way. */
-		struct runq_owner *cur = s->ring[c];
+		struct runq_owner *cur = s->next[c];
 		for (unsigned i = 0; i < owners; i++) {
 			struct runq_owner *next = cur->next;
 			if (owner == NULL || cur->owner == owner) {
