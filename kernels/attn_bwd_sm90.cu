@@ -161,15 +161,19 @@
 #define NKV (DH / 2)
 #define NQ (DH / 2)
 /* Experiments (FA_NVRTC_EXTRA, kernels/PERF-NOTES.md): FA_WIDE_DQ how dQ reaches the fp32
- * accumulator: 0 red.global.add.v2 from the accumulators, 1 red.global.add.v4 (pairs of lanes
+ * accumulator (default 3, the atomic mode's fastest; the deterministic dQ takes 0 then): 0
+ * red.global.add.v2 from the accumulators, 1 red.global.add.v4 (pairs of lanes
  * swap halves), 2 staged in shared memory and added by one bulk reduction per row
- * (cp.reduce.async.bulk; the deterministic dQ takes 1 then); FA_WIDE_PF 1: the next step's
+ * (cp.reduce.async.bulk; the deterministic dQ takes 1 then), 3 staged as 2 but issued at the
+ * next step's first barrier and waited for only before that step's prefetch, so the reduction
+ * drains while S^T / dP^T multiply (four rows in a region of their own; the deterministic dQ
+ * takes 0); FA_WIDE_PF 1: the next step's
  * loads issued after S^T / dP^T, not before; FA_WIDE_ROT 1: key block n starts at its n-th
  * step (atomic dQ only), so that the key blocks of a head running together add into
  * different dQ rows; FA_WIDE_DIAG (timing only, wrong results): 1 no dQ adds, 2 no loads
  * after the first step's. */
 #ifndef FA_WIDE_DQ
-#define FA_WIDE_DQ 0
+#define FA_WIDE_DQ 3 /* H200 2026-12-04, bf16 S=4096: D=256 25.8 ms (0: 27.0), D=192 20.4 (21.8) */
 #endif
 #ifndef FA_WIDE_PF
 #define FA_WIDE_PF 0
@@ -180,7 +184,9 @@
 #ifndef FA_WIDE_ROT
 #define FA_WIDE_ROT 0
 #endif
-#define WIDE_BULK (FA_WIDE_DQ == 2 && !FA_DET)
+#define WIDE_BULK ((FA_WIDE_DQ == 2 || FA_WIDE_DQ == 3) && !FA_DET)
+#define WIDE_LATE (FA_WIDE_DQ == 3 && !FA_DET) /* the bulk reduction a step late */
+#define WIDE_V4 (FA_WIDE_DQ == 1 || FA_WIDE_DQ == 2) /* red.global.add.v4 when not bulk */
 #define WIDE_RSTR (DP * 4 + 32) /* bytes between staged dQ rows (2 wavefronts per store) */
 #endif
 
@@ -751,13 +757,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
  *   dV[:, w] += P^T dO[:, w],  dK[:, w] += dS^T Q[:, w]
  *                                              wgmma ss, A = P^T / dS^T (K-major: K = queries),
  *                                              B = dO / Q (N-major: N = d)
- * dQ is its own commit group, issued first: its red.global.add run while dK and dV multiply.
- * The step ends when all of them are done (the next step's barrier frees P^T, dS^T and the
- * buffers the next prefetch overwrites). Grid, masks, the deterministic dQ and the epilogue as
- * the narrow form; the head dim is padded to 32 (attn_bwd.cu's DP above 128: the dQ
- * accumulator's row, shared with its pre and dq passes). Shared memory: K, V (64 x DP), two
- * buffers of Q and dO (64 x DP), P^T and dS^T (64 x 64), lse2 and delta: 214,016 bytes at
- * D = 256, under sm_90's 232,448.
+ * dQ is its own commit group, issued first. Atomic mode (FA_WIDE_DQ 3): when every wgmma of
+ * the step is done (a barrier), dQ is staged in fp32 in the step's Q / dO buffers (and four rows
+ * in their own region), and at the next step's first barrier 64 threads add it to the
+ * accumulator, one cp.reduce.async.bulk per row; the reduction drains while that step's S^T /
+ * dP^T multiply and is waited for only before its prefetch overwrites the buffers. The
+ * deterministic dQ adds in turn with red.global.add while dK and dV multiply. The next step's
+ * barrier frees P^T, dS^T and the buffers the next prefetch overwrites. Grid, masks, the
+ * deterministic dQ and the epilogue as the narrow form; the head dim is padded to 32
+ * (attn_bwd.cu's DP above 128: the dQ accumulator's row, shared with its pre and dq passes). Shared memory: K, V (64 x DP), two
+ * buffers of Q and dO (64 x DP), P^T and dS^T (64 x 64), lse2 and delta, four staged dQ rows
+ * (FA_WIDE_DQ 3): 218,112 bytes at D = 256, under sm_90's 232,448.
  */
 /* Step it of key block n: its query head hh of the group and query block iq (FA_WIDE_ROT: the
  * steps rotated by n). */
@@ -796,6 +806,20 @@ __device__ __forceinline__ u32 wide_stage_row(const u16 *sQ, const u16 *sdO, con
 		return smem_u32(h ? sdO : sQ) + (u32)(i * WIDE_RSTR);
 	return smem_u32(sP) + (u32)((2 * h + i - 30) * DP * 4);
 }
+/* WIDE_BULK: staged rows 0 .. rows - 1 added to the accumulator's rows at acc, one bulk
+ * reduction per row by threads 0..63 (each its own bulk group; the rows' stores fenced for the
+ * async proxy and behind a barrier). */
+__device__ __forceinline__ void wide_bulk_add(float *acc, int rows, const u16 *sQ, const u16 *sdO,
+                                              const u16 *sP, int tid)
+{
+	if (tid < rows && tid < 64) {
+		asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], "
+		             "[%1], %2;" ::"l"(acc + (long long)tid * DP),
+		             "r"(wide_stage_row(sQ, sdO, sP, tid)), "r"(DP * 4)
+		             : "memory");
+		asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+	}
+}
 __device__ __forceinline__ void bulk_wait_read(void)
 {
 	asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -812,6 +836,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	u16 *sdS = sP + BKV * FA_BQ;               /* 64 x BQ, [key][query] */
 	float *sL0 = (float *)(sdS + BKV * FA_BQ); /* 2 x BQ */
 	float *sDl0 = sL0 + 2 * FA_BQ;             /* 2 x BQ */
+	/* WIDE_LATE: staged dQ rows 30, 31, 62, 63 (4 x DP fp32; P^T is rewritten before the
+	 * reduction that reads them is waited for) */
+	u16 *sX = (u16 *)(sDl0 + 2 * FA_BQ);
+	u16 *const sXP = WIDE_LATE ? sX : sP;
 
 	const int tid = (int)threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
 	const int g = lane >> 2, c = lane & 3, r0 = 16 * wi + g;
@@ -854,6 +882,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	const u32 paddr = smem_u32(sP), dsaddr = smem_u32(sdS);
 
 	int *prev_turn = nullptr; /* FA_DET: the counter of the last step's adds, not yet counted */
+	float *prev_acc = nullptr; /* WIDE_LATE: the last step's dQ rows, staged, not yet added */
+	int prev_rows = 0;
 	for (int it = 0; it < total; it++) {
 		int hh, iq;
 		wide_step(it, n, total, nsteps, iq0, hh, iq);
@@ -868,12 +898,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		fence_proxy_async();
 		if (FA_DET && prev_turn)
 			det_fence();
-		if (WIDE_BULK && tid < 64)
+		if (WIDE_BULK && !WIDE_LATE && tid < 64)
 			bulk_wait_read(); /* the last step's staged dQ row read: its buffer is reused */
 		__syncthreads();
 		if (FA_DET && prev_turn && tid == 0)
 			det_count(prev_turn);
-		if (!FA_WIDE_PF)
+		if (WIDE_LATE && it > 0) /* the last step's rows, staged in the other buffer and sX */
+			wide_bulk_add(prev_acc, prev_rows, sQ0 + (buf ^ 1) * FA_BQ * DP,
+			              sdO0 + (buf ^ 1) * FA_BQ * DP, sX, tid);
+		if (!FA_WIDE_PF && !WIDE_LATE)
 			wide_prefetch(p, sQ0, sdO0, sL0, sDl0, b, hk, it, total, nsteps, iq0, buf, n);
 
 		/* S^T = K Q_w^T, dP^T = V dO_w^T over the warpgroup's QH queries (K-major, k over d) */
@@ -892,7 +925,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			WGB_NAME(ss, QH)<0, 0>(dp, wg_desc(vaddr + ks * 256, SBO_D),
 			                         wg_desc(dow + ks * 256, SBO_D));
 		wg_commit();
-		if (FA_WIDE_PF)
+		if (FA_WIDE_PF && !WIDE_LATE)
 			wide_prefetch(p, sQ0, sdO0, sL0, sDl0, b, hk, it, total, nsteps, iq0, buf, n);
 		wg_wait<0>();
 #pragma unroll
@@ -943,8 +976,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 				*(u32 *)(sdS + at) = pack16(dp[4 * nb + 2 * hf], dp[4 * nb + 2 * hf + 1]);
 			}
 		}
+		if (WIDE_LATE && tid < 64)
+			bulk_wait_read(); /* the last step's rows read: the other buffer is reused */
 		fence_proxy_async();
 		__syncthreads();
+		if (WIDE_LATE)
+			wide_prefetch(p, sQ0, sdO0, sL0, sDl0, b, hk, it, total, nsteps, iq0, buf, n);
 
 		/* dQ_step[:, w] = dS K[:, w] over the 64 keys: A = dS (M-major: 8-query groups 128
 		 * bytes apart, 8-key groups SBO_B), B = K (N-major); then dV[:, w] += P^T dO[:, w],
@@ -988,7 +1025,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		}
 		float *acc = p.dqacc + (bh * p.sqp + q0) * DP + wg * DH;
 		if (FA_WIDE_DIAG == 1 || WIDE_BULK) {
-		} else if (FA_WIDE_DQ >= 1) {
+		} else if (WIDE_V4) {
 			/* lanes c and c ^ 1 swap a pair: the even one adds 4 columns of row r0, the odd
 			 * one 4 of row r0 + 8 */
 			const int odd = c & 1, il = r0 + 8 * odd;
@@ -1033,7 +1070,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			__syncthreads();
 #pragma unroll
 			for (int hf = 0; hf < 2; hf++) {
-				const u32 row = wide_stage_row(sQ, sdO, sP, r0 + 8 * hf) + wg * DH * 4 + 8 * c;
+				const u32 row = wide_stage_row(sQ, sdO, sXP, r0 + 8 * hf) + wg * DH * 4 + 8 * c;
 #pragma unroll
 				for (int nb = 0; nb < DH / 8; nb++)
 					asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(row + nb * 32),
@@ -1041,15 +1078,21 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 					             : "memory");
 			}
 			fence_proxy_async();
-			__syncthreads();
-			if (tid < 64 && q0 + tid < p.Sq) {
-				asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], "
-				             "[%1], %2;" ::"l"(p.dqacc + (bh * p.sqp + q0 + tid) * DP),
-				             "r"(wide_stage_row(sQ, sdO, sP, tid)), "r"(DP * 4)
-				             : "memory");
-				asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+			if (WIDE_LATE) { /* added at the next step's first barrier, or after the loop */
+				prev_acc = p.dqacc + (bh * p.sqp + q0) * DP;
+				prev_rows = min(FA_BQ, p.Sq - q0);
+			} else {
+				__syncthreads();
+				wide_bulk_add(p.dqacc + (bh * p.sqp + q0) * DP, min(FA_BQ, p.Sq - q0), sQ,
+				              sdO, sP, tid);
 			}
 		}
+	}
+	if (WIDE_LATE && total > 0) {
+		__syncthreads();
+		const int lb = (total - 1) & 1;
+		wide_bulk_add(prev_acc, prev_rows, sQ0 + lb * FA_BQ * DP, sdO0 + lb * FA_BQ * DP, sX,
+		              tid);
 	}
 	if (WIDE_BULK && tid < 64)
 		bulk_wait_read(); /* the last rows read before the block's shared memory goes */
