@@ -167,7 +167,7 @@
  * (cp.reduce.async.bulk; the deterministic dQ takes 1 then), 3 staged as 2 but issued at the
  * next step's first barrier and waited for only before that step's prefetch, so the reduction
  * drains while S^T / dP^T multiply (four rows in a region of their own; the deterministic dQ
- * takes 0); FA_WIDE_PF 1: the next step's
+ * takes 0), 4 as 3 but issued at once (a barrier more); FA_WIDE_PF 1: the next step's
  * loads issued after S^T / dP^T, not before; FA_WIDE_ROT 1: key block n starts at its n-th
  * step (atomic dQ only), so that the key blocks of a head running together add into
  * different dQ rows; FA_WIDE_DIAG (timing only, wrong results): 1 no dQ adds, 2 no loads
@@ -184,8 +184,9 @@
 #ifndef FA_WIDE_ROT
 #define FA_WIDE_ROT 0
 #endif
-#define WIDE_BULK ((FA_WIDE_DQ == 2 || FA_WIDE_DQ == 3) && !FA_DET)
-#define WIDE_LATE (FA_WIDE_DQ == 3 && !FA_DET) /* the bulk reduction a step late */
+#define WIDE_BULK (FA_WIDE_DQ >= 2 && !FA_DET)
+#define WIDE_LATE (FA_WIDE_DQ >= 3 && !FA_DET) /* the bulk reduction waited for a step late */
+#define WIDE_NOW (FA_WIDE_DQ == 4)             /* ... but issued at once */
 #define WIDE_V4 (FA_WIDE_DQ == 1 || FA_WIDE_DQ == 2) /* red.global.add.v4 when not bulk */
 #define WIDE_RSTR (DP * 4 + 32) /* bytes between staged dQ rows (2 wavefronts per store) */
 #endif
@@ -903,7 +904,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		__syncthreads();
 		if (FA_DET && prev_turn && tid == 0)
 			det_count(prev_turn);
-		if (WIDE_LATE && it > 0) /* the last step's rows, staged in the other buffer and sX */
+		if (WIDE_LATE && !WIDE_NOW && it > 0) /* the last step's rows, in the other buffer and sX */
 			wide_bulk_add(prev_acc, prev_rows, sQ0 + (buf ^ 1) * FA_BQ * DP,
 			              sdO0 + (buf ^ 1) * FA_BQ * DP, sX, tid);
 		if (!FA_WIDE_PF && !WIDE_LATE)
@@ -1078,17 +1079,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 					             : "memory");
 			}
 			fence_proxy_async();
-			if (WIDE_LATE) { /* added at the next step's first barrier, or after the loop */
+			if (WIDE_LATE && !WIDE_NOW) { /* added at the next step's first barrier */
 				prev_acc = p.dqacc + (bh * p.sqp + q0) * DP;
 				prev_rows = min(FA_BQ, p.Sq - q0);
 			} else {
 				__syncthreads();
 				wide_bulk_add(p.dqacc + (bh * p.sqp + q0) * DP, min(FA_BQ, p.Sq - q0), sQ,
-				              sdO, sP, tid);
+				              sdO, sXP, tid);
 			}
 		}
 	}
-	if (WIDE_LATE && total > 0) {
+	if (WIDE_LATE && !WIDE_NOW && total > 0) {
 		__syncthreads();
 		const int lb = (total - 1) & 1;
 		wide_bulk_add(prev_acc, prev_rows, sQ0 + lb * FA_BQ * DP, sdO0 + lb * FA_BQ * DP, sX,
