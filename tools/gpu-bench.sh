@@ -34,7 +34,7 @@ step() { # name command...
 	else tail -n 25 "$L/$name.log"; fi
 }
 step priority build/tests/bench/bench_priority -t "${FA_PRIORITY_SECONDS:-3}"
-step ring build/tests/bench/bench_ring -n "${FA_RING_N:-1000}" -l 20
+step ring build/tests/bench/bench_ring -n "${FA_RING_N:-1000}" -l "${FA_RING_L:-60}"
 step serving build/tests/bench/bench_serving -n "${FA_SERVING_N:-1000}" -t 2
 step python python3 python/bench/call_overhead.py --gpu
 echo "== total: $(( $(date +%s) - start ))s"
