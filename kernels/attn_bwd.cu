@@ -110,6 +110,7 @@ typedef u16 in_t;
 #define LDP (FA_BQ + 8)
 #define KK 16
 #endif
+#define DQC (DP + 4) /* FA_DET 2: a (batch, kv head)'s column multipliers, then |V|'s bound */
 /* fp32 ieee and 3xtf32: P = exp(s scale - lse) with the exponent's roundings compensated
  * (fa_p_exp_comp, fa_device.cuh): the plain exp2(s scale log2e - lse2) loses |lse2| ~ 10 ulps
  * of fp32 in the exponent, measured as most of these precisions' gradient error (PERF-NOTES.md, backward).
@@ -138,10 +139,21 @@ typedef u16 in_t;
  * head) run as groups of 2^dgrp_lg (gpu_bwd.c's det_group_lg, from the setting
  * FA_BWD_DET_GROUP; at most the blocks that can be resident at once), each member starting its query blocks 2 x its rank further on, so that
  * the members add to different dQ rows at any time while sharing Q, dO and the accumulator in
- * L2. With groups of one (the default) a key block's adds follow key block n - 1's. */
+ * L2. With groups of one (the default) a key block's adds follow key block n - 1's.
+ * FA_DET 2 (gpu_bwd.c's rt = 3, for every precision whose error is above fp32's: fp16, bf16,
+ * tf32, the bf16 staging): the same bits on every run by adding in fixed point instead
+ * (fa_device.cuh, "the deterministic dQ in fixed point"): the accumulator holds int32, the
+ * atomic mode's grid and order, red.global.add.s32 of each part converted with its row's and
+ * column's multipliers; fa_bwd_kvscale and fa_bwd_pre make the multipliers, fa_bwd_dq converts
+ * back. ieee and 3xtf32 keep FA_DET 1: 2^-29 of the bound is not fp32's error. */
 #ifndef FA_DET
 #define FA_DET 0
 #endif
+#if FA_DET == 2 && FA_IN == 3 && FA_PREC != 3
+#error "FA_DET 2 (fixed point): not for fp32 ieee / 3xtf32, whose error is below its rounding"
+#endif
+#define DET_CHAIN (FA_DET == 1)
+#define DQI (FA_DET == 2)
 #ifndef FA_WIN
 #define FA_WIN 0
 #endif
@@ -198,6 +210,8 @@ struct fa_bwd_params {
 	float scale;
 	int dgrp_lg;    /* fa_bwd_main_det: log2 of the key blocks per group (resident at once) */
 	float scale_lo; /* scale - (float)scale: the compensated exponent (FA_XEXP) */
+	float *dqrow;       /* FA_DET 2: [B*Hq][sqp] the fixed point's row multipliers (NaN: bad) */
+	const float *dqcol; /* FA_DET 2: [B*Hkv][DQC] its column multipliers */
 #if FA_WIN || FA_SOFTCAP
 	/* Only these specialisations declare the tail (the others' parameter block, hence PTX,
 	 * stays as it was); the host always passes it. FA_WIN: key j visible to query i iff
@@ -214,16 +228,27 @@ struct fa_bwd_pre_params {
 	float *lse2, *delta, *dqacc;
 	int *turn;
 	long long os[3], dos[3], ls[3]; /* ls: batch, head, seq */
-	int B, Sq, Hq, sqp, nq, pad_;
+	int B, Sq, Hq, sqp, nq, group;
+	float *dqrow, *dqcol; /* FA_DET 2: written here (dqcol: fa_bwd_kvscale's maxima converted) */
 };
 
 struct fa_bwd_dq_params {
-	const float *dqacc;
+	const float *dqacc; /* FA_DET 2: int32 */
 	void *dq;
 	long long dqs[3];
 	int B, Sq, Hq, sqp;
 	float scale;
-	int pad_;
+	int group;
+	const float *dqrow, *dqcol; /* FA_DET 2 */
+};
+
+/* fa_bwd_kvscale's (FA_DET 2): per (batch, kv head) the bits of max_j |K_jd| (d < DP) and of
+ * max_j |V_j|^2 (at DP), by atomicMax into dqcol, zeroed before */
+struct fa_bwd_kvs_params {
+	const void *k, *v;
+	unsigned *dqcol;
+	long long ks[3], vs[3];
+	int B, Sk, Hkv, pad_;
 };
 
 __device__ __forceinline__ float ld_gin(const gin_t *p)
@@ -545,15 +570,22 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_pre(const fa_bwd_pre_pa
 	const long long bh = row / p.sqp;
 	const int i = (int)(row - bh * p.sqp);
 	const int b = (int)(bh / p.Hq), h = (int)(bh - (long long)b * p.Hq);
-	float sum = 0.f, l2 = __int_as_float(0x7f800000);
+	float sum = 0.f, l2 = __int_as_float(0x7f800000), nrm = 0.f;
 	if (i < p.Sq) {
 		const gin_t *o = (const gin_t *)p.o + b * p.os[0] + i * p.os[1] + h * p.os[2];
 		const gin_t *d = (const gin_t *)p.dout + b * p.dos[0] + i * p.dos[1] + h * p.dos[2];
-		for (int x = lane; x < FA_D; x += 32)
-			sum = fmaf(ld_gin(o + x), ld_gin(d + x), sum);
+		for (int x = lane; x < FA_D; x += 32) {
+			const float dv = ld_gin(d + x);
+			sum = fmaf(ld_gin(o + x), dv, sum);
+			if (DQI)
+				nrm = fmaf(dv, dv, nrm);
+		}
 #pragma unroll
-		for (int s = 16; s > 0; s >>= 1)
+		for (int s = 16; s > 0; s >>= 1) {
 			sum += __shfl_xor_sync(0xffffffffu, sum, s);
+			if (DQI)
+				nrm += __shfl_xor_sync(0xffffffffu, nrm, s);
+		}
 		const float l = p.lse[b * p.ls[0] + h * p.ls[1] + i * p.ls[2]];
 #if FA_XEXP
 		l2 = l != NEG_INF ? l : 0x1p100f; /* natural; P = exp(-2^100) = 0, no inf - inf */
@@ -569,14 +601,74 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_pre(const fa_bwd_pre_pa
 	if (lane == 0) {
 		p.delta[row] = sum;
 		p.lse2[row] = l2;
-		if (i % FA_BQ == 0)
+		if (DET_CHAIN && i % FA_BQ == 0)
 #pragma unroll
 			for (int w = 0; w < FA_NW; w++) /* a counter per warp of the main pass */
 				p.turn[(bh * p.nq + i / FA_BQ) * FA_NW + w] = 0;
 	}
-	float *acc = p.dqacc + row * DP;
+	if (DQI) {
+		/* the row's bound |dO_i| max_j |V_j| + |delta_i| (fa_device.cuh); the first row of a
+		 * kv head's first query head turns that head's maxima of |K_jd| into multipliers (the
+		 * other rows read only |V|'s, at DQC - 4 + ... = DP) */
+		float *col = p.dqcol + ((long long)b * (p.Hq / p.group) + h / p.group) * DQC;
+		if (lane == 0)
+			p.dqrow[row] = fa_dqi_row_mul(fmaf(sqrtf(nrm), sqrtf(col[DP]), fabsf(sum)));
+		if (i == 0 && h % p.group == 0)
+			for (int x = lane; x < DP; x += 32)
+				col[x] = fa_dqi_col_mul(col[x]);
+	}
+	float *acc = p.dqacc + row * DP; /* FA_DET 2: int32 zeros, the same bits */
 	for (int x = lane; x < DP; x += 32)
 		acc[x] = 0.f;
+}
+
+/* FA_DET 2: max_j |K_jd| per head-dim column and max_j |V_j|^2 of each (batch, kv head), as
+ * float bits (non-negative floats order as their bits; NaN above inf) by atomicMax into the
+ * zeroed dqcol; grid (key blocks of 64, B * Hkv), a warp per key at a time. */
+extern "C" __global__ void __launch_bounds__(256) fa_bwd_kvscale(const fa_bwd_kvs_params p)
+{
+	__shared__ unsigned cmax[8][DP + 1]; /* per warp: DP columns' maxima, then |V|^2's */
+	const int lane = (int)threadIdx.x & 31, w = (int)threadIdx.x >> 5;
+	const int bh = (int)blockIdx.y, b = bh / p.Hkv, hk = bh - b * p.Hkv;
+	unsigned cm[(DP + 31) / 32], vm = 0;
+#pragma unroll
+	for (int t = 0; t < (DP + 31) / 32; t++)
+		cm[t] = 0;
+	const int j1 = min(p.Sk, (int)blockIdx.x * 64 + 64);
+	for (int j = (int)blockIdx.x * 64 + w; j < j1; j += 8) {
+		const gin_t *k = (const gin_t *)p.k + b * p.ks[0] + (long long)j * p.ks[1] + hk * p.ks[2];
+		const gin_t *v = (const gin_t *)p.v + b * p.vs[0] + (long long)j * p.vs[1] + hk * p.vs[2];
+		float v2 = 0.f;
+#pragma unroll
+		for (int t = 0; t < (DP + 31) / 32; t++) {
+			const int x = lane + 32 * t;
+			if (x < FA_D) {
+				cm[t] = max(cm[t], __float_as_uint(fabsf(ld_gin(k + x))));
+				const float vx = ld_gin(v + x);
+				v2 = fmaf(vx, vx, v2);
+			}
+		}
+#pragma unroll
+		for (int s = 16; s > 0; s >>= 1)
+			v2 += __shfl_xor_sync(0xffffffffu, v2, s);
+		vm = max(vm, __float_as_uint(fabsf(v2)));
+	}
+#pragma unroll
+	for (int t = 0; t < (DP + 31) / 32; t++)
+		if (lane + 32 * t < DP)
+			cmax[w][lane + 32 * t] = cm[t];
+	if (lane == 0)
+		cmax[w][DP] = vm;
+	__syncthreads();
+	unsigned *out = p.dqcol + (long long)bh * DQC;
+	for (int x = (int)threadIdx.x; x <= DP; x += 256) {
+		unsigned m = 0;
+#pragma unroll
+		for (int ww = 0; ww < 8; ww++)
+			m = max(m, cmax[ww][x]);
+		if (m)
+			atomicMax(out + x, m);
+	}
 }
 
 #ifndef FA_STAGES
@@ -853,6 +945,32 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 				__nanosleep(32);
 		__syncwarp();
 	}
+#if DQI
+	/* fixed point (fa_device.cuh): the row's and the columns' multipliers, a row whose part
+	 * does not fit marked NaN */
+	const long long bq = bh / p.Hq;
+	const float *col = p.dqcol + (bq * (p.Hq / p.group) + (bh - bq * p.Hq) / p.group) * DQC + nq0;
+#pragma unroll
+	for (int mt = 0; mt < MT_Q; mt++)
+#pragma unroll
+		for (int hf = 0; hf < 2; hf++) {
+			const int il = mq0 + mt * 16 + g + hf * 8;
+			if (q0 + il >= p.Sq)
+				continue;
+			float *rm = p.dqrow + bh * p.sqp + q0 + il;
+			const float mr = *rm;
+			bool bad = false;
+#pragma unroll
+			for (int nt = 0; nt < NT_Q; nt++) {
+				const float2 mc = *(const float2 *)(col + nt * 8 + 2 * t);
+				int *a = (int *)acc + il * DP + nq0 + nt * 8 + 2 * t;
+				fa_dqi_red(a, fa_dqi_fix(dq[mt][nt][2 * hf], mr, mc.x, bad));
+				fa_dqi_red(a + 1, fa_dqi_fix(dq[mt][nt][2 * hf + 1], mr, mc.y, bad));
+			}
+			if (bad)
+				*rm = __int_as_float(0x7fc00000);
+		}
+#else
 #pragma unroll
 	for (int mt = 0; mt < MT_Q; mt++)
 #pragma unroll
@@ -864,13 +982,14 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 					red_add2(acc + il * DP + nq0 + nt * 8 + 2 * t, dq[mt][nt][2 * hf],
 					         dq[mt][nt][2 * hf + 1]);
 			}
+#endif
 }
 
 /* ---------------------------------------------------------------------------------------------
  * The main pass. */
 extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_params p)
 {
-	constexpr bool DET = FA_DET;
+	constexpr bool DET = DET_CHAIN; /* FA_DET 2 adds in fixed point on the atomic grid */
 	extern __shared__ __align__(16) unsigned char smem_raw[];
 	in_t *sK = (in_t *)smem_raw;
 	in_t *sV = sK + SM_KV;
@@ -1010,8 +1129,19 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_dq(const fa_bwd_dq_para
 		const long long bh = r / p.Sq;
 		const int i = (int)(r - bh * p.Sq);
 		const int b = (int)(bh / p.Hq), h = (int)(bh - (long long)b * p.Hq);
+#if DQI
+		/* fixed point back to float: exact powers of two, a marked row NaN */
+		const int2 a = *(const int2 *)((const int *)p.dqacc + (bh * p.sqp + i) * DP + c);
+		const float *col = p.dqcol + ((long long)b * (p.Hq / p.group) + h / p.group) * DQC + c;
+		const float ir = fa_dqi_inv(p.dqrow[bh * p.sqp + i]) * p.scale;
+		const float2 v = make_float2((float)a.x * fa_dqi_inv(col[0]) * ir,
+		                             (float)a.y * fa_dqi_inv(col[1]) * ir);
+		st_gin2((gin_t *)p.dq + b * p.dqs[0] + (long long)i * p.dqs[1] + h * p.dqs[2] + c, v.x,
+		        v.y);
+#else
 		const float2 v = *(const float2 *)(p.dqacc + (bh * p.sqp + i) * DP + c);
 		st_gin2((gin_t *)p.dq + b * p.dqs[0] + (long long)i * p.dqs[1] + h * p.dqs[2] + c,
 		        p.scale * v.x, p.scale * v.y);
+#endif
 	}
 }

@@ -116,6 +116,11 @@
 #ifndef FA_DET
 #define FA_DET 0
 #endif
+#if FA_DET != 0 && FA_DET != 1 && FA_DET != 2
+#error "FA_DET: 0 atomic, 1 the chain, 2 fixed point"
+#endif
+#define DET_CHAIN (FA_DET == 1) /* the deterministic dQ by turns */
+#define DQI (FA_DET == 2)       /* the deterministic dQ in fixed point (fa_device.cuh) */
 #ifndef FA_WIN
 #define FA_WIN 0
 #endif
@@ -184,12 +189,19 @@
 #ifndef FA_WIDE_ROT
 #define FA_WIDE_ROT 0
 #endif
-#define WIDE_BULK (FA_WIDE_DQ >= 2 && !FA_DET)
-#define WIDE_LATE (FA_WIDE_DQ >= 3 && !FA_DET) /* the bulk reduction waited for a step late */
+#define WIDE_BULK (FA_WIDE_DQ >= 2 && !DET_CHAIN)
+#define WIDE_LATE (FA_WIDE_DQ >= 3 && !DET_CHAIN) /* the bulk reduction waited for a step late */
 #define WIDE_NOW (FA_WIDE_DQ == 4)             /* ... but issued at once */
 #define WIDE_V4 (FA_WIDE_DQ == 1 || FA_WIDE_DQ == 2) /* red.global.add.v4 when not bulk */
 #define WIDE_RSTR (DP * 4 + 32) /* bytes between staged dQ rows (2 wavefronts per store) */
+#if FA_DET == 2
+#define WIDE_RED_T "u32" /* the staged rows' type: int32 in fixed point (two's complement) */
+#else
+#define WIDE_RED_T "f32"
 #endif
+#endif
+
+#define DQC (DP + 4) /* FA_DET 2: attn_bwd.cu's stride of the column multipliers */
 
 /* attn_bwd.cu's fa_bwd_params, field for field (gpu_bwd.c fills one block for both kernels;
  * this kernel reads the fields up to scale). */
@@ -205,8 +217,10 @@ struct fa_bwd_params {
 	int sqp, nq; /* Sq rounded up to BQ, and its query blocks */
 	float sl;    /* scale * log2(e), signed */
 	float scale;
-	int tstride; /* attn_bwd.cu's dgrp_lg: here the turn counters per query block (FA_DET) */
+	int tstride; /* attn_bwd.cu's dgrp_lg: here the turn counters per query block (FA_DET 1) */
 	float scale_lo;
+	float *dqrow;       /* FA_DET 2: [B*Hq][sqp] the fixed point's row multipliers (NaN: bad) */
+	const float *dqcol; /* FA_DET 2: [B*Hkv][DQC] its column multipliers */
 #if FA_WIN || FA_SOFTCAP
 	/* attn_bwd.cu's tail, declared by these specialisations only (the others' parameter
 	 * block, hence PTX, stays as it was); the host always passes it. FA_WIN: key j visible to
@@ -216,9 +230,9 @@ struct fa_bwd_params {
 	float cap_scale, cap, cap_lo, cap_log2;
 #endif
 };
-/* gpu_bwd.c's struct bwd_params: 272 bytes before the tail (8-aligned), whose six 4-byte
- * fields then start at 272 */
-static_assert(sizeof(fa_bwd_params) == (FA_WIN || FA_SOFTCAP ? 296 : 272),
+/* gpu_bwd.c's struct bwd_params: 288 bytes before the tail (8-aligned), whose six 4-byte
+ * fields then start at 288 */
+static_assert(sizeof(fa_bwd_params) == (FA_WIN || FA_SOFTCAP ? 312 : 288),
               "the parameter block's layout (gpu_bwd.c's struct bwd_params)");
 
 #if FA_WIN
@@ -284,7 +298,7 @@ __device__ __forceinline__ void det_count(int *turn)
  * when the block starts rot0 further on and wraps at nq (rot0 = 0: j itself). */
 __device__ __forceinline__ int det_iq(int j, int rot0, int nq)
 {
-	if (FA_DET && !FA_MASK) {
+	if (DET_CHAIN && !FA_MASK) {
 		j += rot0;
 		if (j >= nq)
 			j -= nq;
@@ -509,10 +523,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	const int g = lane >> 2, c = lane & 3, r0 = 16 * wi + g;
 	/* FA_DET: tstride's bit 8 (det_rot) picks the rotated order on the atomic mode's grid, else
 	 * the chain on the grid with the key block slowest (gpu_bwd.c) */
-	const bool rot = FA_DET && !FA_WIN && (p.tstride >> 8) != 0; /* a window: the chain */
-	const int n = FA_DET && !rot ? (int)blockIdx.z : (int)blockIdx.x;
-	const int hk = FA_DET && !rot ? (int)blockIdx.x : (int)blockIdx.y;
-	const int b = FA_DET && !rot ? (int)blockIdx.y : (int)blockIdx.z;
+	const bool rot = DET_CHAIN && !FA_WIN && (p.tstride >> 8) != 0; /* a window: the chain */
+	const int n = DET_CHAIN && !rot ? (int)blockIdx.z : (int)blockIdx.x;
+	const int hk = DET_CHAIN && !rot ? (int)blockIdx.x : (int)blockIdx.y;
+	const int b = DET_CHAIN && !rot ? (int)blockIdx.y : (int)blockIdx.z;
 	const int kv0 = n * BKV, kw0 = kv0 + 64 * wg; /* the block's, the warpgroup's first key */
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
 #if FA_WIN
@@ -533,7 +547,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	               p.vs[1], p.Sk - kv0);
 	const int nsteps = IQ_END - iq0, total = nsteps * p.group;
 	/* FA_DET rotated, no mask: key block n starts at query block n nq / nk and wraps */
-	const int rot0 = FA_DET && !FA_MASK && rot ? n * p.nq / (int)gridDim.x : 0;
+	const int rot0 = DET_CHAIN && !FA_MASK && rot ? n * p.nq / (int)gridDim.x : 0;
 	if (total > 0)
 		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk * p.group, iq0);
 	cp_async_commit();
@@ -544,7 +558,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		dk[i] = dv[i] = 0.f;
 	const u32 kaddr = smem_u32(sK + 64 * wg * DP), vaddr = smem_u32(sV + 64 * wg * DP);
 
-	int *prev_turn = nullptr; /* FA_DET: the counter of the last step's adds, not yet counted */
+	int *prev_turn = nullptr; /* the chain: the counter of the last step's adds, not yet counted */
 	for (int it = 0; it < total; it++) {
 		const int hh = it / nsteps, iq = det_iq(iq0 + (it - hh * nsteps), rot0, p.nq);
 		const int h = hk * p.group + hh, q0 = iq * FA_BQ, buf = it & 1;
@@ -556,10 +570,10 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		 * free */
 		cp_async_wait<0>();
 		fence_proxy_async();
-		if (FA_DET && prev_turn)
+		if (DET_CHAIN && prev_turn)
 			det_fence();
 		__syncthreads();
-		if (FA_DET && prev_turn && tid == 0)
+		if (DET_CHAIN && prev_turn && tid == 0)
 			det_count(prev_turn);
 		if (it + 1 < total) {
 			const int hn = (it + 1) / nsteps;
@@ -684,7 +698,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			wg_touch(dk[i]);
 			wg_touch(dv[i]);
 		}
-		if (FA_DET) { /* this block's turn: the adds that come before its own have landed */
+		if (DET_CHAIN) { /* this block's turn: the adds that come before its own have landed */
 			int *t = p.turn + (bh * p.nq + iq) * (p.tstride & 255);
 #if FA_WIN
 			const int my = det_win_turn(p, n, q0);
@@ -698,25 +712,46 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			prev_turn = t;
 		}
 		float *acc = p.dqacc + (bh * p.sqp + q0) * DP + wg * DQW;
+#if DQI
+		/* fixed point (fa_device.cuh): int32 adds, a row whose part does not fit marked NaN */
+		const float *col = p.dqcol + ((long long)b * p.Hkv + hk) * DQC + wg * DQW;
+#endif
 #pragma unroll
 		for (int mt = 0; mt < MQ; mt++)
 #pragma unroll
 			for (int hf = 0; hf < 2; hf++) {
 				const int il = 64 * mt + r0 + 8 * hf;
-				if (q0 + il < p.Sq)
+				if (q0 + il < p.Sq) {
+#if DQI
+					float *rm = p.dqrow + bh * p.sqp + q0 + il;
+					const float mr = *rm;
+					bool bad = false;
+#endif
 #pragma unroll
 					for (int nb = 0; nb < DQW / 8; nb++) {
 						wg_touch(dq[mt][4 * nb + 2 * hf]);
 						wg_touch(dq[mt][4 * nb + 2 * hf + 1]);
 						float *a = acc + il * DP + nb * 8 + 2 * c;
+#if DQI
+						const float2 mc = *(const float2 *)(col + nb * 8 + 2 * c);
+						fa_dqi_red((int *)a, fa_dqi_fix(dq[mt][4 * nb + 2 * hf], mr, mc.x, bad));
+						fa_dqi_red((int *)a + 1,
+						           fa_dqi_fix(dq[mt][4 * nb + 2 * hf + 1], mr, mc.y, bad));
+#else
 						asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a),
 						             "f"(dq[mt][4 * nb + 2 * hf]), "f"(dq[mt][4 * nb + 2 * hf + 1])
 						             : "memory");
+#endif
 					}
+#if DQI
+					if (bad)
+						*rm = __int_as_float(0x7fc00000);
+#endif
+				}
 			}
 	}
 	cp_async_wait<0>(); /* K and V landed even when no step ran */
-	if (FA_DET && prev_turn) { /* the last step's adds */
+	if (DET_CHAIN && prev_turn) { /* the last step's adds */
 		det_fence();
 		__syncthreads();
 		if (tid == 0)
@@ -775,7 +810,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 __device__ __forceinline__ void wide_step(int it, int n, int total, int nsteps, int iq0, int &hh,
                                           int &iq)
 {
-	if (FA_WIDE_ROT && !FA_DET) {
+	if (FA_WIDE_ROT && !DET_CHAIN) {
 		it += n % total;
 		it -= it >= total ? total : 0;
 	}
@@ -814,7 +849,8 @@ __device__ __forceinline__ void wide_bulk_add(float *acc, int rows, const u16 *s
                                               const u16 *sP, int tid)
 {
 	if (tid < rows && tid < 64) {
-		asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], "
+		/* FA_DET 2: the rows hold int32 (two's complement: the unsigned add is the same) */
+		asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add." WIDE_RED_T " [%0], "
 		             "[%1], %2;" ::"l"(acc + (long long)tid * DP),
 		             "r"(wide_stage_row(sQ, sdO, sP, tid)), "r"(DP * 4)
 		             : "memory");
@@ -844,9 +880,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 
 	const int tid = (int)threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
 	const int g = lane >> 2, c = lane & 3, r0 = 16 * wi + g;
-	const int n = FA_DET ? (int)blockIdx.z : (int)blockIdx.x;
-	const int hk = FA_DET ? (int)blockIdx.x : (int)blockIdx.y;
-	const int b = FA_DET ? (int)blockIdx.y : (int)blockIdx.z;
+	const int n = DET_CHAIN ? (int)blockIdx.z : (int)blockIdx.x;
+	const int hk = DET_CHAIN ? (int)blockIdx.x : (int)blockIdx.y;
+	const int b = DET_CHAIN ? (int)blockIdx.y : (int)blockIdx.z;
 	const int kv0 = n * BKV, wq = QH * wg; /* the block's first key, the warpgroup's first query */
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
 #if FA_WIN
@@ -882,7 +918,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	const u32 kaddr = smem_u32(sK), vaddr = smem_u32(sV);
 	const u32 paddr = smem_u32(sP), dsaddr = smem_u32(sdS);
 
-	int *prev_turn = nullptr; /* FA_DET: the counter of the last step's adds, not yet counted */
+	int *prev_turn = nullptr; /* the chain: the counter of the last step's adds, not yet counted */
 	float *prev_acc = nullptr; /* WIDE_LATE: the last step's dQ rows, staged, not yet added */
 	int prev_rows = 0;
 	for (int it = 0; it < total; it++) {
@@ -897,12 +933,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		 * dS^T are free */
 		cp_async_wait<0>();
 		fence_proxy_async();
-		if (FA_DET && prev_turn)
+		if (DET_CHAIN && prev_turn)
 			det_fence();
 		if (WIDE_BULK && !WIDE_LATE && tid < 64)
 			bulk_wait_read(); /* the last step's staged dQ row read: its buffer is reused */
 		__syncthreads();
-		if (FA_DET && prev_turn && tid == 0)
+		if (DET_CHAIN && prev_turn && tid == 0)
 			det_count(prev_turn);
 		if (WIDE_LATE && !WIDE_NOW && it > 0) /* the last step's rows, in the other buffer and sX */
 			wide_bulk_add(prev_acc, prev_rows, sQ0 + (buf ^ 1) * FA_BQ * DP,
@@ -1011,7 +1047,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 #pragma unroll
 		for (int i = 0; i < NQ; i++)
 			wg_touch(dq[i]);
-		if (FA_DET) { /* this block's turn: the lower key blocks that see iq have added */
+		if (DET_CHAIN) { /* this block's turn: the lower key blocks that see iq have added */
 			int *t = p.turn + (bh * p.nq + iq) * p.tstride;
 #if FA_WIN
 			const int my = det_win_turn(p, n, q0);
@@ -1072,11 +1108,31 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 #pragma unroll
 			for (int hf = 0; hf < 2; hf++) {
 				const u32 row = wide_stage_row(sQ, sdO, sXP, r0 + 8 * hf) + wg * DH * 4 + 8 * c;
+#if DQI
+				/* fixed point (fa_device.cuh): staged as int32, a row whose part does not
+				 * fit marked NaN */
+				const bool in = q0 + r0 + 8 * hf < p.Sq;
+				float *rm = p.dqrow + bh * p.sqp + q0 + r0 + 8 * hf;
+				const float mr = in ? *rm : 0.f;
+				const float *col = p.dqcol + ((long long)b * p.Hkv + hk) * DQC + wg * DH + 2 * c;
+				bool bad = false;
+#pragma unroll
+				for (int nb = 0; nb < DH / 8; nb++) {
+					const float2 mc = *(const float2 *)(col + nb * 8);
+					asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(row + nb * 32),
+					             "r"(fa_dqi_fix(dq[4 * nb + 2 * hf], mr, mc.x, bad)),
+					             "r"(fa_dqi_fix(dq[4 * nb + 2 * hf + 1], mr, mc.y, bad))
+					             : "memory");
+				}
+				if (bad && in)
+					*rm = __int_as_float(0x7fc00000);
+#else
 #pragma unroll
 				for (int nb = 0; nb < DH / 8; nb++)
 					asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(row + nb * 32),
 					             "f"(dq[4 * nb + 2 * hf]), "f"(dq[4 * nb + 2 * hf + 1])
 					             : "memory");
+#endif
 			}
 			fence_proxy_async();
 			if (WIDE_LATE && !WIDE_NOW) { /* added at the next step's first barrier */
@@ -1098,7 +1154,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	if (WIDE_BULK && tid < 64)
 		bulk_wait_read(); /* the last rows read before the block's shared memory goes */
 	cp_async_wait<0>(); /* K and V landed even when no step ran */
-	if (FA_DET && prev_turn) { /* the last step's adds */
+	if (DET_CHAIN && prev_turn) { /* the last step's adds */
 		det_fence();
 		__syncthreads();
 		if (tid == 0)

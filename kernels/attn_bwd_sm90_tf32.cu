@@ -95,10 +95,16 @@
 #if FA_PREC == 2 && FA_BQ != 32
 #error "3xtf32: FA_BQ 32 (the step's remainders and sums beside dK and dV)"
 #endif
-#if (defined(FA_DET) && FA_DET) || (defined(FA_WIN) && FA_WIN) || \
-    (defined(FA_SOFTCAP) && FA_SOFTCAP)
-#error "attn_bwd_sm90_tf32.cu has no deterministic dQ, window or softcap (attn_bwd.cu serves them)"
+#ifndef FA_DET
+#define FA_DET 0
 #endif
+/* FA_DET 2 (tf32 only): the deterministic dQ in fixed point (fa_device.cuh), the atomic mode's
+ * grid and order; 3xtf32's error is below its 2^-29 (attn_bwd.cu's FA_DET 1 serves it) */
+#if (FA_DET && !(FA_DET == 2 && FA_PREC == 3)) || (defined(FA_WIN) && FA_WIN) || \
+    (defined(FA_SOFTCAP) && FA_SOFTCAP)
+#error "attn_bwd_sm90_tf32.cu: no window, softcap or chained deterministic dQ (attn_bwd.cu serves them); the fixed-point one in tf32 only"
+#endif
+#define DQI (FA_DET == 2)
 
 #define X3 (FA_PREC == 2)
 #define NI (X3 ? 2 : 1)            /* images per operand: hi [, lo] */
@@ -107,6 +113,7 @@
 #define BKV 64
 #define DP ((FA_D + 15) / 16 * 16) /* attn_bwd.cu's padded head dim (the dQ accumulator's row) */
 #define DQP ((FA_D + 63) / 64 * 64) /* K^T's rows: the M of dQ^T in tiles of 64 */
+#define DQC (DP + 4) /* FA_DET 2: attn_bwd.cu's stride of the column multipliers */
 #define MQT (DQP / 64)
 #define T_KV (BKV * DP)            /* floats of a K or V image */
 #define T_KT (DQP * BKV)           /* of a K^T image */
@@ -137,7 +144,10 @@ struct fa_bwd_params {
 	float scale;
 	int tstride;
 	float scale_lo;
+	float *dqrow;       /* FA_DET 2: [B*Hq][sqp] the fixed point's row multipliers (NaN: bad) */
+	const float *dqcol; /* FA_DET 2: [B*Hkv][DQC] its column multipliers */
 };
+static_assert(sizeof(fa_bwd_params) == 288, "gpu_bwd.c's struct bwd_params before its tail");
 
 /* fa_bwd_wgprep's parameters; mirrored by struct bwd_wgprep_params in gpu_bwd.c. */
 struct fa_bwd_wgprep_params {
@@ -668,6 +678,33 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 #endif
 		/* dQ^T's elements into the fp32 accumulator ([query][DP]) */
 		float *acc = p.dqacc + (bh * p.sqp + q0) * DP;
+#if DQI
+		/* fixed point (fa_device.cuh): per query (a column of dQ^T) its row multiplier, per
+		 * head-dim row its column one; a row whose part does not fit marked NaN */
+		const float *col = p.dqcol + ((long long)b * p.Hkv + hk) * DQC;
+#pragma unroll
+		for (int nb = 0; nb < NKS; nb++)
+#pragma unroll
+			for (int e1 = 0; e1 < 2; e1++) {
+				const int q = nb * 8 + 2 * c + e1;
+				if (q0 + q >= p.Sq)
+					continue;
+				float *rm = p.dqrow + bh * p.sqp + q0 + q;
+				const float mr = *rm;
+				bool bad = false;
+#pragma unroll
+				for (int mt = 0; mt < MQT; mt++)
+#pragma unroll
+					for (int e2 = 0; e2 < 2; e2++) {
+						const int d = 64 * mt + r0 + e2 * 8;
+						if (d < FA_D)
+							fa_dqi_red((int *)acc + q * DP + d,
+							           fa_dqi_fix(dq[mt][4 * nb + 2 * e2 + e1], mr, col[d], bad));
+					}
+				if (bad)
+					*rm = __int_as_float(0x7fc00000);
+			}
+#else
 #pragma unroll
 		for (int mt = 0; mt < MQT; mt++)
 #pragma unroll
@@ -680,6 +717,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 						             "f"(dq[mt][4 * nb + e])
 						             : "memory");
 				}
+#endif
 	}
 	cp_async_wait<0>();
 #if FA_NWG == 2

@@ -216,6 +216,55 @@ __device__ __forceinline__ void fa_st_release(int *p, int v)
 	asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+/* ---- the deterministic dQ in fixed point (FA_DET 2: fp16, bf16, tf32 and the bf16 staging) ----
+ * Integer addition is associative, so a dQ accumulator of int32 gets the same bits whatever the
+ * order the key blocks add in: the atomic mode's grid and reductions, no turns and no waits.
+ * Element (i, d) of dQ / scale is the sum over keys of dS_ij K_jd with |dS_ij| <= P_ij (|dP_ij| +
+ * |delta_i|), |dP_ij| <= |dO_i| |V_j| and sum_j P_ij = 1, so every partial sum (one key block's,
+ * or all of them) is at most r_i c_d, r_i = |dO_i| max_j |V_j| + |delta_i| (fa_bwd_pre) and c_d =
+ * max_j |K_jd| (fa_bwd_kvscale). Rounded up to powers of two, 2^-e(r_i) 2^(28 - e(c_d)) maps
+ * that bound into 2^28: each block's part is rounded to an integer there (its error 2^-29 of the
+ * bound, against the 16-bit types' 2^-9 .. 2^-12 and tf32's 2^-11), the sum stays below 2^31
+ * even where P sums to 8 (an lse that is not the forward's), and a part that does not fit in
+ * 2^30 (NaN, or such an lse) marks its row NaN (fa_bwd_dq writes NaN there) instead of wrapping.
+ * The multipliers are powers of two kept in float: their products and inverses are exact. */
+#define FA_DQI_LIM 0x1p30f
+/* 2^-e with x <= 2^e (x >= 0; e clamped to [-120, 120]); NaN for a NaN or infinite x */
+__device__ __forceinline__ float fa_dqi_row_mul(float x)
+{
+	if (!(x <= 0x1p127f))
+		return __int_as_float(0x7fc00000);
+	int e = (int)((__float_as_uint(x) >> 23) & 255) - 126; /* x < 2^e */
+	e = e < -120 ? -120 : e > 120 ? 120 : e;
+	return __int_as_float((127 - e) << 23);
+}
+/* 2^(28 - e) with x <= 2^e (e clamped to [-90, 120]); NaN for a NaN or infinite x */
+__device__ __forceinline__ float fa_dqi_col_mul(float x)
+{
+	if (!(x <= 0x1p127f))
+		return __int_as_float(0x7fc00000);
+	int e = (int)((__float_as_uint(x) >> 23) & 255) - 126;
+	e = e < -90 ? -90 : e > 120 ? 120 : e;
+	return __int_as_float((127 + 28 - e) << 23);
+}
+/* 1 / m for a multiplier above (a normal power of two), exactly; NaN stays NaN */
+__device__ __forceinline__ float fa_dqi_inv(float m)
+{
+	return m != m ? m : __int_as_float(0x7f000000 - (int)__float_as_uint(m));
+}
+/* One key block's part v of dQ element (i, d) in the fixed point of row multiplier mr and
+ * column multiplier mc; bad is set when it does not fit (see above). */
+__device__ __forceinline__ int fa_dqi_fix(float v, float mr, float mc, bool &bad)
+{
+	const float y = (v * mr) * mc; /* v mr <= c_d: no overflow in between */
+	bad |= !(fabsf(y) <= FA_DQI_LIM);
+	return __float2int_rn(y);
+}
+__device__ __forceinline__ void fa_dqi_red(int *p, int x)
+{
+	asm volatile("red.global.add.s32 [%0], %1;" ::"l"(p), "r"(x) : "memory");
+}
+
 /* ---- sliding window and logit softcapping (fa_attn.h), shared by every kernel -------------- */
 
 /* A raw score x (Q already negated for a negative scale) softcapped and in the log2 domain:

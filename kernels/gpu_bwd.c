@@ -47,28 +47,38 @@ struct bwd_params {
 	float sl, scale;
 	int dgrp_lg;
 	float scale_lo;
+	uint64_t dqrow, dqcol; /* the fixed-point deterministic dQ's multipliers (FA_DET 2) */
 	/* the FA_WIN / FA_SOFTCAP tail: only those specialisations declare it (the others read the
-	 * 272 bytes before it) */
+	 * 288 bytes before it) */
 	int win_lo, win_hi;
 	float cap_scale, cap, cap_lo, cap_log2;
 };
 _Static_assert(offsetof(struct bwd_params, B) == 224 &&
-                   offsetof(struct bwd_params, win_lo) == 272 && sizeof(struct bwd_params) == 296,
+                   offsetof(struct bwd_params, win_lo) == 288 && sizeof(struct bwd_params) == 312,
                "backward parameter block layout");
 struct bwd_pre_params {
 	uint64_t o, dout, lse, lse2, delta, dqacc, turn;
 	long long os[3], dos[3], ls[3];
-	int B, Sq, Hq, sqp, nq, pad_;
+	int B, Sq, Hq, sqp, nq, group;
+	uint64_t dqrow, dqcol;
 };
-_Static_assert(sizeof(struct bwd_pre_params) == 152, "backward pre parameter block layout");
+_Static_assert(sizeof(struct bwd_pre_params) == 168, "backward pre parameter block layout");
 struct bwd_dq_params {
 	uint64_t dqacc, dq;
 	long long dqs[3];
 	int B, Sq, Hq, sqp;
 	float scale;
-	int pad_;
+	int group;
+	uint64_t dqrow, dqcol;
 };
-_Static_assert(sizeof(struct bwd_dq_params) == 64, "backward dq parameter block layout");
+_Static_assert(sizeof(struct bwd_dq_params) == 80, "backward dq parameter block layout");
+/* attn_bwd.cu's fa_bwd_kvs_params (same order, same types). */
+struct bwd_kvs_params {
+	uint64_t k, v, dqcol;
+	long long ks[3], vs[3];
+	int B, Sk, Hkv, pad_;
+};
+_Static_assert(sizeof(struct bwd_kvs_params) == 88, "backward kvscale parameter block layout");
 /* attn_bwd_sm90_tf32.cu's fa_bwd_wgprep_params (same order, same types). */
 struct bwd_wgprep_params {
 	uint64_t q, k, v, dout, qimg, kimg;
@@ -151,11 +161,17 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 
 	struct fa_tile t;
 	const bool det = (flags & FA_GPU_BWD_DETERMINISTIC) != 0;
-	/* the fp32 wgmma backward (attn_bwd_sm90_tf32.cu) has no window, softcap or deterministic
-	 * dQ: the planner's next candidate (an attn_bwd.cu tile) serves those; the 16-bit wgmma
-	 * backward has all three */
-	const bool wg32_ok = !fa_attn_window_active(f) && !(f->softcap > 0) && !det;
 	const fa_precision prec = fa_prec_resolve(f->dtype, f->precision);
+	/* The deterministic dQ: in fixed point (FA_DET 2, rt 3: int32 adds in the atomic mode's
+	 * grid and order, fa_device.cuh) wherever the precision's own error is above fp32's: fp16,
+	 * bf16, tf32, the bf16 staging; fp32 ieee and 3xtf32 by turns (FA_DET 1, rt 2). */
+	const bool dqint = det && !(f->dtype == FA_DTYPE_FP32 &&
+	                            (prec == FA_PREC_IEEE || prec == FA_PREC_3XTF32));
+	/* the fp32 wgmma backward (attn_bwd_sm90_tf32.cu) has no window, softcap or turns (its
+	 * deterministic dQ is the fixed point's, tf32 only): the planner's next candidate (an
+	 * attn_bwd.cu tile) serves those; the 16-bit wgmma backward has all of them */
+	const bool wg32_ok = !fa_attn_window_active(f) && !(f->softcap > 0) &&
+	                     (!det || (dqint && prec == FA_PREC_TF32));
 	if (tile) {
 		t = *tile;
 		if (!fa_kpath_is_bwd(t.path) || !fa_bwd_tile_layout_ok(&t, (int)f->D))
@@ -170,8 +186,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		     prec != (t.path == FA_KPATH_BWDWG32X3 ? FA_PREC_3XTF32 : FA_PREC_TF32)))
 			return fa_err(err, errlen, FA_EINVAL,
 			              "backward: the fp32 wgmma tile takes fp32 in its precision (%s) on "
-			              "sm_90, atomic dQ, without a window or softcap (this is %s %s on "
-			              "sm_%d%s%s%s)",
+			              "sm_90, without a window or softcap, deterministic in tf32 only (this "
+			              "is %s %s on sm_%d%s%s%s)",
 			              t.path == FA_KPATH_BWDWG32X3 ? "3xtf32" : "tf32",
 			              f->dtype == FA_DTYPE_FP32 ? "fp32" : "16-bit", fa_prec_name(prec),
 			              fa_gpu_sm(g), det ? ", deterministic" : "",
@@ -191,7 +207,9 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	const bool wg32 = fa_kpath_is_bwdwg32(t.path);
 	const bool wgp = t.path == FA_KPATH_BWDWG16 || wg32;
 	struct fa_kernel_spec spec;
-	t.rt = det ? 2 : 1; /* the deterministic dQ is its own specialisation (FA_DET, both kernels) */
+	/* the deterministic dQ is its own specialisation (FA_DET, every kernel): 3 fixed point, 2
+	 * turns */
+	t.rt = dqint ? 3 : det ? 2 : 1;
 	fa_kernel_spec_make(&spec, fa_gpu_sm(g), f->dtype, f->precision, (int)f->D, f->mask, &t);
 	fa_kernel_spec_mask_ext(&spec, f); /* FA_WIN (the mask folded in), FA_SOFTCAP */
 	if (spec.tile.smem > fa_gpu_smem_optin(g)) {
@@ -213,7 +231,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	if (wgp) {
 		struct fa_tile ct = {0};
 		ct.path = wg32 ? FA_KPATH_BWD32 : FA_KPATH_BWD16; /* fp32: the same precision's lse2 */
-		ct.rt = 1;
+		ct.rt = dqint ? 3 : 1; /* fixed point: its pre, kvscale and dq passes */
 		ct.bc = 64;
 		ct.br = 64;
 		ct.stages = 1;
@@ -229,6 +247,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 			return st;
 		fn.pre = cf.pre;
 		fn.dq = cf.dq;
+		fn.kvs = cf.kvs;
 		if (wg32 && !fn.prep)
 			return fa_err(err, errlen, FA_EINTERNAL, "backward: fa_bwd_wgprep not loaded");
 		pre_nw = cs.tile.nw;
@@ -261,11 +280,12 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		 * ones passed, all gave the same bits five times), and it measured +16..37% against
 		 * the atomic mode where the chain measures +18..38%: kernels/RESULTS.md. */
 		const struct fa_kernel_settings *ks = fa_gpu_settings(g);
-		det_rot = ks != NULL && ks->bwd_det_rot && det && wgp && f->D <= 128 &&
+		det_rot = ks != NULL && ks->bwd_det_rot && det && !dqint && wgp && f->D <= 128 &&
 		          !spec.window && 4 * nkv64 <= (int64_t)m->sm_count * bps;
 	}
 	const int64_t ngroups = (nkv64 + (1 << dgrp_lg) - 1) >> dgrp_lg;
-	if ((flags & FA_GPU_BWD_DETERMINISTIC) && !det_rot && ngroups > 65535)
+	const bool chain = det && !dqint && !det_rot; /* the grid with the key block slowest */
+	if (chain && ngroups > 65535)
 		return fa_err(err, errlen, FA_ESHAPE,
 		              "deterministic backward: Sk=%lld makes %lld groups of %d key blocks of %d, "
 		              "the grid's third dimension takes 65535", (long long)f->Sk,
@@ -286,7 +306,11 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	                                      wg32_kblk_floats(&spec.tile, (int)f->D)) * 4
 	                           : 0;
 	const size_t a_qimg = (b_qimg + 255) / 256 * 256;
-	const size_t total = 2 * a_row + a_acc + a_turn + a_qimg + b_kimg;
+	/* the fixed point's row multipliers (one per accumulator row) and, per (batch, kv head),
+	 * its column multipliers and |V|'s bound (attn_bwd.cu's DQC = DP + 4 floats) */
+	const size_t b_dqcol = dqint ? (size_t)(f->B * f->Hkv * (dp + 4)) * 4 : 0;
+	const size_t a_dqrow = dqint ? a_row : 0, a_dqcol = (b_dqcol + 255) / 256 * 256;
+	const size_t total = 2 * a_row + a_acc + a_turn + a_qimg + b_kimg + a_dqrow + a_dqcol;
 	CUdeviceptr scratch = 0;
 	fa_cu_res r = fa_cu->MemAllocAsync(&scratch, total, (fa_cu_stream)s);
 	if (r) {
@@ -298,6 +322,28 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	const CUdeviceptr lse2 = scratch, delta = scratch + a_row, acc = scratch + 2 * a_row;
 	const CUdeviceptr turn = acc + a_acc;
 	const CUdeviceptr qimg = turn + a_turn, kimg = qimg + a_qimg;
+	const CUdeviceptr dqrow = kimg + (b_kimg + 255) / 256 * 256, dqcol = dqrow + a_dqrow;
+	const char *what = "launching fa_bwd_pre";
+	if (dqint) { /* the maxima of |K_jd| and |V_j|^2 per (batch, kv head), atomicMax from 0 */
+		r = fa_cu->MemsetD8Async(dqcol, 0, b_dqcol, (fa_cu_stream)s);
+		struct bwd_kvs_params kp;
+		memset(&kp, 0, sizeof kp);
+		kp.k = p->k;
+		kp.v = p->v;
+		kp.dqcol = dqcol;
+		for (int i = 0; i < 3; i++) {
+			kp.ks[i] = f->k_stride[i];
+			kp.vs[i] = f->v_stride[i];
+		}
+		kp.B = (int)f->B;
+		kp.Sk = (int)f->Sk;
+		kp.Hkv = (int)f->Hkv;
+		void *a0[] = {&kp};
+		if (r == 0 && f->Sk > 0)
+			r = fa_cu->LaunchKernel(fn.kvs, (unsigned)((f->Sk + 63) / 64), (unsigned)f->Hkv,
+			                        (unsigned)f->B, 256, 1, 1, 0, (fa_cu_stream)s, a0, NULL);
+		what = r ? "launching fa_bwd_kvscale" : what;
+	}
 
 	struct bwd_pre_params pp;
 	memset(&pp, 0, sizeof pp);
@@ -318,10 +364,13 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	pp.Hq = (int)f->Hq;
 	pp.sqp = (int)sqp;
 	pp.nq = (int)nq;
+	pp.group = (int)(f->Hq / f->Hkv);
+	pp.dqrow = dqrow;
+	pp.dqcol = dqcol;
 	void *a1[] = {&pp};
-	r = fa_cu->LaunchKernel(fn.pre, (unsigned)((rows + 7) / 8), 1, 1, 256, 1, 1, 0,
-	                        (fa_cu_stream)s, a1, NULL);
-	const char *what = "launching fa_bwd_pre";
+	if (r == 0)
+		r = fa_cu->LaunchKernel(fn.pre, (unsigned)((rows + 7) / 8), 1, 1, 256, 1, 1, 0,
+		                        (fa_cu_stream)s, a1, NULL);
 	if (r == 0 && wg32) {
 		struct bwd_wgprep_params ip;
 		memset(&ip, 0, sizeof ip);
@@ -387,6 +436,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		mp.sl = (float)(f->scale * 1.4426950408889634);
 		mp.scale = (float)f->scale;
 		mp.scale_lo = (float)(f->scale - (double)mp.scale);
+		mp.dqrow = dqrow;
+		mp.dqcol = dqcol;
 		/* attn_bwd_sm90.cu reads this field as the turn counters' stride per query block (the
 		 * pre pass zeroes pre_nw of them, at most 8) and, in bit 8, the rotated order */
 		mp.dgrp_lg = wgp ? pre_nw | (det_rot ? 1 << 8 : 0) : dgrp_lg;
@@ -403,12 +454,11 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 			mp.cap_log2 = (float)(f->softcap * 1.4426950408889634);
 		}
 		void *a2[] = {&mp};
-		/* atomic and the rotated deterministic order: (key block, kv head, batch);
-		 * deterministic otherwise: (group member + kv head x group size, batch, group), the
-		 * members fastest (those past the last key block return) */
+		/* atomic, fixed point and the rotated order: (key block, kv head, batch); the chain:
+		 * (group member + kv head x group size, batch, group), the members fastest (those
+		 * past the last key block return) */
 		const unsigned nkv = (unsigned)nkv64;
 		const unsigned hkv = (unsigned)f->Hkv, nb = (unsigned)f->B;
-		const bool chain = det && !det_rot;
 		r = fa_cu->LaunchKernel(fn.main, chain ? hkv << dgrp_lg : nkv,
 		                        chain ? nb : hkv, chain ? (unsigned)ngroups : nb,
 		                        (unsigned)(32 * spec.tile.nw), 1, 1, (unsigned)spec.tile.smem,
@@ -427,6 +477,9 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		qp.Hq = (int)f->Hq;
 		qp.sqp = (int)sqp;
 		qp.scale = (float)f->scale;
+		qp.group = (int)(f->Hq / f->Hkv);
+		qp.dqrow = dqrow;
+		qp.dqcol = dqcol;
 		int64_t pairs = f->B * f->Hq * f->Sq * (f->D / 2);
 		int64_t blocks = (pairs + 255) / 256;
 		if (blocks > 132 * 32)

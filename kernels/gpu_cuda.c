@@ -120,7 +120,7 @@ struct kcache_entry {
 	cufunc prep; /* wgmma paths: fa_wg_prep (K, V -> tile images); cvt and cvt_flat are 0; the
 	              * fp32 wgmma backward: fa_bwd_wgprep */
 	cufunc merge; /* decode paths: fa_decode_merge (fwd is fa_attn_decode); else 0 */
-	cufunc bwd_pre, bwd_dq; /* backward paths: fwd is fa_bwd_main (gpu_bwd.c) */
+	cufunc bwd_pre, bwd_dq, bwd_kvs; /* backward paths: fwd is fa_bwd_main (gpu_bwd.c) */
 };
 
 struct fa_gpu {
@@ -408,7 +408,7 @@ static fa_status get_kernel_try(struct fa_gpu *g, const struct fa_kernel_spec *s
 	}
 	if (r)
 		return cu_fail(g, r, "cuModuleLoadData", err, errlen);
-	e.cvt = e.cvt_flat = e.prep = e.merge = e.bwd_pre = e.bwd_dq = 0;
+	e.cvt = e.cvt_flat = e.prep = e.merge = e.bwd_pre = e.bwd_dq = e.bwd_kvs = 0;
 	bool wg = fa_kpath_is_wg(s->tile.path), dec = fa_kpath_is_decode(s->tile.path);
 	if (fa_kpath_is_bwd(s->tile.path)) {
 		/* attn_bwd_sm90.cu and attn_bwd_sm90_tf32.cu have the main pass only (gpu_bwd.c
@@ -418,6 +418,7 @@ static fa_status get_kernel_try(struct fa_gpu *g, const struct fa_kernel_spec *s
 		if ((r = g->cu.ModuleGetFunction(&e.fwd, e.mod, "fa_bwd_main")) ||
 		    (own && (r = g->cu.ModuleGetFunction(&e.bwd_pre, e.mod, "fa_bwd_pre"))) ||
 		    (own && (r = g->cu.ModuleGetFunction(&e.bwd_dq, e.mod, "fa_bwd_dq"))) ||
+		    (own && (r = g->cu.ModuleGetFunction(&e.bwd_kvs, e.mod, "fa_bwd_kvscale"))) ||
 		    (fa_kpath_is_bwdwg32(s->tile.path) &&
 		     (r = g->cu.ModuleGetFunction(&e.prep, e.mod, "fa_bwd_wgprep"))) ||
 		    (r = g->cu.FuncSetAttribute(e.fwd, FUNC_ATTR_MAX_DYN_SMEM, (int)s->tile.smem))) {
@@ -487,6 +488,7 @@ fa_status fa_gpu_bwd_kernels(struct fa_gpu *g, const struct fa_kernel_spec *s,
 	f->pre = ke->bwd_pre;
 	f->main = ke->fwd;
 	f->dq = ke->bwd_dq;
+	f->kvs = ke->bwd_kvs;
 	f->prep = ke->prep;
 	return FA_OK;
 }

@@ -10,11 +10,12 @@
 #include "fa_gpu.h"
 #include "fa_planner.h"
 
-/* The functions of one backward module (attn_bwd.cu: pre, main, dq; the wgmma ones: main, and
- * attn_bwd_sm90_tf32.cu's images pass prep), owned by the device's cache (valid until
- * fa_gpu_close); the ones a module lacks are 0. */
+/* The functions of one backward module (attn_bwd.cu: pre, main, dq and the fixed-point
+ * deterministic dQ's kvs, fa_bwd_kvscale; the wgmma ones: main, and attn_bwd_sm90_tf32.cu's
+ * images pass prep), owned by the device's cache (valid until fa_gpu_close); the ones a module
+ * lacks are 0. */
 struct fa_gpu_bwd_funcs {
-	fa_cu_func pre, main, dq, prep;
+	fa_cu_func pre, main, dq, prep, kvs;
 };
 
 /* Compile (or load from disk) and load the backward specialisation s (a backward tile path:

@@ -156,9 +156,10 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 		/* attn_bwd.cu: in = the tensor cores' type, qin = the global type of every tensor */
 		s->qin = dt;
 		if (tile->path == FA_KPATH_BWDWG16 && dt != FA_DTYPE_FP32) {
-			/* attn_bwd_sm90.cu: 64 query rows, two Q/dO buffers; rt 2: FA_DET; 64 keys a
-			 * warpgroup, or above head dim 128 (the wide form) 64 keys for both */
-			s->tile.rt = tile->rt == 2 ? 2 : 1;
+			/* attn_bwd_sm90.cu: 64 query rows, two Q/dO buffers; rt 2: FA_DET 1 (turns), 3:
+			 * FA_DET 2 (fixed point); 64 keys a warpgroup, or above head dim 128 (the wide
+			 * form) 64 keys for both */
+			s->tile.rt = tile->rt == 2 || tile->rt == 3 ? tile->rt : 1;
 			s->tile.br = 64;
 			s->tile.stages = 2;
 			s->tile.bc = D > 128 ? 64 : 16 * s->tile.nw;
@@ -170,7 +171,7 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 			/* attn_bwd_sm90_tf32.cu: one or two warpgroups on 64 keys, 32 or 64 query rows,
 			 * two step buffers; the path follows the precision (its images) */
 			s->tile.path = prec == FA_PREC_3XTF32 ? FA_KPATH_BWDWG32X3 : FA_KPATH_BWDWG32;
-			s->tile.rt = 1;
+			s->tile.rt = tile->rt == 3 && prec == FA_PREC_TF32 ? 3 : 1; /* 3: FA_DET 2 */
 			s->tile.nw = tile->nw == 4 ? 4 : 8;
 			s->tile.bc = 64;
 			s->tile.br = tile->br == 64 && prec == FA_PREC_TF32 ? 64 : 32;
@@ -179,7 +180,10 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 			return;
 		}
 		s->tile.path = s->in == FA_DTYPE_FP32 ? FA_KPATH_BWD32 : FA_KPATH_BWD16;
-		s->tile.rt = tile->rt == 2 ? 2 : 1; /* 2: the deterministic dQ's kernel (FA_DET) */
+		/* 2: the deterministic dQ by turns (FA_DET 1); 3: in fixed point (FA_DET 2), where
+		 * the precision is not fp32 ieee / 3xtf32 */
+		const bool fixed_ok = !(s->in == FA_DTYPE_FP32 && prec != FA_PREC_TF32);
+		s->tile.rt = tile->rt == 3 ? (fixed_ok ? 3 : 2) : tile->rt == 2 ? 2 : 1;
 		s->tile.stages = tile->stages == 2 ? 2 : 1;
 		s->tile.smem = fa_bwd_tile_smem(&s->tile, D);
 		return;
@@ -231,7 +235,7 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 		         s->in != s->qin ? " staged-bf16" : "", s->in == FA_DTYPE_FP32 ? " " : "",
 		         s->in == FA_DTYPE_FP32 ? fa_prec_name(s->precision) : "", s->D,
 		         s->mask == FA_MASK_NONE ? "nomask" : s->mask == FA_MASK_CAUSAL_TOP_LEFT ? "causal-tl" : "causal-br",
-		         tb + 4, s->tile.rt == 2 ? " det" : "");
+		         tb + 4, s->tile.rt == 2 ? " det" : s->tile.rt == 3 ? " det-fixed" : "");
 		if ((s->tile.path == FA_KPATH_BWDWG16 || fa_kpath_is_bwdwg32(s->tile.path)) &&
 		    strlen(buf) < len)
 			snprintf(buf + strlen(buf), len - strlen(buf), " wgmma");
@@ -326,8 +330,8 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NWG=%d", s->tile.nw / 4);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
-		if (s->tile.rt == 2)
-			snprintf(o->v[k++], sizeof o->v[0], "-DFA_DET=1");
+		if (s->tile.rt == 2 || s->tile.rt == 3)
+			snprintf(o->v[k++], sizeof o->v[0], "-DFA_DET=%d", s->tile.rt - 1);
 		goto ext;
 	}
 	if (fa_kpath_is_bwdwg32(s->tile.path)) { /* attn_bwd_sm90_tf32.cu's parameters */
@@ -340,6 +344,8 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NWG=%d", s->tile.nw / 4);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
+		if (s->tile.rt == 3)
+			snprintf(o->v[k++], sizeof o->v[0], "-DFA_DET=2");
 		goto ext;
 	}
 	if (fa_kpath_is_bwd(s->tile.path)) { /* attn_bwd.cu's parameters */
@@ -355,8 +361,8 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
-		if (s->tile.rt == 2)
-			snprintf(o->v[k++], sizeof o->v[0], "-DFA_DET=1");
+		if (s->tile.rt == 2 || s->tile.rt == 3)
+			snprintf(o->v[k++], sizeof o->v[0], "-DFA_DET=%d", s->tile.rt - 1);
 		goto ext;
 	}
 	if (fa_kpath_is_decode(s->tile.path)) { /* attn_decode.cu's macros */

@@ -750,6 +750,12 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 128, 200, 9000, FA_MASK_NONE, 1, 2, 1, 0, 0, 1},
 		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 64, 300, 9000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 2, 2, 1,
 		 0, 1},
+		/* the fixed point's other kernels: tf32 on attn_bwd_sm90_tf32.cu (GQA, a negative
+		 * scale, Sq != Sk) and the fp32 bf16 staging on attn_bwd.cu */
+		{FA_DTYPE_FP32, FA_PREC_TF32, 128, 1000, 1000, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 4, 2, 1,
+		 0, 1},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 64, 777, 2500, FA_MASK_NONE, 2, 3, 3, 0, 1, 1},
+		{FA_DTYPE_FP32, FA_PREC_BF16, 128, 500, 700, FA_MASK_NONE, 1, 2, 1, 0, 0, 1},
 	};
 	for (size_t i = 0; i < sizeof wg_det / sizeof wg_det[0]; i++)
 		cases[n++] = wg_det[i];
@@ -973,6 +979,122 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 /* Bad input is refused before anything runs: misaligned pointers and strides, a missing lse,
  * unknown flags, a tile that is not a backward one, the wgmma backward's tile for fp32 or off
  * sm_90 (with softcap it runs: attn_bwd_sm90.cu has FA_SOFTCAP). */
+/* The fixed-point deterministic dQ (FA_DET 2: fp16, bf16, tf32; kernels/fa_device.cuh) holds a
+ * row only while its parts fit the bound it derives from |dO_i|, |V| and |K| with the softmax
+ * summing to 1. Where they do not (an lse far below the forward's, a NaN in Q) the row must come
+ * out NaN, as the atomic mode's NaN or overflow would, never as wrapped integers; every other
+ * row must still match the atomic mode. Run on the narrow and wide 16-bit wgmma forms (D 64, 256)
+ * and the tf32 one (D 64) on sm_90, attn_bwd.cu elsewhere. */
+static void test_attn_bwd_gpu_fixed_point_marks_rows_it_cannot_hold(void **state)
+{
+	(void)state;
+	if (!gpu) {
+		printf("skipped: no GPU: %s\n", gpu_err);
+		skip();
+	}
+	static const struct gcase cs[] = {
+		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 64, 256, 256, FA_MASK_NONE, 1, 2, 1, 0, 0, 1},
+		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 256, 200, 300, FA_MASK_CAUSAL_BOTTOM_RIGHT, 1, 2, 2, 1, 0, 1},
+		{FA_DTYPE_FP32, FA_PREC_TF32, 64, 256, 256, FA_MASK_NONE, 1, 2, 1, 0, 0, 1},
+	};
+	for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
+		const struct gcase *c = &cs[ci];
+		struct fa_attn_bwd_desc bd;
+		make_desc(c, &bd);
+		const size_t es = fa_dtype_size(c->dt);
+		const size_t nq = (size_t)c->B * c->Sq * c->Hq * c->D;
+		const size_t nk = (size_t)c->B * c->Sk * c->Hkv * c->D, nl = (size_t)c->B * c->Hq * c->Sq;
+		struct hostbufs h = {.d = &bd};
+		void *dq_det = malloc(nq * es);
+		h.q = malloc(nq * es);
+		h.k = malloc(nk * es);
+		h.v = malloc(nk * es);
+		h.dout = malloc(nq * es);
+		h.dq = malloc(nq * es);
+		h.dk = malloc(nk * es);
+		h.dv = malloc(nk * es);
+		float *lse = malloc(nl * 4);
+		assert_non_null(lse);
+		assert_non_null(dq_det);
+		fill_random(h.q, c->dt, nq, 1.5);
+		fill_random(h.k, c->dt, nk, 1.5);
+		fill_random(h.v, c->dt, nk, 1.0);
+		fill_random(h.dout, c->dt, nq, 1.0);
+		struct devbufs db = {0};
+		char err[2048];
+		if (fa_gpu_alloc(gpu, nq * es, &db.q, err, sizeof err) ||
+		    fa_gpu_alloc(gpu, nk * es, &db.k, err, sizeof err) ||
+		    fa_gpu_alloc(gpu, nk * es, &db.v, err, sizeof err) ||
+		    fa_gpu_alloc(gpu, nq * es, &db.o, err, sizeof err) ||
+		    fa_gpu_alloc(gpu, nq * es, &db.dout, err, sizeof err) ||
+		    fa_gpu_alloc(gpu, nl * 4, &db.lse, err, sizeof err) ||
+		    fa_gpu_alloc(gpu, nq * es, &db.dq, err, sizeof err) ||
+		    fa_gpu_alloc(gpu, nk * es, &db.dk, err, sizeof err) ||
+		    fa_gpu_alloc(gpu, nk * es, &db.dv, err, sizeof err) ||
+		    fa_gpu_upload(gpu, db.q, h.q, nq * es, err, sizeof err) ||
+		    fa_gpu_upload(gpu, db.k, h.k, nk * es, err, sizeof err) ||
+		    fa_gpu_upload(gpu, db.v, h.v, nk * es, err, sizeof err) ||
+		    fa_gpu_upload(gpu, db.dout, h.dout, nq * es, err, sizeof err) ||
+		    fa_gpu_attn_fwd(gpu, &bd.fwd, db.q, db.k, db.v, db.o, db.lse, NULL, err,
+		                    sizeof err) ||
+		    fa_gpu_sync(gpu, err, sizeof err) ||
+		    fa_gpu_download(gpu, lse, db.lse, nl * 4, err, sizeof err))
+			fail_msg("setup: %s", err);
+		/* row 7 of head 0: an lse 40 below the forward's (its softmax sums to e^40);
+		 * row 11 of head 1: a NaN in Q */
+		const int64_t bad_l = 7, bad_q = 11;
+		lse[bad_l * bd.fwd.lse_stride[2]] -= 40.f;
+		const int64_t qat = bad_q * bd.fwd.q_stride[1] + 1 * bd.fwd.q_stride[2] + 3;
+		fa_store_elem(h.q, c->dt, qat, NAN);
+		if (fa_gpu_upload(gpu, db.lse, lse, nl * 4, err, sizeof err) ||
+		    fa_gpu_upload(gpu, db.q, h.q, nq * es, err, sizeof err))
+			fail_msg("upload: %s", err);
+		assert_int_equal(run_bwd(&bd, &db, nq, nk, es, FA_GPU_BWD_DETERMINISTIC, &h, err,
+		                         sizeof err), FA_OK);
+		memcpy(dq_det, h.dq, nq * es);
+		assert_int_equal(run_bwd(&bd, &db, nq, nk, es, 0, &h, err, sizeof err), FA_OK);
+		double num = 0, den = 0;
+		int nan_rows = 0, finite_bad = 0;
+		for (int64_t hq = 0; hq < c->Hq; hq++)
+			for (int64_t i = 0; i < c->Sq; i++) {
+				const bool marked = (hq == 0 && i == bad_l) || (hq == 1 && i == bad_q);
+				int nans = 0;
+				for (int64_t e = 0; e < c->D; e++) {
+					const int64_t at = i * bd.dq_stride[1] + hq * bd.dq_stride[2] + e;
+					const double x = fa_load_elem(dq_det, c->dt, at);
+					const double a = fa_load_elem(h.dq, c->dt, at);
+					if (isnan(x))
+						nans++;
+					else if (!marked) {
+						num += (x - a) * (x - a);
+						den += a * a;
+					}
+				}
+				if (marked && nans == c->D)
+					nan_rows++;
+				if (!marked && nans)
+					finite_bad++;
+			}
+		const double rel = den > 0 ? sqrt(num / den) : 0;
+		printf("%s D=%d %dx%d: marked rows NaN %d of 2, other rows with NaN %d, other rows "
+		       "against atomic %.2e (tol %.0e)\n", fa_dtype_name(c->dt), c->D, c->Sq, c->Sk,
+		       nan_rows, finite_bad, rel, tol_of(c->dt, c->prec));
+		assert_int_equal(nan_rows, 2);
+		assert_int_equal(finite_bad, 0);
+		assert_true(rel <= tol_of(c->dt, c->prec));
+		dev_free(&db);
+		free(h.q);
+		free(h.k);
+		free(h.v);
+		free(h.dout);
+		free(h.dq);
+		free(h.dk);
+		free(h.dv);
+		free(lse);
+		free(dq_det);
+	}
+}
+
 static void test_attn_bwd_gpu_rejects_bad_input(void **state)
 {
 	(void)state;
@@ -1027,7 +1149,8 @@ static void test_attn_bwd_gpu_rejects_bad_input(void **state)
 		assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, FA_GPU_BWD_PREPARE, NULL, err,
 		                                      sizeof err), FA_OK);
 	d.fwd.softcap = 0;
-	/* the fp32 wgmma backward's tile: fp32 of its precision only, never deterministic */
+	/* the fp32 wgmma backward's tile: fp32 of its precision only, deterministic in tf32 only
+	 * (the fixed point's; 3xtf32's error is below it) */
 	t.path = FA_KPATH_BWDWG32;
 	t.nw = 4;
 	t.bc = 64;
@@ -1036,12 +1159,19 @@ static void test_attn_bwd_gpu_rejects_bad_input(void **state)
 	printf("fp32 wgmma tile on bf16: %s\n", err);
 	struct gcase t32 = {FA_DTYPE_FP32, FA_PREC_TF32, 64, 16, 16, FA_MASK_NONE, 1, 1, 1, 0, 0, 0};
 	make_desc(&t32, &d);
-	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, FA_GPU_BWD_DETERMINISTIC, NULL, err,
-	                                      sizeof err), FA_EINVAL);
-	printf("fp32 wgmma tile, deterministic: %s\n", err);
+	if (fa_gpu_sm(gpu) == 90)
+		assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p,
+		                                      FA_GPU_BWD_DETERMINISTIC | FA_GPU_BWD_PREPARE, NULL,
+		                                      err, sizeof err), FA_OK);
 	t.path = FA_KPATH_BWDWG32X3; /* a 3xtf32 tile for tf32 */
 	t.br = 32;
 	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, 0, NULL, err, sizeof err), FA_EINVAL);
+	struct gcase x32 = t32;
+	x32.prec = FA_PREC_3XTF32;
+	make_desc(&x32, &d);
+	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, FA_GPU_BWD_DETERMINISTIC, NULL, err,
+	                                      sizeof err), FA_EINVAL);
+	printf("fp32 wgmma tile, 3xtf32 deterministic: %s\n", err);
 	assert_int_equal(fa_gpu_sync(gpu, err, sizeof err), FA_OK);
 	fa_gpu_free(gpu, m);
 }
@@ -1050,6 +1180,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_attn_bwd_gpu_matches_the_float64_reference),
+		cmocka_unit_test(test_attn_bwd_gpu_fixed_point_marks_rows_it_cannot_hold),
 		cmocka_unit_test(test_attn_bwd_gpu_rejects_bad_input),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

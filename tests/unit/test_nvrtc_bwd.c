@@ -102,6 +102,16 @@ static void add_jobs_sel(const char *arch, fa_dtype dt, fa_precision p, int D, f
 			td.rt = 2;
 			fa_kernel_spec_make(&k->spec, dev->sm, dt, p, D, m, &td);
 			k->heavy = true;
+			/* and the fixed-point one (rt 3, FA_DET 2) where the precision takes it */
+			td.rt = 3;
+			struct fa_kernel_spec fs;
+			fa_kernel_spec_make(&fs, dev->sm, dt, p, D, m, &td);
+			if (fs.tile.rt == 3) {
+				struct job *x = &jobs[njobs++];
+				*x = *j;
+				x->spec = fs;
+				x->heavy = true;
+			}
 		}
 	}
 }
@@ -336,6 +346,14 @@ static void test_nvrtc_compiles_the_fp32_wgmma_backward_without_spills(void **st
 					assert_int_equal(j->spec.tile.nw, t[ti].nw);
 					assert_int_equal(j->spec.tile.smem, t[ti].smem);
 					j->regs_est = t[ti].regs;
+					if (!pi && ti == 0) { /* tf32's fixed-point deterministic dQ (rt 3) */
+						struct fa_tile td = t[ti];
+						td.rt = 3;
+						struct job *x = &wj[nw++];
+						fa_kernel_spec_make(&x->spec, 90, FA_DTYPE_FP32, p, Ds[di], r.mask, &td);
+						assert_int_equal(x->spec.tile.rt, 3);
+						x->regs_est = t[ti].regs;
+					}
 				}
 			}
 		}
