@@ -624,12 +624,13 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_pre(const fa_bwd_pre_pa
 
 /* FA_DET 2: max_j |K_jd| per head-dim column and max_j |V_j|^2 of each (batch, kv head), as
  * float bits (non-negative floats order as their bits; NaN above inf) by atomicMax into the
- * zeroed dqcol; grid (key blocks of 64, B * Hkv), a warp per key at a time. */
+ * zeroed dqcol; grid (key blocks of 64, Hkv, B), a warp per key at a time. */
 extern "C" __global__ void __launch_bounds__(256) fa_bwd_kvscale(const fa_bwd_kvs_params p)
 {
 	__shared__ unsigned cmax[8][DP + 1]; /* per warp: DP columns' maxima, then |V|^2's */
 	const int lane = (int)threadIdx.x & 31, w = (int)threadIdx.x >> 5;
-	const int bh = (int)blockIdx.y, b = bh / p.Hkv, hk = bh - b * p.Hkv;
+	const int hk = (int)blockIdx.y, b = (int)blockIdx.z;
+	const long long bh = (long long)b * p.Hkv + hk;
 	unsigned cm[(DP + 31) / 32], vm = 0;
 #pragma unroll
 	for (int t = 0; t < (DP + 31) / 32; t++)
@@ -660,7 +661,7 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_kvscale(const fa_bwd_kv
 	if (lane == 0)
 		cmax[w][DP] = vm;
 	__syncthreads();
-	unsigned *out = p.dqcol + (long long)bh * DQC;
+	unsigned *out = p.dqcol + bh * DQC;
 	for (int x = (int)threadIdx.x; x <= DP; x += 256) {
 		unsigned m = 0;
 #pragma unroll

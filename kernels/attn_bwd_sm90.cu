@@ -1119,10 +1119,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 #pragma unroll
 				for (int nb = 0; nb < DH / 8; nb++) {
 					const float2 mc = *(const float2 *)(col + nb * 8);
+					/* no "memory" clobber (fa_dqi_red's reason): the rows are read only
+					 * after the fence and barrier below */
 					asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(row + nb * 32),
 					             "r"(fa_dqi_fix(dq[4 * nb + 2 * hf], mr, mc.x, bad)),
-					             "r"(fa_dqi_fix(dq[4 * nb + 2 * hf + 1], mr, mc.y, bad))
-					             : "memory");
+					             "r"(fa_dqi_fix(dq[4 * nb + 2 * hf + 1], mr, mc.y, bad)));
 				}
 				if (bad && in)
 					*rm = __int_as_float(0x7fc00000);
