@@ -518,6 +518,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	u16 *sdS = sdO0 + 2 * FA_BQ * DP;       /* BKV x BQ, [key][query] */
 	float *sL0 = (float *)(sdS + BKV * FA_BQ); /* 2 x BQ */
 	float *sDl0 = sL0 + 2 * FA_BQ;          /* 2 x BQ */
+	float *sMC = sDl0 + 2 * FA_BQ;          /* FA_DET 2: DP column multipliers */
 
 	const int tid = (int)threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
 	const int g = lane >> 2, c = lane & 3, r0 = 16 * wi + g;
@@ -545,6 +546,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	               p.ks[1], p.Sk - kv0);
 	load_tile<BKV>(sV, (const u16 *)p.v + b * p.vs[0] + hk * p.vs[2] + (long long)kv0 * p.vs[1],
 	               p.vs[1], p.Sk - kv0);
+	if (DQI) /* read after the first step's barrier */
+		for (int x = tid; x < DP; x += NT)
+			sMC[x] = p.dqcol[((long long)b * p.Hkv + hk) * DQC + x];
 	const int nsteps = IQ_END - iq0, total = nsteps * p.group;
 	/* FA_DET rotated, no mask: key block n starts at query block n nq / nk and wraps */
 	const int rot0 = DET_CHAIN && !FA_MASK && rot ? n * p.nq / (int)gridDim.x : 0;
@@ -713,8 +717,16 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		}
 		float *acc = p.dqacc + (bh * p.sqp + q0) * DP + wg * DQW;
 #if DQI
-		/* fixed point (fa_device.cuh): int32 adds, a row whose part does not fit marked NaN */
-		const float *col = p.dqcol + ((long long)b * p.Hkv + hk) * DQC + wg * DQW;
+		/* fixed point (fa_device.cuh): int32 adds, the columns' multipliers from shared memory,
+		 * the rows' loaded before any add; a row whose part does not fit marked NaN */
+		const float *col = sMC + wg * DQW;
+		float *const rm0 = p.dqrow + bh * p.sqp + q0;
+		float mrs[MQ][2];
+#pragma unroll
+		for (int mt = 0; mt < MQ; mt++)
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++)
+				mrs[mt][hf] = rm0[64 * mt + r0 + 8 * hf]; /* rows up to sqp exist */
 #endif
 #pragma unroll
 		for (int mt = 0; mt < MQ; mt++)
@@ -723,8 +735,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 				const int il = 64 * mt + r0 + 8 * hf;
 				if (q0 + il < p.Sq) {
 #if DQI
-					float *rm = p.dqrow + bh * p.sqp + q0 + il;
-					const float mr = *rm;
+					float *rm = rm0 + il;
+					const float mr = mrs[mt][hf];
 					bool bad = false;
 #endif
 #pragma unroll
@@ -877,6 +889,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	 * reduction that reads them is waited for) */
 	u16 *sX = (u16 *)(sDl0 + 2 * FA_BQ);
 	u16 *const sXP = WIDE_LATE ? sX : sP;
+	float *sMC = (float *)sX + 4 * DP; /* FA_DET 2: DP column multipliers, after sX */
 
 	const int tid = (int)threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
 	const int g = lane >> 2, c = lane & 3, r0 = 16 * wi + g;
@@ -901,6 +914,9 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	               p.ks[1], p.Sk - kv0);
 	load_tile<BKV>(sV, (const u16 *)p.v + b * p.vs[0] + hk * p.vs[2] + (long long)kv0 * p.vs[1],
 	               p.vs[1], p.Sk - kv0);
+	if (DQI) /* read after the first step's barrier */
+		for (int x = tid; x < DP; x += NT)
+			sMC[x] = p.dqcol[((long long)b * p.Hkv + hk) * DQC + x];
 	const int nsteps = IQ_END - iq0, total = nsteps * p.group;
 	if (total > 0) {
 		int h0, i0;
@@ -1114,7 +1130,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 				const bool in = q0 + r0 + 8 * hf < p.Sq;
 				float *rm = p.dqrow + bh * p.sqp + q0 + r0 + 8 * hf;
 				const float mr = in ? *rm : 0.f;
-				const float *col = p.dqcol + ((long long)b * p.Hkv + hk) * DQC + wg * DH + 2 * c;
+				const float *col = sMC + wg * DH + 2 * c;
 				bool bad = false;
 #pragma unroll
 				for (int nb = 0; nb < DH / 8; nb++) {

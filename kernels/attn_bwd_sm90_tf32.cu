@@ -438,6 +438,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	load_run(sKV, (const float *)p.k + ((long long)(b * p.Hkv + hk) * gridDim.x + n) * KVBLK,
 	         KVBLK, tid, NT);
 	const int nsteps = p.nq - iq0, total = nsteps * p.group;
+#if DQI
+	/* the fixed point's column multipliers of this thread's dQ^T rows (head dims) */
+	float mcs[MQT][2];
+#pragma unroll
+	for (int mt = 0; mt < MQT; mt++)
+#pragma unroll
+		for (int e2 = 0; e2 < 2; e2++)
+			mcs[mt][e2] = p.dqcol[((long long)b * p.Hkv + hk) * DQC + 64 * mt + r0 + e2 * 8];
+#endif
 	float *const sStw = sSt0 + wg * NBUF * STBLK; /* the warpgroup's buffers */
 	float *const sLw = sL0 + wg * NBUF * FA_BQ, *const sDlw = sDl0 + wg * NBUF * FA_BQ;
 	if (wg < total) {
@@ -681,7 +690,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 #if DQI
 		/* fixed point (fa_device.cuh): per query (a column of dQ^T) its row multiplier, per
 		 * head-dim row its column one; a row whose part does not fit marked NaN */
-		const float *col = p.dqcol + ((long long)b * p.Hkv + hk) * DQC;
+		/* every multiplier loaded before the first add (a load between adds waits for its
+		 * latency: kernels/PERF-NOTES.md); the columns' are the block's, loaded once */
+		float *const rm0 = p.dqrow + bh * p.sqp + q0;
+		float mrs[NKS][2];
+#pragma unroll
+		for (int nb = 0; nb < NKS; nb++)
+#pragma unroll
+			for (int e1 = 0; e1 < 2; e1++)
+				mrs[nb][e1] = rm0[nb * 8 + 2 * c + e1]; /* rows up to sqp exist */
 #pragma unroll
 		for (int nb = 0; nb < NKS; nb++)
 #pragma unroll
@@ -689,8 +706,6 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 				const int q = nb * 8 + 2 * c + e1;
 				if (q0 + q >= p.Sq)
 					continue;
-				float *rm = p.dqrow + bh * p.sqp + q0 + q;
-				const float mr = *rm;
 				bool bad = false;
 #pragma unroll
 				for (int mt = 0; mt < MQT; mt++)
@@ -699,10 +714,11 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 						const int d = 64 * mt + r0 + e2 * 8;
 						if (d < FA_D)
 							fa_dqi_red((int *)acc + q * DP + d,
-							           fa_dqi_fix(dq[mt][4 * nb + 2 * e2 + e1], mr, col[d], bad));
+							           fa_dqi_fix(dq[mt][4 * nb + 2 * e2 + e1], mrs[nb][e1],
+							                      mcs[mt][e2], bad));
 					}
 				if (bad)
-					*rm = __int_as_float(0x7fc00000);
+					rm0[q] = __int_as_float(0x7fc00000);
 			}
 #else
 #pragma unroll

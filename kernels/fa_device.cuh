@@ -263,6 +263,9 @@ __device__ __forceinline__ float fa_dqi_inv(float m)
 #endif
 __device__ __forceinline__ int fa_dqi_fix(float v, float mr, float mc, bool &bad)
 {
+#if FA_DQI_DIAG == 2 /* timing only: no multipliers */
+	mr = mc = 1.f;
+#endif
 	const float y = (v * mr) * mc; /* v mr <= c_d: no overflow in between */
 	bad |= !(fabsf(y) < FA_DQI_LIM);
 #if FA_DQI_CVT
@@ -278,9 +281,20 @@ __device__ __forceinline__ int fa_dqi_fix(float v, float mr, float mc, bool &bad
 /* The add, without a "memory" clobber: nothing in the main pass reads the accumulator, and a
  * clobber would pin every multiplier's load behind the reduction before it (a load's latency per
  * element, measured +30-40% on the H200 with it). */
+#ifndef FA_DQI_DIAG /* timing only (wrong results): 1 the adds as fp32 reductions of the bits, 2
+                     * no multipliers, 3 no adds */
+#define FA_DQI_DIAG 0
+#endif
 __device__ __forceinline__ void fa_dqi_red(int *p, int x)
 {
+#if FA_DQI_DIAG == 1
+	asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(__int_as_float(x & 0x3fffffff)));
+#elif FA_DQI_DIAG == 3 /* no adds at all */
+	(void)p;
+	(void)x;
+#else
 	asm volatile("red.global.add.s32 [%0], %1;" ::"l"(p), "r"(x));
+#endif
 }
 
 /* ---- sliding window and logit softcapping (fa_attn.h), shared by every kernel -------------- */

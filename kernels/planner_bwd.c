@@ -34,13 +34,16 @@ int fa_bwd_padded_d(int path, int D)
 /* attn_bwd_sm90.cu: K, V (bc rows), two buffers of Q and dO (64 rows), dS^T (bc x 64), all
  * 16-bit with the padded head dim, and two buffers of lse2 and delta; the wide form (D > 128)
  * keeps P^T (64 x 64) beside dS^T and four staged fp32 rows of dQ (its bulk reduction's
- * rows that do not fit the step's Q and dO buffers): 218,112 bytes at D = 256. */
+ * rows that do not fit the step's Q and dO buffers): 218,112 bytes at D = 256; the fixed-point
+ * deterministic dQ (rt 3) one fp32 multiplier per padded column more. */
 static size_t bwdwg_smem(const struct fa_tile *t, int D)
 {
 	const size_t dp = (size_t)fa_bwd_padded_d(t->path, D), bq = 64;
 	const size_t pt = D > 128 ? 2 : 1;           /* P^T and dS^T, or dS^T alone */
 	const size_t dqx = D > 128 ? 4 * 4 * dp : 0; /* the staged dQ rows */
-	return 2 * (2 * (size_t)t->bc * dp + 4 * bq * dp + pt * (size_t)t->bc * bq) + 4 * 4 * bq + dqx;
+	const size_t mc = t->rt == 3 ? 4 * dp : 0;   /* the fixed-point dQ's column multipliers */
+	return 2 * (2 * (size_t)t->bc * dp + 4 * bq * dp + pt * (size_t)t->bc * bq) + 4 * 4 * bq + dqx +
+	       mc;
 }
 
 /* attn_bwd_sm90.cu's static checks: up to head dim 128, 1 or 2 warpgroups of 64 keys, 64 query
