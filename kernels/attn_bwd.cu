@@ -240,6 +240,8 @@ struct fa_bwd_dq_params {
 	float scale;
 	int group;
 	const float *dqrow, *dqcol; /* FA_DET 2 */
+	const int *turn;            /* FA_DET 2, packed: the adds per query block of FA_BQ rows */
+	int tstride, packed;        /* its counters per block; 1: attn_bwd_sm90.cu's packed pairs */
 };
 
 /* fa_bwd_kvscale's (FA_DET 2): per (batch, kv head) the bits of max_j |K_jd| (d < DP) and of
@@ -601,7 +603,7 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_pre(const fa_bwd_pre_pa
 	if (lane == 0) {
 		p.delta[row] = sum;
 		p.lse2[row] = l2;
-		if (DET_CHAIN && i % FA_BQ == 0)
+		if ((DET_CHAIN || DQI) && i % FA_BQ == 0) /* FA_DET 2: the packed pairs' add counts */
 #pragma unroll
 			for (int w = 0; w < FA_NW; w++) /* a counter per warp of the main pass */
 				p.turn[(bh * p.nq + i / FA_BQ) * FA_NW + w] = 0;
@@ -1132,7 +1134,10 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_dq(const fa_bwd_dq_para
 		const int b = (int)(bh / p.Hq), h = (int)(bh - (long long)b * p.Hq);
 #if DQI
 		/* fixed point back to float: exact powers of two, a marked row NaN */
-		const int2 a = *(const int2 *)((const int *)p.dqacc + (bh * p.sqp + i) * DP + c);
+		int2 a = *(const int2 *)((const int *)p.dqacc + (bh * p.sqp + i) * DP + c);
+		if (p.packed)
+			a = fa_dqi_unpack2(a, (unsigned)p.turn[(bh * (p.sqp / FA_BQ) + i / FA_BQ) *
+			                                       p.tstride]);
 		const float *col = p.dqcol + ((long long)b * (p.Hq / p.group) + h / p.group) * DQC + c;
 		const float ir = fa_dqi_inv(p.dqrow[bh * p.sqp + i]) * p.scale;
 		const float2 v = make_float2((float)a.x * fa_dqi_inv(col[0]) * ir,

@@ -121,6 +121,9 @@
 #endif
 #define DET_CHAIN (FA_DET == 1) /* the deterministic dQ by turns */
 #define DQI (FA_DET == 2)       /* the deterministic dQ in fixed point (fa_device.cuh) */
+/* its packed pairs (fa_dqi_red2): the narrow form with 64-row query blocks (fa_bwd_dq counts
+ * the adds per block of fa_bwd_pre's 64 rows; gpu_bwd.c sets the dq pass's packed flag alike) */
+#define DQI_PACK (DQI && FA_D <= 128 && FA_BQ == 64)
 #ifndef FA_WIN
 #define FA_WIN 0
 #endif
@@ -503,6 +506,9 @@ __device__ __forceinline__ void load_step(const fa_bwd_params &p, u16 *sQ, u16 *
 		cp_async16(smem_u32((dl ? sDl : sL) + r), (dl ? p.delta : p.lse2) + bh * p.sqp + q0 + r,
 		           16);
 	}
+	/* FA_DET 2: the rows' fixed-point multipliers, two buffers after delta's (sMR0) */
+	for (int i = tid; DQI && i < FA_BQ / 4; i += NT)
+		cp_async16(smem_u32(sDl + 2 * FA_BQ + 4 * i), p.dqrow + bh * p.sqp + q0 + 4 * i, 16);
 }
 
 #if FA_D <= 128
@@ -518,7 +524,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	u16 *sdS = sdO0 + 2 * FA_BQ * DP;       /* BKV x BQ, [key][query] */
 	float *sL0 = (float *)(sdS + BKV * FA_BQ); /* 2 x BQ */
 	float *sDl0 = sL0 + 2 * FA_BQ;          /* 2 x BQ */
-	float *sMC = sDl0 + 2 * FA_BQ;          /* FA_DET 2: DP column multipliers */
+	float *sMR0 = sDl0 + 2 * FA_BQ;         /* FA_DET 2: 2 x BQ row multipliers (load_step) */
+	float *sMC = sMR0 + 2 * FA_BQ;          /* FA_DET 2: DP column multipliers */
 
 	const int tid = (int)threadIdx.x, lane = tid & 31, wg = tid >> 7, wi = (tid >> 5) & 3;
 	const int g = lane >> 2, c = lane & 3, r0 = 16 * wi + g;
@@ -717,16 +724,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		}
 		float *acc = p.dqacc + (bh * p.sqp + q0) * DP + wg * DQW;
 #if DQI
-		/* fixed point (fa_device.cuh): int32 adds, the columns' multipliers from shared memory,
-		 * the rows' loaded before any add; a row whose part does not fit marked NaN */
+		/* fixed point (fa_device.cuh): the multipliers from shared memory (the rows' came with
+		 * the step), packed pairs where the query block is 64 rows (its adds counted: the
+		 * turn counter of the query block, zeroed by fa_bwd_pre), else int32 adds; a row whose
+		 * part does not fit marked NaN */
 		const float *col = sMC + wg * DQW;
+		const float *sMR = sMR0 + buf * FA_BQ;
 		float *const rm0 = p.dqrow + bh * p.sqp + q0;
-		float mrs[MQ][2];
-#pragma unroll
-		for (int mt = 0; mt < MQ; mt++)
-#pragma unroll
-			for (int hf = 0; hf < 2; hf++)
-				mrs[mt][hf] = rm0[64 * mt + r0 + 8 * hf]; /* rows up to sqp exist */
+		if (DQI_PACK && tid == 0)
+			fa_dqi_red(p.turn + (bh * p.nq + iq) * (p.tstride & 255), 1);
 #endif
 #pragma unroll
 		for (int mt = 0; mt < MQ; mt++)
@@ -736,7 +742,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 				if (q0 + il < p.Sq) {
 #if DQI
 					float *rm = rm0 + il;
-					const float mr = mrs[mt][hf];
+					const float mr = sMR[il];
 					bool bad = false;
 #endif
 #pragma unroll
@@ -746,9 +752,14 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 						float *a = acc + il * DP + nb * 8 + 2 * c;
 #if DQI
 						const float2 mc = *(const float2 *)(col + nb * 8 + 2 * c);
-						fa_dqi_red((int *)a, fa_dqi_fix(dq[mt][4 * nb + 2 * hf], mr, mc.x, bad));
-						fa_dqi_red((int *)a + 1,
-						           fa_dqi_fix(dq[mt][4 * nb + 2 * hf + 1], mr, mc.y, bad));
+						const int x0 = fa_dqi_fix(dq[mt][4 * nb + 2 * hf], mr, mc.x, bad);
+						const int x1 = fa_dqi_fix(dq[mt][4 * nb + 2 * hf + 1], mr, mc.y, bad);
+						if (DQI_PACK) {
+							fa_dqi_red2((int *)a, x0, x1);
+						} else {
+							fa_dqi_red((int *)a, x0);
+							fa_dqi_red((int *)a + 1, x1);
+						}
 #else
 						asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a),
 						             "f"(dq[mt][4 * nb + 2 * hf]), "f"(dq[mt][4 * nb + 2 * hf + 1])
@@ -887,7 +898,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	float *sDl0 = sL0 + 2 * FA_BQ;             /* 2 x BQ */
 	/* WIDE_LATE: staged dQ rows 30, 31, 62, 63 (4 x DP fp32; P^T is rewritten before the
 	 * reduction that reads them is waited for) */
-	u16 *sX = (u16 *)(sDl0 + 2 * FA_BQ);
+	float *sMR0 = sDl0 + 2 * FA_BQ; /* FA_DET 2: 2 x BQ row multipliers (load_step), then sX */
+	u16 *sX = (u16 *)(sDl0 + 2 * FA_BQ + (DQI ? 2 * FA_BQ : 0));
 	u16 *const sXP = WIDE_LATE ? sX : sP;
 	float *sMC = (float *)sX + 4 * DP; /* FA_DET 2: DP column multipliers, after sX */
 
@@ -1129,7 +1141,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 				 * fit marked NaN */
 				const bool in = q0 + r0 + 8 * hf < p.Sq;
 				float *rm = p.dqrow + bh * p.sqp + q0 + r0 + 8 * hf;
-				const float mr = in ? *rm : 0.f;
+				const float mr = in ? sMR0[buf * FA_BQ + r0 + 8 * hf] : 0.f;
 				const float *col = sMC + wg * DH + 2 * c;
 				bool bad = false;
 #pragma unroll

@@ -222,12 +222,16 @@ __device__ __forceinline__ void fa_st_release(int *p, int v)
  * Element (i, d) of dQ / scale is the sum over keys of dS_ij K_jd with |dS_ij| <= P_ij (|dP_ij| +
  * |delta_i|), |dP_ij| <= |dO_i| |V_j| and sum_j P_ij = 1, so every partial sum (one key block's,
  * or all of them) is at most r_i c_d, r_i = |dO_i| max_j |V_j| + |delta_i| (fa_bwd_pre) and c_d =
- * max_j |K_jd| (fa_bwd_kvscale). Rounded up to powers of two, 2^-e(r_i) 2^(28 - e(c_d)) maps
- * that bound into 2^28: each block's part is rounded to an integer there (its error 2^-29 of the
- * bound, against the 16-bit types' 2^-9 .. 2^-12 and tf32's 2^-11), the sum stays below 2^31
+ * max_j |K_jd| (fa_bwd_kvscale). Rounded up to powers of two, 2^-e(r_i) 2^(27 - e(c_d)) maps
+ * that bound into 2^27: each block's part is rounded to an integer there (its error 2^-28 of the
+ * bound, against the 16-bit types' 2^-9 .. 2^-12 and tf32's 2^-11), the sum stays below 2^30
  * even where P sums to 8 (an lse that is not the forward's), and a part that does not fit below
  * 2^30 (NaN, or such an lse) marks its row NaN (fa_bwd_dq writes NaN there) instead of wrapping.
- * The multipliers are powers of two kept in float: their products and inverses are exact. */
+ * The multipliers are powers of two kept in float: their products and inverses are exact.
+ * Packed pairs (attn_bwd_sm90.cu's narrow form, fa_dqi_red2): two adjacent columns' parts,
+ * each biased by 2^30 (so non-negative), added as one u64, the high word taking the low one's
+ * carries; with the number n of adds (a counter per query block) fa_bwd_dq undoes both: the
+ * low word less n 2^30 is the first sum (below 2^30 in size), the carries follow from it. */
 #define FA_DQI_LIM 0x1p30f
 /* 2^-e with x <= 2^e (x >= 0; e clamped to [-120, 120]); NaN for a NaN or infinite x */
 __device__ __forceinline__ float fa_dqi_row_mul(float x)
@@ -238,14 +242,14 @@ __device__ __forceinline__ float fa_dqi_row_mul(float x)
 	e = e < -120 ? -120 : e > 120 ? 120 : e;
 	return __int_as_float((127 - e) << 23);
 }
-/* 2^(28 - e) with x <= 2^e (e clamped to [-90, 120]); NaN for a NaN or infinite x */
+/* 2^(27 - e) with x <= 2^e (e clamped to [-90, 120]); NaN for a NaN or infinite x */
 __device__ __forceinline__ float fa_dqi_col_mul(float x)
 {
 	if (!(x <= 0x1p127f))
 		return __int_as_float(0x7fc00000);
 	int e = (int)((__float_as_uint(x) >> 23) & 255) - 126;
 	e = e < -90 ? -90 : e > 120 ? 120 : e;
-	return __int_as_float((127 + 28 - e) << 23);
+	return __int_as_float((127 + 27 - e) << 23);
 }
 /* 1 / m for a multiplier above (a normal power of two), exactly; NaN stays NaN */
 __device__ __forceinline__ float fa_dqi_inv(float m)
@@ -273,7 +277,9 @@ __device__ __forceinline__ int fa_dqi_fix(float v, float mr, float mc, bool &bad
 	const float t = __fadd_rn(y, c1);
 	const int hi = __float_as_int(t) - __float_as_int(c1);
 	const float lo = __fadd_rn(y, -__fadd_rn(t, -c1));
-	return hi * 256 + (__float_as_int(__fadd_rn(lo, c2)) - __float_as_int(c2));
+	/* unsigned: a part that does not fit (its row marked) wraps instead of overflowing */
+	return (int)((unsigned)hi * 256u +
+	             (unsigned)(__float_as_int(__fadd_rn(lo, c2)) - __float_as_int(c2)));
 #else
 	return __float2int_rn(y);
 #endif
@@ -295,6 +301,27 @@ __device__ __forceinline__ void fa_dqi_red(int *p, int x)
 #else
 	asm volatile("red.global.add.s32 [%0], %1;" ::"l"(p), "r"(x));
 #endif
+}
+/* A packed pair (above): parts x0, x1 of adjacent columns at p (8-byte aligned) */
+__device__ __forceinline__ void fa_dqi_red2(int *p, int x0, int x1)
+{
+	const unsigned long long v = (unsigned long long)(unsigned)(x0 + (1 << 30)) |
+	                             (unsigned long long)(unsigned)(x1 + (1 << 30)) << 32;
+#if FA_DQI_DIAG == 3
+	(void)p;
+	(void)v;
+#else
+	asm volatile("red.global.add.u64 [%0], %1;" ::"l"(p), "l"(v));
+#endif
+}
+/* The two sums of a packed pair after n adds (n 2^30 and the carries taken out) */
+__device__ __forceinline__ int2 fa_dqi_unpack2(int2 a, unsigned n)
+{
+	const unsigned lo = (unsigned)a.x, hi = (unsigned)a.y, bias = n << 30;
+	const int s0 = (int)(lo - bias);
+	const unsigned long long full = (unsigned long long)n * (1u << 30) + (long long)s0;
+	const unsigned carries = (unsigned)((full - lo) >> 32);
+	return make_int2(s0, (int)(hi - carries - bias));
 }
 
 /* ---- sliding window and logit softcapping (fa_attn.h), shared by every kernel -------------- */

@@ -70,8 +70,10 @@ struct bwd_dq_params {
 	float scale;
 	int group;
 	uint64_t dqrow, dqcol;
+	uint64_t turn;
+	int tstride, packed;
 };
-_Static_assert(sizeof(struct bwd_dq_params) == 80, "backward dq parameter block layout");
+_Static_assert(sizeof(struct bwd_dq_params) == 96, "backward dq parameter block layout");
 /* attn_bwd.cu's fa_bwd_kvs_params (same order, same types). */
 struct bwd_kvs_params {
 	uint64_t k, v, dqcol;
@@ -480,6 +482,12 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		qp.group = (int)(f->Hq / f->Hkv);
 		qp.dqrow = dqrow;
 		qp.dqcol = dqcol;
+		/* attn_bwd_sm90.cu's narrow form adds packed pairs (its DQI_PACK), counted per query
+		 * block of 64 rows in the turn counters */
+		qp.turn = turn;
+		qp.tstride = pre_nw;
+		qp.packed = dqint && spec.tile.path == FA_KPATH_BWDWG16 && f->D <= 128 &&
+		            spec.tile.br == 64;
 		int64_t pairs = f->B * f->Hq * f->Sq * (f->D / 2);
 		int64_t blocks = (pairs + 255) / 256;
 		if (blocks > 132 * 32)

@@ -35,13 +35,15 @@ int fa_bwd_padded_d(int path, int D)
  * 16-bit with the padded head dim, and two buffers of lse2 and delta; the wide form (D > 128)
  * keeps P^T (64 x 64) beside dS^T and four staged fp32 rows of dQ (its bulk reduction's
  * rows that do not fit the step's Q and dO buffers): 218,112 bytes at D = 256; the fixed-point
- * deterministic dQ (rt 3) one fp32 multiplier per padded column more. */
+ * deterministic dQ (rt 3) one fp32 multiplier per padded column and two buffers of one per row
+ * more. */
 static size_t bwdwg_smem(const struct fa_tile *t, int D)
 {
 	const size_t dp = (size_t)fa_bwd_padded_d(t->path, D), bq = 64;
 	const size_t pt = D > 128 ? 2 : 1;           /* P^T and dS^T, or dS^T alone */
 	const size_t dqx = D > 128 ? 4 * 4 * dp : 0; /* the staged dQ rows */
-	const size_t mc = t->rt == 3 ? 4 * dp : 0;   /* the fixed-point dQ's column multipliers */
+	/* the fixed-point dQ's column multipliers and two buffers of its row ones */
+	const size_t mc = t->rt == 3 ? 4 * dp + 4 * 2 * bq : 0;
 	return 2 * (2 * (size_t)t->bc * dp + 4 * bq * dp + pt * (size_t)t->bc * bq) + 4 * 4 * bq + dqx +
 	       mc;
 }
