@@ -1075,6 +1075,23 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 #pragma unroll
 		for (int i = 0; i < NQ; i++)
 			wg_touch(dq[i]);
+#if DQI
+		/* fixed point (fa_device.cuh), while dK and dV multiply: dq's registers take the
+		 * int32 parts (staged below); a row whose part does not fit is marked there */
+		bool dq_bad[2] = {false, false};
+#pragma unroll
+		for (int hf = 0; hf < 2; hf++) {
+			const float mr = q0 + r0 + 8 * hf < p.Sq ? sMR0[buf * FA_BQ + r0 + 8 * hf] : 0.f;
+#pragma unroll
+			for (int nb = 0; nb < DH / 8; nb++) {
+				const float2 mc = *(const float2 *)(sMC + wg * DH + 2 * c + nb * 8);
+				dq[4 * nb + 2 * hf] =
+				    __int_as_float(fa_dqi_fix(dq[4 * nb + 2 * hf], mr, mc.x, dq_bad[hf]));
+				dq[4 * nb + 2 * hf + 1] =
+				    __int_as_float(fa_dqi_fix(dq[4 * nb + 2 * hf + 1], mr, mc.y, dq_bad[hf]));
+			}
+		}
+#endif
 		if (DET_CHAIN) { /* this block's turn: the lower key blocks that see iq have added */
 			int *t = p.turn + (bh * p.nq + iq) * p.tstride;
 #if FA_WIN
@@ -1137,24 +1154,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			for (int hf = 0; hf < 2; hf++) {
 				const u32 row = wide_stage_row(sQ, sdO, sXP, r0 + 8 * hf) + wg * DH * 4 + 8 * c;
 #if DQI
-				/* fixed point (fa_device.cuh): staged as int32, a row whose part does not
-				 * fit marked NaN */
-				const bool in = q0 + r0 + 8 * hf < p.Sq;
-				float *rm = p.dqrow + bh * p.sqp + q0 + r0 + 8 * hf;
-				const float mr = in ? sMR0[buf * FA_BQ + r0 + 8 * hf] : 0.f;
-				const float *col = sMC + wg * DH + 2 * c;
-				bool bad = false;
+				/* the int32 parts converted above; a row whose part did not fit marked */
 #pragma unroll
-				for (int nb = 0; nb < DH / 8; nb++) {
-					const float2 mc = *(const float2 *)(col + nb * 8);
-					/* no "memory" clobber (fa_dqi_red's reason): the rows are read only
-					 * after the fence and barrier below */
+				for (int nb = 0; nb < DH / 8; nb++)
 					asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(row + nb * 32),
-					             "r"(fa_dqi_fix(dq[4 * nb + 2 * hf], mr, mc.x, bad)),
-					             "r"(fa_dqi_fix(dq[4 * nb + 2 * hf + 1], mr, mc.y, bad)));
-				}
-				if (bad && in)
-					*rm = __int_as_float(0x7fc00000);
+					             "r"(__float_as_int(dq[4 * nb + 2 * hf])),
+					             "r"(__float_as_int(dq[4 * nb + 2 * hf + 1]))
+					             : "memory");
+				if (dq_bad[hf] && q0 + r0 + 8 * hf < p.Sq)
+					p.dqrow[bh * p.sqp + q0 + r0 + 8 * hf] = __int_as_float(0x7fc00000);
 #else
 #pragma unroll
 				for (int nb = 0; nb < DH / 8; nb++)
