@@ -230,7 +230,8 @@ static const struct config_option config_options[] = {
 	{.name = "bwd-det-rot", .type = CONFIG_KERNEL, .def = "0", .env = "FA_BWD_DET_ROT",
 	 .metavar = "0|1",
 	 .help = "gpu backend: an experiment, off: the 16-bit wgmma backward's deterministic mode "
-	         "in the rotated order (wrong without a mask on the H200)",
+	         "by turns (the rotated order, wrong without a mask on the H200, or the chain) "
+	         "instead of in fixed point",
 	 FIELD(kernels)},
 	{.name = "cuda-home", .type = CONFIG_KERNEL, .def = "", .env = "CUDA_HOME", .metavar = "DIR",
 	 .help = "a CUDA toolkit whose lib64/libnvrtc.so.13 is tried after the one built in",

@@ -28,7 +28,7 @@
  *              fp32 ieee / 3xtf32 (the exponent then compensated as without it), the forward's
  *              MUFU form elsewhere (fa_softcap2). 0 (default): unchanged
  *
- * Three kernels, one module:
+ * Four kernels, one module (fa_bwd_kvscale only for FA_DET 2, below):
  *   fa_bwd_pre   per query row (warp per row): delta = rowsum(dO * O) in fp32, lse2 = lse *
  *                log2(e) (+inf where lse is -inf or past Sq: such rows give P = 0, so they
  *                contribute nothing; FA_XEXP: the natural lse, a large finite sentinel), the
@@ -51,7 +51,10 @@
  *                turn counts from the range's first block, and a block waits only on blocks
  *                launched before it or with it in its group: no deadlock (a key block that sees
  *                no query block waits for nothing and is waited for by none).
- *   fa_bwd_dq    dQ = scale * accumulator, converted to its dtype and strides.
+ *   fa_bwd_dq    dQ = scale * accumulator, converted to its dtype and strides (FA_DET 2: from
+ *                the fixed point, a marked row NaN).
+ *   fa_bwd_kvscale  FA_DET 2: the maxima of |K_jd| per column and of |V_j| per (batch, kv
+ *                head) that fa_bwd_pre turns into the fixed point's multipliers.
  *
  * Operands are read from shared memory by one warp-GEMM (wgemm): 16-bit by ldmatrix (.trans for
  * the transposed operands), rows padded by 16 bytes; fp32 by scalar loads in the m16n8k8
@@ -152,8 +155,16 @@ typedef u16 in_t;
 #if FA_DET == 2 && FA_IN == 3 && FA_PREC != 3
 #error "FA_DET 2 (fixed point): not for fp32 ieee / 3xtf32, whose error is below its rounding"
 #endif
+#if FA_DET == 3 && FA_IN != 3
+#error "FA_DET 3 (64-bit fixed point): fp32 only"
+#endif
+/* FA_DET 3 (rt = 4): the fixed point in 64 bits (fa_device.cuh), the pre, kvscale and dq
+ * passes of attn_bwd_sm90_tf32.cu's deterministic 3xtf32 (this kernel's own main pass adds
+ * one red.global.add.u64 per element; gpu_bwd.c keeps its ieee / 3xtf32 on FA_DET 1) */
 #define DET_CHAIN (FA_DET == 1)
-#define DQI (FA_DET == 2)
+#define DQI64 (FA_DET == 3)
+#define DQI (FA_DET == 2 || DQI64)
+#define DQW64 (DQI64 ? 2 : 1) /* the accumulator's words per element */
 #ifndef FA_WIN
 #define FA_WIN 0
 #endif
@@ -617,10 +628,10 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_pre(const fa_bwd_pre_pa
 			p.dqrow[row] = fa_dqi_row_mul(fmaf(sqrtf(nrm), sqrtf(col[DP]), fabsf(sum)));
 		if (i == 0 && h % p.group == 0)
 			for (int x = lane; x < DP; x += 32)
-				col[x] = fa_dqi_col_mul(col[x]);
+				col[x] = DQI64 ? fa_dqi_col_mul64(col[x]) : fa_dqi_col_mul(col[x]);
 	}
-	float *acc = p.dqacc + row * DP; /* FA_DET 2: int32 zeros, the same bits */
-	for (int x = lane; x < DP; x += 32)
+	float *acc = p.dqacc + row * DP * DQW64; /* fixed point: integer zeros, the same bits */
+	for (int x = lane; x < DP * DQW64; x += 32)
 		acc[x] = 0.f;
 }
 
@@ -949,10 +960,24 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 		__syncwarp();
 	}
 #if DQI
-	/* fixed point (fa_device.cuh): the row's and the columns' multipliers, a row whose part
-	 * does not fit marked NaN */
+	/* fixed point (fa_device.cuh): packed pairs (fa_dqi_red2: the v2 reduction's sectors; the
+	 * step's adds counted for fa_bwd_dq in the query block's first turn counter), the row's
+	 * and the columns' multipliers loaded before any add, a row whose part does not fit
+	 * marked NaN after them (a store between the adds would pin the loads behind it) */
 	const long long bq = bh / p.Hq;
 	const float *col = p.dqcol + (bq * (p.Hq / p.group) + (bh - bq * p.Hq) / p.group) * DQC + nq0;
+	float *const rm0 = p.dqrow + bh * p.sqp + q0;
+	float mrs[MT_Q][2];
+	bool bad[MT_Q][2];
+#pragma unroll
+	for (int mt = 0; mt < MT_Q; mt++)
+#pragma unroll
+		for (int hf = 0; hf < 2; hf++) {
+			mrs[mt][hf] = rm0[mq0 + mt * 16 + g + hf * 8]; /* rows up to sqp exist */
+			bad[mt][hf] = false;
+		}
+	if (threadIdx.x == 0)
+		fa_dqi_red(p.turn + (bh * p.nq + iq) * FA_NW, 1);
 #pragma unroll
 	for (int mt = 0; mt < MT_Q; mt++)
 #pragma unroll
@@ -960,19 +985,28 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 			const int il = mq0 + mt * 16 + g + hf * 8;
 			if (q0 + il >= p.Sq)
 				continue;
-			float *rm = p.dqrow + bh * p.sqp + q0 + il;
-			const float mr = *rm;
-			bool bad = false;
 #pragma unroll
 			for (int nt = 0; nt < NT_Q; nt++) {
 				const float2 mc = *(const float2 *)(col + nt * 8 + 2 * t);
-				int *a = (int *)acc + il * DP + nq0 + nt * 8 + 2 * t;
-				fa_dqi_red(a, fa_dqi_fix(dq[mt][nt][2 * hf], mr, mc.x, bad));
-				fa_dqi_red(a + 1, fa_dqi_fix(dq[mt][nt][2 * hf + 1], mr, mc.y, bad));
+#if DQI64
+				long long *a = (long long *)p.dqacc + (bh * p.sqp + q0 + il) * DP + nq0 + nt * 8 +
+				               2 * t;
+				fa_dqi_red64(a, fa_dqi_fix64(dq[mt][nt][2 * hf], mrs[mt][hf], mc.x, bad[mt][hf]));
+				fa_dqi_red64(a + 1,
+				             fa_dqi_fix64(dq[mt][nt][2 * hf + 1], mrs[mt][hf], mc.y, bad[mt][hf]));
+#else
+				fa_dqi_red2((int *)acc + il * DP + nq0 + nt * 8 + 2 * t,
+				            fa_dqi_fix(dq[mt][nt][2 * hf], mrs[mt][hf], mc.x, bad[mt][hf]),
+				            fa_dqi_fix(dq[mt][nt][2 * hf + 1], mrs[mt][hf], mc.y, bad[mt][hf]));
+#endif
 			}
-			if (bad)
-				*rm = __int_as_float(0x7fc00000);
 		}
+#pragma unroll
+	for (int mt = 0; mt < MT_Q; mt++)
+#pragma unroll
+		for (int hf = 0; hf < 2; hf++)
+			if (bad[mt][hf] && q0 + mq0 + mt * 16 + g + hf * 8 < p.Sq)
+				rm0[mq0 + mt * 16 + g + hf * 8] = __int_as_float(0x7fc00000);
 #else
 #pragma unroll
 	for (int mt = 0; mt < MT_Q; mt++)
@@ -1132,7 +1166,13 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_dq(const fa_bwd_dq_para
 		const long long bh = r / p.Sq;
 		const int i = (int)(r - bh * p.Sq);
 		const int b = (int)(bh / p.Hq), h = (int)(bh - (long long)b * p.Hq);
-#if DQI
+#if DQI64
+		const longlong2 a = *(const longlong2 *)((const long long *)p.dqacc + (bh * p.sqp + i) * DP + c);
+		const float *col = p.dqcol + ((long long)b * (p.Hq / p.group) + h / p.group) * DQC + c;
+		const float ir = fa_dqi_inv(p.dqrow[bh * p.sqp + i]) * p.scale;
+		st_gin2((gin_t *)p.dq + b * p.dqs[0] + (long long)i * p.dqs[1] + h * p.dqs[2] + c,
+		        (float)a.x * fa_dqi_inv(col[0]) * ir, (float)a.y * fa_dqi_inv(col[1]) * ir);
+#elif DQI
 		/* fixed point back to float: exact powers of two, a marked row NaN */
 		int2 a = *(const int2 *)((const int *)p.dqacc + (bh * p.sqp + i) * DP + c);
 		if (p.packed)

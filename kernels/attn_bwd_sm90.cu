@@ -23,7 +23,15 @@
  *              (1 - tanh^2), the gradient of the raw score, so dK and dQ keep their scale.
  *              Both off (default): the code and PTX as before them; on, the parameter block's
  *              tail (win_lo .. cap_log2) is declared
- *   FA_DET     1: the deterministic dQ (its own specialisation, gpu_bwd.c asks for it with the
+ *   FA_DET     2 (the deterministic dQ gpu_bwd.c asks for, rt = 3): in fixed point
+ *              (fa_device.cuh, "the deterministic dQ in fixed point"): the atomic mode's grid,
+ *              order and reductions, each part converted with its row's multiplier (loaded with
+ *              the step, beside lse2 and delta) and its column's (shared memory, once): the
+ *              narrow form adds packed pairs (one red.global.add.u64 per two columns, its adds
+ *              counted per query block), the wide form converts in dQ's registers while dK and
+ *              dV multiply and stages int32 for its bulk reduction (.u32). H200, bf16 S=4096:
+ *              +10..13% over the atomic mode (kernels/RESULTS.md).
+ *              1 (FA_BWD_DET_ROT=1 only, an experiment): the deterministic dQ by turns (the
  *              tile's rt = 2): a block adds a query block's dQ rows only when the counter of
  *              that (query head, query block) reads the number of adds that come before its
  *              own in a fixed order (under no mask and both causal ones the key blocks that see

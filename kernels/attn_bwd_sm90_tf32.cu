@@ -60,8 +60,14 @@
  * dV with IEEE adds (wgmma's accumulator truncates; chained over thousands of queries it
  * biased the forward's O by 1e-4, kernels/PERF-NOTES.md v7).
  *
- * Not here (the planner keeps them on attn_bwd.cu): the deterministic dQ (FA_DET), the sliding
- * window and softcap, head dims above 128, ieee and the bf16 staging.
+ *   FA_DET 2 (tf32 only; gpu_bwd.c's rt = 3): the deterministic dQ in fixed point
+ *   (fa_device.cuh): the atomic grid and order, int32 adds, the thread's column multipliers in
+ *   registers, the step's row multipliers loaded before the adds (H200 tf32 S=4096: +3..5%).
+ *   FA_DET 3 (3xtf32 only; rt = 4): the same in 64 bits (int64 accumulator, red.global.add.u64),
+ *   since 3xtf32's error is below 2^-28 of a bound.
+ *
+ * Not here (the planner keeps them on attn_bwd.cu): the sliding window and softcap, head dims
+ * above 128, ieee and the bf16 staging.
  */
 #include "fa_device.cuh"
 
@@ -100,11 +106,14 @@
 #endif
 /* FA_DET 2 (tf32 only): the deterministic dQ in fixed point (fa_device.cuh), the atomic mode's
  * grid and order; 3xtf32's error is below its 2^-29 (attn_bwd.cu's FA_DET 1 serves it) */
-#if (FA_DET && !(FA_DET == 2 && FA_PREC == 3)) || (defined(FA_WIN) && FA_WIN) || \
-    (defined(FA_SOFTCAP) && FA_SOFTCAP)
-#error "attn_bwd_sm90_tf32.cu: no window, softcap or chained deterministic dQ (attn_bwd.cu serves them); the fixed-point one in tf32 only"
+/* FA_DET 3 (3xtf32 only): the same in 64 bits (fa_dqi_fix64: one red.global.add.u64 per
+ * element into an int64 accumulator) */
+#if (FA_DET && !(FA_DET == 2 && FA_PREC == 3) && !(FA_DET == 3 && FA_PREC == 2)) || \
+    (defined(FA_WIN) && FA_WIN) || (defined(FA_SOFTCAP) && FA_SOFTCAP)
+#error "attn_bwd_sm90_tf32.cu: no window, softcap or chained deterministic dQ (attn_bwd.cu serves them); the fixed point in 32 bits for tf32, 64 for 3xtf32"
 #endif
-#define DQI (FA_DET == 2)
+#define DQI64 (FA_DET == 3)
+#define DQI (FA_DET == 2 || DQI64)
 
 #define X3 (FA_PREC == 2)
 #define NI (X3 ? 2 : 1)            /* images per operand: hi [, lo] */
@@ -712,10 +721,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 #pragma unroll
 					for (int e2 = 0; e2 < 2; e2++) {
 						const int d = 64 * mt + r0 + e2 * 8;
-						if (d < FA_D)
+						if (d < FA_D) {
+#if DQI64
+							fa_dqi_red64((long long *)p.dqacc + (bh * p.sqp + q0 + q) * DP + d,
+							             fa_dqi_fix64(dq[mt][4 * nb + 2 * e2 + e1], mrs[nb][e1],
+							                          mcs[mt][e2], bad));
+#else
 							fa_dqi_red((int *)acc + q * DP + d,
 							           fa_dqi_fix(dq[mt][4 * nb + 2 * e2 + e1], mrs[nb][e1],
 							                      mcs[mt][e2], bad));
+#endif
+						}
 					}
 				if (bad)
 					rm0[q] = __int_as_float(0x7fc00000);

@@ -314,6 +314,28 @@ __device__ __forceinline__ void fa_dqi_red2(int *p, int x0, int x1)
 	asm volatile("red.global.add.u64 [%0], %1;" ::"l"(p), "l"(v));
 #endif
 }
+/* FA_DET 3, the same in 64 bits (fp32 3xtf32 on attn_bwd_sm90_tf32.cu, whose error is below
+ * 2^-28 of a bound): the bound into 2^59 (2^(59 - e) columns, the rows' as above), a part's
+ * rounding 2^-60 of it, the sum below 2^62 where P sums to 8; a part at or above 2^62 marks its
+ * row. One red.global.add.u64 per element. */
+__device__ __forceinline__ float fa_dqi_col_mul64(float x)
+{
+	if (!(x <= 0x1p127f))
+		return __int_as_float(0x7fc00000);
+	int e = (int)((__float_as_uint(x) >> 23) & 255) - 126;
+	e = e < -60 ? -60 : e > 120 ? 120 : e;
+	return __int_as_float((127 + 59 - e) << 23);
+}
+__device__ __forceinline__ long long fa_dqi_fix64(float v, float mr, float mc, bool &bad)
+{
+	const float y = (v * mr) * mc;
+	bad |= !(fabsf(y) < 0x1p62f);
+	return __float2ll_rn(y);
+}
+__device__ __forceinline__ void fa_dqi_red64(long long *p, long long x)
+{
+	asm volatile("red.global.add.u64 [%0], %1;" ::"l"(p), "l"(x));
+}
 /* The two sums of a packed pair after n adds (n 2^30 and the carries taken out) */
 __device__ __forceinline__ int2 fa_dqi_unpack2(int2 a, unsigned n)
 {

@@ -75,9 +75,11 @@ struct fa_kernel_settings {
 	 * sm_90) is offered: "auto" (default: where it measured faster, planner_bwd.c), "0" never,
 	 * "1" wherever it fits the shape (tests force it with this). */
 	enum fa_wgmma16_mode wgmma32_bwd;
-	/* FA_BWD_DET_ROT: "1" lets the 16-bit wgmma backward's deterministic mode take the
-	 * rotated order (an experiment, off: on the H200 it gave gradients far from the atomic
-	 * mode's without a mask, 2026-12-03, kernels/RESULTS.md); "0" (default) the chain. */
+	/* FA_BWD_DET_ROT: "1" gives the 16-bit wgmma backward's deterministic mode its turn
+	 * orders back (an experiment, off): the rotated one where the key blocks fit (on the H200
+	 * it gave gradients far from the atomic mode's without a mask, 2026-12-03), the chain
+	 * elsewhere, instead of the fixed point (FA_DET 2, +10..13% on the H200 against the turns'
+	 * +18..38%: kernels/RESULTS.md); "0" (default) the fixed point. */
 	bool bwd_det_rot;
 };
 

@@ -1,5 +1,6 @@
 /* gpu_bwd.c - the backward launch API (fa_gpu_bwd.h): checks, the backward tile (planner_bwd.c),
- * the fp32 scratch, and the three kernels of attn_bwd.cu enqueued on the caller's stream.
+ * the fp32 scratch, and the kernels of attn_bwd.cu (with a wgmma main pass where planned)
+ * enqueued on the caller's stream.
  *
  * The sliding window and softcap (fa_attn.h) select the FA_WIN / FA_SOFTCAP specialisations
  * (fa_kernel_spec_mask_ext) of whichever main pass the plan chose, attn_bwd.cu's or the wgmma
@@ -9,9 +10,16 @@
  * Scratch (one stream-ordered allocation per call, freed in stream order: the device's memory
  * pool keeps it, gpu_cuda.c sets its release threshold to the maximum, so repeated calls reuse
  * the same memory without a synchronisation and calls on different streams never share it):
- * lse2 and delta (fp32 [B*Hq][sqp]), the fp32 dQ accumulator ([B*Hq][sqp][padded D]) and the
- * deterministic mode's turn counters ([B*Hq][sqp / BQ][warps] ints), sqp = Sq rounded up to the
- * tile's query rows.
+ * lse2 and delta (fp32 [B*Hq][sqp]), the fp32 dQ accumulator ([B*Hq][sqp][padded D]; int32 in
+ * fixed point), the deterministic mode's turn counters ([B*Hq][sqp / BQ][warps] ints; the fixed
+ * point's packed pairs count their adds in them), the images of the fp32 wgmma backward, and
+ * the fixed point's multipliers (a float per accumulator row, DP + 4 per batch and kv head),
+ * sqp = Sq rounded up to the tile's query rows.
+ *
+ * The deterministic mode (FA_GPU_BWD_DETERMINISTIC): in fixed point (FA_DET 2, kernels/
+ * fa_device.cuh) for fp16, bf16, tf32 and the bf16 staging, on every kernel: memset and
+ * fa_bwd_kvscale, then the passes as atomic; by turns (FA_DET 1) for fp32 ieee and 3xtf32 on
+ * attn_bwd.cu (and, under FA_BWD_DET_ROT=1, for the 16-bit wgmma backward).
  */
 #include "fa_gpu_bwd.h"
 #include "fa_check.h"
@@ -167,13 +175,15 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	/* The deterministic dQ: in fixed point (FA_DET 2, rt 3: int32 adds in the atomic mode's
 	 * grid and order, fa_device.cuh) wherever the precision's own error is above fp32's: fp16,
 	 * bf16, tf32, the bf16 staging; fp32 ieee and 3xtf32 by turns (FA_DET 1, rt 2). */
-	const bool dqint = det && !(f->dtype == FA_DTYPE_FP32 &&
-	                            (prec == FA_PREC_IEEE || prec == FA_PREC_3XTF32));
-	/* the fp32 wgmma backward (attn_bwd_sm90_tf32.cu) has no window, softcap or turns (its
-	 * deterministic dQ is the fixed point's, tf32 only): the planner's next candidate (an
-	 * attn_bwd.cu tile) serves those; the 16-bit wgmma backward has all of them */
+	const bool dqint_prec = det && !(f->dtype == FA_DTYPE_FP32 &&
+	                                 (prec == FA_PREC_IEEE || prec == FA_PREC_3XTF32));
+	const struct fa_kernel_settings *kset = fa_gpu_settings(g);
+	const bool turns16 = kset != NULL && kset->bwd_det_rot; /* FA_BWD_DET_ROT: turns, 16-bit */
+	/* the fp32 wgmma backward (attn_bwd_sm90_tf32.cu) has no window or softcap (its
+	 * deterministic dQ is the fixed point's: 32-bit in tf32, 64-bit in 3xtf32): the planner's
+	 * next candidate (an attn_bwd.cu tile) serves those; the 16-bit wgmma backward has both */
 	const bool wg32_ok = !fa_attn_window_active(f) && !(f->softcap > 0) &&
-	                     (!det || (dqint && prec == FA_PREC_TF32));
+	                     (!det || prec == FA_PREC_TF32 || prec == FA_PREC_3XTF32);
 	if (tile) {
 		t = *tile;
 		if (!fa_kpath_is_bwd(t.path) || !fa_bwd_tile_layout_ok(&t, (int)f->D))
@@ -188,8 +198,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		     prec != (t.path == FA_KPATH_BWDWG32X3 ? FA_PREC_3XTF32 : FA_PREC_TF32)))
 			return fa_err(err, errlen, FA_EINVAL,
 			              "backward: the fp32 wgmma tile takes fp32 in its precision (%s) on "
-			              "sm_90, without a window or softcap, deterministic in tf32 only (this "
-			              "is %s %s on sm_%d%s%s%s)",
+			              "sm_90, without a window or softcap (this is %s %s on sm_%d%s%s%s)",
 			              t.path == FA_KPATH_BWDWG32X3 ? "3xtf32" : "tf32",
 			              f->dtype == FA_DTYPE_FP32 ? "fp32" : "16-bit", fa_prec_name(prec),
 			              fa_gpu_sm(g), det ? ", deterministic" : "",
@@ -208,10 +217,15 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	}
 	const bool wg32 = fa_kpath_is_bwdwg32(t.path);
 	const bool wgp = t.path == FA_KPATH_BWDWG16 || wg32;
+	const bool dqint = dqint_prec && !(turns16 && t.path == FA_KPATH_BWDWG16);
+	/* attn_bwd_sm90_tf32.cu's 3xtf32: the fixed point in 64 bits (FA_DET 3, rt 4: an int64
+	 * accumulator); fixed: either, for the plumbing they share */
+	const bool dqint64 = det && t.path == FA_KPATH_BWDWG32X3;
+	const bool fixed = dqint || dqint64;
 	struct fa_kernel_spec spec;
 	/* the deterministic dQ is its own specialisation (FA_DET, every kernel): 3 fixed point, 2
 	 * turns */
-	t.rt = dqint ? 3 : det ? 2 : 1;
+	t.rt = dqint64 ? 4 : dqint ? 3 : det ? 2 : 1;
 	fa_kernel_spec_make(&spec, fa_gpu_sm(g), f->dtype, f->precision, (int)f->D, f->mask, &t);
 	fa_kernel_spec_mask_ext(&spec, f); /* FA_WIN (the mask folded in), FA_SOFTCAP */
 	if (spec.tile.smem > fa_gpu_smem_optin(g)) {
@@ -233,7 +247,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	if (wgp) {
 		struct fa_tile ct = {0};
 		ct.path = wg32 ? FA_KPATH_BWD32 : FA_KPATH_BWD16; /* fp32: the same precision's lse2 */
-		ct.rt = dqint ? 3 : 1; /* fixed point: its pre, kvscale and dq passes */
+		ct.rt = dqint64 ? 4 : dqint ? 3 : 1; /* fixed point: its pre, kvscale and dq passes */
 		ct.bc = 64;
 		ct.br = 64;
 		ct.stages = 1;
@@ -282,11 +296,11 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		 * ones passed, all gave the same bits five times), and it measured +16..37% against
 		 * the atomic mode where the chain measures +18..38%: kernels/RESULTS.md. */
 		const struct fa_kernel_settings *ks = fa_gpu_settings(g);
-		det_rot = ks != NULL && ks->bwd_det_rot && det && !dqint && wgp && f->D <= 128 &&
+		det_rot = ks != NULL && ks->bwd_det_rot && det && !fixed && wgp && f->D <= 128 &&
 		          !spec.window && 4 * nkv64 <= (int64_t)m->sm_count * bps;
 	}
 	const int64_t ngroups = (nkv64 + (1 << dgrp_lg) - 1) >> dgrp_lg;
-	const bool chain = det && !dqint && !det_rot; /* the grid with the key block slowest */
+	const bool chain = det && !fixed && !det_rot; /* the grid with the key block slowest */
 	if (chain && ngroups > 65535)
 		return fa_err(err, errlen, FA_ESHAPE,
 		              "deterministic backward: Sk=%lld makes %lld groups of %d key blocks of %d, "
@@ -295,7 +309,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	const int64_t dp = fa_bwd_padded_d(spec.tile.path, (int)f->D);
 	const int64_t nq = (f->Sq + bq - 1) / bq, sqp = nq * bq;
 	const int64_t rows = f->B * f->Hq * sqp;
-	const size_t b_row = (size_t)rows * 4, b_acc = (size_t)(rows * dp) * 4;
+	const size_t b_row = (size_t)rows * 4, b_acc = (size_t)(rows * dp) * (dqint64 ? 8 : 4);
 	const size_t b_turn = (size_t)(f->B * f->Hq * nq * pre_nw) * 4; /* one per warp */
 	const size_t a_row = (b_row + 255) / 256 * 256, a_acc = (b_acc + 255) / 256 * 256;
 	const size_t a_turn = (b_turn + 255) / 256 * 256;
@@ -310,8 +324,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	const size_t a_qimg = (b_qimg + 255) / 256 * 256;
 	/* the fixed point's row multipliers (one per accumulator row) and, per (batch, kv head),
 	 * its column multipliers and |V|'s bound (attn_bwd.cu's DQC = DP + 4 floats) */
-	const size_t b_dqcol = dqint ? (size_t)(f->B * f->Hkv * (dp + 4)) * 4 : 0;
-	const size_t a_dqrow = dqint ? a_row : 0, a_dqcol = (b_dqcol + 255) / 256 * 256;
+	const size_t b_dqcol = fixed ? (size_t)(f->B * f->Hkv * (dp + 4)) * 4 : 0;
+	const size_t a_dqrow = fixed ? a_row : 0, a_dqcol = (b_dqcol + 255) / 256 * 256;
 	const size_t total = 2 * a_row + a_acc + a_turn + a_qimg + b_kimg + a_dqrow + a_dqcol;
 	CUdeviceptr scratch = 0;
 	fa_cu_res r = fa_cu->MemAllocAsync(&scratch, total, (fa_cu_stream)s);
@@ -326,7 +340,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	const CUdeviceptr qimg = turn + a_turn, kimg = qimg + a_qimg;
 	const CUdeviceptr dqrow = kimg + (b_kimg + 255) / 256 * 256, dqcol = dqrow + a_dqrow;
 	const char *what = "launching fa_bwd_pre";
-	if (dqint) { /* the maxima of |K_jd| and |V_j|^2 per (batch, kv head), atomicMax from 0 */
+	if (fixed) { /* the maxima of |K_jd| and |V_j|^2 per (batch, kv head), atomicMax from 0 */
 		r = fa_cu->MemsetD8Async(dqcol, 0, b_dqcol, (fa_cu_stream)s);
 		struct bwd_kvs_params kp;
 		memset(&kp, 0, sizeof kp);
@@ -482,12 +496,13 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		qp.group = (int)(f->Hq / f->Hkv);
 		qp.dqrow = dqrow;
 		qp.dqcol = dqcol;
-		/* attn_bwd_sm90.cu's narrow form adds packed pairs (its DQI_PACK), counted per query
-		 * block of 64 rows in the turn counters */
+		/* attn_bwd.cu and attn_bwd_sm90.cu's narrow form add packed pairs (DQI_PACK there),
+		 * counted per query block (of the dq pass's module: the same rows) in the first turn
+		 * counter of each */
 		qp.turn = turn;
 		qp.tstride = pre_nw;
-		qp.packed = dqint && spec.tile.path == FA_KPATH_BWDWG16 && f->D <= 128 &&
-		            spec.tile.br == 64;
+		qp.packed = dqint && (!wgp || (spec.tile.path == FA_KPATH_BWDWG16 && f->D <= 128 &&
+		                               spec.tile.br == 64));
 		int64_t pairs = f->B * f->Hq * f->Sq * (f->D / 2);
 		int64_t blocks = (pairs + 255) / 256;
 		if (blocks > 132 * 32)

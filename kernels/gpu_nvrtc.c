@@ -171,7 +171,10 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 			/* attn_bwd_sm90_tf32.cu: one or two warpgroups on 64 keys, 32 or 64 query rows,
 			 * two step buffers; the path follows the precision (its images) */
 			s->tile.path = prec == FA_PREC_3XTF32 ? FA_KPATH_BWDWG32X3 : FA_KPATH_BWDWG32;
-			s->tile.rt = tile->rt == 3 && prec == FA_PREC_TF32 ? 3 : 1; /* 3: FA_DET 2 */
+			/* 3: FA_DET 2 (tf32), 4: FA_DET 3 (3xtf32): the fixed-point deterministic dQ */
+			s->tile.rt = tile->rt == 3 && prec == FA_PREC_TF32     ? 3
+			             : tile->rt == 4 && prec == FA_PREC_3XTF32 ? 4
+			                                                       : 1;
 			s->tile.nw = tile->nw == 4 ? 4 : 8;
 			s->tile.bc = 64;
 			s->tile.br = tile->br == 64 && prec == FA_PREC_TF32 ? 64 : 32;
@@ -183,7 +186,12 @@ void fa_kernel_spec_make(struct fa_kernel_spec *s, int sm, fa_dtype dt, fa_preci
 		/* 2: the deterministic dQ by turns (FA_DET 1); 3: in fixed point (FA_DET 2), where
 		 * the precision is not fp32 ieee / 3xtf32 */
 		const bool fixed_ok = !(s->in == FA_DTYPE_FP32 && prec != FA_PREC_TF32);
-		s->tile.rt = tile->rt == 3 ? (fixed_ok ? 3 : 2) : tile->rt == 2 ? 2 : 1;
+		/* 4: in 64-bit fixed point (FA_DET 3), fp32 only (the fp32 wgmma backward's passes) */
+		const bool fixed64_ok = s->in == FA_DTYPE_FP32;
+		s->tile.rt = tile->rt == 3   ? (fixed_ok ? 3 : 2)
+		             : tile->rt == 4 ? (fixed64_ok ? 4 : 2)
+		             : tile->rt == 2 ? 2
+		                             : 1;
 		s->tile.stages = tile->stages == 2 ? 2 : 1;
 		s->tile.smem = fa_bwd_tile_smem(&s->tile, D);
 		return;
@@ -235,7 +243,10 @@ void fa_kernel_spec_name(const struct fa_kernel_spec *s, char *buf, size_t len)
 		         s->in != s->qin ? " staged-bf16" : "", s->in == FA_DTYPE_FP32 ? " " : "",
 		         s->in == FA_DTYPE_FP32 ? fa_prec_name(s->precision) : "", s->D,
 		         s->mask == FA_MASK_NONE ? "nomask" : s->mask == FA_MASK_CAUSAL_TOP_LEFT ? "causal-tl" : "causal-br",
-		         tb + 4, s->tile.rt == 2 ? " det" : s->tile.rt == 3 ? " det-fixed" : "");
+		         tb + 4, s->tile.rt == 2   ? " det"
+		                 : s->tile.rt == 3 ? " det-fixed"
+		                 : s->tile.rt == 4 ? " det-fixed64"
+		                                   : "");
 		if ((s->tile.path == FA_KPATH_BWDWG16 || fa_kpath_is_bwdwg32(s->tile.path)) &&
 		    strlen(buf) < len)
 			snprintf(buf + strlen(buf), len - strlen(buf), " wgmma");
@@ -344,8 +355,8 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_NWG=%d", s->tile.nw / 4);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
-		if (s->tile.rt == 3)
-			snprintf(o->v[k++], sizeof o->v[0], "-DFA_DET=2");
+		if (s->tile.rt == 3 || s->tile.rt == 4)
+			snprintf(o->v[k++], sizeof o->v[0], "-DFA_DET=%d", s->tile.rt - 1);
 		goto ext;
 	}
 	if (fa_kpath_is_bwd(s->tile.path)) { /* attn_bwd.cu's parameters */
@@ -361,7 +372,7 @@ void fa_nvrtc_options(const struct fa_nvrtc *n, const struct fa_kernel_spec *s,
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_BQ=%d", s->tile.br);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_MASK=%d", (int)s->mask);
 		snprintf(o->v[k++], sizeof o->v[0], "-DFA_STAGES=%d", s->tile.stages);
-		if (s->tile.rt == 2 || s->tile.rt == 3)
+		if (s->tile.rt >= 2 && s->tile.rt <= 4)
 			snprintf(o->v[k++], sizeof o->v[0], "-DFA_DET=%d", s->tile.rt - 1);
 		goto ext;
 	}

@@ -789,6 +789,10 @@ static void test_attn_bwd_gpu_matches_the_float64_reference(void **state)
 		 0, 1},
 		{FA_DTYPE_FP32, FA_PREC_TF32, 64, 777, 2500, FA_MASK_NONE, 2, 3, 3, 0, 1, 1},
 		{FA_DTYPE_FP32, FA_PREC_BF16, 128, 500, 700, FA_MASK_NONE, 1, 2, 1, 0, 0, 1},
+		/* 3xtf32 on attn_bwd_sm90_tf32.cu: the 64-bit fixed point */
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 64, 777, 2500, FA_MASK_NONE, 2, 3, 3, 0, 1, 1},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 40, 1000, 1000, FA_MASK_CAUSAL_TOP_LEFT, 1, 4, 2, 1, 0,
+		 1},
 	};
 	for (size_t i = 0; i < sizeof wg_det / sizeof wg_det[0]; i++)
 		cases[n++] = wg_det[i];
@@ -1030,6 +1034,7 @@ static void test_attn_bwd_gpu_fixed_point_marks_rows_it_cannot_hold(void **state
 		{FA_DTYPE_FP16, FA_PREC_DEFAULT, 256, 200, 300, FA_MASK_CAUSAL_BOTTOM_RIGHT, 3, 2, 2, 1, 0, 1},
 		{FA_DTYPE_FP32, FA_PREC_TF32, 64, 256, 256, FA_MASK_NONE, 2, 2, 1, 0, 0, 1},
 		{FA_DTYPE_BF16, FA_PREC_DEFAULT, 40, 100, 300, FA_MASK_NONE, 2, 4, 2, 1, 0, 1},
+		{FA_DTYPE_FP32, FA_PREC_3XTF32, 64, 256, 256, FA_MASK_NONE, 2, 2, 1, 0, 0, 1},
 	};
 	for (size_t ci = 0; ci < sizeof cs / sizeof cs[0]; ci++) {
 		const struct gcase *c = &cs[ci];
@@ -1185,8 +1190,8 @@ static void test_attn_bwd_gpu_rejects_bad_input(void **state)
 		assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, FA_GPU_BWD_PREPARE, NULL, err,
 		                                      sizeof err), FA_OK);
 	d.fwd.softcap = 0;
-	/* the fp32 wgmma backward's tile: fp32 of its precision only, deterministic in tf32 only
-	 * (the fixed point's; 3xtf32's error is below it) */
+	/* the fp32 wgmma backward's tile: fp32 of its precision only (deterministic in both: the
+	 * fixed point, 32-bit in tf32, 64-bit in 3xtf32) */
 	t.path = FA_KPATH_BWDWG32;
 	t.nw = 4;
 	t.bc = 64;
@@ -1202,12 +1207,19 @@ static void test_attn_bwd_gpu_rejects_bad_input(void **state)
 	t.path = FA_KPATH_BWDWG32X3; /* a 3xtf32 tile for tf32 */
 	t.br = 32;
 	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, 0, NULL, err, sizeof err), FA_EINVAL);
+	/* and 3xtf32's deterministic dQ (64-bit fixed point) on its own tile; not with a window */
 	struct gcase x32 = t32;
 	x32.prec = FA_PREC_3XTF32;
 	make_desc(&x32, &d);
+	if (fa_gpu_sm(gpu) == 90)
+		assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p,
+		                                      FA_GPU_BWD_DETERMINISTIC | FA_GPU_BWD_PREPARE, NULL,
+		                                      err, sizeof err), FA_OK);
+	d.fwd.window = 1;
+	d.fwd.window_left = 4;
 	assert_int_equal(fa_gpu_attn_bwd_tile(gpu, &d, &t, &p, FA_GPU_BWD_DETERMINISTIC, NULL, err,
 	                                      sizeof err), FA_EINVAL);
-	printf("fp32 wgmma tile, 3xtf32 deterministic: %s\n", err);
+	printf("fp32 wgmma tile with a window: %s\n", err);
 	assert_int_equal(fa_gpu_sync(gpu, err, sizeof err), FA_OK);
 	fa_gpu_free(gpu, m);
 }

@@ -346,12 +346,12 @@ static void test_nvrtc_compiles_the_fp32_wgmma_backward_without_spills(void **st
 					assert_int_equal(j->spec.tile.nw, t[ti].nw);
 					assert_int_equal(j->spec.tile.smem, t[ti].smem);
 					j->regs_est = t[ti].regs;
-					if (!pi && ti == 0) { /* tf32's fixed-point deterministic dQ (rt 3) */
+					if (ti == 0) { /* the fixed-point deterministic dQ: rt 3 tf32, 4 3xtf32 */
 						struct fa_tile td = t[ti];
-						td.rt = 3;
+						td.rt = pi ? 4 : 3;
 						struct job *x = &wj[nw++];
 						fa_kernel_spec_make(&x->spec, 90, FA_DTYPE_FP32, p, Ds[di], r.mask, &td);
-						assert_int_equal(x->spec.tile.rt, 3);
+						assert_int_equal(x->spec.tile.rt, td.rt);
 						x->regs_est = t[ti].regs;
 					}
 				}
