@@ -976,6 +976,10 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 			mrs[mt][hf] = rm0[mq0 + mt * 16 + g + hf * 8]; /* rows up to sqp exist */
 			bad[mt][hf] = false;
 		}
+	float2 mcs[NT_Q]; /* the warp's columns' multipliers: the same for both row halves */
+#pragma unroll
+	for (int nt = 0; nt < NT_Q; nt++)
+		mcs[nt] = *(const float2 *)(col + nt * 8 + 2 * t);
 	if (threadIdx.x == 0)
 		fa_dqi_red(p.turn + (bh * p.nq + iq) * FA_NW, 1);
 #pragma unroll
@@ -987,7 +991,7 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 				continue;
 #pragma unroll
 			for (int nt = 0; nt < NT_Q; nt++) {
-				const float2 mc = *(const float2 *)(col + nt * 8 + 2 * t);
+				const float2 mc = mcs[nt];
 #if DQI64
 				long long *a = (long long *)p.dqacc + (bh * p.sqp + q0 + il) * DP + nq0 + nt * 8 +
 				               2 * t;
