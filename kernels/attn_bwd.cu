@@ -857,6 +857,15 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 	const int tid = (int)threadIdx.x, lane = tid & 31;
 	const int g = lane >> 2, t = lane & 3;
 	const int q0 = iq * FA_BQ;
+#if DQI
+	/* the fixed point's row multipliers, loaded first: their latency hides under the step */
+	float mrs[MT_Q][2];
+#pragma unroll
+	for (int mt = 0; mt < MT_Q; mt++)
+#pragma unroll
+		for (int hf = 0; hf < 2; hf++) /* rows up to sqp exist */
+			mrs[mt][hf] = p.dqrow[bh * p.sqp + q0 + mq0 + mt * 16 + g + hf * 8];
+#endif
 	/* S^T = K Q^T, dP^T = V dO^T */
 	float s[MT_S][NT_S][4], dpv[MT_S][NT_S][4];
 	zero_acc(s);
@@ -961,21 +970,18 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 	}
 #if DQI
 	/* fixed point (fa_device.cuh): packed pairs (fa_dqi_red2: the v2 reduction's sectors; the
-	 * step's adds counted for fa_bwd_dq in the query block's first turn counter), the row's
-	 * and the columns' multipliers loaded before any add, a row whose part does not fit
-	 * marked NaN after them (a store between the adds would pin the loads behind it) */
+	 * step's adds counted for fa_bwd_dq in the query block's first turn counter), the rows'
+	 * multipliers loaded at the step's start and the columns' before any add, a row whose part
+	 * does not fit marked NaN after them (a store between the adds would pin the loads) */
 	const long long bq = bh / p.Hq;
 	const float *col = p.dqcol + (bq * (p.Hq / p.group) + (bh - bq * p.Hq) / p.group) * DQC + nq0;
 	float *const rm0 = p.dqrow + bh * p.sqp + q0;
-	float mrs[MT_Q][2];
 	bool bad[MT_Q][2];
 #pragma unroll
 	for (int mt = 0; mt < MT_Q; mt++)
 #pragma unroll
-		for (int hf = 0; hf < 2; hf++) {
-			mrs[mt][hf] = rm0[mq0 + mt * 16 + g + hf * 8]; /* rows up to sqp exist */
+		for (int hf = 0; hf < 2; hf++)
 			bad[mt][hf] = false;
-		}
 	float2 mcs[NT_Q]; /* the warp's columns' multipliers: the same for both row halves */
 #pragma unroll
 	for (int nt = 0; nt < NT_Q; nt++)
