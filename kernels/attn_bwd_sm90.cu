@@ -30,7 +30,7 @@
  *              narrow form adds packed pairs (one red.global.add.u64 per two columns, its adds
  *              counted per query block), the wide form converts in dQ's registers while dK and
  *              dV multiply and stages int32 for its bulk reduction (.u32). H200, bf16 S=4096:
- *              +10..13% over the atomic mode (kernels/RESULTS.md).
+ *              +8..14% over the atomic mode (kernels/RESULTS.md).
  *              1 (FA_BWD_DET_ROT=1 only, an experiment): the deterministic dQ by turns (the
  *              tile's rt = 2): a block adds a query block's dQ rows only when the counter of
  *              that (query head, query block) reads the number of adds that come before its

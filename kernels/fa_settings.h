@@ -78,7 +78,7 @@ struct fa_kernel_settings {
 	/* FA_BWD_DET_ROT: "1" gives the 16-bit wgmma backward's deterministic mode its turn
 	 * orders back (an experiment, off): the rotated one where the key blocks fit (on the H200
 	 * it gave gradients far from the atomic mode's without a mask, 2026-12-03), the chain
-	 * elsewhere, instead of the fixed point (FA_DET 2, +10..13% on the H200 against the turns'
+	 * elsewhere, instead of the fixed point (FA_DET 2, +8..14% on the H200 against the turns'
 	 * +18..38%: kernels/RESULTS.md); "0" (default) the fixed point. */
 	bool bwd_det_rot;
 };
