@@ -233,23 +233,23 @@ __device__ __forceinline__ void fa_st_release(int *p, int v)
  * carries; with the number n of adds (a counter per query block) fa_bwd_dq undoes both: the
  * low word less n 2^30 is the first sum (below 2^30 in size), the carries follow from it. */
 #define FA_DQI_LIM 0x1p30f
-/* 2^-e with x <= 2^e (x >= 0; e clamped to [-120, 120]); NaN for a NaN or infinite x */
-__device__ __forceinline__ float fa_dqi_row_mul(float x)
+/* 2^(top - e) with x <= 2^e (x >= 0, e clamped to [lo, 120]); NaN for a NaN or infinite x */
+__device__ __forceinline__ float fa_dqi_pow2(float x, int top, int lo)
 {
 	if (!(x <= 0x1p127f))
 		return __int_as_float(0x7fc00000);
 	int e = (int)((__float_as_uint(x) >> 23) & 255) - 126; /* x < 2^e */
-	e = e < -120 ? -120 : e > 120 ? 120 : e;
-	return __int_as_float((127 - e) << 23);
+	e = e < lo ? lo : e > 120 ? 120 : e;
+	return __int_as_float((127 + top - e) << 23);
 }
-/* 2^(27 - e) with x <= 2^e (e clamped to [-90, 120]); NaN for a NaN or infinite x */
+/* a row's multiplier 2^-e(r_i); a column's 2^(27 - e(c_d)) */
+__device__ __forceinline__ float fa_dqi_row_mul(float x)
+{
+	return fa_dqi_pow2(x, 0, -120);
+}
 __device__ __forceinline__ float fa_dqi_col_mul(float x)
 {
-	if (!(x <= 0x1p127f))
-		return __int_as_float(0x7fc00000);
-	int e = (int)((__float_as_uint(x) >> 23) & 255) - 126;
-	e = e < -90 ? -90 : e > 120 ? 120 : e;
-	return __int_as_float((127 + 27 - e) << 23);
+	return fa_dqi_pow2(x, 27, -90);
 }
 /* 1 / m for a multiplier above (a normal power of two), exactly; NaN stays NaN */
 __device__ __forceinline__ float fa_dqi_inv(float m)
@@ -320,11 +320,7 @@ __device__ __forceinline__ void fa_dqi_red2(int *p, int x0, int x1)
  * row. One red.global.add.u64 per element. */
 __device__ __forceinline__ float fa_dqi_col_mul64(float x)
 {
-	if (!(x <= 0x1p127f))
-		return __int_as_float(0x7fc00000);
-	int e = (int)((__float_as_uint(x) >> 23) & 255) - 126;
-	e = e < -60 ? -60 : e > 120 ? 120 : e;
-	return __int_as_float((127 + 59 - e) << 23);
+	return fa_dqi_pow2(x, 59, -60);
 }
 __device__ __forceinline__ long long fa_dqi_fix64(float v, float mr, float mc, bool &bad)
 {

@@ -372,6 +372,55 @@ static fa_status run_bwd(const struct fa_attn_bwd_desc *d, const struct devbufs 
 	return FA_OK;
 }
 
+/* One case's host buffers (delta's are the caller's): random Q, K, V, dO (amplitudes 1.5,
+ * 1.5, 1, 1), the rest unset; and its device buffers with Q, K, V, dO uploaded. */
+static void host_setup(struct hostbufs *h, fa_dtype dt, size_t nq, size_t nk, size_t nl)
+{
+	const size_t es = fa_dtype_size(dt);
+	h->q = malloc(nq * es);
+	h->k = malloc(nk * es);
+	h->v = malloc(nk * es);
+	h->o = malloc(nq * es);
+	h->dout = malloc(nq * es);
+	h->dq = malloc(nq * es);
+	h->dk = malloc(nk * es);
+	h->dv = malloc(nk * es);
+	h->lse = malloc(nl * sizeof(float));
+	assert_non_null(h->lse);
+	fill_random(h->q, dt, nq, 1.5);
+	fill_random(h->k, dt, nk, 1.5);
+	fill_random(h->v, dt, nk, 1.0);
+	fill_random(h->dout, dt, nq, 1.0);
+}
+
+static void host_free(struct hostbufs *h)
+{
+	void *p[] = {h->q, h->k, h->v, h->o, h->dout, h->dq, h->dk, h->dv, h->lse};
+	for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+		free(p[i]);
+}
+
+static fa_status dev_setup(struct devbufs *db, const struct hostbufs *h, size_t nq, size_t nk,
+                           size_t nl, size_t es, char *err, size_t errlen)
+{
+	fa_status st;
+	if ((st = fa_gpu_alloc(gpu, nq * es, &db->q, err, errlen)) ||
+	    (st = fa_gpu_alloc(gpu, nk * es, &db->k, err, errlen)) ||
+	    (st = fa_gpu_alloc(gpu, nk * es, &db->v, err, errlen)) ||
+	    (st = fa_gpu_alloc(gpu, nq * es, &db->o, err, errlen)) ||
+	    (st = fa_gpu_alloc(gpu, nq * es, &db->dout, err, errlen)) ||
+	    (st = fa_gpu_alloc(gpu, nl * 4, &db->lse, err, errlen)) ||
+	    (st = fa_gpu_alloc(gpu, nq * es, &db->dq, err, errlen)) ||
+	    (st = fa_gpu_alloc(gpu, nk * es, &db->dk, err, errlen)) ||
+	    (st = fa_gpu_alloc(gpu, nk * es, &db->dv, err, errlen)) ||
+	    (st = fa_gpu_upload(gpu, db->q, h->q, nq * es, err, errlen)) ||
+	    (st = fa_gpu_upload(gpu, db->k, h->k, nk * es, err, errlen)) ||
+	    (st = fa_gpu_upload(gpu, db->v, h->v, nk * es, err, errlen)) ||
+	    (st = fa_gpu_upload(gpu, db->dout, h->dout, nq * es, err, errlen)))
+		return st;
+	return FA_OK;
+}
+
 static bool run_case(const struct gcase *c, int verbose)
 {
 	struct fa_attn_bwd_desc bd;
@@ -381,39 +430,15 @@ static bool run_case(const struct gcase *c, int verbose)
 	size_t nq = (size_t)c->B * c->Sq * c->Hq * c->D, nk = (size_t)c->B * c->Sk * c->Hkv * c->D;
 	size_t nl = (size_t)c->B * c->Hq * c->Sq;
 	struct hostbufs h = {.d = &bd};
-	h.q = malloc(nq * es);
-	h.k = malloc(nk * es);
-	h.v = malloc(nk * es);
-	h.o = malloc(nq * es);
-	h.dout = malloc(nq * es);
-	h.dq = malloc(nq * es);
-	h.dk = malloc(nk * es);
-	h.dv = malloc(nk * es);
-	h.lse = malloc(nl * sizeof(float));
+	host_setup(&h, c->dt, nq, nk, nl);
 	h.delta = malloc(nl * sizeof(double));
 	h.delta_abs = malloc(nl * sizeof(double));
 	assert_non_null(h.delta);
 	assert_non_null(h.delta_abs);
-	fill_random(h.q, c->dt, nq, 1.5);
-	fill_random(h.k, c->dt, nk, 1.5);
-	fill_random(h.v, c->dt, nk, 1.0);
-	fill_random(h.dout, c->dt, nq, 1.0);
 	struct devbufs db = {0};
 	char err[2048];
 	fa_status st;
-	if ((st = fa_gpu_alloc(gpu, nq * es, &db.q, err, sizeof err)) ||
-	    (st = fa_gpu_alloc(gpu, nk * es, &db.k, err, sizeof err)) ||
-	    (st = fa_gpu_alloc(gpu, nk * es, &db.v, err, sizeof err)) ||
-	    (st = fa_gpu_alloc(gpu, nq * es, &db.o, err, sizeof err)) ||
-	    (st = fa_gpu_alloc(gpu, nq * es, &db.dout, err, sizeof err)) ||
-	    (st = fa_gpu_alloc(gpu, nl * 4, &db.lse, err, sizeof err)) ||
-	    (st = fa_gpu_alloc(gpu, nq * es, &db.dq, err, sizeof err)) ||
-	    (st = fa_gpu_alloc(gpu, nk * es, &db.dk, err, sizeof err)) ||
-	    (st = fa_gpu_alloc(gpu, nk * es, &db.dv, err, sizeof err)) ||
-	    (st = fa_gpu_upload(gpu, db.q, h.q, nq * es, err, sizeof err)) ||
-	    (st = fa_gpu_upload(gpu, db.k, h.k, nk * es, err, sizeof err)) ||
-	    (st = fa_gpu_upload(gpu, db.v, h.v, nk * es, err, sizeof err)) ||
-	    (st = fa_gpu_upload(gpu, db.dout, h.dout, nq * es, err, sizeof err)))
+	if ((st = dev_setup(&db, &h, nq, nk, nl, es, err, sizeof err)))
 		fail_msg("setup: %s", err);
 	struct fa_tile tile = {0};
 	int ntile = 0;
@@ -660,15 +685,7 @@ static bool run_case(const struct gcase *c, int verbose)
 	fflush(stdout);
 	pthread_mutex_unlock(&out_lock);
 out:
-	free(h.q);
-	free(h.k);
-	free(h.v);
-	free(h.o);
-	free(h.dout);
-	free(h.dq);
-	free(h.dk);
-	free(h.dv);
-	free(h.lse);
+	host_free(&h);
 	free(h.delta);
 	free(h.delta_abs);
 	return ok;
@@ -1045,35 +1062,12 @@ static void test_attn_bwd_gpu_fixed_point_marks_rows_it_cannot_hold(void **state
 		const size_t nk = (size_t)c->B * c->Sk * c->Hkv * c->D, nl = (size_t)c->B * c->Hq * c->Sq;
 		struct hostbufs h = {.d = &bd};
 		void *dq_det = malloc(nq * es);
-		h.q = malloc(nq * es);
-		h.k = malloc(nk * es);
-		h.v = malloc(nk * es);
-		h.dout = malloc(nq * es);
-		h.dq = malloc(nq * es);
-		h.dk = malloc(nk * es);
-		h.dv = malloc(nk * es);
-		float *lse = malloc(nl * 4);
-		assert_non_null(lse);
 		assert_non_null(dq_det);
-		fill_random(h.q, c->dt, nq, 1.5);
-		fill_random(h.k, c->dt, nk, 1.5);
-		fill_random(h.v, c->dt, nk, 1.0);
-		fill_random(h.dout, c->dt, nq, 1.0);
+		host_setup(&h, c->dt, nq, nk, nl);
+		float *lse = h.lse;
 		struct devbufs db = {0};
 		char err[2048];
-		if (fa_gpu_alloc(gpu, nq * es, &db.q, err, sizeof err) ||
-		    fa_gpu_alloc(gpu, nk * es, &db.k, err, sizeof err) ||
-		    fa_gpu_alloc(gpu, nk * es, &db.v, err, sizeof err) ||
-		    fa_gpu_alloc(gpu, nq * es, &db.o, err, sizeof err) ||
-		    fa_gpu_alloc(gpu, nq * es, &db.dout, err, sizeof err) ||
-		    fa_gpu_alloc(gpu, nl * 4, &db.lse, err, sizeof err) ||
-		    fa_gpu_alloc(gpu, nq * es, &db.dq, err, sizeof err) ||
-		    fa_gpu_alloc(gpu, nk * es, &db.dk, err, sizeof err) ||
-		    fa_gpu_alloc(gpu, nk * es, &db.dv, err, sizeof err) ||
-		    fa_gpu_upload(gpu, db.q, h.q, nq * es, err, sizeof err) ||
-		    fa_gpu_upload(gpu, db.k, h.k, nk * es, err, sizeof err) ||
-		    fa_gpu_upload(gpu, db.v, h.v, nk * es, err, sizeof err) ||
-		    fa_gpu_upload(gpu, db.dout, h.dout, nq * es, err, sizeof err) ||
+		if (dev_setup(&db, &h, nq, nk, nl, es, err, sizeof err) ||
 		    fa_gpu_attn_fwd(gpu, &bd.fwd, db.q, db.k, db.v, db.o, db.lse, NULL, err,
 		                    sizeof err) ||
 		    fa_gpu_sync(gpu, err, sizeof err) ||
@@ -1124,14 +1118,7 @@ static void test_attn_bwd_gpu_fixed_point_marks_rows_it_cannot_hold(void **state
 		assert_int_equal(finite_bad, 0);
 		assert_true(rel <= tol_of(c->dt, c->prec));
 		dev_free(&db);
-		free(h.q);
-		free(h.k);
-		free(h.v);
-		free(h.dout);
-		free(h.dq);
-		free(h.dk);
-		free(h.dv);
-		free(lse);
+		host_free(&h);
 		free(dq_det);
 	}
 }
