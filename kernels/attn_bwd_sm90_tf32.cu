@@ -116,6 +116,17 @@
 #define DQI (FA_DET == 2 || DQI64)
 
 #define X3 (FA_PREC == 2)
+/* 3xtf32: S^T's, dP^T's and dQ^T's remainder terms (hi lo + lo hi) over the whole k range
+ * first, then the hi hi terms (1), or the three per k step (0, the order first measured: dQ
+ * 1.8x SDPA mem-efficient's error at D=64 S=1000 on the H200, kernels/RESULTS.md). dK's and
+ * dV's step sums (from zero, a step long) keep the per-step order. */
+#ifndef FA_X3_SMALL_FIRST
+#define FA_X3_SMALL_FIRST 1
+#endif
+#define X3_SMALL_FIRST (X3 && FA_X3_SMALL_FIRST)
+#ifndef FA_X3_SMALL_FIRST_DQ /* the same for dQ^T (0: S^T and dP^T only) */
+#define FA_X3_SMALL_FIRST_DQ 0
+#endif
 #define NI (X3 ? 2 : 1)            /* images per operand: hi [, lo] */
 #define NT (128 * FA_NWG)
 #define NBUF (2 / FA_NWG)          /* step buffers per warpgroup */
@@ -510,20 +521,38 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		for (int i = 0; i < NS; i++)
 			s[i] = dp[i] = 0.f;
 		wg_fence();
+		/* X3_SMALL_FIRST: every remainder product first, while the sums are small, then the
+		 * big ones: the accumulator's truncating adds at the result's size are a third */
+		if (X3_SMALL_FIRST)
+#pragma unroll
+			for (int ks = 0; ks < DP / 8; ks++) {
+				WGT_SS(FA_BQ)(s, wg_desc(kaddr + ks * 256, SBO_D),
+				              wg_desc(qaddr + T_Q * 4 + ks * 256, SBO_D));
+				WGT_SS(FA_BQ)(s, wg_desc(kaddr + T_KV * 4 + ks * 256, SBO_D),
+				              wg_desc(qaddr + ks * 256, SBO_D));
+			}
 #pragma unroll
 		for (int ks = 0; ks < DP / 8; ks++) {
 			const u64 da = wg_desc(kaddr + ks * 256, SBO_D), db = wg_desc(qaddr + ks * 256, SBO_D);
 			WGT_SS(FA_BQ)(s, da, db);
-			if (X3) {
+			if (X3 && !X3_SMALL_FIRST) {
 				WGT_SS(FA_BQ)(s, da, wg_desc(qaddr + T_Q * 4 + ks * 256, SBO_D));
 				WGT_SS(FA_BQ)(s, wg_desc(kaddr + T_KV * 4 + ks * 256, SBO_D), db);
 			}
 		}
+		if (X3_SMALL_FIRST)
+#pragma unroll
+			for (int ks = 0; ks < DP / 8; ks++) {
+				WGT_SS(FA_BQ)(dp, wg_desc(vaddr + ks * 256, SBO_D),
+				              wg_desc(doaddr + T_Q * 4 + ks * 256, SBO_D));
+				WGT_SS(FA_BQ)(dp, wg_desc(vaddr + T_KV * 4 + ks * 256, SBO_D),
+				              wg_desc(doaddr + ks * 256, SBO_D));
+			}
 #pragma unroll
 		for (int ks = 0; ks < DP / 8; ks++) {
 			const u64 da = wg_desc(vaddr + ks * 256, SBO_D), db = wg_desc(doaddr + ks * 256, SBO_D);
 			WGT_SS(FA_BQ)(dp, da, db);
-			if (X3) {
+			if (X3 && !X3_SMALL_FIRST) {
 				WGT_SS(FA_BQ)(dp, da, wg_desc(doaddr + T_Q * 4 + ks * 256, SBO_D));
 				WGT_SS(FA_BQ)(dp, wg_desc(vaddr + T_KV * 4 + ks * 256, SBO_D), db);
 			}
@@ -649,19 +678,29 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		const u32 dsaddr = smem_u32(sdS);
 		wg_fence();
 #pragma unroll
-		for (int mt = 0; mt < MQT; mt++)
+		for (int mt = 0; mt < MQT; mt++) {
+			if (X3_SMALL_FIRST && FA_X3_SMALL_FIRST_DQ)
+#pragma unroll
+				for (int ks = 0; ks < BKV / 8; ks++) {
+					WGT_SS(FA_BQ)(dq[mt], wg_desc(ktaddr + mt * 8 * SBO_K + ks * 256, SBO_K),
+					              wg_desc(dsaddr + DSLO * 4 + ks * 256, SBO_K));
+					WGT_SS(FA_BQ)(dq[mt],
+					              wg_desc(ktaddr + T_KT * 4 + mt * 8 * SBO_K + ks * 256, SBO_K),
+					              wg_desc(dsaddr + ks * 256, SBO_K));
+				}
 #pragma unroll
 			for (int ks = 0; ks < BKV / 8; ks++) {
 				const u64 da = wg_desc(ktaddr + mt * 8 * SBO_K + ks * 256, SBO_K);
 				const u64 db = wg_desc(dsaddr + ks * 256, SBO_K);
 				WGT_SS(FA_BQ)(dq[mt], da, db);
-				if (X3) {
+				if (X3 && !(X3_SMALL_FIRST && FA_X3_SMALL_FIRST_DQ)) {
 					WGT_SS(FA_BQ)(dq[mt], da, wg_desc(dsaddr + DSLO * 4 + ks * 256, SBO_K));
 					WGT_SS(FA_BQ)(dq[mt],
 					              wg_desc(ktaddr + T_KT * 4 + mt * 8 * SBO_K + ks * 256, SBO_K),
 					              db);
 				}
 			}
+		}
 		wg_commit();
 #if X3
 		wg_wait<1>(); /* dK's sum */
