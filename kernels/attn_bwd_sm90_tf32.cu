@@ -116,15 +116,17 @@
 #define DQI (FA_DET == 2 || DQI64)
 
 #define X3 (FA_PREC == 2)
-/* 3xtf32: S^T's, dP^T's and dQ^T's remainder terms (hi lo + lo hi) over the whole k range
- * first, then the hi hi terms (1), or the three per k step (0, the order first measured: dQ
- * 1.8x SDPA mem-efficient's error at D=64 S=1000 on the H200, kernels/RESULTS.md). dK's and
- * dV's step sums (from zero, a step long) keep the per-step order. */
+/* 3xtf32: S^T's and dP^T's remainder terms (hi lo + lo hi) over the whole k range first, then
+ * the hi hi terms (1: wgmma's accumulator truncates each add at the running sum's size, so the
+ * remainders sum at their own; H200, D=64 S=1000: dQ 0.93x SDPA mem-efficient's error), or the
+ * three per k step (0: dQ 1.79x; kernels/RESULTS.md). dK's and dV's step sums (from zero, a
+ * step long) keep the per-step order; dQ^T's under FA_X3_SMALL_FIRST_DQ (0.59x, but 4 bytes
+ * spilled in the 64-bit deterministic form: off). */
 #ifndef FA_X3_SMALL_FIRST
 #define FA_X3_SMALL_FIRST 1
 #endif
 #define X3_SMALL_FIRST (X3 && FA_X3_SMALL_FIRST)
-#ifndef FA_X3_SMALL_FIRST_DQ /* the same for dQ^T (0: S^T and dP^T only) */
+#ifndef FA_X3_SMALL_FIRST_DQ /* the same for dQ^T (0: S^T and dP^T only, above) */
 #define FA_X3_SMALL_FIRST_DQ 0
 #endif
 #define NI (X3 ? 2 : 1)            /* images per operand: hi [, lo] */
