@@ -120,14 +120,16 @@
  * the hi hi terms (1: wgmma's accumulator truncates each add at the running sum's size, so the
  * remainders sum at their own; H200, D=64 S=1000: dQ 0.93x SDPA mem-efficient's error), or the
  * three per k step (0: dQ 1.79x; kernels/RESULTS.md). dK's and dV's step sums (from zero, a
- * step long) keep the per-step order; dQ^T's under FA_X3_SMALL_FIRST_DQ (0.59x, but 4 bytes
- * spilled in the 64-bit deterministic form: off). */
+ * step long) keep the per-step order; dQ^T's follow FA_X3_SMALL_FIRST_DQ (dQ 0.59x and the
+ * backward 6% faster, measured; off in the 64-bit deterministic form, which it spills 4
+ * bytes). */
 #ifndef FA_X3_SMALL_FIRST
 #define FA_X3_SMALL_FIRST 1
 #endif
 #define X3_SMALL_FIRST (X3 && FA_X3_SMALL_FIRST)
-#ifndef FA_X3_SMALL_FIRST_DQ /* the same for dQ^T (0: S^T and dP^T only, above) */
-#define FA_X3_SMALL_FIRST_DQ 0
+#ifndef FA_X3_SMALL_FIRST_DQ /* the same for dQ^T (0: S^T and dP^T only, above): on but in the
+                              * 64-bit deterministic form (FA_DET 3), which it spills */
+#define FA_X3_SMALL_FIRST_DQ (FA_DET != 3)
 #endif
 #define NI (X3 ? 2 : 1)            /* images per operand: hi [, lo] */
 #define NT (128 * FA_NWG)
