@@ -146,9 +146,10 @@ typedef u16 in_t;
  * FA_DET 2 (gpu_bwd.c's rt = 3, for every precision whose error is above fp32's: fp16, bf16,
  * tf32, the bf16 staging): the same bits on every run by adding in fixed point instead
  * (fa_device.cuh, "the deterministic dQ in fixed point"): the accumulator holds int32, the
- * atomic mode's grid and order, red.global.add.s32 of each part converted with its row's and
- * column's multipliers; fa_bwd_kvscale and fa_bwd_pre make the multipliers, fa_bwd_dq converts
- * back. ieee and 3xtf32 keep FA_DET 1: 2^-29 of the bound is not fp32's error. */
+ * atomic mode's grid and order, each part converted with its row's and column's multipliers
+ * and added as packed pairs (fa_dqi_red2, the step's adds counted); fa_bwd_kvscale and
+ * fa_bwd_pre make the multipliers, fa_bwd_dq converts back. ieee and 3xtf32 keep FA_DET 1:
+ * 2^-28 of the bound is not fp32's error. */
 #ifndef FA_DET
 #define FA_DET 0
 #endif
@@ -986,7 +987,7 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 #pragma unroll
 	for (int nt = 0; nt < NT_Q; nt++)
 		mcs[nt] = *(const float2 *)(col + nt * 8 + 2 * t);
-	if (threadIdx.x == 0)
+	if (!DQI64 && threadIdx.x == 0) /* the packed pairs' count (fa_bwd_dq) */
 		fa_dqi_red(p.turn + (bh * p.nq + iq) * FA_NW, 1);
 #pragma unroll
 	for (int mt = 0; mt < MT_Q; mt++)
@@ -1016,7 +1017,7 @@ __device__ __forceinline__ void bwd_step(const fa_bwd_params &p, const in_t *sK,
 #pragma unroll
 		for (int hf = 0; hf < 2; hf++)
 			if (bad[mt][hf] && q0 + mq0 + mt * 16 + g + hf * 8 < p.Sq)
-				rm0[mq0 + mt * 16 + g + hf * 8] = __int_as_float(0x7fc00000);
+				rm0[mq0 + mt * 16 + g + hf * 8] = FA_NAN;
 #else
 #pragma unroll
 	for (int mt = 0; mt < MT_Q; mt++)
@@ -1176,24 +1177,21 @@ extern "C" __global__ void __launch_bounds__(256) fa_bwd_dq(const fa_bwd_dq_para
 		const long long bh = r / p.Sq;
 		const int i = (int)(r - bh * p.Sq);
 		const int b = (int)(bh / p.Hq), h = (int)(bh - (long long)b * p.Hq);
+#if DQI
+		/* fixed point back to float: the sums (64-bit, or int32 / packed pairs), then exact
+		 * powers of two; a marked row NaN */
 #if DQI64
 		const longlong2 a = *(const longlong2 *)((const long long *)p.dqacc + (bh * p.sqp + i) * DP + c);
-		const float *col = p.dqcol + ((long long)b * (p.Hq / p.group) + h / p.group) * DQC + c;
-		const float ir = fa_dqi_inv(p.dqrow[bh * p.sqp + i]) * p.scale;
-		st_gin2((gin_t *)p.dq + b * p.dqs[0] + (long long)i * p.dqs[1] + h * p.dqs[2] + c,
-		        (float)a.x * fa_dqi_inv(col[0]) * ir, (float)a.y * fa_dqi_inv(col[1]) * ir);
-#elif DQI
-		/* fixed point back to float: exact powers of two, a marked row NaN */
+#else
 		int2 a = *(const int2 *)((const int *)p.dqacc + (bh * p.sqp + i) * DP + c);
 		if (p.packed)
 			a = fa_dqi_unpack2(a, (unsigned)p.turn[(bh * (p.sqp / FA_BQ) + i / FA_BQ) *
 			                                       p.tstride]);
+#endif
 		const float *col = p.dqcol + ((long long)b * (p.Hq / p.group) + h / p.group) * DQC + c;
 		const float ir = fa_dqi_inv(p.dqrow[bh * p.sqp + i]) * p.scale;
-		const float2 v = make_float2((float)a.x * fa_dqi_inv(col[0]) * ir,
-		                             (float)a.y * fa_dqi_inv(col[1]) * ir);
-		st_gin2((gin_t *)p.dq + b * p.dqs[0] + (long long)i * p.dqs[1] + h * p.dqs[2] + c, v.x,
-		        v.y);
+		st_gin2((gin_t *)p.dq + b * p.dqs[0] + (long long)i * p.dqs[1] + h * p.dqs[2] + c,
+		        (float)a.x * fa_dqi_inv(col[0]) * ir, (float)a.y * fa_dqi_inv(col[1]) * ir);
 #else
 		const float2 v = *(const float2 *)(p.dqacc + (bh * p.sqp + i) * DP + c);
 		st_gin2((gin_t *)p.dq + b * p.dqs[0] + (long long)i * p.dqs[1] + h * p.dqs[2] + c,

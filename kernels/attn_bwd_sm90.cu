@@ -129,9 +129,11 @@
 #endif
 #define DET_CHAIN (FA_DET == 1) /* the deterministic dQ by turns */
 #define DQI (FA_DET == 2)       /* the deterministic dQ in fixed point (fa_device.cuh) */
-/* its packed pairs (fa_dqi_red2): the narrow form with 64-row query blocks (fa_bwd_dq counts
- * the adds per block of fa_bwd_pre's 64 rows; gpu_bwd.c sets the dq pass's packed flag alike) */
-#define DQI_PACK (DQI && FA_D <= 128 && FA_BQ == 64)
+/* the narrow form's packed pairs (fa_dqi_red2) are counted per query block of fa_bwd_pre's 64
+ * rows (gpu_bwd.c's spec always has 64; fa_bwd_dq reads the counts per 64 rows) */
+#if DQI && FA_D <= 128 && FA_BQ != 64
+#error "FA_DET 2: the narrow form's fixed point takes 64-row query blocks"
+#endif
 #ifndef FA_WIN
 #define FA_WIN 0
 #endif
@@ -519,6 +521,14 @@ __device__ __forceinline__ void load_step(const fa_bwd_params &p, u16 *sQ, u16 *
 		cp_async16(smem_u32(sDl + 2 * FA_BQ + 4 * i), p.dqrow + bh * p.sqp + q0 + 4 * i, 16);
 }
 
+/* FA_DET 2: the (batch, kv head)'s column multipliers (fa_bwd_pre's) into shared memory, read
+ * after the first step's barrier. */
+__device__ __forceinline__ void load_col_mul(const fa_bwd_params &p, float *sMC, int b, int hk)
+{
+	for (int x = (int)threadIdx.x; x < DP; x += NT)
+		sMC[x] = p.dqcol[((long long)b * p.Hkv + hk) * DQC + x];
+}
+
 #if FA_D <= 128
 /* ---------------------------------------------------------------------------------------------
  * The main pass; grid (key block, kv head, batch), block NT threads. */
@@ -561,9 +571,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	               p.ks[1], p.Sk - kv0);
 	load_tile<BKV>(sV, (const u16 *)p.v + b * p.vs[0] + hk * p.vs[2] + (long long)kv0 * p.vs[1],
 	               p.vs[1], p.Sk - kv0);
-	if (DQI) /* read after the first step's barrier */
-		for (int x = tid; x < DP; x += NT)
-			sMC[x] = p.dqcol[((long long)b * p.Hkv + hk) * DQC + x];
+	if (DQI)
+		load_col_mul(p, sMC, b, hk);
 	const int nsteps = IQ_END - iq0, total = nsteps * p.group;
 	/* FA_DET rotated, no mask: key block n starts at query block n nq / nk and wraps */
 	const int rot0 = DET_CHAIN && !FA_MASK && rot ? n * p.nq / (int)gridDim.x : 0;
@@ -733,13 +742,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		float *acc = p.dqacc + (bh * p.sqp + q0) * DP + wg * DQW;
 #if DQI
 		/* fixed point (fa_device.cuh): the multipliers from shared memory (the rows' came with
-		 * the step), packed pairs where the query block is 64 rows (its adds counted: the
-		 * turn counter of the query block, zeroed by fa_bwd_pre), else int32 adds; a row whose
-		 * part does not fit marked NaN */
+		 * the step), packed pairs (the step's adds counted in the query block's turn counter,
+		 * zeroed by fa_bwd_pre); a row whose part does not fit marked NaN */
 		const float *col = sMC + wg * DQW;
 		const float *sMR = sMR0 + buf * FA_BQ;
 		float *const rm0 = p.dqrow + bh * p.sqp + q0;
-		if (DQI_PACK && tid == 0)
+		if (tid == 0)
 			fa_dqi_red(p.turn + (bh * p.nq + iq) * (p.tstride & 255), 1);
 #endif
 #pragma unroll
@@ -760,14 +768,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 						float *a = acc + il * DP + nb * 8 + 2 * c;
 #if DQI
 						const float2 mc = *(const float2 *)(col + nb * 8 + 2 * c);
-						const int x0 = fa_dqi_fix(dq[mt][4 * nb + 2 * hf], mr, mc.x, bad);
-						const int x1 = fa_dqi_fix(dq[mt][4 * nb + 2 * hf + 1], mr, mc.y, bad);
-						if (DQI_PACK) {
-							fa_dqi_red2((int *)a, x0, x1);
-						} else {
-							fa_dqi_red((int *)a, x0);
-							fa_dqi_red((int *)a + 1, x1);
-						}
+						fa_dqi_red2((int *)a, fa_dqi_fix(dq[mt][4 * nb + 2 * hf], mr, mc.x, bad),
+						            fa_dqi_fix(dq[mt][4 * nb + 2 * hf + 1], mr, mc.y, bad));
 #else
 						asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(a),
 						             "f"(dq[mt][4 * nb + 2 * hf]), "f"(dq[mt][4 * nb + 2 * hf + 1])
@@ -776,7 +778,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 					}
 #if DQI
 					if (bad)
-						*rm = __int_as_float(0x7fc00000);
+						*rm = FA_NAN;
 #endif
 				}
 			}
@@ -934,9 +936,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	               p.ks[1], p.Sk - kv0);
 	load_tile<BKV>(sV, (const u16 *)p.v + b * p.vs[0] + hk * p.vs[2] + (long long)kv0 * p.vs[1],
 	               p.vs[1], p.Sk - kv0);
-	if (DQI) /* read after the first step's barrier */
-		for (int x = tid; x < DP; x += NT)
-			sMC[x] = p.dqcol[((long long)b * p.Hkv + hk) * DQC + x];
+	if (DQI)
+		load_col_mul(p, sMC, b, hk);
 	const int nsteps = IQ_END - iq0, total = nsteps * p.group;
 	if (total > 0) {
 		int h0, i0;
@@ -1161,22 +1162,15 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 #pragma unroll
 			for (int hf = 0; hf < 2; hf++) {
 				const u32 row = wide_stage_row(sQ, sdO, sXP, r0 + 8 * hf) + wg * DH * 4 + 8 * c;
-#if DQI
-				/* the int32 parts converted above; a row whose part did not fit marked */
-#pragma unroll
-				for (int nb = 0; nb < DH / 8; nb++)
-					asm volatile("st.shared.v2.b32 [%0], {%1, %2};" ::"r"(row + nb * 32),
-					             "r"(__float_as_int(dq[4 * nb + 2 * hf])),
-					             "r"(__float_as_int(dq[4 * nb + 2 * hf + 1]))
-					             : "memory");
-				if (dq_bad[hf] && q0 + r0 + 8 * hf < p.Sq)
-					p.dqrow[bh * p.sqp + q0 + r0 + 8 * hf] = __int_as_float(0x7fc00000);
-#else
+				/* fp32, or (FA_DET 2) the int32 parts converted above, as the same bits */
 #pragma unroll
 				for (int nb = 0; nb < DH / 8; nb++)
 					asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(row + nb * 32),
 					             "f"(dq[4 * nb + 2 * hf]), "f"(dq[4 * nb + 2 * hf + 1])
 					             : "memory");
+#if DQI
+				if (dq_bad[hf] && q0 + r0 + 8 * hf < p.Sq) /* a part that did not fit */
+					p.dqrow[bh * p.sqp + q0 + r0 + 8 * hf] = FA_NAN;
 #endif
 			}
 			fence_proxy_async();

@@ -105,9 +105,8 @@
 #define FA_DET 0
 #endif
 /* FA_DET 2 (tf32 only): the deterministic dQ in fixed point (fa_device.cuh), the atomic mode's
- * grid and order; 3xtf32's error is below its 2^-29 (attn_bwd.cu's FA_DET 1 serves it) */
-/* FA_DET 3 (3xtf32 only): the same in 64 bits (fa_dqi_fix64: one red.global.add.u64 per
- * element into an int64 accumulator) */
+ * grid and order; FA_DET 3 (3xtf32 only, whose error is below 2^-28 of a bound): the same in
+ * 64 bits (fa_dqi_fix64: one red.global.add.u64 per element into an int64 accumulator) */
 #if (FA_DET && !(FA_DET == 2 && FA_PREC == 3) && !(FA_DET == 3 && FA_PREC == 2)) || \
     (defined(FA_WIN) && FA_WIN) || (defined(FA_SOFTCAP) && FA_SOFTCAP)
 #error "attn_bwd_sm90_tf32.cu: no window, softcap or chained deterministic dQ (attn_bwd.cu serves them); the fixed point in 32 bits for tf32, 64 for 3xtf32"
@@ -293,6 +292,31 @@ __device__ __forceinline__ void mm_rs(float *acc, const u32 (&a)[4], u32 baddr)
 		mm_rs<D0 + 16, REM - 16>(acc, a, baddr);
 	} else if constexpr (REM >= 8) {
 		wgt_rs_n8(acc + D0 / 2, a, wg_desc(baddr + D0 / 8 * SBO_T, SBO_T));
+	}
+}
+
+/* acc (NS floats) += A B^T contracting over the head dim (k steps of 8), S^T's and dP^T's
+ * product: A a [key][d] image at aaddr (its remainder T_KV floats on), B a [query][d] one at
+ * baddr (its remainder T_Q floats on); 3xtf32 adds hi lo + lo hi, the remainders first under
+ * X3_SMALL_FIRST (above). */
+__device__ __forceinline__ void mm_kd(float *acc, u32 aaddr, u32 baddr)
+{
+	if (X3_SMALL_FIRST)
+#pragma unroll
+		for (int ks = 0; ks < DP / 8; ks++) {
+			WGT_SS(FA_BQ)(acc, wg_desc(aaddr + ks * 256, SBO_D),
+			              wg_desc(baddr + T_Q * 4 + ks * 256, SBO_D));
+			WGT_SS(FA_BQ)(acc, wg_desc(aaddr + T_KV * 4 + ks * 256, SBO_D),
+			              wg_desc(baddr + ks * 256, SBO_D));
+		}
+#pragma unroll
+	for (int ks = 0; ks < DP / 8; ks++) {
+		const u64 da = wg_desc(aaddr + ks * 256, SBO_D), db = wg_desc(baddr + ks * 256, SBO_D);
+		WGT_SS(FA_BQ)(acc, da, db);
+		if (X3 && !X3_SMALL_FIRST) {
+			WGT_SS(FA_BQ)(acc, da, wg_desc(baddr + T_Q * 4 + ks * 256, SBO_D));
+			WGT_SS(FA_BQ)(acc, wg_desc(aaddr + T_KV * 4 + ks * 256, SBO_D), db);
+		}
 	}
 }
 
@@ -525,42 +549,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		for (int i = 0; i < NS; i++)
 			s[i] = dp[i] = 0.f;
 		wg_fence();
-		/* X3_SMALL_FIRST: every remainder product first, while the sums are small, then the
-		 * big ones: the accumulator's truncating adds at the result's size are a third */
-		if (X3_SMALL_FIRST)
-#pragma unroll
-			for (int ks = 0; ks < DP / 8; ks++) {
-				WGT_SS(FA_BQ)(s, wg_desc(kaddr + ks * 256, SBO_D),
-				              wg_desc(qaddr + T_Q * 4 + ks * 256, SBO_D));
-				WGT_SS(FA_BQ)(s, wg_desc(kaddr + T_KV * 4 + ks * 256, SBO_D),
-				              wg_desc(qaddr + ks * 256, SBO_D));
-			}
-#pragma unroll
-		for (int ks = 0; ks < DP / 8; ks++) {
-			const u64 da = wg_desc(kaddr + ks * 256, SBO_D), db = wg_desc(qaddr + ks * 256, SBO_D);
-			WGT_SS(FA_BQ)(s, da, db);
-			if (X3 && !X3_SMALL_FIRST) {
-				WGT_SS(FA_BQ)(s, da, wg_desc(qaddr + T_Q * 4 + ks * 256, SBO_D));
-				WGT_SS(FA_BQ)(s, wg_desc(kaddr + T_KV * 4 + ks * 256, SBO_D), db);
-			}
-		}
-		if (X3_SMALL_FIRST)
-#pragma unroll
-			for (int ks = 0; ks < DP / 8; ks++) {
-				WGT_SS(FA_BQ)(dp, wg_desc(vaddr + ks * 256, SBO_D),
-				              wg_desc(doaddr + T_Q * 4 + ks * 256, SBO_D));
-				WGT_SS(FA_BQ)(dp, wg_desc(vaddr + T_KV * 4 + ks * 256, SBO_D),
-				              wg_desc(doaddr + ks * 256, SBO_D));
-			}
-#pragma unroll
-		for (int ks = 0; ks < DP / 8; ks++) {
-			const u64 da = wg_desc(vaddr + ks * 256, SBO_D), db = wg_desc(doaddr + ks * 256, SBO_D);
-			WGT_SS(FA_BQ)(dp, da, db);
-			if (X3 && !X3_SMALL_FIRST) {
-				WGT_SS(FA_BQ)(dp, da, wg_desc(doaddr + T_Q * 4 + ks * 256, SBO_D));
-				WGT_SS(FA_BQ)(dp, wg_desc(vaddr + T_KV * 4 + ks * 256, SBO_D), db);
-			}
-		}
+		mm_kd(s, kaddr, qaddr);
+		mm_kd(dp, vaddr, doaddr);
 		wg_commit();
 		wg_wait<0>();
 #pragma unroll
@@ -777,7 +767,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 						}
 					}
 				if (bad)
-					rm0[q] = __int_as_float(0x7fc00000);
+					rm0[q] = FA_NAN;
 			}
 #else
 #pragma unroll

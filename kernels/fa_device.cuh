@@ -14,6 +14,7 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 
 #define NEG_INF (__int_as_float(0xff800000))
+#define FA_NAN (__int_as_float(0x7fc00000))
 
 /* The shared-memory address of a generic pointer into shared memory. */
 __device__ __forceinline__ u32 smem_u32(const void *p)
@@ -228,7 +229,7 @@ __device__ __forceinline__ void fa_st_release(int *p, int v)
  * even where P sums to 8 (an lse that is not the forward's), and a part that does not fit below
  * 2^30 (NaN, or such an lse) marks its row NaN (fa_bwd_dq writes NaN there) instead of wrapping.
  * The multipliers are powers of two kept in float: their products and inverses are exact.
- * Packed pairs (attn_bwd_sm90.cu's narrow form, fa_dqi_red2): two adjacent columns' parts,
+ * Packed pairs (attn_bwd.cu, attn_bwd_sm90.cu's narrow form: fa_dqi_red2): two adjacent columns' parts,
  * each biased by 2^30 (so non-negative), added as one u64, the high word taking the low one's
  * carries; with the number n of adds (a counter per query block) fa_bwd_dq undoes both: the
  * low word less n 2^30 is the first sum (below 2^30 in size), the carries follow from it. */
@@ -237,7 +238,7 @@ __device__ __forceinline__ void fa_st_release(int *p, int v)
 __device__ __forceinline__ float fa_dqi_pow2(float x, int top, int lo)
 {
 	if (!(x <= 0x1p127f))
-		return __int_as_float(0x7fc00000);
+		return FA_NAN;
 	int e = (int)((__float_as_uint(x) >> 23) & 255) - 126; /* x < 2^e */
 	e = e < lo ? lo : e > 120 ? 120 : e;
 	return __int_as_float((127 + top - e) << 23);

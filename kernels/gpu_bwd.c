@@ -178,7 +178,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	const bool dqint_prec = det && !(f->dtype == FA_DTYPE_FP32 &&
 	                                 (prec == FA_PREC_IEEE || prec == FA_PREC_3XTF32));
 	const struct fa_kernel_settings *kset = fa_gpu_settings(g);
-	const bool turns16 = kset != NULL && kset->bwd_det_rot; /* FA_BWD_DET_ROT: turns, 16-bit */
+	/* FA_BWD_DET_ROT: the 16-bit wgmma backward's turns (the rotated order where it fits) */
+	const bool turns16 = kset != NULL && kset->bwd_det_rot;
 	/* the fp32 wgmma backward (attn_bwd_sm90_tf32.cu) has no window or softcap (its
 	 * deterministic dQ is the fixed point's: 32-bit in tf32, 64-bit in 3xtf32): the planner's
 	 * next candidate (an attn_bwd.cu tile) serves those; the 16-bit wgmma backward has both */
@@ -275,7 +276,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	/* deterministic: groups of FA_BWD_DET_GROUP consecutive key blocks run together
 	 * (attn_bwd.cu, det_member); a group's members wait on each other, so a group may not be
 	 * larger than the blocks that can be resident at once (else groups of one) */
-	int dgrp_lg = wgp ? 0 : det_group_lg(fa_gpu_settings(g)); /* attn_bwd_sm90.cu: groups of one */
+	int dgrp_lg = wgp ? 0 : det_group_lg(kset); /* attn_bwd_sm90.cu: groups of one */
 	const int64_t nkv64 = (f->Sk + bkv - 1) / bkv;
 	/* attn_bwd_sm90.cu's rotated order (det_rot) on the atomic grid: a key block may wait on
 	 * later ones of its (batch, kv head), so all nk of them must be resident together; with
@@ -295,9 +296,8 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		 * the atomic mode's beyond the tolerance in every case without a mask (the causal
 		 * ones passed, all gave the same bits five times), and it measured +16..37% against
 		 * the atomic mode where the chain measures +18..38%: kernels/RESULTS.md. */
-		const struct fa_kernel_settings *ks = fa_gpu_settings(g);
-		det_rot = ks != NULL && ks->bwd_det_rot && det && !fixed && wgp && f->D <= 128 &&
-		          !spec.window && 4 * nkv64 <= (int64_t)m->sm_count * bps;
+		det_rot = turns16 && det && !fixed && wgp && f->D <= 128 && !spec.window &&
+		          4 * nkv64 <= (int64_t)m->sm_count * bps;
 	}
 	const int64_t ngroups = (nkv64 + (1 << dgrp_lg) - 1) >> dgrp_lg;
 	const bool chain = det && !fixed && !det_rot; /* the grid with the key block slowest */
@@ -341,6 +341,7 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 	const CUdeviceptr dqrow = kimg + (b_kimg + 255) / 256 * 256, dqcol = dqrow + a_dqrow;
 	const char *what = "launching fa_bwd_pre";
 	if (fixed) { /* the maxima of |K_jd| and |V_j|^2 per (batch, kv head), atomicMax from 0 */
+		what = "zeroing the fixed point's maxima";
 		r = fa_cu->MemsetD8Async(dqcol, 0, b_dqcol, (fa_cu_stream)s);
 		struct bwd_kvs_params kp;
 		memset(&kp, 0, sizeof kp);
@@ -355,10 +356,13 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		kp.Sk = (int)f->Sk;
 		kp.Hkv = (int)f->Hkv;
 		void *a0[] = {&kp};
-		if (r == 0 && f->Sk > 0)
+		if (r == 0 && f->Sk > 0) {
+			what = "launching fa_bwd_kvscale";
 			r = fa_cu->LaunchKernel(fn.kvs, (unsigned)((f->Sk + 63) / 64), (unsigned)f->Hkv,
 			                        (unsigned)f->B, 256, 1, 1, 0, (fa_cu_stream)s, a0, NULL);
-		what = r ? "launching fa_bwd_kvscale" : what;
+		}
+		if (r == 0)
+			what = "launching fa_bwd_pre";
 	}
 
 	struct bwd_pre_params pp;
@@ -496,13 +500,12 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		qp.group = (int)(f->Hq / f->Hkv);
 		qp.dqrow = dqrow;
 		qp.dqcol = dqcol;
-		/* attn_bwd.cu and attn_bwd_sm90.cu's narrow form add packed pairs (DQI_PACK there),
-		 * counted per query block (of the dq pass's module: the same rows) in the first turn
-		 * counter of each */
+		/* attn_bwd.cu and attn_bwd_sm90.cu's narrow form (64-row query blocks, as the dq
+		 * pass's module) add packed pairs, counted per query block in the first turn counter
+		 * of each */
 		qp.turn = turn;
 		qp.tstride = pre_nw;
-		qp.packed = dqint && (!wgp || (spec.tile.path == FA_KPATH_BWDWG16 && f->D <= 128 &&
-		                               spec.tile.br == 64));
+		qp.packed = dqint && (!wgp || (spec.tile.path == FA_KPATH_BWDWG16 && f->D <= 128));
 		int64_t pairs = f->B * f->Hq * f->Sq * (f->D / 2);
 		int64_t blocks = (pairs + 255) / 256;
 		if (blocks > 132 * 32)
