@@ -188,7 +188,7 @@
  * takes 0), 4 as 3 but issued at once (a barrier more); FA_WIDE_PF 1: the next step's
  * loads issued after S^T / dP^T, not before; FA_WIDE_ROT 1: key block n starts at its n-th
  * step (atomic dQ only), so that the key blocks of a head running together add into
- * different dQ rows; FA_WIDE_DIAG (timing only, wrong results): 1 no dQ adds, 2 no loads
+ * different dQ rows; FA_WIDE_DIAG (timing only, wrong results): bit 1 no dQ adds, bit 2 no loads
  * after the first step's. */
 #ifndef FA_WIDE_DQ
 #define FA_WIDE_DQ 3 /* H200 2026-12-04, bf16 S=4096: D=256 25.8 ms (0: 27.0), D=192 20.4 (21.8) */
@@ -202,10 +202,23 @@
 #ifndef FA_WIDE_ROT
 #define FA_WIDE_ROT 0
 #endif
+/* FA_WIDE_CL: the key blocks run in clusters of two (key blocks 2m, 2m + 1 of one kv head,
+ * __cluster_dims__) that walk the same steps: 1 each loads half of a step's Q and dO tiles and
+ * copies the other half from its partner's shared memory (distributed shared memory), so that
+ * the pair reads each tile from L2 once; 2 also sums the pair's staged dQ rows, each block adding
+ * its partner's half of the rows into its own before its bulk reductions, so that the pair adds
+ * each dQ row to the accumulator once. Needs the late bulk reduction (FA_WIDE_DQ 3) and the
+ * full walk (no window, no rotation); the causal mask's pair starts at its first block's first
+ * query block (the second block's extra step is fully masked: zeros). */
+#ifndef FA_WIDE_CL
+#define FA_WIDE_CL 0
+#endif
 #define WIDE_BULK (FA_WIDE_DQ >= 2 && !DET_CHAIN)
 #define WIDE_LATE (FA_WIDE_DQ >= 3 && !DET_CHAIN) /* the bulk reduction waited for a step late */
 #define WIDE_NOW (FA_WIDE_DQ == 4)             /* ... but issued at once */
 #define WIDE_V4 (FA_WIDE_DQ == 1 || FA_WIDE_DQ == 2) /* red.global.add.v4 when not bulk */
+#define WIDE_CL (FA_WIDE_CL && WIDE_LATE && !WIDE_NOW && !FA_WIN && !FA_WIDE_ROT && !(FA_WIDE_DIAG & 2))
+#define WIDE_PAIR (WIDE_CL && FA_WIDE_CL == 2) /* the pair's dQ rows summed before the adds */
 #define WIDE_RSTR (DP * 4 + 32) /* bytes between staged dQ rows (2 wavefronts per store) */
 #if FA_DET == 2
 #define WIDE_RED_T "u32" /* the staged rows' type: int32 in fixed point (two's complement) */
@@ -499,16 +512,18 @@ __device__ __forceinline__ void load_tile(u16 *s, const u16 *g, long long rs, in
 
 /* Step (query head h of the group, query block iq): Q and dO tiles (one commit group, with
  * the caller's commit), lse2 and delta by cp.async too (4 bytes each: the rows of sqp exist). */
+template <int QROWS = FA_BQ> /* of Q and dO: rows qr .. qr + QROWS - 1 only (the wide form's pairs) */
 __device__ __forceinline__ void load_step(const fa_bwd_params &p, u16 *sQ, u16 *sdO, float *sL,
-                                          float *sDl, int b, int h, int iq)
+                                          float *sDl, int b, int h, int iq, int qr = 0)
 {
-	const int q0 = iq * FA_BQ;
+	const int q0 = iq * FA_BQ, t0 = q0 + qr;
 	const long long bh = (long long)b * p.Hq + h;
-	load_tile<FA_BQ>(sQ, (const u16 *)p.q + b * p.qs[0] + h * p.qs[2] + (long long)q0 * p.qs[1],
-	                 p.qs[1], p.Sq - q0);
-	load_tile<FA_BQ>(sdO,
-	                 (const u16 *)p.dout + b * p.dos[0] + h * p.dos[2] + (long long)q0 * p.dos[1],
-	                 p.dos[1], p.Sq - q0);
+	load_tile<QROWS>(sQ + qr * DP,
+	                 (const u16 *)p.q + b * p.qs[0] + h * p.qs[2] + (long long)t0 * p.qs[1],
+	                 p.qs[1], p.Sq - t0);
+	load_tile<QROWS>(sdO + qr * DP,
+	                 (const u16 *)p.dout + b * p.dos[0] + h * p.dos[2] + (long long)t0 * p.dos[1],
+	                 p.dos[1], p.Sq - t0);
 	const int tid = (int)threadIdx.x;
 	for (int i = tid; i < 2 * FA_BQ / 4; i += NT) { /* 16 bytes = 4 rows per copy */
 		const bool dl = i >= FA_BQ / 4;
@@ -838,6 +853,51 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
  * buffers of Q and dO (64 x DP), P^T and dS^T (64 x 64), lse2 and delta, four staged dQ rows
  * (FA_WIDE_DQ 3): 218,112 bytes at D = 256, under sm_90's 232,448.
  */
+/* Clusters (WIDE_CL): this block's rank, a shared address of the partner's, 16-byte loads and
+ * stores, and the cluster's barrier (every thread of both blocks; release / acquire, so the
+ * shared-memory writes before it, cp.async's waited for included, are seen after it). */
+__device__ __forceinline__ u32 cluster_rank(void)
+{
+	u32 r;
+	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+	return r;
+}
+__device__ __forceinline__ u32 cluster_map(u32 addr, u32 rank)
+{
+	u32 r;
+	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+	return r;
+}
+__device__ __forceinline__ uint4 ld_cluster16(u32 a)
+{
+	uint4 v;
+	asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
+	             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+	             : "r"(a)
+	             : "memory");
+	return v;
+}
+__device__ __forceinline__ uint4 ld_shared16(u32 a)
+{
+	uint4 v;
+	asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+	             : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+	             : "r"(a)
+	             : "memory");
+	return v;
+}
+__device__ __forceinline__ void st_shared16(u32 a, uint4 v)
+{
+	asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(a), "r"(v.x), "r"(v.y),
+	             "r"(v.z), "r"(v.w)
+	             : "memory");
+}
+__device__ __forceinline__ void cluster_sync(void)
+{
+	asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+	             "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
 /* Step it of key block n: its query head hh of the group and query block iq (FA_WIDE_ROT: the
  * steps rotated by n). */
 __device__ __forceinline__ void wide_step(int it, int n, int total, int nsteps, int iq0, int &hh,
@@ -857,11 +917,13 @@ __device__ __forceinline__ void wide_prefetch(const fa_bwd_params &p, u16 *sQ0, 
                                               float *sL0, float *sDl0, int b, int hk, int it,
                                               int total, int nsteps, int iq0, int buf, int n)
 {
-	if (it + 1 < total && !(FA_WIDE_DIAG == 2 && it > 0)) {
+	if (it + 1 < total && !((FA_WIDE_DIAG & 2) && it > 0)) {
 		int hn, iqn;
 		wide_step(it + 1, n, total, nsteps, iq0, hn, iqn);
-		load_step(p, sQ0 + (buf ^ 1) * FA_BQ * DP, sdO0 + (buf ^ 1) * FA_BQ * DP,
-		          sL0 + (buf ^ 1) * FA_BQ, sDl0 + (buf ^ 1) * FA_BQ, b, hk * p.group + hn, iqn);
+		load_step<WIDE_CL ? 32 : FA_BQ>(p, sQ0 + (buf ^ 1) * FA_BQ * DP,
+		                                sdO0 + (buf ^ 1) * FA_BQ * DP, sL0 + (buf ^ 1) * FA_BQ,
+		                                sDl0 + (buf ^ 1) * FA_BQ, b, hk * p.group + hn, iqn,
+		                                WIDE_CL ? 32 * (int)cluster_rank() : 0);
 	}
 	cp_async_commit();
 }
@@ -881,7 +943,13 @@ __device__ __forceinline__ u32 wide_stage_row(const u16 *sQ, const u16 *sdO, con
 __device__ __forceinline__ void wide_bulk_add(float *acc, int rows, const u16 *sQ, const u16 *sdO,
                                               const u16 *sP, int tid)
 {
-	if (tid < rows && tid < 64) {
+#if WIDE_PAIR /* this block's half of the rows (wide_pair_sum added the partner's into them) */
+	const int lo = 32 * (int)cluster_rank(), nr = 32;
+#else
+	const int lo = 0, nr = 64;
+#endif
+	tid += lo;
+	if (tid < rows && tid < lo + nr && !(FA_WIDE_DIAG & 1)) {
 		/* FA_DET 2: the rows hold int32 (two's complement: the unsigned add is the same) */
 		asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add." WIDE_RED_T " [%0], "
 		             "[%1], %2;" ::"l"(acc + (long long)tid * DP),
@@ -895,7 +963,63 @@ __device__ __forceinline__ void bulk_wait_read(void)
 	asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_params p)
+/* WIDE_CL: the partner's half of this step's Q and dO tiles (rows 32 pr .. 32 pr + 31: four
+ * 8-row groups, contiguous in the core-matrix layout, 16 KB each at D = 256) copied from its
+ * shared memory to the same place in this block's. */
+__device__ __forceinline__ void wide_copy_half(const u16 *sQ, const u16 *sdO, u32 pr, int tid)
+{
+	constexpr int CH = 32 * DP * 2 / 16, N = 2 * CH / NT; /* 16-byte chunks: half a tile, each thread's */
+	static_assert(N * NT == 2 * CH, "the halves' chunks split evenly over the threads");
+	const u32 q = smem_u32(sQ) + pr * (32 * DP * 2), o = smem_u32(sdO) + pr * (32 * DP * 2);
+	uint4 v[N];
+#pragma unroll
+	for (int k = 0; k < N; k++) {
+		const int i = tid + k * NT;
+		v[k] = ld_cluster16(cluster_map(i < CH ? q + i * 16 : o + (i - CH) * 16, pr));
+	}
+#pragma unroll
+	for (int k = 0; k < N; k++) {
+		const int i = tid + k * NT;
+		st_shared16(i < CH ? q + i * 16 : o + (i - CH) * 16, v[k]);
+	}
+}
+
+/* WIDE_PAIR: rows 32 r .. 32 r + 31 of the last step's staged dQ (this block's half of them):
+ * the partner's added into this block's (fp32, or the fixed point's int32). */
+__device__ __forceinline__ void wide_pair_sum(const u16 *sQ, const u16 *sdO, const u16 *sX, u32 r,
+                                              int tid)
+{
+	constexpr int CPR = DP / 4, N = 32 * CPR / NT; /* 16-byte chunks per row, each thread's */
+	static_assert(N * NT == 32 * CPR, "the rows' chunks split evenly over the threads");
+	u32 a[N];
+	uint4 v[N];
+#pragma unroll
+	for (int k = 0; k < N; k++) {
+		const int i = tid + k * NT;
+		a[k] = wide_stage_row(sQ, sdO, sX, 32 * (int)r + i / CPR) + (u32)(i % CPR) * 16;
+		v[k] = ld_cluster16(cluster_map(a[k], r ^ 1));
+	}
+#pragma unroll
+	for (int k = 0; k < N; k++) {
+		uint4 m = ld_shared16(a[k]);
+#if FA_DET == 2
+		m.x += v[k].x, m.y += v[k].y, m.z += v[k].z, m.w += v[k].w;
+#else
+		m.x = __float_as_uint(__uint_as_float(m.x) + __uint_as_float(v[k].x));
+		m.y = __float_as_uint(__uint_as_float(m.y) + __uint_as_float(v[k].y));
+		m.z = __float_as_uint(__uint_as_float(m.z) + __uint_as_float(v[k].z));
+		m.w = __float_as_uint(__uint_as_float(m.w) + __uint_as_float(v[k].w));
+#endif
+		st_shared16(a[k], m);
+	}
+}
+
+#if WIDE_CL
+#define WIDE_CLUSTER __cluster_dims__(2, 1, 1)
+#else
+#define WIDE_CLUSTER
+#endif
+extern "C" __global__ void __launch_bounds__(NT, 1) WIDE_CLUSTER fa_bwd_main(const fa_bwd_params p)
 {
 	extern __shared__ __align__(128) unsigned char smem_raw[];
 	u16 *sK = (u16 *)smem_raw;                 /* 64 x DP */
@@ -920,17 +1044,21 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	const int b = DET_CHAIN ? (int)blockIdx.y : (int)blockIdx.z;
 	const int kv0 = n * BKV, wq = QH * wg; /* the block's first key, the warpgroup's first query */
 	const int off = FA_MASK == 1 ? p.Sk - p.Sq : 0; /* query i sees keys j <= i + off */
+	/* the host rounds the key blocks up to pairs: without clusters the extra one has nothing */
+	if (!WIDE_CL && kv0 >= p.Sk)
+		return;
 #if FA_WIN
 	int iq0, iq1; /* the query blocks whose rows see the block's keys: steps follow the window */
 	qblock_range(p, kv0, iq0, iq1);
 	(void)off;
 #else
-	int iq0 = 0; /* the first query block whose rows see key kv0 */
+	int iq0 = 0; /* the first query block whose rows see key kv0 (WIDE_CL: the pair's first) */
 	if (FA_MASK) {
-		const int r = kv0 - off;
+		const int r = (WIDE_CL ? kv0 & ~(2 * BKV - 1) : kv0) - off;
 		iq0 = r >= p.Sq ? p.nq : r > 0 ? r / FA_BQ : 0;
 	}
 #endif
+	const u32 crank = WIDE_CL ? cluster_rank() : 0; /* the pair's rows of Q, dO and dQ: 32 crank .. */
 
 	load_tile<BKV>(sK, (const u16 *)p.k + b * p.ks[0] + hk * p.ks[2] + (long long)kv0 * p.ks[1],
 	               p.ks[1], p.Sk - kv0);
@@ -942,7 +1070,8 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 	if (total > 0) {
 		int h0, i0;
 		wide_step(0, n, total, nsteps, iq0, h0, i0);
-		load_step(p, sQ0, sdO0, sL0, sDl0, b, hk * p.group + h0, i0);
+		load_step<WIDE_CL ? 32 : FA_BQ>(p, sQ0, sdO0, sL0, sDl0, b, hk * p.group + h0, i0,
+		                                32 * (int)crank);
 	}
 	cp_async_commit();
 
@@ -974,6 +1103,17 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			det_fence();
 		if (WIDE_BULK && !WIDE_LATE && tid < 64)
 			bulk_wait_read(); /* the last step's staged dQ row read: its buffer is reused */
+#if WIDE_CL
+		/* both blocks' halves landed and the partner's last step staged its dQ rows: copy its
+		 * half of the tiles (and add its half of this block's dQ rows), then the block's
+		 * barrier before wgmma reads them */
+		cluster_sync();
+		wide_copy_half(sQ, sdO, crank ^ 1, tid);
+		if (WIDE_PAIR && it > 0)
+			wide_pair_sum(sQ0 + (buf ^ 1) * FA_BQ * DP, sdO0 + (buf ^ 1) * FA_BQ * DP, sX, crank,
+			              tid);
+		fence_proxy_async();
+#endif
 		__syncthreads();
 		if (DET_CHAIN && prev_turn && tid == 0)
 			det_count(prev_turn);
@@ -1053,7 +1193,12 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		if (WIDE_LATE && tid < 64)
 			bulk_wait_read(); /* the last step's rows read: the other buffer is reused */
 		fence_proxy_async();
-		__syncthreads();
+		/* WIDE_CL: the partner's copies from this step's buffers and its sum of the last
+		 * step's rows are done too: the prefetch and this step's staging may overwrite them */
+		if (WIDE_CL)
+			cluster_sync();
+		else
+			__syncthreads();
 		if (WIDE_LATE)
 			wide_prefetch(p, sQ0, sdO0, sL0, sDl0, b, hk, it, total, nsteps, iq0, buf, n);
 
@@ -1115,7 +1260,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 			prev_turn = t;
 		}
 		float *acc = p.dqacc + (bh * p.sqp + q0) * DP + wg * DH;
-		if (FA_WIDE_DIAG == 1 || WIDE_BULK) {
+		if ((FA_WIDE_DIAG & 1) || WIDE_BULK) {
 		} else if (WIDE_V4) {
 			/* lanes c and c ^ 1 swap a pair: the even one adds 4 columns of row r0, the odd
 			 * one 4 of row r0 + 8 */
@@ -1185,13 +1330,20 @@ extern "C" __global__ void __launch_bounds__(NT, 1) fa_bwd_main(const fa_bwd_par
 		}
 	}
 	if (WIDE_LATE && !WIDE_NOW && total > 0) {
-		__syncthreads();
 		const int lb = (total - 1) & 1;
+#if WIDE_PAIR
+		cluster_sync();
+		wide_pair_sum(sQ0 + lb * FA_BQ * DP, sdO0 + lb * FA_BQ * DP, sX, crank, tid);
+		fence_proxy_async();
+#endif
+		__syncthreads();
 		wide_bulk_add(prev_acc, prev_rows, sQ0 + lb * FA_BQ * DP, sdO0 + lb * FA_BQ * DP, sX,
 		              tid);
 	}
 	if (WIDE_BULK && tid < 64)
 		bulk_wait_read(); /* the last rows read before the block's shared memory goes */
+	if (WIDE_CL) /* the partner's last reads of this block's shared memory are done */
+		cluster_sync();
 	cp_async_wait<0>(); /* K and V landed even when no step ran */
 	if (DET_CHAIN && prev_turn) { /* the last step's adds */
 		det_fence();

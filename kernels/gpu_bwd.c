@@ -477,7 +477,11 @@ fa_status fa_gpu_attn_bwd_tile(struct fa_gpu *g, const struct fa_attn_bwd_desc *
 		/* atomic, fixed point and the rotated order: (key block, kv head, batch); the chain:
 		 * (group member + kv head x group size, batch, group), the members fastest (those
 		 * past the last key block return) */
-		const unsigned nkv = (unsigned)nkv64;
+		/* attn_bwd_sm90.cu's wide form (16-bit, head dims above 128) may run in clusters of
+		 * two key blocks (FA_WIDE_CL): its grid is rounded up to pairs, and without clusters
+		 * the extra block returns at once */
+		const bool pairs = t.path == FA_KPATH_BWDWG16 && f->D > 128 && !chain;
+		const unsigned nkv = (unsigned)(pairs ? (nkv64 + 1) & ~(int64_t)1 : nkv64);
 		const unsigned hkv = (unsigned)f->Hkv, nb = (unsigned)f->B;
 		r = fa_cu->LaunchKernel(fn.main, chain ? hkv << dgrp_lg : nkv,
 		                        chain ? nb : hkv, chain ? (unsigned)ngroups : nb,
