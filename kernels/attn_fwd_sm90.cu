@@ -429,64 +429,105 @@ __device__ __forceinline__ uint4 load8_16(const void *p)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * K and V -> the tile images (see the head comment). One thread per 16 bytes of the image's
- * row (4 fp32 or 8 16-bit head-dim elements) of one key; keys past Sk and head dims past D
- * (16-bit padding) are zeros. */
+ * K and V -> the tile images (see the head comment). One thread per 8 keys x one 16-byte chunk
+ * of the head dim (8 16-bit or 4 fp32 elements): it reads the chunk of each of the 8 keys
+ * (consecutive threads read consecutive chunks of a row) and writes whole core matrices: K's
+ * 8 rows x 16 bytes as one 128-byte run, V^T's 8 (16-bit) or 2 x 4 (fp32) head-dim rows of the
+ * 8 keys, transposed in registers. Keys past Sk and head dims past D (16-bit padding) are
+ * zeros. (One thread per key and chunk, storing V^T element by element, cost 2.6 ms of the
+ * bf16 D = 256 forward's 7.0 on the H100: kernels/PERF-NOTES.md.) */
 extern "C" __global__ void fa_wg_prep(const fa_wgprep p)
 {
-	const int dq = DP / EPC;
-	const long long n = (long long)p.B * p.Hkv * p.skp * dq;
+	const int dq = DP / EPC, kgs = p.skp / 8;
+	const long long n = (long long)p.B * p.Hkv * kgs * dq;
 	for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
 	     i += (long long)gridDim.x * blockDim.x) {
 		const int dc = (int)(i % dq);
 		const long long rest = i / dq;
-		const int key = (int)(rest % p.skp);
-		const long long bh = rest / p.skp;
+		const int kg = (int)(rest % kgs);
+		const long long bh = rest / kgs;
 		const int hk = (int)(bh % p.Hkv), b = (int)(bh / p.Hkv);
 		const long long base = bh * (long long)p.skp * DP;
-		const int ki = core_idx(key, dc * EPC, DP);
-		const int j = key / FA_BC, kl = key % FA_BC;
-		const long long vb = base + (long long)j * TILE;
-		const bool in = key < p.Sk && dc * EPC < FA_D;
+		const int key0 = kg * 8, j = key0 / FA_BC, kl0 = key0 % FA_BC;
+		const bool dok = dc * EPC < FA_D;
+		/* the 8 keys' rows of K's image, one core matrix; V^T's tile j */
+		const long long kb = base + core_idx(key0, dc * EPC, DP), vb = base + (long long)j * TILE;
 #if W16
 		const int es = FA_QIN == 3 ? 4 : 2; /* bytes per element in memory */
-		uint4 k = make_uint4(0, 0, 0, 0), v = k;
-		if (in) {
-			k = load8_16((const char *)p.k +
-			             es * (b * p.ks[0] + key * p.ks[1] + hk * p.ks[2] + dc * 8));
-			v = load8_16((const char *)p.v +
-			             es * (b * p.vs[0] + key * p.vs[1] + hk * p.vs[2] + dc * 8));
-		}
-		*(uint4 *)(p.kh + base + ki) = k;
-		const u32 vw[4] = {v.x, v.y, v.z, v.w};
+		uint4 k[8], v[8];
 #pragma unroll
-		for (int e = 0; e < 8; e++)
-			p.vh[vb + core_idx(dc * 8 + e, kl, FA_BC)] = (u16)(vw[e >> 1] >> (16 * (e & 1)));
+		for (int r = 0; r < 8; r++) {
+			k[r] = v[r] = make_uint4(0, 0, 0, 0);
+			const int key = key0 + r;
+			if (dok && key < p.Sk) {
+				k[r] = load8_16((const char *)p.k +
+				                es * (b * p.ks[0] + key * p.ks[1] + hk * p.ks[2] + dc * 8));
+				v[r] = load8_16((const char *)p.v +
+				                es * (b * p.vs[0] + key * p.vs[1] + hk * p.vs[2] + dc * 8));
+			}
+		}
+		uint4 *kd = (uint4 *)(p.kh + kb);
+#pragma unroll
+		for (int r = 0; r < 8; r++)
+			kd[r] = k[r];
+		/* V^T: head-dim row dc * 8 + e holds element e of the 8 keys, keys 2w and 2w + 1 in
+		 * word w (low half first) */
+		uint4 *vd = (uint4 *)(p.vh + vb + core_idx(dc * 8, kl0, FA_BC));
+#pragma unroll
+		for (int e = 0; e < 8; e++) {
+			const u32 sel = (e & 1) ? 0x7632u : 0x5410u;
+			u32 w[4];
+#pragma unroll
+			for (int m = 0; m < 4; m++) {
+				const u32 x = (&v[2 * m].x)[e >> 1], y = (&v[2 * m + 1].x)[e >> 1];
+				w[m] = __byte_perm(x, y, sel);
+			}
+			vd[e] = make_uint4(w[0], w[1], w[2], w[3]);
+		}
 #else
-		float4 k = make_float4(0.f, 0.f, 0.f, 0.f), v = k;
-		if (in) {
-			const float *kg = (const float *)p.k, *vg = (const float *)p.v;
-			k = *(const float4 *)(kg + b * p.ks[0] + key * p.ks[1] + hk * p.ks[2] + dc * 4);
-			v = *(const float4 *)(vg + b * p.vs[0] + key * p.vs[1] + hk * p.vs[2] + dc * 4);
-		}
-		float kx[4] = {k.x, k.y, k.z, k.w}, vx[4] = {v.x, v.y, v.z, v.w};
-		float khi[4], klo[4];
+		float4 k[8], v[8];
 #pragma unroll
-		for (int e = 0; e < 4; e++) {
-			khi[e] = tf32_rna(kx[e]);
-			klo[e] = kx[e] - khi[e];
+		for (int r = 0; r < 8; r++) {
+			k[r] = v[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+			const int key = key0 + r;
+			if (dok && key < p.Sk) {
+				const float *kg_ = (const float *)p.k, *vg = (const float *)p.v;
+				k[r] = *(const float4 *)(kg_ + b * p.ks[0] + key * p.ks[1] + hk * p.ks[2] + dc * 4);
+				v[r] = *(const float4 *)(vg + b * p.vs[0] + key * p.vs[1] + hk * p.vs[2] + dc * 4);
+			}
 		}
-		*(float4 *)(p.kh + base + ki) = make_float4(khi[0], khi[1], khi[2], khi[3]);
-		if (X3)
-			*(float4 *)(p.kl + base + ki) = make_float4(klo[0], klo[1], klo[2], klo[3]);
-		const int kp = (kl & ~7) + key_slot(kl & 7);
 #pragma unroll
-		for (int e = 0; e < 4; e++) {
-			const int vi = core_idx(dc * 4 + e, kp, FA_BC);
-			const float hi = tf32_rna(vx[e]);
-			p.vh[vb + vi] = hi;
+		for (int r = 0; r < 8; r++) {
+			const float kx[4] = {k[r].x, k[r].y, k[r].z, k[r].w};
+			float hi[4], lo[4];
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				hi[e] = tf32_rna(kx[e]);
+				lo[e] = kx[e] - hi[e];
+			}
+			((float4 *)(p.kh + kb))[r] = make_float4(hi[0], hi[1], hi[2], hi[3]);
 			if (X3)
-				p.vl[vb + vi] = vx[e] - hi;
+				((float4 *)(p.kl + kb))[r] = make_float4(lo[0], lo[1], lo[2], lo[3]);
+		}
+		/* V^T: head-dim rows dc * 4 + e; slot group h (slots 4h .. 4h + 3, key_slot) holds keys
+		 * h, h + 2, h + 4, h + 6 of the 8, in one core matrix (4 of its rows: 64 bytes) */
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			const long long vi = vb + core_idx(dc * 4, kl0 + 4 * h, FA_BC);
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				const float x[4] = {(&v[h].x)[e], (&v[h + 2].x)[e], (&v[h + 4].x)[e],
+				                    (&v[h + 6].x)[e]};
+				float hi[4], lo[4];
+#pragma unroll
+				for (int m = 0; m < 4; m++) {
+					hi[m] = tf32_rna(x[m]);
+					lo[m] = x[m] - hi[m];
+				}
+				((float4 *)(p.vh + vi))[e] = make_float4(hi[0], hi[1], hi[2], hi[3]);
+				if (X3)
+					((float4 *)(p.vl + vi))[e] = make_float4(lo[0], lo[1], lo[2], lo[3]);
+			}
 		}
 #endif
 	}

@@ -625,7 +625,8 @@ static fa_status launch_wg(struct fa_gpu *g, const struct kcache_entry *ke,
 	pp.Sk = (int)d->Sk;
 	pp.Hkv = (int)d->Hkv;
 	pp.skp = (int)skp;
-	int64_t chunks = d->B * d->Hkv * skp * (dp / (w16 ? 8 : 4));
+	/* fa_wg_prep: a thread per 8 keys x 16 bytes of the head dim (skp: a multiple of 16) */
+	int64_t chunks = d->B * d->Hkv * (skp / 8) * (dp / (w16 ? 8 : 4));
 	int64_t blocks = (chunks + 255) / 256;
 	if (blocks > 8 * 1024)
 		blocks = 8 * 1024;
