@@ -498,31 +498,15 @@ __device__ __forceinline__ void mm_rs(float *acc, const u32 (&a)[4], u32 baddr, 
 
 /* NROWS rows of a [row][d] tensor (row stride rs elements) into core matrices by 16-byte
  * cp.async; rows >= valid and head dims past D zero-filled. The caller commits. */
-#ifndef FA_BWD_LTMAP
-#define FA_BWD_LTMAP 0
-#endif
-#ifndef FA_BWD_CA
-#define FA_BWD_CA 0
-#endif
 template <int NROWS>
 __device__ __forceinline__ void load_tile(u16 *s, const u16 *g, long long rs, int valid)
 {
 	constexpr int CPR = DP / 8, TOTAL = NROWS * CPR;
 #pragma unroll 4
 	for (int i = (int)threadIdx.x; i < TOTAL; i += NT) {
-#if FA_BWD_LTMAP
-		/* eight consecutive threads: rows 0..7 of a core matrix (one 128-byte run of shared
-		 * memory, every bank once); a warp: four core matrices of consecutive chunks */
-		const int c = (i >> 3) % CPR, r = ((i >> 3) / CPR) * 8 + (i & 7);
-#else
 		const int r = i / CPR, c = i - r * CPR;
-#endif
 		const bool ok = r < valid && c * 8 < FA_D;
-#if FA_BWD_CA
-		cp_async16_ca(smem_u32(s + cidx(r, c * 8, DP)), ok ? g + r * rs + c * 8 : g, ok ? 16 : 0);
-#else
 		cp_async16(smem_u32(s + cidx(r, c * 8, DP)), ok ? g + r * rs + c * 8 : g, ok ? 16 : 0);
-#endif
 	}
 }
 

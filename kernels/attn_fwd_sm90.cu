@@ -428,6 +428,16 @@ __device__ __forceinline__ uint4 load8_16(const void *p)
 #endif
 }
 
+/* fp32 (tf32, 3xtf32) images: x rounded to tf32 as 16 bytes of hi at element at, and for
+ * 3xtf32 its remainder x - hi at the same place of lo. */
+__device__ __forceinline__ void store_tf32(elem_t *hi, elem_t *lo, long long at, float4 x)
+{
+	const float4 h = make_float4(tf32_rna(x.x), tf32_rna(x.y), tf32_rna(x.z), tf32_rna(x.w));
+	*(float4 *)(hi + at) = h;
+	if (X3)
+		*(float4 *)(lo + at) = make_float4(x.x - h.x, x.y - h.y, x.z - h.z, x.w - h.w);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * K and V -> the tile images (see the head comment). One thread per 8 keys x one 16-byte chunk
  * of the head dim (8 16-bit or 4 fp32 elements): it reads the chunk of each of the 8 keys
@@ -444,11 +454,11 @@ extern "C" __global__ void fa_wg_prep(const fa_wgprep p)
 	     i += (long long)gridDim.x * blockDim.x) {
 		const int dc = (int)(i % dq);
 		const long long rest = i / dq;
-		const int kg = (int)(rest % kgs);
+		const int grp = (int)(rest % kgs);
 		const long long bh = rest / kgs;
 		const int hk = (int)(bh % p.Hkv), b = (int)(bh / p.Hkv);
 		const long long base = bh * (long long)p.skp * DP;
-		const int key0 = kg * 8, j = key0 / FA_BC, kl0 = key0 % FA_BC;
+		const int key0 = grp * 8, j = key0 / FA_BC, kl0 = key0 % FA_BC;
 		const bool dok = dc * EPC < FA_D;
 		/* the 8 keys' rows of K's image, one core matrix; V^T's tile j */
 		const long long kb = base + core_idx(key0, dc * EPC, DP), vb = base + (long long)j * TILE;
@@ -491,43 +501,24 @@ extern "C" __global__ void fa_wg_prep(const fa_wgprep p)
 			k[r] = v[r] = make_float4(0.f, 0.f, 0.f, 0.f);
 			const int key = key0 + r;
 			if (dok && key < p.Sk) {
-				const float *kg_ = (const float *)p.k, *vg = (const float *)p.v;
-				k[r] = *(const float4 *)(kg_ + b * p.ks[0] + key * p.ks[1] + hk * p.ks[2] + dc * 4);
+				const float *kg = (const float *)p.k, *vg = (const float *)p.v;
+				k[r] = *(const float4 *)(kg + b * p.ks[0] + key * p.ks[1] + hk * p.ks[2] + dc * 4);
 				v[r] = *(const float4 *)(vg + b * p.vs[0] + key * p.vs[1] + hk * p.vs[2] + dc * 4);
 			}
 		}
 #pragma unroll
-		for (int r = 0; r < 8; r++) {
-			const float kx[4] = {k[r].x, k[r].y, k[r].z, k[r].w};
-			float hi[4], lo[4];
-#pragma unroll
-			for (int e = 0; e < 4; e++) {
-				hi[e] = tf32_rna(kx[e]);
-				lo[e] = kx[e] - hi[e];
-			}
-			((float4 *)(p.kh + kb))[r] = make_float4(hi[0], hi[1], hi[2], hi[3]);
-			if (X3)
-				((float4 *)(p.kl + kb))[r] = make_float4(lo[0], lo[1], lo[2], lo[3]);
-		}
+		for (int r = 0; r < 8; r++)
+			store_tf32(p.kh, p.kl, kb + 4 * r, k[r]);
 		/* V^T: head-dim rows dc * 4 + e; slot group h (slots 4h .. 4h + 3, key_slot) holds keys
 		 * h, h + 2, h + 4, h + 6 of the 8, in one core matrix (4 of its rows: 64 bytes) */
 #pragma unroll
 		for (int h = 0; h < 2; h++) {
 			const long long vi = vb + core_idx(dc * 4, kl0 + 4 * h, FA_BC);
 #pragma unroll
-			for (int e = 0; e < 4; e++) {
-				const float x[4] = {(&v[h].x)[e], (&v[h + 2].x)[e], (&v[h + 4].x)[e],
-				                    (&v[h + 6].x)[e]};
-				float hi[4], lo[4];
-#pragma unroll
-				for (int m = 0; m < 4; m++) {
-					hi[m] = tf32_rna(x[m]);
-					lo[m] = x[m] - hi[m];
-				}
-				((float4 *)(p.vh + vi))[e] = make_float4(hi[0], hi[1], hi[2], hi[3]);
-				if (X3)
-					((float4 *)(p.vl + vi))[e] = make_float4(lo[0], lo[1], lo[2], lo[3]);
-			}
+			for (int e = 0; e < 4; e++)
+				store_tf32(p.vh, p.vl, vi + 4 * e,
+				           make_float4((&v[h].x)[e], (&v[h + 2].x)[e], (&v[h + 4].x)[e],
+				                       (&v[h + 6].x)[e]));
 		}
 #endif
 	}

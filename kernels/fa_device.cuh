@@ -28,13 +28,6 @@ __device__ __forceinline__ void cp_async16(u32 dst, const void *src, int src_byt
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
 	             "r"(src_bytes));
 }
-/* The same through L1 (.ca): two 16-byte halves of one 32-byte sector fetched by different
- * wavefronts of an instruction then cost L2 one sector, not two (kernels/PERF-NOTES.md). */
-__device__ __forceinline__ void cp_async16_ca(u32 dst, const void *src, int src_bytes)
-{
-	asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-	             "r"(src_bytes));
-}
 __device__ __forceinline__ void cp_async_commit(void)
 {
 	asm volatile("cp.async.commit_group;\n" ::);
